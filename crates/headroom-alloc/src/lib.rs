@@ -1,0 +1,37 @@
+//! # headroom-alloc
+//!
+//! PyTorch 2.11's CUDA caching allocator, re-stated as a deterministic state machine over a
+//! [`Device`] trait: block rounding, small and large pools, best fit by (stream, size,
+//! address), both split rules, merging, pending frees with stream uses, the OOM fallback
+//! chain, garbage collection, expandable segments and `empty_cache`.
+//!
+//! The policy does no I/O and reads no clock except through its device. Statistics
+//! ([`DeviceStats`]), the history ring buffer and any user [`Observer`] are fed from one
+//! stream of [`AllocEvent`]s.
+//!
+//! Main types: [`CachingAllocator`], [`AllocatorConfig`], [`SimDevice`], [`HostDevice`],
+//! [`DeviceStats`], [`Snapshot`], [`OutOfMemoryError`].
+//!
+//! ```
+//! use headroom_alloc::{AllocatorConfig, CachingAllocator, SimDevice};
+//! let alloc = CachingAllocator::new(SimDevice::new(80 << 30), AllocatorConfig::default());
+//! let a = alloc.malloc(1000, 0).unwrap();
+//! assert_eq!(alloc.memory_allocated(), 1024);
+//! assert_eq!(alloc.memory_reserved(), 2 << 20);
+//! alloc.free(a.ptr).unwrap();
+//! alloc.empty_cache();
+//! assert_eq!(alloc.memory_reserved(), 0);
+//! ```
+
+pub mod config;
+pub mod event;
+pub mod snapshot;
+pub mod stats;
+
+pub use config::{AllocatorConfig, Backend};
+pub use event::{AllocEvent, PoolKind, StreamId};
+pub use snapshot::{
+    AllocatorSettings, Annotation, BlockInfo, BlockState, Frame, SegmentInfo, Snapshot,
+    TraceAction, TraceEntry,
+};
+pub use stats::{DeviceStats, Stat, StatArray, StatType};

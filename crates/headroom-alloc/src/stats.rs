@@ -1,0 +1,351 @@
+//! PyTorch's `DeviceStats`: the stat cells behind `memory_stats()`.
+//!
+//! Design note: the allocator never writes these cells directly. It emits [`crate::AllocEvent`]s
+//! and [`DeviceStats::observe`] turns each event into cell updates, exactly as PyTorch's
+//! allocator updates its own counters at the same points. Keeping the mapping in one function
+//! makes "every statistic equals its value recomputed from the state" checkable.
+
+use std::collections::BTreeMap;
+
+use crate::event::{AllocEvent, PoolKind};
+
+/// One tracked quantity: PyTorch's `Stat` (current, peak, allocated, freed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Stat {
+    pub current: i64,
+    pub peak: i64,
+    pub allocated: i64,
+    pub freed: i64,
+}
+
+impl Stat {
+    #[inline]
+    pub fn increase(&mut self, x: i64) {
+        self.current += x;
+        if self.current > self.peak {
+            self.peak = self.current;
+        }
+        self.allocated += x;
+    }
+    #[inline]
+    pub fn decrease(&mut self, x: i64) {
+        self.current -= x;
+        self.freed += x;
+    }
+    /// Signed update, as PyTorch applies a net change: positive increases, negative decreases.
+    #[inline]
+    pub fn apply(&mut self, delta: i64) {
+        if delta > 0 {
+            self.increase(delta)
+        } else if delta < 0 {
+            self.decrease(-delta)
+        }
+    }
+    pub fn reset_accumulated(&mut self) {
+        self.allocated = 0;
+        self.freed = 0;
+    }
+    pub fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+}
+
+/// Index into a [`StatArray`]: PyTorch's `StatType`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatType {
+    All = 0,
+    SmallPool = 1,
+    LargePool = 2,
+}
+
+impl StatType {
+    pub const ALL: [StatType; 3] = [StatType::All, StatType::SmallPool, StatType::LargePool];
+    pub fn key(self) -> &'static str {
+        match self {
+            StatType::All => "all",
+            StatType::SmallPool => "small_pool",
+            StatType::LargePool => "large_pool",
+        }
+    }
+}
+
+/// `all`, `small_pool`, `large_pool`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StatArray(pub [Stat; 3]);
+
+impl StatArray {
+    /// A pool-typed update touches `all` and the pool's own cell.
+    #[inline]
+    pub fn apply(&mut self, pool: PoolKind, delta: i64) {
+        self.0[0].apply(delta);
+        self.0[pool.stat_type() as usize].apply(delta);
+    }
+    pub fn get(&self, t: StatType) -> &Stat {
+        &self.0[t as usize]
+    }
+    pub fn all(&self) -> &Stat {
+        &self.0[0]
+    }
+    fn for_each_mut(&mut self, mut f: impl FnMut(&mut Stat)) {
+        self.0.iter_mut().for_each(&mut f)
+    }
+}
+
+/// Every statistic PyTorch 2.11's native allocator keeps for one device.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DeviceStats {
+    pub allocation: StatArray,
+    pub segment: StatArray,
+    pub active: StatArray,
+    pub inactive_split: StatArray,
+    pub allocated_bytes: StatArray,
+    pub reserved_bytes: StatArray,
+    pub active_bytes: StatArray,
+    pub inactive_split_bytes: StatArray,
+    pub requested_bytes: StatArray,
+    pub oversize_allocations: Stat,
+    pub oversize_segments: Stat,
+    pub num_alloc_retries: i64,
+    pub num_ooms: i64,
+    pub num_sync_all_streams: i64,
+    pub num_device_alloc: i64,
+    pub num_device_free: i64,
+    /// Frozen at allocator creation; `-1` for unlimited.
+    pub max_split_size: i64,
+}
+
+/// The nine stat arrays in the order `memory_summary` prints them, with their key names.
+pub const ARRAY_NAMES: [&str; 9] = [
+    "active",
+    "active_bytes",
+    "allocated_bytes",
+    "allocation",
+    "inactive_split",
+    "inactive_split_bytes",
+    "requested_bytes",
+    "reserved_bytes",
+    "segment",
+];
+
+impl DeviceStats {
+    pub fn new(max_split_size: i64) -> Self {
+        DeviceStats {
+            max_split_size,
+            ..Default::default()
+        }
+    }
+
+    /// Apply one allocator event. This is the only place stats change.
+    #[inline]
+    pub fn observe(&mut self, ev: &AllocEvent) {
+        match *ev {
+            AllocEvent::Alloc {
+                pool,
+                block_size,
+                requested,
+                oversize,
+                ..
+            } => {
+                let b = block_size as i64;
+                self.allocation.apply(pool, 1);
+                self.allocated_bytes.apply(pool, b);
+                self.active.apply(pool, 1);
+                self.active_bytes.apply(pool, b);
+                self.requested_bytes.apply(pool, requested as i64);
+                if oversize {
+                    self.oversize_allocations.increase(1);
+                }
+            }
+            AllocEvent::FreeRequested {
+                pool,
+                block_size,
+                oversize,
+                ..
+            } => {
+                self.allocation.apply(pool, -1);
+                self.allocated_bytes.apply(pool, -(block_size as i64));
+                if oversize {
+                    self.oversize_allocations.decrease(1);
+                }
+            }
+            AllocEvent::FreeCompleted {
+                pool,
+                block_size,
+                requested,
+                ..
+            } => {
+                self.active.apply(pool, -1);
+                self.active_bytes.apply(pool, -(block_size as i64));
+                self.requested_bytes.apply(pool, -(requested as i64));
+            }
+            AllocEvent::InactiveSplit { pool, blocks, bytes } => {
+                self.inactive_split.apply(pool, blocks);
+                self.inactive_split_bytes.apply(pool, bytes);
+            }
+            AllocEvent::SegmentAlloc {
+                pool,
+                size,
+                oversize,
+                ..
+            } => {
+                self.segment.apply(pool, 1);
+                self.reserved_bytes.apply(pool, size as i64);
+                if oversize {
+                    self.oversize_segments.increase(1);
+                }
+                self.num_device_alloc += 1;
+            }
+            AllocEvent::SegmentFree {
+                pool,
+                size,
+                oversize,
+                ..
+            } => {
+                self.segment.apply(pool, -1);
+                self.reserved_bytes.apply(pool, -(size as i64));
+                if oversize {
+                    self.oversize_segments.decrease(1);
+                }
+                self.num_device_free += 1;
+            }
+            AllocEvent::SegmentMap { pool, size, .. } => {
+                self.reserved_bytes.apply(pool, size as i64);
+                self.num_device_alloc += 1;
+            }
+            AllocEvent::SegmentUnmap { pool, size, .. } => {
+                self.reserved_bytes.apply(pool, -(size as i64));
+                self.num_device_free += 1;
+            }
+            AllocEvent::AllocRetry => self.num_alloc_retries += 1,
+            AllocEvent::SyncAllStreams => self.num_sync_all_streams += 1,
+            AllocEvent::Oom { .. } => self.num_ooms += 1,
+            AllocEvent::Snapshot { .. } => {}
+        }
+    }
+
+    fn arrays(&self) -> [&StatArray; 9] {
+        [
+            &self.active,
+            &self.active_bytes,
+            &self.allocated_bytes,
+            &self.allocation,
+            &self.inactive_split,
+            &self.inactive_split_bytes,
+            &self.requested_bytes,
+            &self.reserved_bytes,
+            &self.segment,
+        ]
+    }
+
+    fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
+        [
+            &mut self.active,
+            &mut self.active_bytes,
+            &mut self.allocated_bytes,
+            &mut self.allocation,
+            &mut self.inactive_split,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+            &mut self.reserved_bytes,
+            &mut self.segment,
+        ]
+    }
+
+    /// `torch.cuda.memory_stats()`: the 122 keys, sorted by key as PyTorch's OrderedDict is.
+    pub fn memory_stats(&self) -> BTreeMap<String, i64> {
+        let mut m = BTreeMap::new();
+        for (name, arr) in ARRAY_NAMES.iter().zip(self.arrays()) {
+            for t in StatType::ALL {
+                put_cell(&mut m, &format!("{name}.{}", t.key()), arr.get(t));
+            }
+        }
+        put_cell(&mut m, "oversize_allocations", &self.oversize_allocations);
+        put_cell(&mut m, "oversize_segments", &self.oversize_segments);
+        m.insert("max_split_size".into(), self.max_split_size);
+        m.insert("num_alloc_retries".into(), self.num_alloc_retries);
+        m.insert("num_device_alloc".into(), self.num_device_alloc);
+        m.insert("num_device_free".into(), self.num_device_free);
+        m.insert("num_ooms".into(), self.num_ooms);
+        m.insert("num_sync_all_streams".into(), self.num_sync_all_streams);
+        m
+    }
+
+    /// Rebuild stats from a flat `memory_stats()` dict (for example from a PyTorch JSON dump).
+    /// Missing keys read as 0.
+    pub fn from_memory_stats(m: &BTreeMap<String, i64>) -> Self {
+        let cell = |prefix: &str| Stat {
+            current: m.get(&format!("{prefix}.current")).copied().unwrap_or(0),
+            peak: m.get(&format!("{prefix}.peak")).copied().unwrap_or(0),
+            allocated: m.get(&format!("{prefix}.allocated")).copied().unwrap_or(0),
+            freed: m.get(&format!("{prefix}.freed")).copied().unwrap_or(0),
+        };
+        let mut s = DeviceStats::default();
+        for (name, arr) in ARRAY_NAMES.iter().zip(s.arrays_mut()) {
+            for t in StatType::ALL {
+                arr.0[t as usize] = cell(&format!("{name}.{}", t.key()));
+            }
+        }
+        s.oversize_allocations = cell("oversize_allocations");
+        s.oversize_segments = cell("oversize_segments");
+        let scalar = |k: &str| m.get(k).copied().unwrap_or(0);
+        s.max_split_size = scalar("max_split_size");
+        s.num_alloc_retries = scalar("num_alloc_retries");
+        s.num_device_alloc = scalar("num_device_alloc");
+        s.num_device_free = scalar("num_device_free");
+        s.num_ooms = scalar("num_ooms");
+        s.num_sync_all_streams = scalar("num_sync_all_streams");
+        s
+    }
+
+    /// `reset_peak_memory_stats()`.
+    pub fn reset_peak(&mut self) {
+        for a in self.arrays_mut() {
+            a.for_each_mut(Stat::reset_peak);
+        }
+        self.oversize_allocations.reset_peak();
+        self.oversize_segments.reset_peak();
+    }
+
+    /// `reset_accumulated_memory_stats()`.
+    pub fn reset_accumulated(&mut self) {
+        for a in self.arrays_mut() {
+            a.for_each_mut(Stat::reset_accumulated);
+        }
+        self.oversize_allocations.reset_accumulated();
+        self.oversize_segments.reset_accumulated();
+        self.num_alloc_retries = 0;
+        self.num_ooms = 0;
+        self.num_sync_all_streams = 0;
+        self.num_device_alloc = 0;
+        self.num_device_free = 0;
+    }
+}
+
+fn put_cell(m: &mut BTreeMap<String, i64>, prefix: &str, c: &Stat) {
+    m.insert(format!("{prefix}.allocated"), c.allocated);
+    m.insert(format!("{prefix}.current"), c.current);
+    m.insert(format!("{prefix}.freed"), c.freed);
+    m.insert(format!("{prefix}.peak"), c.peak);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exactly_122_keys() {
+        assert_eq!(DeviceStats::new(-1).memory_stats().len(), 122);
+    }
+
+    #[test]
+    fn flat_round_trip() {
+        let mut s = DeviceStats::new(-1);
+        s.allocated_bytes.apply(PoolKind::Large, 4096);
+        s.allocated_bytes.apply(PoolKind::Large, -1024);
+        s.num_ooms = 3;
+        let back = DeviceStats::from_memory_stats(&s.memory_stats());
+        assert_eq!(back, s);
+        assert_eq!(s.allocated_bytes.all().peak, 4096);
+        assert_eq!(s.allocated_bytes.get(StatType::LargePool).freed, 1024);
+    }
+}

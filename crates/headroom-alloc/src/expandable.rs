@@ -1,0 +1,359 @@
+//! Expandable segments: one virtual-address reservation per (stream, pool) that grows by
+//! mapping physical pages, instead of a new `cudaMalloc` per segment.
+//!
+//! Design note: the whole reservation is a chain of blocks like any segment, with the
+//! unmapped ranges as blocks whose `mapped` is false, kept in the pool's `unmapped` set.
+//! Mapping turns the front of an unmapped block into mapped memory and merges it with the
+//! free block before it, which is why a growing tensor lands right after the last one. Page
+//! size is 2 MiB for the small pool and `large_segment_size` (20 MiB) for the large pool.
+
+use std::sync::Arc;
+
+use crate::block::{BlockId, NIL};
+use crate::device::{Device, DeviceError};
+use crate::event::{AllocEvent, PoolKind, StreamId};
+use crate::oom::AllocError;
+use crate::policy::{State, SMALL_BUFFER};
+use crate::snapshot::Frame;
+
+pub struct ExpandableSegment {
+    pub base: u64,
+    pub page_size: u64,
+    pub max_pages: u64,
+    pub mapped: Vec<bool>,
+    pub stream: StreamId,
+    pub pool: PoolKind,
+}
+
+impl ExpandableSegment {
+    pub fn size(&self) -> u64 {
+        self.page_size * self.max_pages
+    }
+
+    /// Map the pages covering [ptr, ptr+size). Returns the mapped range; size 0 when the
+    /// device ran out of memory, after giving back the pages this call mapped.
+    fn map<D: Device>(
+        &mut self,
+        dev: &mut D,
+        ptr: u64,
+        size: u64,
+    ) -> Result<(u64, u64), AllocError> {
+        let begin = (ptr - self.base) / self.page_size;
+        let end = (ptr + size - self.base)
+            .div_ceil(self.page_size)
+            .min(self.max_pages);
+        for i in begin..end {
+            if self.mapped[i as usize] {
+                continue;
+            }
+            let page = self.base + i * self.page_size;
+            if let Err(e) = dev.map_page(page, self.page_size) {
+                for j in begin..i {
+                    dev.unmap_page(self.base + j * self.page_size, self.page_size);
+                    self.mapped[j as usize] = false;
+                }
+                return match e {
+                    DeviceError::OutOfMemory => Ok((ptr, 0)),
+                    DeviceError::Other(m) => Err(AllocError::Device(m)),
+                };
+            }
+            self.mapped[i as usize] = true;
+        }
+        Ok((
+            self.base + begin * self.page_size,
+            (end - begin) * self.page_size,
+        ))
+    }
+
+    /// Unmap every whole page inside [ptr, ptr+size); returns the unmapped range.
+    fn unmap<D: Device>(&mut self, dev: &mut D, ptr: u64, size: u64) -> (u64, u64) {
+        let begin = (ptr - self.base).div_ceil(self.page_size);
+        let end = (ptr + size - self.base) / self.page_size;
+        if begin >= end {
+            return (ptr, 0);
+        }
+        // Unmapping does not wait for the stream's work; the allocator must.
+        dev.synchronize_stream(self.stream);
+        for i in begin..end {
+            if self.mapped[i as usize] {
+                dev.unmap_page(self.base + i * self.page_size, self.page_size);
+                self.mapped[i as usize] = false;
+            }
+        }
+        (
+            self.base + begin * self.page_size,
+            (end - begin) * self.page_size,
+        )
+    }
+}
+
+impl<D: Device> State<D> {
+    fn page_size(&self, kind: PoolKind) -> u64 {
+        match kind {
+            PoolKind::Small => SMALL_BUFFER,
+            PoolKind::Large => self.config.large_segment_size,
+        }
+    }
+
+    /// `find_expandable_block`: the lowest unmapped range of this stream that, with the free
+    /// block before it and the free/unmapped chain after it, offers `size` bytes; else a new
+    /// reservation.
+    fn find_expandable_block(
+        &mut self,
+        kind: PoolKind,
+        stream: StreamId,
+        size: u64,
+    ) -> Result<BlockId, AllocError> {
+        let a = &self.arena;
+        let allocatable = |id: BlockId| id != NIL && a.get(id).is_free();
+        let has_space = |mut id: BlockId| {
+            let mut bytes = 0u64;
+            while bytes < size && allocatable(id) {
+                bytes += a.get(id).size;
+                id = a.get(id).next;
+            }
+            bytes >= size
+        };
+        let pool = match kind {
+            PoolKind::Small => &self.small,
+            PoolKind::Large => &self.large,
+        };
+        let mut it = pool.unmapped.lower_bound(a, (stream, 0, 0));
+        while let Some(c0) = it {
+            if a.get(c0).stream != stream {
+                break;
+            }
+            let mut c = c0;
+            let prev = a.get(c).prev;
+            if allocatable(prev) {
+                c = prev;
+            }
+            if has_space(c) {
+                return Ok(c);
+            }
+            it = pool.unmapped.successor(a, c0);
+        }
+        let page = self.page_size(kind);
+        let total = self.device.total_memory();
+        let max_pages = (total + total / 8).div_ceil(page).max(1);
+        let base = self
+            .device
+            .reserve(page * max_pages)
+            .map_err(|e| AllocError::Device(e.to_string()))?;
+        let seg = ExpandableSegment {
+            base,
+            page_size: page,
+            max_pages,
+            mapped: vec![false; max_pages as usize],
+            stream,
+            pool: kind,
+        };
+        let idx = match self.expandable.iter().position(Option::is_none) {
+            Some(i) => {
+                self.expandable[i] = Some(seg);
+                i
+            }
+            None => {
+                self.expandable.push(Some(seg));
+                self.expandable.len() - 1
+            }
+        };
+        let id = self.arena.alloc(base, page * max_pages, stream, kind);
+        let b = self.arena.get_mut(id);
+        b.mapped = false;
+        b.expandable = idx as u32;
+        self.insert_unmapped(id);
+        Ok(id)
+    }
+
+    /// `map_block`: map the front `size` bytes of unmapped block `id` and merge the result
+    /// with free neighbours. Ok(false) when the device is out of memory.
+    fn map_block(
+        &mut self,
+        id: BlockId,
+        size: u64,
+        ctx: Option<&Arc<[Frame]>>,
+    ) -> Result<bool, AllocError> {
+        let (ptr, bsize, seg_idx, stream, kind) = {
+            let b = self.arena.get(id);
+            debug_assert!(!b.mapped && size <= b.size);
+            (b.ptr, b.size, b.expandable as usize, b.stream, b.pool)
+        };
+        let Some(seg) = self.expandable.get_mut(seg_idx).and_then(Option::as_mut) else {
+            return Err(AllocError::Device("expandable segment missing".into()));
+        };
+        let (mptr, msize) = seg.map(&mut self.device, ptr, size)?;
+        if msize == 0 {
+            return Ok(false);
+        }
+        debug_assert_eq!(mptr, ptr);
+        self.remove_free(id);
+        self.arena.get_mut(id).mapped = true;
+        if msize < bsize {
+            let rest = self.arena.alloc(ptr + msize, bsize - msize, stream, kind);
+            let next = self.arena.get(id).next;
+            {
+                let r = self.arena.get_mut(rest);
+                r.mapped = false;
+                r.expandable = seg_idx as u32;
+                r.prev = id;
+                r.next = next;
+            }
+            if next != NIL {
+                self.arena.get_mut(next).prev = rest;
+            }
+            let b = self.arena.get_mut(id);
+            b.next = rest;
+            b.size = msize;
+            self.insert_unmapped(rest);
+        }
+        let (prev, next) = {
+            let b = self.arena.get(id);
+            (b.prev, b.next)
+        };
+        self.try_merge_blocks(id, prev);
+        self.try_merge_blocks(id, next);
+        self.insert_free(id);
+        self.total_allocated_memory += msize;
+        self.emit(
+            AllocEvent::SegmentMap {
+                pool: kind,
+                ptr: mptr,
+                size: msize,
+                stream,
+            },
+            ctx,
+        );
+        let b = self.arena.get_mut(id);
+        if b.prev == NIL && b.segment_context.is_none() {
+            b.segment_context = ctx.cloned();
+        }
+        Ok(true)
+    }
+
+    pub(crate) fn find_expandable_block_pub(
+        &mut self,
+        kind: PoolKind,
+        stream: StreamId,
+        size: u64,
+    ) -> Result<BlockId, AllocError> {
+        self.find_expandable_block(kind, stream, size)
+    }
+
+    pub(crate) fn map_block_pub(&mut self, id: BlockId, size: u64) -> Result<bool, AllocError> {
+        self.map_block(id, size, None)
+    }
+
+    /// `try_allocate_expandable_block`: find room, map pages until the candidate holds
+    /// `size`, and take it out of the pool.
+    pub(crate) fn try_allocate_expandable_block(
+        &mut self,
+        kind: PoolKind,
+        stream: StreamId,
+        size: u64,
+        ctx: Option<&Arc<[Frame]>>,
+    ) -> Result<Option<BlockId>, AllocError> {
+        let mut cand = self.find_expandable_block(kind, stream, size)?;
+        // cand is: unmapped -> ..., or free -> unmapped -> ...
+        if !self.arena.get(cand).mapped {
+            let sz = self.arena.get(cand).size.min(size);
+            if !self.map_block(cand, sz, ctx)? {
+                return Ok(None);
+            }
+        }
+        while self.arena.get(cand).size < size {
+            let remaining = size - self.arena.get(cand).size;
+            let next = self.arena.get(cand).next;
+            let sz = remaining.min(self.arena.get(next).size);
+            if !self.map_block(next, sz, ctx)? {
+                return Ok(None);
+            }
+            cand = next;
+        }
+        self.remove_free(cand);
+        Ok(Some(cand))
+    }
+
+    /// `unmap_block`: give back the whole pages inside free block `id`; the page-unaligned
+    /// edges stay as free mapped blocks.
+    pub(crate) fn unmap_block(&mut self, id: BlockId) {
+        let (ptr, size, seg_idx, stream, kind) = {
+            let b = self.arena.get(id);
+            (b.ptr, b.size, b.expandable as usize, b.stream, b.pool)
+        };
+        let Some(seg) = self.expandable.get_mut(seg_idx).and_then(Option::as_mut) else {
+            return;
+        };
+        let (uptr, usize_) = seg.unmap(&mut self.device, ptr, size);
+        if usize_ == 0 {
+            return;
+        }
+        self.remove_free(id);
+        let before = uptr - ptr;
+        if before > 0 {
+            let bf = self.arena.alloc(ptr, before, stream, kind);
+            let prev = self.arena.get(id).prev;
+            {
+                let x = self.arena.get_mut(bf);
+                x.expandable = seg_idx as u32;
+                x.prev = prev;
+                x.next = id;
+            }
+            if prev != NIL {
+                self.arena.get_mut(prev).next = bf;
+            }
+            self.arena.get_mut(id).prev = bf;
+            self.insert_free(bf);
+        }
+        let after = size - (before + usize_);
+        if after > 0 {
+            let af = self.arena.alloc(uptr + usize_, after, stream, kind);
+            let next = self.arena.get(id).next;
+            {
+                let x = self.arena.get_mut(af);
+                x.expandable = seg_idx as u32;
+                x.prev = id;
+                x.next = next;
+            }
+            if next != NIL {
+                self.arena.get_mut(next).prev = af;
+            }
+            self.arena.get_mut(id).next = af;
+            self.insert_free(af);
+        }
+        {
+            let b = self.arena.get_mut(id);
+            b.ptr = uptr;
+            b.size = usize_;
+            b.mapped = false;
+        }
+        let (prev, next) = {
+            let b = self.arena.get(id);
+            (b.prev, b.next)
+        };
+        self.try_merge_blocks(id, prev);
+        self.try_merge_blocks(id, next);
+        self.insert_unmapped(id);
+        self.total_allocated_memory -= usize_;
+        let ctx = self.arena.get(id).segment_context.clone();
+        self.emit(
+            AllocEvent::SegmentUnmap {
+                pool: kind,
+                ptr: uptr,
+                size: usize_,
+                stream,
+            },
+            ctx.as_ref(),
+        );
+    }
+
+    /// The reservation is one unmapped block again: give the address range back.
+    pub(crate) fn release_expandable_segment(&mut self, id: BlockId) {
+        let seg_idx = self.arena.get(id).expandable as usize;
+        self.remove_free(id);
+        if let Some(seg) = self.expandable.get_mut(seg_idx).and_then(Option::take) {
+            self.device.release_reservation(seg.base, seg.size());
+        }
+        self.arena.release(id);
+    }
+}

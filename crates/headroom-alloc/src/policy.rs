@@ -1,0 +1,786 @@
+//! The allocation policy: PyTorch 2.11's `DeviceCachingAllocator`, minus CUDA graphs.
+//!
+//! Design note: `State` is a plain single-threaded state machine; `CachingAllocator` wraps it
+//! in a mutex. Every decision follows pytorch-allocator.md sections 3-9 in PyTorch's order,
+//! because the order is observable: best fit breaks ties by address, a split hands the front
+//! to the client, the OOM fallback chain frees caches in a fixed sequence, and the statistics
+//! and trace entries come out of the same points. State changes that matter to anyone outside
+//! are emitted as `AllocEvent`s (see `emit`): stats and history are observers of those.
+//!
+//! Releasing memory (empty_cache, GC, oversize release) lives in release.rs and expandable
+//! segments in expandable.rs; both are further `impl State` blocks.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+
+use crate::block::{Arena, BlockId, Membership, NIL};
+use crate::config::AllocatorConfig;
+use crate::device::{Device, DeviceError, EventId};
+use crate::event::{AllocEvent, PoolKind, StreamId};
+use crate::expandable::ExpandableSegment;
+use crate::history::History;
+use crate::oom::{AllocError, OutOfMemoryError};
+use crate::pool::{BlockPool, Prio};
+use crate::snapshot::Frame;
+use crate::stats::DeviceStats;
+
+pub const MIN_BLOCK_SIZE: u64 = 512;
+pub const SMALL_SIZE: u64 = 1 << 20;
+pub const SMALL_BUFFER: u64 = 2 << 20;
+pub const MIN_LARGE_ALLOC: u64 = 10 << 20;
+pub const ROUND_LARGE: u64 = 2 << 20;
+pub const ONE_EB: u64 = 1 << 60;
+
+/// Receives every allocator event, after the statistics were updated.
+pub trait Observer: Send {
+    fn on_event(&mut self, ev: &AllocEvent);
+}
+
+/// What `malloc` hands out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    pub ptr: u64,
+    /// The block size, which `memory_allocated` counts (≥ the rounded request).
+    pub size: u64,
+}
+
+pub(crate) struct State<D: Device> {
+    pub device: D,
+    pub config: AllocatorConfig,
+    /// Expandable segments are on in the config *and* the device has virtual memory.
+    pub expandable_active: bool,
+    pub arena: Arena,
+    pub small: BlockPool,
+    pub large: BlockPool,
+    /// Allocated blocks by address (PyTorch's pointer map). Pending frees are not here.
+    pub active: FxHashMap<u64, BlockId>,
+    /// Bytes obtained from the device: cudaMalloc'd plus mapped.
+    pub total_allocated_memory: u64,
+    pub allowed_memory_maximum: Option<u64>,
+    /// Per-stream FIFO of (event, block) guarding reuse after `record_stream`.
+    pub stream_events: Vec<(StreamId, VecDeque<(EventId, BlockId)>)>,
+    pub outstanding_events: usize,
+    pub expandable: Vec<Option<ExpandableSegment>>,
+    pub stats: DeviceStats,
+    pub history: History,
+    pub observers: Vec<(usize, Box<dyn Observer>)>,
+    pub next_observer: usize,
+    pub prio: Prio,
+}
+
+/// `round_size`: the block size a request of `n` bytes is rounded to.
+pub fn round_size(config: &AllocatorConfig, n: u64) -> u64 {
+    if n < MIN_BLOCK_SIZE {
+        return MIN_BLOCK_SIZE;
+    }
+    let d = divisions_for(config, n);
+    if d > 1 && n > MIN_BLOCK_SIZE * d {
+        roundup_power2_next_division(n, d)
+    } else {
+        MIN_BLOCK_SIZE * n.div_ceil(MIN_BLOCK_SIZE)
+    }
+}
+
+/// Entry `floor(log2(n)) - 20` of the divisions table, clamped to [0, 15].
+pub fn divisions_for(config: &AllocatorConfig, n: u64) -> u64 {
+    let log2 = 63 - n.max(1).leading_zeros() as i64;
+    let idx = (log2 - 20).clamp(0, 15) as usize;
+    config.roundup_power2_divisions[idx]
+}
+
+fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
+    if size.is_power_of_two() {
+        return size;
+    }
+    let floor = 1u64 << (63 - size.leading_zeros());
+    let step = floor >> (63 - divisions.leading_zeros());
+    if step == 0 {
+        return floor << 1;
+    }
+    let r = size & !(step - 1);
+    if r == size {
+        size
+    } else {
+        r + step
+    }
+}
+
+/// `get_allocation_size`: the segment asked from the device for a rounded size.
+pub fn allocation_size(config: &AllocatorConfig, s: u64) -> u64 {
+    if s <= SMALL_SIZE {
+        SMALL_BUFFER
+    } else if s < MIN_LARGE_ALLOC {
+        config.large_segment_size
+    } else {
+        ROUND_LARGE * s.div_ceil(ROUND_LARGE)
+    }
+}
+
+pub fn pool_for(s: u64) -> PoolKind {
+    if s <= SMALL_SIZE {
+        PoolKind::Small
+    } else {
+        PoolKind::Large
+    }
+}
+
+impl<D: Device> State<D> {
+    pub fn new(device: D, config: AllocatorConfig) -> Self {
+        let expandable_active = config.expandable_segments && device.supports_vmm();
+        if config.expandable_segments && !expandable_active {
+            tracing::warn!("expandable_segments is not supported by this device; ignoring it");
+        }
+        let total = device.total_memory();
+        let allowed = fraction_limit(config.per_process_memory_fraction, total);
+        let stats = DeviceStats::new(max_split_stat(&config));
+        State {
+            device,
+            config,
+            expandable_active,
+            arena: Arena::with_capacity(256),
+            small: BlockPool::new(true),
+            large: BlockPool::new(false),
+            active: FxHashMap::with_capacity_and_hasher(256, Default::default()),
+            total_allocated_memory: 0,
+            allowed_memory_maximum: allowed,
+            stream_events: Vec::new(),
+            outstanding_events: 0,
+            expandable: Vec::new(),
+            stats,
+            history: History::default(),
+            observers: Vec::new(),
+            next_observer: 0,
+            prio: Prio::default(),
+        }
+    }
+
+    pub fn set_config(&mut self, config: AllocatorConfig) {
+        self.expandable_active = config.expandable_segments && self.device.supports_vmm();
+        self.config = config;
+    }
+
+    #[inline]
+    pub fn max_split(&self) -> u64 {
+        self.config.max_split_size
+    }
+
+    #[inline]
+    pub fn pool_ref(&self, k: PoolKind) -> &BlockPool {
+        match k {
+            PoolKind::Small => &self.small,
+            PoolKind::Large => &self.large,
+        }
+    }
+
+    #[inline]
+    pub fn pool(&mut self, k: PoolKind) -> &mut BlockPool {
+        match k {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        }
+    }
+
+    /// Hand an event to the stats, the history and every observer.
+    #[inline]
+    pub fn emit(&mut self, ev: AllocEvent, ctx: Option<&Arc<[Frame]>>) {
+        self.stats.observe(&ev);
+        if self.history.enabled() {
+            let t = self.device.now_us();
+            self.history.record(&ev, t, ctx);
+        }
+        for (_, o) in self.observers.iter_mut() {
+            o.on_event(&ev);
+        }
+    }
+
+    /// Insert a free block into its pool's `blocks` set, stamping its GC age base.
+    #[inline]
+    pub fn insert_free(&mut self, id: BlockId) {
+        let p = self.prio.next();
+        let kind = self.arena.get(id).pool;
+        let pool = match kind {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        };
+        pool.blocks.insert(&mut self.arena, id, p);
+        let base = pool.get_free_blocks_call_count;
+        self.arena.get_mut(id).gc_count_base = base;
+    }
+
+    #[inline]
+    pub fn remove_free(&mut self, id: BlockId) {
+        let kind = self.arena.get(id).pool;
+        let member = self.arena.get(id).member;
+        let pool = match kind {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        };
+        match member {
+            Membership::Blocks => pool.blocks.remove(&mut self.arena, id),
+            Membership::Unmapped => pool.unmapped.remove(&mut self.arena, id),
+            Membership::None => {}
+        }
+    }
+
+    pub fn insert_unmapped(&mut self, id: BlockId) {
+        let p = self.prio.next();
+        let kind = self.arena.get(id).pool;
+        let pool = match kind {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        };
+        pool.unmapped.insert(&mut self.arena, id, p);
+    }
+
+    // ----- malloc -------------------------------------------------------------------------
+
+    pub fn malloc(
+        &mut self,
+        n: u64,
+        stream: StreamId,
+        ctx: Option<Arc<[Frame]>>,
+    ) -> Result<Allocation, AllocError> {
+        if n >= ONE_EB {
+            let (free, total) = self.device.mem_get_info();
+            return Err(AllocError::OutOfMemory(Box::new(OutOfMemoryError {
+                device: self.device.index(),
+                requested: n,
+                alloc_size: n,
+                total,
+                free,
+                allowed: self.allowed_memory_maximum,
+                allocated: 0,
+                reserved: 0,
+                private_pools: 0,
+                proc_info: String::new(),
+                exceeds_1eb: true,
+            })));
+        }
+        if n == 0 {
+            // PyTorch never sends zero-byte requests to the allocator: a null pointer.
+            return Ok(Allocation { ptr: 0, size: 0 });
+        }
+        self.process_events();
+        let s = round_size(&self.config, n);
+        let kind = pool_for(s);
+        let alloc_size = allocation_size(&self.config, s);
+
+        let mut found = self.get_free_block(kind, stream, s);
+        if found.is_none() {
+            if self.gc_enabled() {
+                self.garbage_collect_cached_blocks();
+            }
+            found = self.alloc_block(kind, stream, s, alloc_size, false, ctx.as_ref())?;
+            if found.is_none() && self.release_available_cached_blocks(kind, stream, s) {
+                found = self.alloc_block(kind, stream, s, alloc_size, false, ctx.as_ref())?;
+            }
+            if found.is_none() {
+                self.release_cached_blocks();
+                found = self.alloc_block(kind, stream, s, alloc_size, true, ctx.as_ref())?;
+            }
+        }
+        let Some(block) = found else {
+            return Err(self.out_of_memory(n, s, alloc_size, stream));
+        };
+        let split = self.should_split(block, s);
+        Ok(self.alloc_found_block(block, stream, s, n, split, ctx))
+    }
+
+    pub fn gc_enabled(&self) -> bool {
+        self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0
+    }
+
+    fn out_of_memory(&mut self, n: u64, s: u64, alloc_size: u64, stream: StreamId) -> AllocError {
+        let (free, total) = self.device.mem_get_info();
+        self.emit(
+            AllocEvent::Oom {
+                size: s,
+                device_free: free,
+                stream,
+            },
+            None,
+        );
+        AllocError::OutOfMemory(Box::new(OutOfMemoryError {
+            device: self.device.index(),
+            requested: n,
+            alloc_size,
+            total,
+            free,
+            allowed: self.allowed_memory_maximum,
+            allocated: self.stats.allocated_bytes.all().current.max(0) as u64,
+            reserved: self.stats.reserved_bytes.all().current.max(0) as u64,
+            private_pools: 0,
+            proc_info: self.device.process_memory_info(),
+            exceeds_1eb: false,
+        }))
+    }
+
+    /// `get_free_block`: best fit in the request's pool and stream.
+    fn get_free_block(&mut self, kind: PoolKind, stream: StreamId, s: u64) -> Option<BlockId> {
+        let gc = self.gc_enabled();
+        let expandable_on = self.expandable_active;
+        let m = self.config.max_split_size;
+        let r = self.config.max_non_split_rounding_size;
+        let pool = match kind {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        };
+        if gc {
+            pool.get_free_blocks_call_count += 1;
+        }
+        let a = &self.arena;
+        let mut it = pool.blocks.lower_bound(a, (stream, s, 0))?;
+        if a.get(it).stream != stream {
+            return None;
+        }
+        if a.get(it).is_expandable() {
+            if expandable_on {
+                // A block that can grow into the unmapped tail counts as its grown size for
+                // best fit, so blocks that cannot grow are preferred over the growable tail.
+                let exp_size = |id: BlockId| {
+                    let b = a.get(id);
+                    b.size
+                        + if b.next != NIL && !a.get(b.next).mapped {
+                            a.get(b.next).size
+                        } else {
+                            0
+                        }
+                };
+                while a.get(it).is_expandable() {
+                    match pool.blocks.successor(a, it) {
+                        Some(nx) if a.get(nx).stream == stream && exp_size(nx) < exp_size(it) => {
+                            it = nx
+                        }
+                        _ => break,
+                    }
+                }
+            } else {
+                // Expandable segments were switched off: honour it, skip their blocks.
+                loop {
+                    it = pool.blocks.successor(a, it)?;
+                    let b = a.get(it);
+                    if b.stream != stream {
+                        return None;
+                    }
+                    if !b.is_expandable() {
+                        break;
+                    }
+                }
+            }
+        }
+        let size = a.get(it).size;
+        if s < m && size >= m {
+            return None;
+        }
+        if s >= m && size >= s.saturating_add(r) {
+            return None;
+        }
+        pool.blocks.remove(&mut self.arena, it);
+        Some(it)
+    }
+
+    /// `alloc_block`: a new segment from the device (or new pages of an expandable segment).
+    pub(crate) fn alloc_block(
+        &mut self,
+        kind: PoolKind,
+        stream: StreamId,
+        s: u64,
+        alloc_size: u64,
+        retry: bool,
+        ctx: Option<&Arc<[Frame]>>,
+    ) -> Result<Option<BlockId>, AllocError> {
+        if retry {
+            self.emit(AllocEvent::AllocRetry, None);
+        }
+        if let Some(allowed) = self.allowed_memory_maximum {
+            if self.total_allocated_memory + alloc_size > allowed {
+                return Ok(None);
+            }
+        }
+        if self.expandable_active {
+            return self.try_allocate_expandable_block(kind, stream, s, ctx);
+        }
+        let ptr = match self.device.malloc(alloc_size) {
+            Ok(p) => p,
+            Err(DeviceError::OutOfMemory) => return Ok(None),
+            Err(DeviceError::Other(e)) => return Err(AllocError::Device(e)),
+        };
+        self.total_allocated_memory += alloc_size;
+        let id = self.arena.alloc(ptr, alloc_size, stream, kind);
+        self.arena.get_mut(id).segment_context = ctx.cloned();
+        let oversize = alloc_size >= self.max_split();
+        self.emit(
+            AllocEvent::SegmentAlloc {
+                pool: kind,
+                ptr,
+                size: alloc_size,
+                stream,
+                oversize,
+            },
+            ctx,
+        );
+        Ok(Some(id))
+    }
+
+    fn should_split(&self, id: BlockId, s: u64) -> bool {
+        let b = self.arena.get(id);
+        let remaining = b.size - s;
+        if b.pool.is_small() || self.expandable_active {
+            remaining >= MIN_BLOCK_SIZE
+        } else {
+            s < self.max_split() && remaining > SMALL_SIZE
+        }
+    }
+
+    /// `alloc_found_block`: split if asked, mark allocated, account.
+    fn alloc_found_block(
+        &mut self,
+        block: BlockId,
+        stream: StreamId,
+        s: u64,
+        n: u64,
+        split: bool,
+        ctx: Option<Arc<[Frame]>>,
+    ) -> Allocation {
+        let (already_split, expandable, kind) = {
+            let b = self.arena.get(block);
+            (b.is_split(), b.is_expandable(), b.pool)
+        };
+        let client = if split {
+            let remaining = block;
+            let (ptr, prev, exp) = {
+                let r = self.arena.get(remaining);
+                (r.ptr, r.prev, r.expandable)
+            };
+            let c = self.arena.alloc(ptr, s, stream, kind);
+            {
+                let cb = self.arena.get_mut(c);
+                cb.expandable = exp;
+                cb.prev = prev;
+                cb.next = remaining;
+            }
+            if prev != NIL {
+                self.arena.get_mut(prev).next = c;
+            }
+            let rem_size = {
+                let r = self.arena.get_mut(remaining);
+                r.prev = c;
+                r.ptr += s;
+                r.size -= s;
+                r.size
+            };
+            self.insert_free(remaining);
+            if !expandable {
+                let ev = if already_split {
+                    // An already-split inactive block shrinks by s.
+                    AllocEvent::InactiveSplit {
+                        pool: kind,
+                        blocks: 0,
+                        bytes: -(s as i64),
+                    }
+                } else {
+                    // A previously unsplit block now leaves a split inactive remainder.
+                    AllocEvent::InactiveSplit {
+                        pool: kind,
+                        blocks: 1,
+                        bytes: rem_size as i64,
+                    }
+                };
+                self.emit(ev, None);
+            }
+            c
+        } else {
+            if already_split && !expandable {
+                let size = self.arena.get(block).size as i64;
+                self.emit(
+                    AllocEvent::InactiveSplit {
+                        pool: kind,
+                        blocks: -1,
+                        bytes: -size,
+                    },
+                    None,
+                );
+            }
+            block
+        };
+        let (ptr, size) = {
+            let b = self.arena.get_mut(client);
+            b.allocated = true;
+            b.requested = n;
+            b.context = ctx;
+            (b.ptr, b.size)
+        };
+        self.active.insert(ptr, client);
+        let oversize = size >= self.max_split();
+        let ctx = self.arena.get(client).context.clone();
+        self.emit(
+            AllocEvent::Alloc {
+                pool: kind,
+                ptr,
+                block_size: size,
+                requested: n,
+                stream,
+                oversize,
+            },
+            ctx.as_ref(),
+        );
+        Allocation { ptr, size }
+    }
+
+    // ----- free ---------------------------------------------------------------------------
+
+    pub fn free(&mut self, ptr: u64) -> Result<(), AllocError> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        let id = self
+            .active
+            .remove(&ptr)
+            .ok_or(AllocError::InvalidPointer(ptr))?;
+        let (kind, size, requested, stream, has_uses) = {
+            let b = self.arena.get_mut(id);
+            b.allocated = false;
+            (
+                b.pool,
+                b.size,
+                b.requested,
+                b.stream,
+                !b.stream_uses.is_empty(),
+            )
+        };
+        let oversize = size >= self.max_split();
+        let ctx = self.arena.get(id).context.clone();
+        self.emit(
+            AllocEvent::FreeRequested {
+                pool: kind,
+                ptr,
+                block_size: size,
+                requested,
+                stream,
+                oversize,
+            },
+            ctx.as_ref(),
+        );
+        if has_uses {
+            self.insert_events(id);
+        } else {
+            self.free_block(id);
+        }
+        Ok(())
+    }
+
+    /// `free_block`: the free completes; merge with free neighbours and cache.
+    pub(crate) fn free_block(&mut self, id: BlockId) {
+        let (kind, ptr, size, requested, stream) = {
+            let b = self.arena.get(id);
+            debug_assert!(b.is_free());
+            (b.pool, b.ptr, b.size, b.requested, b.stream)
+        };
+        let ctx = self.arena.get_mut(id).context.take();
+        self.emit(
+            AllocEvent::FreeCompleted {
+                pool: kind,
+                ptr,
+                block_size: size,
+                requested,
+                stream,
+            },
+            ctx.as_ref(),
+        );
+        let mut net_blocks = 0i64;
+        let mut net_bytes = 0i64;
+        let (prev, next) = {
+            let b = self.arena.get(id);
+            (b.prev, b.next)
+        };
+        for cand in [prev, next] {
+            let sub = self.try_merge_blocks(id, cand);
+            if sub > 0 {
+                net_blocks -= 1;
+                net_bytes -= sub as i64;
+            }
+        }
+        self.insert_free(id);
+        let b = self.arena.get(id);
+        if b.is_split() {
+            net_blocks += 1;
+            net_bytes += b.size as i64;
+        }
+        // Expandable memory is never "non-releasable": its free pages can always go back.
+        if !b.is_expandable() && (net_blocks != 0 || net_bytes != 0) {
+            self.emit(
+                AllocEvent::InactiveSplit {
+                    pool: kind,
+                    blocks: net_blocks,
+                    bytes: net_bytes,
+                },
+                None,
+            );
+        }
+    }
+
+    /// Absorb `src` into `dst` if it is free and in the same mapped state; returns the bytes
+    /// absorbed (0 if no merge). `dst` must not be in any pool set.
+    pub(crate) fn try_merge_blocks(&mut self, dst: BlockId, src: BlockId) -> u64 {
+        if src == NIL {
+            return 0;
+        }
+        {
+            let s = self.arena.get(src);
+            if !s.is_free() || s.mapped != self.arena.get(dst).mapped {
+                return 0;
+            }
+        }
+        self.remove_free(src);
+        let (s_ptr, s_prev, s_next, s_size) = {
+            let s = self.arena.get(src);
+            (s.ptr, s.prev, s.next, s.size)
+        };
+        if self.arena.get(dst).prev == src {
+            let seg_ctx = self.arena.get_mut(src).segment_context.take();
+            let d = self.arena.get_mut(dst);
+            d.ptr = s_ptr;
+            d.prev = s_prev;
+            d.segment_context = seg_ctx;
+            if s_prev != NIL {
+                self.arena.get_mut(s_prev).next = dst;
+            }
+        } else {
+            self.arena.get_mut(dst).next = s_next;
+            if s_next != NIL {
+                self.arena.get_mut(s_next).prev = dst;
+            }
+        }
+        self.arena.get_mut(dst).size += s_size;
+        self.arena.release(src);
+        s_size
+    }
+
+    // ----- streams and events -------------------------------------------------------------
+
+    pub fn record_stream(&mut self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        let id = *self
+            .active
+            .get(&ptr)
+            .ok_or(AllocError::InvalidPointer(ptr))?;
+        let b = self.arena.get_mut(id);
+        if stream != b.stream && !b.stream_uses.contains(&stream) {
+            b.stream_uses.push(stream);
+        }
+        Ok(())
+    }
+
+    fn insert_events(&mut self, id: BlockId) {
+        let uses = std::mem::take(&mut self.arena.get_mut(id).stream_uses);
+        for s in uses {
+            let ev = self.device.record_event(s);
+            self.arena.get_mut(id).event_count += 1;
+            let q = match self.stream_events.iter().position(|(st, _)| *st == s) {
+                Some(i) => i,
+                None => {
+                    self.stream_events.push((s, VecDeque::new()));
+                    self.stream_events.len() - 1
+                }
+            };
+            self.stream_events[q].1.push_back((ev, id));
+            self.outstanding_events += 1;
+        }
+    }
+
+    /// `process_events`: complete frees whose events finished (start of every malloc).
+    pub(crate) fn process_events(&mut self) {
+        if self.outstanding_events == 0 {
+            return;
+        }
+        for q in 0..self.stream_events.len() {
+            while let Some(&(ev, id)) = self.stream_events[q].1.front() {
+                if !self.device.query_event(ev) {
+                    break;
+                }
+                self.stream_events[q].1.pop_front();
+                self.device.release_event(ev);
+                self.complete_event(id);
+            }
+        }
+    }
+
+    fn complete_event(&mut self, id: BlockId) {
+        self.outstanding_events -= 1;
+        let b = self.arena.get_mut(id);
+        b.event_count -= 1;
+        if b.event_count == 0 {
+            self.free_block(id);
+        }
+    }
+
+    /// `synchronize_and_free_events`: wait for every outstanding event.
+    pub(crate) fn synchronize_and_free_events(&mut self) {
+        self.emit(AllocEvent::SyncAllStreams, None);
+        for q in 0..self.stream_events.len() {
+            while let Some((ev, id)) = self.stream_events[q].1.pop_front() {
+                self.device.synchronize_event(ev);
+                self.device.release_event(ev);
+                self.complete_event(id);
+            }
+        }
+    }
+}
+
+pub fn fraction_limit(fraction: f64, total: u64) -> Option<u64> {
+    if fraction < 1.0 {
+        Some((fraction * total as f64).floor() as u64)
+    } else {
+        None
+    }
+}
+
+pub fn max_split_stat(config: &AllocatorConfig) -> i64 {
+    if config.max_split_size == u64::MAX {
+        -1
+    } else {
+        config.max_split_size as i64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounding_vectors() {
+        let c = AllocatorConfig::default();
+        for (n, want) in [
+            (1u64, 512u64),
+            (511, 512),
+            (512, 512),
+            (513, 1024),
+            (1000, 1024),
+            (1_048_577, 1_049_088),
+        ] {
+            assert_eq!(round_size(&c, n), want, "n={n}");
+        }
+        let mut c4 = AllocatorConfig::default();
+        c4.roundup_power2_divisions = [4; 16];
+        assert_eq!(round_size(&c4, 700), 1024);
+        assert_eq!(round_size(&c4, 1_228_801), 1_310_720);
+        assert_eq!(round_size(&c4, (3 << 20) + 1), 3 << 20 | 1 << 19);
+        assert_eq!(round_size(&c4, 5 << 20), 5 << 20);
+        assert_eq!(round_size(&c4, 33 << 20), 40 << 20);
+        assert_eq!(round_size(&c4, 1200 * 1024), 1_310_720);
+    }
+
+    #[test]
+    fn segment_sizes() {
+        let c = AllocatorConfig::default();
+        assert_eq!(allocation_size(&c, 512), 2 << 20);
+        assert_eq!(allocation_size(&c, 1_049_088), 20 << 20);
+        assert_eq!(allocation_size(&c, 10 << 20), 10 << 20);
+        assert_eq!(allocation_size(&c, 10_486_272), 12 << 20);
+        assert_eq!(allocation_size(&c, 104_858_112), 106_954_752);
+    }
+}

@@ -1,1 +1,76 @@
-fn main(){}
+//! `headroom`: the command line. Thin: it parses arguments, calls the libraries, prints.
+
+mod replay_cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "headroom",
+    version,
+    about = "Make GPU memory visible, predictable and survivable",
+    long_about = "Headroom re-implements PyTorch's CUDA caching allocator exactly, replays PyTorch \
+                  memory snapshots under other configs or smaller GPUs, and load-tests model \
+                  workloads to find the OOM point before production does."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay a PyTorch memory snapshot through Headroom's allocator, under one or more
+    /// configs, and report peaks, segments, retries and OOMs.
+    Replay(replay_cmd::ReplayArgs),
+    /// Print PyTorch's `memory_summary()` table after replaying a snapshot.
+    Summary(replay_cmd::SummaryArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// ns per malloc+free pair, on the cases PyTorch's own figures use.
+    Alloc(replay_cmd::BenchAllocArgs),
+}
+
+/// Errors the user caused (bad input) exit 2, like clap's own usage errors.
+pub struct UserError(pub anyhow::Error);
+
+impl<E: Into<anyhow::Error>> From<E> for UserError {
+    fn from(e: E) -> Self {
+        UserError(e.into())
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Replay(a) => replay_cmd::replay(a),
+        Command::Summary(a) => replay_cmd::summary(a),
+        Command::Bench(BenchCommand::Alloc(a)) => replay_cmd::bench_alloc(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(UserError(e)) => {
+            // One line: the chain of causes joined, as a user reads it.
+            // Some errors print their source in their own text: skip a cause already said.
+            let mut msg = String::new();
+            for c in e.chain() {
+                let c = c.to_string();
+                if !msg.contains(&c) {
+                    if !msg.is_empty() {
+                        msg.push_str(": ");
+                    }
+                    msg.push_str(&c);
+                }
+            }
+            eprintln!("error: {msg}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! `headroom replay`, `headroom summary`, `headroom bench alloc`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+use headroom_alloc::size::{human_bytes, parse_size};
+use headroom_alloc::AllocatorConfig;
+use headroom_trace::{
+    min_capacity, read_snapshot_file, replay as run_replay, ReplayOptions, ReplayResult,
+};
+
+use crate::UserError;
+
+#[derive(Args)]
+pub struct ReplayArgs {
+    /// A snapshot pickle from `torch.cuda.memory._dump_snapshot()`.
+    snapshot: PathBuf,
+    /// Allocator config in PYTORCH_CUDA_ALLOC_CONF syntax; repeat for a side-by-side table.
+    /// "" or "default" is PyTorch's default. Without it: the snapshot's own config.
+    #[arg(long = "alloc-conf", value_name = "CONF")]
+    alloc_conf: Vec<String>,
+    /// Simulated GPU capacity, e.g. 80GiB, 24GB, 4096 (bytes). Default: the H200 of the
+    /// reference traces (139.80 GiB).
+    #[arg(long, value_name = "SIZE")]
+    capacity: Option<String>,
+    /// Also search (by bisection) for the smallest GPU on which the trace runs without OOM.
+    #[arg(long)]
+    min_capacity: bool,
+    /// Print a JSON array, one object per config.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct SummaryArgs {
+    snapshot: PathBuf,
+    #[arg(long = "alloc-conf", value_name = "CONF")]
+    alloc_conf: Option<String>,
+    #[arg(long, value_name = "SIZE")]
+    capacity: Option<String>,
+    /// The short form, without the per-pool rows.
+    #[arg(long)]
+    abbreviated: bool,
+}
+
+#[derive(Args)]
+pub struct BenchAllocArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Fewer iterations (for a smoke run).
+    #[arg(long)]
+    quick: bool,
+}
+
+fn parse_conf(s: &str) -> Result<AllocatorConfig, UserError> {
+    let s = s.trim();
+    if s.is_empty() || s == "default" {
+        return Ok(AllocatorConfig::default());
+    }
+    AllocatorConfig::parse(s)
+        .with_context(|| format!("bad --alloc-conf '{s}'"))
+        .map_err(UserError)
+}
+
+fn parse_capacity(s: Option<&str>) -> Result<u64, UserError> {
+    match s {
+        None => Ok(headroom_trace::replay::DEFAULT_CAPACITY),
+        Some(s) => {
+            let v = parse_size(s).with_context(|| format!("bad --capacity '{s}'"))?;
+            if v == 0 {
+                return Err(UserError(anyhow::anyhow!(
+                    "bad --capacity '{s}': must be greater than 0"
+                )));
+            }
+            Ok(v)
+        }
+    }
+}
+
+fn label(conf: &AllocatorConfig) -> String {
+    if conf.last_conf.trim().is_empty() {
+        "default".into()
+    } else {
+        conf.last_conf.clone()
+    }
+}
+
+pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
+    let snap = read_snapshot_file(&a.snapshot)
+        .with_context(|| format!("cannot read snapshot {}", a.snapshot.display()))?;
+    let capacity = parse_capacity(a.capacity.as_deref())?;
+    let configs: Vec<AllocatorConfig> = if a.alloc_conf.is_empty() {
+        vec![AllocatorConfig::from_settings(&snap.allocator_settings)
+            .context("the snapshot's allocator_settings")?]
+    } else {
+        a.alloc_conf
+            .iter()
+            .map(|c| parse_conf(c))
+            .collect::<Result<_, _>>()?
+    };
+    let bar = (a.min_capacity && !a.json).then(|| {
+        let pb = indicatif::ProgressBar::new_spinner();
+        pb.set_message("searching for the minimum capacity");
+        pb.enable_steady_tick(std::time::Duration::from_millis(120));
+        pb
+    });
+    let mut results: Vec<(String, ReplayResult)> = Vec::new();
+    for conf in &configs {
+        let opts = ReplayOptions {
+            config: conf.clone(),
+            capacity,
+            stop_at_oom: true,
+        };
+        let mut r = run_replay(&snap, &opts)?;
+        if a.min_capacity {
+            if let Some(pb) = &bar {
+                pb.set_message(format!("minimum capacity under {}", label(conf)));
+            }
+            r.min_capacity_bytes = Some(min_capacity(&snap, &opts)?);
+        }
+        results.push((label(conf), r));
+    }
+    if let Some(pb) = bar {
+        pb.finish_and_clear();
+    }
+    if a.json {
+        let arr: Vec<serde_json::Value> = results
+            .iter()
+            .map(|(l, r)| {
+                let mut v = serde_json::to_value(r).unwrap_or_default();
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("alloc_conf".into(), serde_json::Value::String(l.clone()));
+                    o.insert("snapshot".into(), a.snapshot.display().to_string().into());
+                }
+                v
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&arr).unwrap_or_default());
+    } else {
+        print_table(&a.snapshot, capacity, &results);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_table(path: &std::path::Path, capacity: u64, results: &[(String, ReplayResult)]) {
+    println!(
+        "replay of {} ({} events) on a {} device",
+        path.display(),
+        results.first().map(|r| r.1.events).unwrap_or(0),
+        human_bytes(capacity)
+    );
+    let has_min = results.iter().any(|r| r.1.min_capacity_bytes.is_some());
+    let mut header = vec![
+        "alloc_conf",
+        "peak allocated",
+        "peak reserved",
+        "reserved/alloc",
+        "device allocs",
+        "retries",
+        "OOMs",
+        "OOM at event",
+    ];
+    if has_min {
+        header.push("min capacity");
+    }
+    let rows: Vec<Vec<String>> = results
+        .iter()
+        .map(|(l, r)| {
+            let mut row = vec![
+                l.clone(),
+                human_bytes(r.peak_allocated_bytes),
+                human_bytes(r.peak_reserved_bytes),
+                if r.peak_allocated_bytes > 0 {
+                    format!(
+                        "{:.2}x",
+                        r.peak_reserved_bytes as f64 / r.peak_allocated_bytes as f64
+                    )
+                } else {
+                    "-".into()
+                },
+                r.segment_allocs.to_string(),
+                r.num_alloc_retries.to_string(),
+                r.num_ooms.to_string(),
+                r.oom_event
+                    .map(|i| i.to_string())
+                    .unwrap_or_else(|| "-".into()),
+            ];
+            if has_min {
+                row.push(
+                    r.min_capacity_bytes
+                        .map(human_bytes)
+                        .unwrap_or_else(|| "-".into()),
+                );
+            }
+            row
+        })
+        .collect();
+    print_rows(&header, &rows);
+    for (l, r) in results {
+        if let Some(o) = &r.oom {
+            println!(
+                "\n[{l}] OOM at event {} (alloc of {} bytes): {}",
+                o.event_index, o.requested_bytes, o.message
+            );
+            println!(
+                "[{l}] state at the OOM: {} allocated, {} reserved in {} segments, largest free block {}",
+                human_bytes(o.allocated_bytes),
+                human_bytes(o.reserved_bytes),
+                o.segments,
+                human_bytes(o.largest_free_block)
+            );
+        }
+        if r.initial_live_blocks > 0 {
+            println!(
+                "[{l}] {} blocks were live before the recording began; rebuilt at their offsets ({} reserved at start)",
+                r.initial_live_blocks,
+                human_bytes(r.initial_reserved_bytes)
+            );
+        }
+    }
+}
+
+pub fn print_rows(header: &[&str], rows: &[Vec<String>]) {
+    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.len());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                if i == 0 {
+                    format!("{c:<w$}", w = w[i])
+                } else {
+                    format!("{c:>w$}", w = w[i])
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    println!("{}", line(header.iter().map(|s| s.to_string()).collect()));
+    println!(
+        "{}",
+        w.iter()
+            .map(|n| "-".repeat(*n))
+            .collect::<Vec<_>>()
+            .join("  ")
+    );
+    for r in rows {
+        println!("{}", line(r.clone()));
+    }
+}
+
+pub fn summary(a: SummaryArgs) -> Result<ExitCode, UserError> {
+    let snap = read_snapshot_file(&a.snapshot)
+        .with_context(|| format!("cannot read snapshot {}", a.snapshot.display()))?;
+    let config = match &a.alloc_conf {
+        Some(c) => parse_conf(c)?,
+        None => AllocatorConfig::from_settings(&snap.allocator_settings)
+            .context("the snapshot's allocator_settings")?,
+    };
+    let opts = ReplayOptions {
+        config,
+        capacity: parse_capacity(a.capacity.as_deref())?,
+        stop_at_oom: true,
+    };
+    let r = run_replay(&snap, &opts)?;
+    let stats = headroom_alloc::DeviceStats::from_memory_stats(&r.stats);
+    print!(
+        "{}",
+        headroom_alloc::summary::memory_summary(&stats, 0, a.abbreviated)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn bench_alloc(_a: BenchAllocArgs) -> Result<ExitCode, UserError> {
+    Err(UserError(anyhow::anyhow!("bench alloc is not wired yet")))
+}

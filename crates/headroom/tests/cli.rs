@@ -1,0 +1,146 @@
+//! The CLI as a user runs it: exit codes, one-line errors, JSON fields.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_headroom"))
+}
+
+fn trace(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/traces")
+        .join(name)
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = bin().args(args).output().expect("run headroom");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn replay_json_has_the_documented_fields() {
+    let t = trace("resnet50_infer_nograd__default.pickle");
+    let (code, out, err) = run(&[
+        "replay",
+        t.to_str().unwrap(),
+        "--alloc-conf",
+        "default",
+        "--alloc-conf",
+        "expandable_segments:True",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let arr = v.as_array().expect("array");
+    assert_eq!(arr.len(), 2);
+    for o in arr {
+        for k in [
+            "alloc_conf",
+            "peak_allocated_bytes",
+            "peak_reserved_bytes",
+            "segment_allocs",
+            "segment_frees",
+            "num_alloc_retries",
+            "num_ooms",
+            "oom_event",
+            "min_capacity_bytes",
+            "stats",
+        ] {
+            assert!(o.get(k).is_some(), "missing {k}");
+        }
+        assert_eq!(o["stats"].as_object().unwrap().len(), 122);
+    }
+    assert_eq!(arr[0]["peak_reserved_bytes"], 1_608_515_584u64);
+    assert_eq!(arr[1]["peak_reserved_bytes"], 968_884_224u64);
+    assert!(arr[0]["oom_event"].is_null());
+}
+
+#[test]
+fn small_capacity_reports_the_failing_event_and_min_capacity() {
+    let t = trace("resnet50_infer_nograd__default.pickle");
+    let (code, out, err) = run(&[
+        "replay",
+        t.to_str().unwrap(),
+        "--capacity",
+        "900MiB",
+        "--min-capacity",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let o = &v[0];
+    assert!(o["oom_event"].as_u64().is_some(), "{o}");
+    assert!(o["oom"]["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("CUDA out of memory. Tried to allocate"));
+    let min = o["min_capacity_bytes"].as_u64().unwrap();
+    // Between what the workload needs and what it reserved unconstrained.
+    assert!(min >= 843_556_352 && min <= 1_608_515_584, "{min}");
+    // And a replay on exactly that capacity runs through.
+    let (code, out, _) = run(&[
+        "replay",
+        t.to_str().unwrap(),
+        "--capacity",
+        &min.to_string(),
+        "--json",
+    ]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v[0]["oom_event"].is_null());
+}
+
+#[test]
+fn bad_input_exits_2_with_one_line() {
+    let dir = std::env::temp_dir().join(format!("headroom-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = std::fs::read(trace("resnet50_infer_nograd__default.pickle")).unwrap();
+    let truncated = dir.join("truncated.pickle");
+    std::fs::write(&truncated, &good[..good.len() / 2]).unwrap();
+    let garbage = dir.join("garbage.pickle");
+    std::fs::write(&garbage, b"this is not a pickle at all").unwrap();
+    let t = trace("resnet50_infer_nograd__default.pickle");
+    let t = t.to_str().unwrap();
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["replay", truncated.to_str().unwrap()],
+        vec!["replay", garbage.to_str().unwrap()],
+        vec!["replay", "/no/such/file.pickle"],
+        vec!["replay", t, "--alloc-conf", "bogus:1"],
+        vec!["replay", t, "--alloc-conf", "max_split_size_mb:abc"],
+        vec!["replay", t, "--alloc-conf", "expandable_segments:true"],
+        vec!["replay", t, "--capacity", "0"],
+        vec!["replay", t, "--capacity", "12XB"],
+        vec![
+            "summary",
+            t,
+            "--alloc-conf",
+            "garbage_collection_threshold:2",
+        ],
+    ];
+    for args in cases {
+        let (code, out, err) = run(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?} printed {out}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn summary_prints_pytorch_table() {
+    let t = trace("resnet50_train_sgd__default.pickle");
+    let (code, out, err) = run(&["summary", t.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().count(), 47);
+    assert!(out.contains("PyTorch CUDA memory summary, device ID 0"));
+    let (code, out, _) = run(&["summary", t.to_str().unwrap(), "--abbreviated"]);
+    assert_eq!(code, 0);
+    assert_eq!(out.lines().count(), 29);
+}

@@ -60,7 +60,11 @@ pub enum AllocEvent {
         stream: StreamId,
     },
     /// Net change of the free-blocks-of-split-segments counters.
-    InactiveSplit { pool: PoolKind, blocks: i64, bytes: i64 },
+    InactiveSplit {
+        pool: PoolKind,
+        blocks: i64,
+        bytes: i64,
+    },
     SegmentAlloc {
         pool: PoolKind,
         ptr: u64,

@@ -178,7 +178,11 @@ impl DeviceStats {
                 self.active_bytes.apply(pool, -(block_size as i64));
                 self.requested_bytes.apply(pool, -(requested as i64));
             }
-            AllocEvent::InactiveSplit { pool, blocks, bytes } => {
+            AllocEvent::InactiveSplit {
+                pool,
+                blocks,
+                bytes,
+            } => {
                 self.inactive_split.apply(pool, blocks);
                 self.inactive_split_bytes.apply(pool, bytes);
             }

@@ -40,6 +40,8 @@ pub struct ReplayOptions {
     pub capacity: u64,
     /// Stop at the first OOM (otherwise the failed request is skipped and replay goes on).
     pub stop_at_oom: bool,
+    /// Record Headroom's own history and return its snapshot (for memory_viz).
+    pub record_history: bool,
 }
 
 impl Default for ReplayOptions {
@@ -48,6 +50,7 @@ impl Default for ReplayOptions {
             config: AllocatorConfig::default(),
             capacity: DEFAULT_CAPACITY,
             stop_at_oom: true,
+            record_history: false,
         }
     }
 }
@@ -92,6 +95,9 @@ pub struct ReplayResult {
     pub stats: BTreeMap<String, i64>,
     #[serde(skip)]
     pub memory_summary: String,
+    /// Headroom's snapshot of the replay, when `record_history` was asked.
+    #[serde(skip)]
+    pub snapshot: Option<Snapshot>,
 }
 
 /// The trace's own device allocations: what PyTorch did, for comparison with a replay.
@@ -387,6 +393,9 @@ pub fn replay(snapshot: &Snapshot, opts: &ReplayOptions) -> Result<ReplayResult,
     }
     let initial_reserved = alloc.memory_reserved();
 
+    if opts.record_history {
+        alloc.record_memory_history(headroom_alloc::HistoryMode::All, usize::MAX);
+    }
     let log = std::sync::Arc::new(std::sync::Mutex::new(SegmentLog::default()));
     alloc.add_observer(Box::new(LogObserver(log.clone())));
 
@@ -397,6 +406,11 @@ pub fn replay(snapshot: &Snapshot, opts: &ReplayOptions) -> Result<ReplayResult,
     let mut i = 0usize;
     while i < trace.len() {
         let e = &trace[i];
+        if opts.record_history {
+            // Headroom's entries carry the recorded times, so both timelines line up.
+            let t = e.time_us - 1;
+            alloc.with_device(|d| d.set_clock_us(t));
+        }
         match e.action {
             TraceAction::Alloc => match alloc.malloc(e.size, e.stream) {
                 Ok(a) => {
@@ -505,6 +519,11 @@ pub fn replay(snapshot: &Snapshot, opts: &ReplayOptions) -> Result<ReplayResult,
         initial_reserved_bytes: initial_reserved,
         unmatched_frees: unmatched,
         memory_summary: alloc.memory_summary(false),
+        snapshot: opts.record_history.then(|| {
+            let mut s = alloc.snapshot();
+            s.external_annotations = snapshot.external_annotations.clone();
+            s
+        }),
         stats,
     })
 }
@@ -515,6 +534,7 @@ pub fn min_capacity(snapshot: &Snapshot, opts: &ReplayOptions) -> Result<u64, Re
     let unconstrained = ReplayOptions {
         capacity: opts.capacity.max(DEFAULT_CAPACITY),
         stop_at_oom: true,
+        record_history: false,
         ..opts.clone()
     };
     let base = replay(snapshot, &unconstrained)?;
@@ -529,6 +549,7 @@ pub fn min_capacity(snapshot: &Snapshot, opts: &ReplayOptions) -> Result<u64, Re
         let o = ReplayOptions {
             capacity: cap,
             stop_at_oom: true,
+            record_history: false,
             ..opts.clone()
         };
         Ok(replay(snapshot, &o)?.oom_event.is_none())

@@ -102,3 +102,43 @@ fn default_trace_predicts_other_configs() {
         }
     }
 }
+
+/// Stronger than peaks: Headroom's own history of the replay is PyTorch's trace, entry for
+/// entry (action and size), and its final segments and blocks are PyTorch's final ones.
+#[test]
+fn own_config_replay_reproduces_the_whole_trace() {
+    for file in TRACES {
+        let snap = read_snapshot_file(&traces_dir().join(file)).expect("read trace");
+        let config = AllocatorConfig::parse(&snap.allocator_settings.pytorch_cuda_alloc_conf)
+            .expect("trace config");
+        let r = replay(
+            &snap,
+            &ReplayOptions {
+                config,
+                record_history: true,
+                ..Default::default()
+            },
+        )
+        .expect("replay");
+        let ours = r.snapshot.expect("snapshot");
+        let seq = |t: &[headroom_alloc::TraceEntry]| -> Vec<(headroom_alloc::TraceAction, u64)> {
+            t.iter().map(|e| (e.action, e.size)).collect()
+        };
+        assert_eq!(
+            seq(&ours.device_traces[0]),
+            seq(&snap.device_traces[0]),
+            "{file}: trace"
+        );
+        let layout = |s: &headroom_alloc::Snapshot| -> Vec<(u64, u64, Vec<(u64, headroom_alloc::BlockState)>)> {
+            s.segments
+                .iter()
+                .map(|g| (g.total_size, g.allocated_size, g.blocks.iter().map(|b| (b.size, b.state)).collect()))
+                .collect()
+        };
+        // Address order may differ where a reservation got a fresh address; compare as sets.
+        let (mut a, mut b) = (layout(&ours), layout(&snap));
+        a.sort();
+        b.sort();
+        assert_eq!(a, b, "{file}: final segments");
+    }
+}

@@ -31,6 +31,13 @@ pub struct ReplayArgs {
     /// Print a JSON array, one object per config.
     #[arg(long)]
     json: bool,
+    /// Write Headroom's own snapshot of the (first config's) replay here, as a pickle that
+    /// pytorch.org/memory_viz opens.
+    #[arg(long, value_name = "PATH")]
+    snapshot_out: Option<PathBuf>,
+    /// Write the replay's allocations as an RMM-style CSV log here.
+    #[arg(long, value_name = "PATH")]
+    rmm_out: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -89,8 +96,7 @@ fn label(conf: &AllocatorConfig) -> String {
 }
 
 pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
-    let snap = read_snapshot_file(&a.snapshot)
-        .with_context(|| format!("cannot read snapshot {}", a.snapshot.display()))?;
+    let snap = load_trace(&a.snapshot)?;
     let capacity = parse_capacity(a.capacity.as_deref())?;
     let configs: Vec<AllocatorConfig> = if a.alloc_conf.is_empty() {
         vec![AllocatorConfig::from_settings(&snap.allocator_settings)
@@ -108,11 +114,13 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
         pb
     });
     let mut results: Vec<(String, ReplayResult)> = Vec::new();
-    for conf in &configs {
+    let want_snapshot = a.snapshot_out.is_some() || a.rmm_out.is_some();
+    for (i, conf) in configs.iter().enumerate() {
         let opts = ReplayOptions {
             config: conf.clone(),
             capacity,
             stop_at_oom: true,
+            record_history: want_snapshot && i == 0,
         };
         let mut r = run_replay(&snap, &opts)?;
         if a.min_capacity {
@@ -125,6 +133,16 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
     }
     if let Some(pb) = bar {
         pb.finish_and_clear();
+    }
+    if let Some(s) = results.first().and_then(|r| r.1.snapshot.as_ref()) {
+        if let Some(p) = &a.snapshot_out {
+            headroom_trace::write_snapshot_file(s, p)
+                .with_context(|| format!("cannot write {}", p.display()))?;
+        }
+        if let Some(p) = &a.rmm_out {
+            let csv = headroom_trace::write_rmm_csv(&headroom_trace::rmm_from_snapshot(s));
+            write_atomic(p, csv.as_bytes())?;
+        }
     }
     if a.json {
         let arr: Vec<serde_json::Value> = results
@@ -257,9 +275,32 @@ pub fn print_rows(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
+/// A snapshot pickle, or an RMM CSV log (by extension `.csv`).
+fn load_trace(path: &std::path::Path) -> Result<headroom_trace::Snapshot, UserError> {
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("csv"))
+    {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read RMM log {}", path.display()))?;
+        let events = headroom_trace::read_rmm_csv(&text)
+            .with_context(|| format!("cannot read RMM log {}", path.display()))?;
+        return Ok(headroom_trace::snapshot_from_rmm(&events));
+    }
+    Ok(read_snapshot_file(path)
+        .with_context(|| format!("cannot read snapshot {}", path.display()))?)
+}
+
+/// Write through a temporary file so a failure never leaves a partial file.
+fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<(), UserError> {
+    let tmp = path.with_extension("headroom-tmp");
+    std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", path.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
 pub fn summary(a: SummaryArgs) -> Result<ExitCode, UserError> {
-    let snap = read_snapshot_file(&a.snapshot)
-        .with_context(|| format!("cannot read snapshot {}", a.snapshot.display()))?;
+    let snap = load_trace(&a.snapshot)?;
     let config = match &a.alloc_conf {
         Some(c) => parse_conf(c)?,
         None => AllocatorConfig::from_settings(&snap.allocator_settings)
@@ -269,6 +310,7 @@ pub fn summary(a: SummaryArgs) -> Result<ExitCode, UserError> {
         config,
         capacity: parse_capacity(a.capacity.as_deref())?,
         stop_at_oom: true,
+        record_history: false,
     };
     let r = run_replay(&snap, &opts)?;
     let stats = headroom_alloc::DeviceStats::from_memory_stats(&r.stats);

@@ -1,0 +1,226 @@
+//! Devices: an allocator, a backend, and the memory bookkeeping that ties them together.
+//!
+//! Design note: a `Device` is a cheap handle to one `DeviceContext` (not a global registry),
+//! so tests and `headroom predict` can run many independent simulated GPUs in one process.
+//! The op layer allocates every output, workspace and saved buffer through the device
+//! *before* calling the backend, which only fills memory in. That is what makes the meta
+//! backend's allocation sequence identical to cpu's (and later cuda's) by construction.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::backend::{cpu::CpuBackend, meta::MetaBackend, Backend};
+use crate::dtype::DType;
+use crate::error::{Result, TensorError};
+use crate::memory::{Allocation, CategoryBreakdown, CategoryTracker, StorageAllocator};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    Cpu,
+    /// Shapes and memory only: no data, no compute.
+    Meta,
+    /// Reserved for the CUDA backend; no backend ships with this crate.
+    Cuda(u32),
+}
+
+impl fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceKind::Cpu => f.write_str("cpu"),
+            DeviceKind::Meta => f.write_str("meta"),
+            DeviceKind::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// Which pass of a convolution asks for workspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConvPass {
+    Forward,
+    BackwardInput,
+    BackwardWeight,
+}
+
+/// Everything cuDNN's algorithm choice depends on, for [`WorkspacePolicy::conv2d`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConvWorkspaceQuery {
+    pub pass: ConvPass,
+    pub input: [usize; 4],
+    pub weight: [usize; 4],
+    pub output: [usize; 4],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub groups: usize,
+    pub dtype: DType,
+}
+
+/// Library workspaces that PyTorch takes from the caching allocator on CUDA (cuDNN conv
+/// workspaces, the cuBLAS handle workspace). Sizes depend on the library's algorithm choice,
+/// so they are a policy the model layer supplies; the default asks for none.
+pub trait WorkspacePolicy: Send + Sync {
+    /// Bytes of the workspace allocated after the conv's output and freed right after it.
+    fn conv2d(&self, _q: &ConvWorkspaceQuery) -> u64 {
+        0
+    }
+    /// Bytes allocated once, at the device's first matmul, and held as long as the device
+    /// (cuBLAS keeps its workspace per handle; PyTorch 2.x allocates it from the pool).
+    fn blas_handle(&self) -> u64 {
+        0
+    }
+}
+
+struct NoWorkspace;
+impl WorkspacePolicy for NoWorkspace {}
+
+pub struct DeviceContext {
+    kind: DeviceKind,
+    id: u64,
+    pub(crate) allocator: Arc<dyn StorageAllocator>,
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) tracker: Mutex<CategoryTracker>,
+    rng: Mutex<u64>,
+    workspace: RwLock<Arc<dyn WorkspacePolicy>>,
+    blas_handle: Mutex<Option<Allocation>>,
+}
+
+impl Drop for DeviceContext {
+    fn drop(&mut self) {
+        if let Some(a) = self.blas_handle.lock().take() {
+            self.allocator.free(a.ptr);
+        }
+    }
+}
+
+/// A handle to a device. Clones refer to the same device.
+#[derive(Clone)]
+pub struct Device(pub(crate) Arc<DeviceContext>);
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+impl Device {
+    /// The cpu device. The allocator must hand out real host memory (64-byte aligned):
+    /// headroom-alloc's `CachingAllocator<HostDevice>` or [`crate::HostAllocator`].
+    pub fn cpu(allocator: Arc<dyn StorageAllocator>) -> Device {
+        Device::with_backend(DeviceKind::Cpu, allocator, Arc::new(CpuBackend))
+    }
+    /// The meta device: any allocator works, addresses are never dereferenced.
+    pub fn meta(allocator: Arc<dyn StorageAllocator>) -> Device {
+        Device::with_backend(DeviceKind::Meta, allocator, Arc::new(MetaBackend))
+    }
+    /// A device with a backend of your own (the CUDA backend plugs in here).
+    pub fn with_backend(
+        kind: DeviceKind,
+        allocator: Arc<dyn StorageAllocator>,
+        backend: Arc<dyn Backend>,
+    ) -> Device {
+        Device(Arc::new(DeviceContext {
+            kind,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            allocator,
+            backend,
+            tracker: Mutex::new(CategoryTracker::default()),
+            rng: Mutex::new(0x853c_49e6_748f_ea9b),
+            workspace: RwLock::new(Arc::new(NoWorkspace)),
+            blas_handle: Mutex::new(None),
+        }))
+    }
+    pub fn kind(&self) -> DeviceKind {
+        self.0.kind
+    }
+    pub fn is_meta(&self) -> bool {
+        self.0.kind == DeviceKind::Meta
+    }
+    pub fn same(&self, other: &Device) -> bool {
+        self.0.id == other.0.id
+    }
+    pub fn allocator(&self) -> &Arc<dyn StorageAllocator> {
+        &self.0.allocator
+    }
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.0.backend
+    }
+    pub fn memory_allocated(&self) -> u64 {
+        self.0.allocator.memory_allocated()
+    }
+    pub fn memory_reserved(&self) -> u64 {
+        self.0.allocator.memory_reserved()
+    }
+    pub fn max_memory_allocated(&self) -> u64 {
+        self.0.allocator.max_memory_allocated()
+    }
+    /// Resets the allocator's peaks and the peak category breakdown together.
+    pub fn reset_peak_memory_stats(&self) {
+        self.0.allocator.reset_peak_memory_stats();
+        self.0.tracker.lock().reset_peak();
+    }
+    pub fn empty_cache(&self) {
+        self.0.allocator.empty_cache();
+    }
+    /// Bytes per category now.
+    pub fn memory_by_category(&self) -> CategoryBreakdown {
+        self.0.tracker.lock().current
+    }
+    /// Bytes per category at the moment of the peak since the last reset.
+    pub fn peak_memory_by_category(&self) -> CategoryBreakdown {
+        self.0.tracker.lock().peak
+    }
+    pub fn manual_seed(&self, seed: u64) {
+        *self.0.rng.lock() = seed ^ 0x853c_49e6_748f_ea9b;
+    }
+    /// A fresh seed for a random kernel (dropout), advancing the device generator.
+    pub(crate) fn next_seed(&self) -> u64 {
+        let mut s = self.0.rng.lock();
+        // splitmix64: cheap, and good enough for dropout masks.
+        *s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = *s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    pub fn set_workspace_policy(&self, policy: Arc<dyn WorkspacePolicy>) {
+        *self.0.workspace.write() = policy;
+    }
+    pub(crate) fn workspace_policy(&self) -> Arc<dyn WorkspacePolicy> {
+        self.0.workspace.read().clone()
+    }
+    /// Allocates the BLAS handle workspace the first time a matmul runs on this device.
+    pub(crate) fn ensure_blas_handle(&self) -> Result<()> {
+        let mut h = self.0.blas_handle.lock();
+        if h.is_some() {
+            return Ok(());
+        }
+        let n = self.workspace_policy().blas_handle();
+        if n > 0 {
+            let a = self.0.allocator.allocate(n)?;
+            *h = Some(a);
+        }
+        Ok(())
+    }
+    pub(crate) fn check_same(&self, other: &Device, op: &'static str) -> Result<()> {
+        if self.same(other) {
+            Ok(())
+        } else {
+            Err(TensorError::DeviceMismatch {
+                op,
+                a: self.to_string(),
+                b: other.to_string(),
+            })
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0.kind)
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Device({}#{})", self.0.kind, self.0.id)
+    }
+}

@@ -3,6 +3,7 @@ pub mod backend;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod gradcheck;
 pub mod layout;
 pub mod memory;
 pub mod ops;

@@ -125,6 +125,19 @@ impl Tensor {
         self.storage().bump_version();
         Ok(())
     }
+    /// Overwrites the data from host values (weight loading, tests). Bypasses autograd and
+    /// the leaf check, like assigning `param.data`; bumps the version.
+    pub fn copy_from_f64(&self, data: &[f64]) -> Result<()> {
+        if data.len() != self.numel() {
+            return Err(TensorError::shape(
+                "copy_from_f64",
+                format!("{} values for shape {:?}", data.len(), self.shape()),
+            ));
+        }
+        self.device().backend().write_f64(self.kref(), data)?;
+        self.storage().bump_version();
+        Ok(())
+    }
     pub fn zero_(&self) -> Result<()> {
         self.fill_(0.0)
     }

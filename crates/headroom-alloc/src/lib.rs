@@ -24,6 +24,7 @@
 //! ```
 
 pub mod allocator;
+pub mod bench; // TEMP-HELPER
 mod block;
 pub mod config;
 pub mod device;
@@ -42,15 +43,17 @@ pub mod stats;
 pub mod summary;
 
 pub use allocator::CachingAllocator;
-pub use config::{AllocatorConfig, Backend};
+pub use config::{AllocatorConfig, Backend, ConfigError, ConfigScope};
 pub use device::{Device, DeviceError, EventId, HostDevice, SimDevice};
 pub use event::{AllocEvent, PoolKind, StreamId};
 pub use history::HistoryMode;
 pub use import::{ImportSegment, LiveBlock};
 pub use oom::{AllocError, OutOfMemoryError};
 pub use policy::{Allocation, Observer};
+pub use size::{format_size, human_bytes, parse_size, SizeError};
 pub use snapshot::{
     AllocatorSettings, Annotation, BlockInfo, BlockState, Frame, SegmentInfo, Snapshot,
     TraceAction, TraceEntry,
 };
 pub use stats::{DeviceStats, Stat, StatArray, StatType};
+pub use summary::memory_summary;

@@ -129,13 +129,17 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
         }
     };
     // Exact arithmetic: value = digits * mult / 10^k with k = significant fraction digits.
-    let frac = frac_part.trim_end_matches('0');
+    let mut frac = frac_part.trim_end_matches('0');
+    if mult > 1 && frac.len() > 18 {
+        // Digits past 10^-18 of a unit are far below one byte (units are ≤ 2^50): drop them.
+        frac = &frac[..18];
+    }
     let digits = format!("{}{}", int_part.trim_start_matches('0'), frac);
     let overflow = || SizeError::Overflow {
         input: input.clone(),
     };
     // 10^38 is the largest power of ten below u128::MAX; more fraction digits than that
-    // cannot yield a whole byte count with any unit here (all are ≤ 10^15 or 2^50).
+    // cannot yield a whole byte count.
     if frac.len() > 38 {
         return Err(SizeError::FractionalBytes { input });
     }
@@ -146,7 +150,9 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
     };
     let scale = 10u128.pow(frac.len() as u32);
     let scaled = mantissa.checked_mul(mult as u128).ok_or_else(overflow)?;
-    if scaled % scale != 0 {
+    // `1.2GiB` is a size people type; a fraction of a byte under a unit rounds down.
+    // Plain byte counts must be whole: `1.5` bytes is a mistake worth reporting.
+    if scaled % scale != 0 && mult == 1 {
         return Err(SizeError::FractionalBytes { input });
     }
     u64::try_from(scaled / scale).map_err(|_| overflow())
@@ -288,14 +294,12 @@ mod tests {
             parse_size("1.5"),
             Err(SizeError::FractionalBytes { .. })
         ));
-        assert!(matches!(
-            parse_size("0.1KiB"),
-            Err(SizeError::FractionalBytes { .. })
-        ));
-        assert!(matches!(
-            parse_size("1.0000000000000000000000000000000000000001GiB"),
-            Err(SizeError::FractionalBytes { .. })
-        ));
+        assert_eq!(parse_size("0.1KiB").ok(), Some(102));
+        assert_eq!(parse_size("1.2GiB").ok(), Some(1_288_490_188));
+        assert_eq!(
+            parse_size("1.0000000000000000000000000000000000000001GiB").ok(),
+            Some(1 << 30)
+        );
     }
 
     proptest! {

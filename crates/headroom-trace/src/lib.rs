@@ -1,1 +1,44 @@
-pub fn x(){}
+//! # headroom-trace
+//!
+//! Memory traces in and out of [`headroom_alloc`]'s data model, for replay and what-if
+//! analysis.
+//!
+//! * [`pickle`]: PyTorch snapshot pickles (`torch.cuda.memory._dump_snapshot()`, or the
+//!   segment list of `torch.cuda.memory_snapshot()`) read into a [`Snapshot`], and written
+//!   back in a form that Python and the `pytorch.org/memory_viz` viewer both load.
+//! * [`rmm`]: RAPIDS RMM `logging_resource_adaptor` CSV logs ([`RmmEvent`]), and
+//!   conversions to and from snapshot traces.
+//! * [`error`]: [`TraceError`], the one error type.
+//!
+//! Main types: [`Snapshot`] (with `SegmentInfo`, `BlockInfo`, `TraceEntry`, re-exported
+//! from `headroom_alloc`), [`RmmEvent`], [`TraceError`].
+//!
+//! ```
+//! use headroom_trace::{read_snapshot, rmm_from_snapshot, write_rmm_csv, write_snapshot};
+//! use headroom_trace::Snapshot;
+//!
+//! let bytes = write_snapshot(&Snapshot::default());
+//! let snap = read_snapshot(&bytes)?;
+//! assert!(snap.segments.is_empty());
+//! let csv = write_rmm_csv(&rmm_from_snapshot(&snap));
+//! assert_eq!(csv, "Thread,Time,Action,Pointer,Size,Stream\n");
+//! # Ok::<(), headroom_trace::TraceError>(())
+//! ```
+
+pub mod error;
+pub mod pickle;
+pub mod replay;
+pub mod rmm;
+
+pub use error::TraceError;
+pub use headroom_alloc::snapshot::{
+    AllocatorSettings, Annotation, BlockInfo, BlockState, Frame, SegmentInfo, Snapshot,
+    TraceAction, TraceEntry,
+};
+pub use pickle::{read_snapshot, read_snapshot_file, write_snapshot, write_snapshot_file};
+pub use replay::{
+    min_capacity, recorded_segment_sizes, replay, ReplayError, ReplayOptions, ReplayResult,
+};
+pub use rmm::{
+    read_rmm_csv, rmm_from_snapshot, snapshot_from_rmm, write_rmm_csv, RmmAction, RmmEvent,
+};

@@ -201,7 +201,11 @@ fn accumulate(slot: &mut Option<Tensor>, g: Tensor) -> Result<()> {
     match slot.take() {
         None => *slot = Some(g),
         Some(old) => {
-            if old.is_exclusive() && old.shape() == g.shape() && old.dtype() == g.dtype() {
+            if old.is_exclusive()
+                && old.is_contiguous()
+                && old.shape() == g.shape()
+                && old.dtype() == g.dtype()
+            {
                 old.add_raw_(&g)?;
                 *slot = Some(old);
             } else {

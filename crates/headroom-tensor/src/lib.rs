@@ -14,5 +14,8 @@ pub use autograd::{enable_grad, inference_mode, is_grad_enabled, no_grad, set_gr
 pub use device::{Device, DeviceKind};
 pub use dtype::DType;
 pub use error::{Result, TensorError};
-pub use memory::{category_scope, CountingAllocator, HostAllocator, MemoryCategory, StorageAllocator};
+pub use memory::{
+    category_scope, Allocation, CategoryBreakdown, CountingAllocator, HostAllocator, MemEvent,
+    MemoryCategory, RecordingAllocator, StorageAllocator,
+};
 pub use tensor::Tensor;

@@ -211,6 +211,81 @@ impl StorageAllocator for CountingAllocator {
     }
 }
 
+/// One call the runtime made on an allocator, as logged by [`RecordingAllocator`]. Sizes
+/// are the requested bytes, as in the `alloc`/`free_requested` entries of a PyTorch trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemEvent {
+    Alloc { ptr: u64, nbytes: u64 },
+    Free { ptr: u64, nbytes: u64 },
+}
+
+/// Wraps an allocator and logs every allocate/free, for comparing allocation sequences
+/// (meta against cpu, or against a PyTorch trace).
+pub struct RecordingAllocator {
+    inner: std::sync::Arc<dyn StorageAllocator>,
+    log: Mutex<Vec<MemEvent>>,
+    live: Mutex<std::collections::HashMap<u64, u64>>,
+}
+
+impl RecordingAllocator {
+    pub fn new(inner: std::sync::Arc<dyn StorageAllocator>) -> Self {
+        RecordingAllocator {
+            inner,
+            log: Mutex::new(Vec::new()),
+            live: Mutex::new(Default::default()),
+        }
+    }
+    /// The events so far, leaving the log empty.
+    pub fn take(&self) -> Vec<MemEvent> {
+        std::mem::take(&mut *self.log.lock())
+    }
+    /// The events as signed sizes: `+n` for an allocation, `-n` for a free.
+    pub fn take_sizes(&self) -> Vec<i64> {
+        self.take()
+            .into_iter()
+            .map(|e| match e {
+                MemEvent::Alloc { nbytes, .. } => nbytes as i64,
+                MemEvent::Free { nbytes, .. } => -(nbytes as i64),
+            })
+            .collect()
+    }
+}
+
+impl StorageAllocator for RecordingAllocator {
+    fn allocate(&self, nbytes: u64) -> Result<Allocation> {
+        let a = self.inner.allocate(nbytes)?;
+        self.live.lock().insert(a.ptr, nbytes);
+        self.log.lock().push(MemEvent::Alloc { ptr: a.ptr, nbytes });
+        Ok(a)
+    }
+    fn free(&self, ptr: u64) {
+        let nbytes = self.live.lock().remove(&ptr).unwrap_or(0);
+        self.log.lock().push(MemEvent::Free { ptr, nbytes });
+        self.inner.free(ptr)
+    }
+    fn memory_allocated(&self) -> u64 {
+        self.inner.memory_allocated()
+    }
+    fn memory_reserved(&self) -> u64 {
+        self.inner.memory_reserved()
+    }
+    fn max_memory_allocated(&self) -> u64 {
+        self.inner.max_memory_allocated()
+    }
+    fn reset_peak_memory_stats(&self) {
+        self.inner.reset_peak_memory_stats()
+    }
+    fn empty_cache(&self) {
+        self.inner.empty_cache()
+    }
+    fn memory_stats(&self) -> BTreeMap<String, i64> {
+        self.inner.memory_stats()
+    }
+    fn memory_summary(&self, abbreviated: bool) -> String {
+        self.inner.memory_summary(abbreviated)
+    }
+}
+
 /// What a block of memory is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MemoryCategory {

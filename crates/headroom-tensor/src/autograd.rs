@@ -108,8 +108,11 @@ pub(crate) enum Edge {
 /// One op's backward. `grads` has one entry per output of the op (None: no gradient flowed
 /// into that output); the result has one entry per input (None: not needed or zero).
 pub(crate) trait BackwardFn: Send {
-    fn backward(&mut self, grads: Vec<Option<Tensor>>, needs: &[bool])
-        -> Result<Vec<Option<Tensor>>>;
+    fn backward(
+        &mut self,
+        grads: Vec<Option<Tensor>>,
+        needs: &[bool],
+    ) -> Result<Vec<Option<Tensor>>>;
 }
 
 pub(crate) struct Node {

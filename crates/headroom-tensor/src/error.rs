@@ -32,9 +32,18 @@ pub enum TensorError {
     #[error("{0}")]
     Autograd(String),
     #[error("one of the variables needed for gradient computation has been modified by an inplace operation: saved at version {saved}, now at version {now} ({op})")]
-    ModifiedInPlace { op: &'static str, saved: u64, now: u64 },
-    #[error("{0}")]
-    OutOfMemory(String),
+    ModifiedInPlace {
+        op: &'static str,
+        saved: u64,
+        now: u64,
+    },
+    /// The allocator could not satisfy a request. `detail` carries headroom-alloc's error
+    /// (PyTorch's message facts) when the allocator is a `CachingAllocator`.
+    #[error("{message}")]
+    OutOfMemory {
+        message: String,
+        detail: Option<Box<headroom_alloc::OutOfMemoryError>>,
+    },
     #[error("allocator error: {0}")]
     Alloc(String),
     #[error("invalid argument to {op}: {msg}")]
@@ -57,7 +66,13 @@ impl TensorError {
         }
     }
     pub fn is_oom(&self) -> bool {
-        matches!(self, TensorError::OutOfMemory(_))
+        matches!(self, TensorError::OutOfMemory { .. })
+    }
+    pub(crate) fn oom(message: String) -> Self {
+        TensorError::OutOfMemory {
+            message,
+            detail: None,
+        }
     }
 }
 

@@ -1,5 +1,68 @@
+//! # headroom-tensor
+//!
+//! The tensor runtime of Headroom: tensors whose storage comes from a device's allocator
+//! (headroom-alloc's `CachingAllocator`, i.e. PyTorch's policy), an autograd that keeps and
+//! frees exactly what PyTorch keeps and frees, grad modes, and two backends behind one trait:
+//! `cpu` (real kernels) and `meta` (no data, same allocations). The point is memory fidelity:
+//! on the meta device a model's allocation sequence — sizes, order, frees — is PyTorch's on
+//! CUDA, so `memory_allocated()` at every moment is PyTorch's figure.
+//!
+//! Main types:
+//! - [`Device`]: an allocator + a [`backend::Backend`] + category bookkeeping.
+//!   [`Device::meta_caching`] / [`Device::cpu_caching`] build one on headroom-alloc;
+//!   [`Device::meta`] / [`Device::cpu`] take any [`StorageAllocator`] (e.g.
+//!   [`CountingAllocator`], [`HostAllocator`], [`RecordingAllocator`] to log the sequence).
+//!   Library workspaces (cuDNN, cuBLAS) come from a [`device::WorkspacePolicy`].
+//! - [`Tensor`]: an `Arc` handle (shape, strides, offset, [`DType`], storage, autograd
+//!   edge). Views share storage; the last handle to drop frees the block.
+//! - Ops: methods on `Tensor` (`add`, `mul`, `matmul`, `relu`, `relu_`, `softmax`, `sum`,
+//!   `reshape`, `transpose`, `narrow`, `cat`, ...) and functions in [`ops`] (`conv2d`,
+//!   `linear`, `batch_norm`, `layer_norm`, `max_pool2d`, `adaptive_avg_pool2d`,
+//!   `embedding`, `dropout`, `cross_entropy`). Each saves what PyTorch's backward node saves.
+//! - Autograd: [`Tensor::backward`], [`Tensor::backward_with`] (`retain_graph`),
+//!   [`Tensor::grad`], [`Tensor::detach`], [`Tensor::requires_grad_`]; grad modes
+//!   [`no_grad`], [`inference_mode`], [`enable_grad`], [`set_grad_enabled`] are thread-local
+//!   RAII guards. [`gradcheck`] checks gradients by finite differences.
+//! - Memory categories: every storage is tagged [`MemoryCategory`] (parameter, gradient,
+//!   optimizer_state, activation, temporary, input); [`Device::memory_by_category`] and
+//!   [`Device::peak_memory_by_category`] give the breakdown now and at the peak. Tag what you
+//!   create with [`category_scope`] or [`Tensor::set_category`]; ops tag their outputs
+//!   `temporary`, saving for backward re-tags `activation`, `.grad` is `gradient`.
+//! - Errors: every failure is a [`TensorError`] (shape, dtype, device, no grad, OOM, ...).
+//!
+//! ```
+//! use headroom_alloc::AllocatorConfig;
+//! use headroom_tensor::{ops, no_grad, DType, Device, MemoryCategory, Tensor, category_scope};
+//!
+//! let dev = Device::meta_caching(80 << 30, AllocatorConfig::default());
+//! let w = {
+//!     let _p = category_scope(MemoryCategory::Parameter);
+//!     let w = Tensor::empty(&[4096, 4096], DType::F32, &dev)?;
+//!     w.requires_grad_(true)?;
+//!     w
+//! };
+//! let x = Tensor::empty(&[2048, 4096], DType::F32, &dev)?;
+//! let base = dev.memory_allocated();
+//! {
+//!     let _g = no_grad();
+//!     let y = ops::linear(&x, &w, None)?.relu()?; // the linear output dies inside relu
+//!     assert_eq!(dev.memory_allocated() - base, 32 << 20);
+//! }
+//! let y = ops::linear(&x, &w, None)?.relu()?;
+//! let loss = y.sum()?;
+//! loss.backward()?;
+//! assert!(w.grad().is_some());
+//! drop((y, loss));
+//! assert_eq!(dev.memory_by_category().get(MemoryCategory::Gradient), 64 << 20);
+//! # Ok::<(), headroom_tensor::TensorError>(())
+//! ```
+//!
+//! Limits: in-place ops on a *view* do not rewrite the base tensor's history (PyTorch's
+//! view+inplace rebase); two threads writing one tensor is a data race, as in PyTorch.
+
 pub mod autograd;
 pub mod backend;
+pub mod caching;
 pub mod device;
 pub mod dtype;
 pub mod error;

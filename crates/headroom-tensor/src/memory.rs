@@ -105,7 +105,7 @@ impl StorageAllocator for HostAllocator {
     fn allocate(&self, nbytes: u64) -> Result<Allocation> {
         let size = round512(nbytes);
         if self.counters.allocated.load(Ordering::SeqCst) + size > self.capacity {
-            return Err(TensorError::OutOfMemory(format!(
+            return Err(TensorError::oom(format!(
                 "host allocator out of memory: tried to allocate {nbytes} bytes with {} of {} in use",
                 self.memory_allocated(),
                 self.capacity
@@ -116,13 +116,16 @@ impl StorageAllocator for HostAllocator {
         // SAFETY: size is non-zero (callers never ask for 0 bytes, and round512 keeps it).
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
         if p.is_null() {
-            return Err(TensorError::OutOfMemory(format!(
+            return Err(TensorError::oom(format!(
                 "host out of memory allocating {nbytes} bytes"
             )));
         }
         self.sizes.lock().insert(p as u64, size);
         self.counters.add(size);
-        Ok(Allocation { ptr: p as u64, size })
+        Ok(Allocation {
+            ptr: p as u64,
+            size,
+        })
     }
     fn free(&self, ptr: u64) {
         let Some(size) = self.sizes.lock().remove(&ptr) else {
@@ -182,7 +185,7 @@ impl StorageAllocator for CountingAllocator {
     fn allocate(&self, nbytes: u64) -> Result<Allocation> {
         let size = round512(nbytes);
         if self.memory_allocated() + size > self.capacity {
-            return Err(TensorError::OutOfMemory(format!(
+            return Err(TensorError::oom(format!(
                 "meta allocator out of memory: tried to allocate {nbytes} bytes with {} of {} in use",
                 self.memory_allocated(),
                 self.capacity

@@ -69,7 +69,11 @@ impl Storage {
             .is_ok()
             && self.alloc.size > 0
         {
-            self.device.0.tracker.lock().retag(from, to, self.alloc.size);
+            self.device
+                .0
+                .tracker
+                .lock()
+                .retag(from, to, self.alloc.size);
         }
     }
     pub fn version(&self) -> u64 {

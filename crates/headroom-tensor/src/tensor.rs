@@ -51,7 +51,11 @@ impl Tensor {
             .checked_mul(dtype.size() as u64)
             .ok_or_else(|| TensorError::invalid("empty", format!("shape {shape:?} too large")))?;
         let storage = Storage::new(device, bytes)?;
-        Ok(Tensor::from_parts(storage, Layout::contiguous(shape), dtype))
+        Ok(Tensor::from_parts(
+            storage,
+            Layout::contiguous(shape),
+            dtype,
+        ))
     }
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: &Device) -> Result<Tensor> {
         let t = Tensor::empty(shape, dtype, device)?;
@@ -65,7 +69,12 @@ impl Tensor {
         Tensor::full(shape, 1.0, dtype, device)
     }
     /// From host values, converted to `dtype`.
-    pub fn from_f64(data: &[f64], shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+    pub fn from_f64(
+        data: &[f64],
+        shape: &[usize],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
         if data.len() != numel(shape) {
             return Err(TensorError::shape(
                 "from_f64",
@@ -94,14 +103,30 @@ impl Tensor {
         Ok(t)
     }
     /// Uniform in [low, high), from the device's generator.
-    pub fn rand(shape: &[usize], low: f64, high: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+    pub fn rand(
+        shape: &[usize],
+        low: f64,
+        high: f64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
         let t = Tensor::empty(shape, dtype, device)?;
-        device.backend().uniform(t.kref(), low, high, device.next_seed())?;
+        device
+            .backend()
+            .uniform(t.kref(), low, high, device.next_seed())?;
         Ok(t)
     }
-    pub fn randn(shape: &[usize], mean: f64, std: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+    pub fn randn(
+        shape: &[usize],
+        mean: f64,
+        std: f64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
         let t = Tensor::empty(shape, dtype, device)?;
-        device.backend().normal(t.kref(), mean, std, device.next_seed())?;
+        device
+            .backend()
+            .normal(t.kref(), mean, std, device.next_seed())?;
         Ok(t)
     }
     /// In-place re-initialisation (no allocation): `nn.init.uniform_`.

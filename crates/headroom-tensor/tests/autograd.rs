@@ -22,11 +22,21 @@ fn param(d: &Device, v: &[f64], shape: &[usize]) -> Tensor {
 fn gradients_accumulate_in_place() {
     let d = cpu();
     let w = param(&d, &[1.0, 2.0, 3.0], &[3]);
-    w.mul_scalar(2.0).unwrap().sum().unwrap().backward().unwrap();
+    w.mul_scalar(2.0)
+        .unwrap()
+        .sum()
+        .unwrap()
+        .backward()
+        .unwrap();
     let g1 = w.grad().unwrap();
     assert_eq!(g1.to_vec_f64().unwrap(), vec![2.0, 2.0, 2.0]);
     let ptr = g1.storage().ptr();
-    w.mul_scalar(3.0).unwrap().sum().unwrap().backward().unwrap();
+    w.mul_scalar(3.0)
+        .unwrap()
+        .sum()
+        .unwrap()
+        .backward()
+        .unwrap();
     let g2 = w.grad().unwrap();
     assert_eq!(g2.to_vec_f64().unwrap(), vec![5.0, 5.0, 5.0]);
     assert_eq!(g2.storage().ptr(), ptr, "accumulation must be in place");
@@ -55,7 +65,10 @@ fn retain_graph_and_second_backward() {
     y.backward_with(None, false).unwrap();
     assert_eq!(w.grad().unwrap().to_vec_f64().unwrap(), vec![4.0, 8.0]);
     let err = y.backward().unwrap_err();
-    assert!(matches!(err, TensorError::Autograd(ref m) if m.contains("second time")), "{err}");
+    assert!(
+        matches!(err, TensorError::Autograd(ref m) if m.contains("second time")),
+        "{err}"
+    );
 }
 
 #[test]
@@ -103,7 +116,9 @@ fn grad_modes_nest_and_are_thread_local() {
             assert!(is_grad_enabled());
         }
         assert!(!is_grad_enabled());
-        std::thread::spawn(|| assert!(is_grad_enabled())).join().unwrap();
+        std::thread::spawn(|| assert!(is_grad_enabled()))
+            .join()
+            .unwrap();
     }
     assert!(is_grad_enabled());
     {
@@ -117,10 +132,16 @@ fn grad_modes_nest_and_are_thread_local() {
 fn backward_without_grad_is_an_error() {
     let d = cpu();
     let x = Tensor::ones(&[2], DType::F32, &d).unwrap();
-    assert_eq!(x.sum().unwrap().backward().unwrap_err(), TensorError::NoGrad);
+    assert_eq!(
+        x.sum().unwrap().backward().unwrap_err(),
+        TensorError::NoGrad
+    );
     let w = param(&d, &[1.0, 2.0], &[2]);
     let y = w.mul_scalar(2.0).unwrap();
-    assert!(matches!(y.backward().unwrap_err(), TensorError::Autograd(_)), "non-scalar");
+    assert!(
+        matches!(y.backward().unwrap_err(), TensorError::Autograd(_)),
+        "non-scalar"
+    );
 }
 
 #[test]
@@ -161,7 +182,13 @@ fn inplace_relu_rebases_history() {
 fn forward_values_match_reference() {
     let d = cpu();
     // 2x2 conv, checked by hand.
-    let x = Tensor::from_f64(&[1., 2., 3., 4., 5., 6., 7., 8., 9.], &[1, 1, 3, 3], DType::F32, &d).unwrap();
+    let x = Tensor::from_f64(
+        &[1., 2., 3., 4., 5., 6., 7., 8., 9.],
+        &[1, 1, 3, 3],
+        DType::F32,
+        &d,
+    )
+    .unwrap();
     let w = Tensor::from_f64(&[1., 0., 0., -1.], &[1, 1, 2, 2], DType::F32, &d).unwrap();
     let y = ops::conv2d(&x, &w, None, &ops::Conv2dParams::new(1, 0)).unwrap();
     assert_eq!(y.to_vec_f64().unwrap(), vec![-4.0, -4.0, -4.0, -4.0]);
@@ -172,10 +199,19 @@ fn forward_values_match_reference() {
     assert!((ce - expect).abs() < 1e-5);
     let a = Tensor::from_f64(&[1., 2., 3., 4., 5., 6.], &[2, 3], DType::F32, &d).unwrap();
     let b = Tensor::from_f64(&[1., 0., 0., 1., 1., 1.], &[3, 2], DType::F32, &d).unwrap();
-    assert_eq!(a.mm(&b).unwrap().to_vec_f64().unwrap(), vec![4., 5., 10., 11.]);
+    assert_eq!(
+        a.mm(&b).unwrap().to_vec_f64().unwrap(),
+        vec![4., 5., 10., 11.]
+    );
     let bf = a.to_dtype(DType::BF16).unwrap();
     assert_eq!(bf.nbytes(), 12);
-    assert_eq!(bf.mm(&b.to_dtype(DType::BF16).unwrap()).unwrap().to_vec_f64().unwrap(), vec![4., 5., 10., 11.]);
+    assert_eq!(
+        bf.mm(&b.to_dtype(DType::BF16).unwrap())
+            .unwrap()
+            .to_vec_f64()
+            .unwrap(),
+        vec![4., 5., 10., 11.]
+    );
 }
 
 #[test]

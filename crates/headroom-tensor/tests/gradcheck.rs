@@ -153,9 +153,15 @@ fn linear_with_and_without_bias() {
     let x = leaf(&d, &[3, 4], 19);
     let w = leaf(&d, &[5, 4], 20);
     let b = leaf(&d, &[5], 21);
-    check(|t| ops::linear(&t[0], &t[1], Some(&t[2])), &[x, w.clone(), b.clone()]);
+    check(
+        |t| ops::linear(&t[0], &t[1], Some(&t[2])),
+        &[x, w.clone(), b.clone()],
+    );
     let x3 = leaf(&d, &[2, 3, 4], 22);
-    check(|t| ops::linear(&t[0], &t[1], Some(&t[2])), &[x3.clone(), w.clone(), b]);
+    check(
+        |t| ops::linear(&t[0], &t[1], Some(&t[2])),
+        &[x3.clone(), w.clone(), b],
+    );
     check(|t| ops::linear(&t[0], &t[1], None), &[x3, w]);
 }
 
@@ -166,11 +172,24 @@ fn conv2d_variants() {
     let w = leaf(&d, &[6, 4, 3, 3], 24);
     let b = leaf(&d, &[6], 25);
     let p = Conv2dParams::new(1, 1);
-    check(|t| ops::conv2d(&t[0], &t[1], Some(&t[2]), &p), &[x.clone(), w.clone(), b]);
-    let p = Conv2dParams { stride: [2, 1], padding: [0, 2], dilation: [1, 2], groups: 1 };
+    check(
+        |t| ops::conv2d(&t[0], &t[1], Some(&t[2]), &p),
+        &[x.clone(), w.clone(), b],
+    );
+    let p = Conv2dParams {
+        stride: [2, 1],
+        padding: [0, 2],
+        dilation: [1, 2],
+        groups: 1,
+    };
     check(|t| ops::conv2d(&t[0], &t[1], None, &p), &[x.clone(), w]);
     let wg = leaf(&d, &[6, 2, 1, 2], 26);
-    let p = Conv2dParams { stride: [1, 2], padding: [1, 0], dilation: [1, 1], groups: 2 };
+    let p = Conv2dParams {
+        stride: [1, 2],
+        padding: [1, 0],
+        dilation: [1, 1],
+        groups: 2,
+    };
     check(|t| ops::conv2d(&t[0], &t[1], None, &p), &[x, wg]);
 }
 
@@ -187,7 +206,18 @@ fn batch_norm_train_and_eval() {
     let rm = Tensor::from_f64(&[0.1, -0.2], &[2], DType::F32, &d).unwrap();
     let rv = Tensor::from_f64(&[0.5, 2.0], &[2], DType::F32, &d).unwrap();
     check(
-        |t| ops::batch_norm(&t[0], Some(&rm), Some(&rv), Some(&t[1]), Some(&t[2]), false, 0.1, 1e-5),
+        |t| {
+            ops::batch_norm(
+                &t[0],
+                Some(&rm),
+                Some(&rv),
+                Some(&t[1]),
+                Some(&t[2]),
+                false,
+                0.1,
+                1e-5,
+            )
+        },
         &[x, w, b],
     );
 }
@@ -198,7 +228,10 @@ fn layer_norm_grad() {
     let x = leaf(&d, &[2, 3, 4], 30);
     let w = positive(&d, &[4], 31);
     let b = leaf(&d, &[4], 32);
-    check(|t| ops::layer_norm(&t[0], &[4], Some(&t[1]), Some(&t[2]), 1e-5), &[x.clone(), w, b]);
+    check(
+        |t| ops::layer_norm(&t[0], &[4], Some(&t[1]), Some(&t[2]), 1e-5),
+        &[x.clone(), w, b],
+    );
     check(|t| ops::layer_norm(&t[0], &[3, 4], None, None, 1e-5), &[x]);
 }
 
@@ -210,9 +243,18 @@ fn pooling() {
     let v: Vec<f64> = (0..n).map(|i| ((i * 37) % n) as f64 * 0.05 - 3.0).collect();
     let x = Tensor::from_f64(&v, &[2, 2, 5, 6], DType::F32, &d).unwrap();
     x.requires_grad_(true).unwrap();
-    check(|t| ops::max_pool2d(&t[0], &Pool2dParams::new(3, 2, 1)), std::slice::from_ref(&x));
-    check(|t| ops::max_pool2d(&t[0], &Pool2dParams::new(2, 1, 0)), std::slice::from_ref(&x));
-    check(|t| ops::adaptive_avg_pool2d(&t[0], [1, 1]), std::slice::from_ref(&x));
+    check(
+        |t| ops::max_pool2d(&t[0], &Pool2dParams::new(3, 2, 1)),
+        std::slice::from_ref(&x),
+    );
+    check(
+        |t| ops::max_pool2d(&t[0], &Pool2dParams::new(2, 1, 0)),
+        std::slice::from_ref(&x),
+    );
+    check(
+        |t| ops::adaptive_avg_pool2d(&t[0], [1, 1]),
+        std::slice::from_ref(&x),
+    );
     check(|t| ops::adaptive_avg_pool2d(&t[0], [3, 4]), &[x]);
 }
 
@@ -243,9 +285,15 @@ fn cross_entropy_and_nll() {
     let d = cpu();
     let x = leaf(&d, &[4, 5], 35);
     let tgt = Tensor::from_i64(&[1, 0, 4, 2], &[4], &d).unwrap();
-    check(|t| ops::cross_entropy(&t[0], &tgt), std::slice::from_ref(&x));
+    check(
+        |t| ops::cross_entropy(&t[0], &tgt),
+        std::slice::from_ref(&x),
+    );
     let tgt2 = Tensor::from_i64(&[1, -100, 4, 2], &[4], &d).unwrap();
-    check(|t| ops::cross_entropy(&t[0], &tgt2), std::slice::from_ref(&x));
+    check(
+        |t| ops::cross_entropy(&t[0], &tgt2),
+        std::slice::from_ref(&x),
+    );
     check(
         |t| ops::cross_entropy_with(&t[0], &tgt, ops::nn::Reduction::Sum, -100),
         &[x],
@@ -257,15 +305,27 @@ fn views_and_shape_ops() {
     let d = cpu();
     let a = leaf(&d, &[2, 3, 4], 36);
     let b = leaf(&d, &[2, 1, 4], 37);
-    check(|t| t[0].reshape(&[6, 4])?.mul_scalar(2.0), std::slice::from_ref(&a));
+    check(
+        |t| t[0].reshape(&[6, 4])?.mul_scalar(2.0),
+        std::slice::from_ref(&a),
+    );
     check(|t| t[0].view(&[4, -1]), std::slice::from_ref(&a));
-    check(|t| t[0].transpose(0, 2)?.contiguous(), std::slice::from_ref(&a));
-    check(|t| t[0].permute(&[2, 0, 1])?.reshape(&[4, 6]), std::slice::from_ref(&a));
+    check(
+        |t| t[0].transpose(0, 2)?.contiguous(),
+        std::slice::from_ref(&a),
+    );
+    check(
+        |t| t[0].permute(&[2, 0, 1])?.reshape(&[4, 6]),
+        std::slice::from_ref(&a),
+    );
     check(|t| t[0].narrow(1, 1, 2), std::slice::from_ref(&a));
     check(|t| t[0].select(2, 3), std::slice::from_ref(&a));
     check(|t| t[0].expand(&[2, 5, 4]), std::slice::from_ref(&b));
     check(|t| t[0].flatten(1, -1), std::slice::from_ref(&a));
-    check(|t| t[0].unsqueeze(1)?.squeeze_dim(1), std::slice::from_ref(&a));
+    check(
+        |t| t[0].unsqueeze(1)?.squeeze_dim(1),
+        std::slice::from_ref(&a),
+    );
     check(|t| Tensor::cat(&[&t[0], &t[1]], 1), &[a.clone(), b.clone()]);
     check(
         |t| {

@@ -48,7 +48,16 @@ impl Net {
     /// conv-bn-relu_-maxpool-conv(+residual)-relu_-avgpool-linear-cross_entropy.
     fn loss(&self, x: &Tensor, t: &Tensor, train: bool) -> Result<Tensor> {
         let y = ops::conv2d(x, &self.w1, None, &Conv2dParams::new(2, 1))?;
-        let y = ops::batch_norm(&y, Some(&self.rm), Some(&self.rv), Some(&self.g1), Some(&self.b1), train, 0.1, 1e-5)?;
+        let y = ops::batch_norm(
+            &y,
+            Some(&self.rm),
+            Some(&self.rv),
+            Some(&self.g1),
+            Some(&self.b1),
+            train,
+            0.1,
+            1e-5,
+        )?;
         y.relu_()?;
         let y = ops::max_pool2d(&y, &Pool2dParams::new(3, 2, 1))?;
         let z = ops::conv2d(&y, &self.w2, None, &Conv2dParams::new(1, 1))?;
@@ -87,7 +96,9 @@ fn storage_is_freed_when_the_last_view_drops() {
 
 #[test]
 fn zero_byte_tensors_do_not_allocate() {
-    let rec = Arc::new(RecordingAllocator::new(Arc::new(CountingAllocator::new(1 << 30))));
+    let rec = Arc::new(RecordingAllocator::new(Arc::new(CountingAllocator::new(
+        1 << 30,
+    ))));
     let d = Device::meta(rec.clone());
     let t = Tensor::empty(&[0, 5], DType::F32, &d).unwrap();
     drop(t);
@@ -161,7 +172,11 @@ fn backward_frees_saved_tensors_and_leaves_params_plus_grads() {
     let cats = d.memory_by_category();
     assert_eq!(cats.get(MemoryCategory::Activation), 0);
     assert_eq!(cats.get(MemoryCategory::Temporary), 0);
-    let grad_bytes: u64 = net.params().iter().map(|p| p.grad().unwrap().storage().block_size()).sum();
+    let grad_bytes: u64 = net
+        .params()
+        .iter()
+        .map(|p| p.grad().unwrap().storage().block_size())
+        .sum();
     assert_eq!(cats.get(MemoryCategory::Gradient), grad_bytes);
     assert_eq!(d.memory_allocated() - base, grad_bytes);
     assert!(param_bytes > 0 && cats.get(MemoryCategory::Parameter) >= param_bytes);
@@ -200,8 +215,12 @@ fn run_sequence(d: &Device) -> Result<()> {
 
 #[test]
 fn meta_makes_the_same_allocations_as_cpu() {
-    let rc = Arc::new(RecordingAllocator::new(Arc::new(HostAllocator::new(1 << 30))));
-    let rm = Arc::new(RecordingAllocator::new(Arc::new(CountingAllocator::new(1 << 30))));
+    let rc = Arc::new(RecordingAllocator::new(Arc::new(HostAllocator::new(
+        1 << 30,
+    ))));
+    let rm = Arc::new(RecordingAllocator::new(Arc::new(CountingAllocator::new(
+        1 << 30,
+    ))));
     run_sequence(&Device::cpu(rc.clone())).unwrap();
     run_sequence(&Device::meta(rm.clone())).unwrap();
     let (a, b) = (rc.take_sizes(), rm.take_sizes());
@@ -211,7 +230,9 @@ fn meta_makes_the_same_allocations_as_cpu() {
 
 #[test]
 fn maxpool_indices_are_freed_at_once_without_grad() {
-    let rec = Arc::new(RecordingAllocator::new(Arc::new(CountingAllocator::new(1 << 30))));
+    let rec = Arc::new(RecordingAllocator::new(Arc::new(CountingAllocator::new(
+        1 << 30,
+    ))));
     let d = Device::meta(rec.clone());
     let x = Tensor::empty(&[1, 64, 112, 112], DType::F32, &d).unwrap();
     rec.take();
@@ -224,7 +245,9 @@ fn maxpool_indices_are_freed_at_once_without_grad() {
 
 #[test]
 fn batchnorm_train_allocation_order() {
-    let rec = Arc::new(RecordingAllocator::new(Arc::new(CountingAllocator::new(1 << 40))));
+    let rec = Arc::new(RecordingAllocator::new(Arc::new(CountingAllocator::new(
+        1 << 40,
+    ))));
     let d = Device::meta(rec.clone());
     let x = Tensor::empty(&[32, 64, 112, 112], DType::F32, &d).unwrap();
     let w = Tensor::empty(&[64], DType::F32, &d).unwrap();
@@ -236,4 +259,59 @@ fn batchnorm_train_allocation_order() {
     // As in the ResNet-50 training trace: output, save_mean, save_invstd.
     assert_eq!(rec.take_sizes(), vec![102760448, 256, 256]);
     drop(y);
+}
+
+#[test]
+fn runs_on_the_caching_allocator() {
+    use headroom_alloc::AllocatorConfig;
+    for d in [
+        Device::meta_caching(8 << 30, AllocatorConfig::default()),
+        Device::cpu_caching(1 << 30, AllocatorConfig::default()),
+    ] {
+        let net = Net::new(&d);
+        let (x, t) = batch(&d, 4);
+        let base = d.memory_allocated();
+        net.loss(&x, &t, true).unwrap().backward().unwrap();
+        for _ in 0..20 {
+            let _ = net.loss(&x, &t, true).unwrap();
+        }
+        let grads: u64 = net
+            .params()
+            .iter()
+            .map(|p| p.grad().unwrap().storage().block_size())
+            .sum();
+        assert_eq!(d.memory_allocated() - base, grads);
+        assert!(d.memory_reserved() >= d.memory_allocated());
+        assert_eq!(d.memory_by_category().total(), d.memory_allocated());
+        let stats = d.allocator().memory_stats();
+        assert_eq!(
+            stats["allocated_bytes.all.current"] as u64,
+            d.memory_allocated()
+        );
+        assert!(d
+            .allocator()
+            .memory_summary(true)
+            .contains("PyTorch CUDA memory summary"));
+        if !d.is_meta() {
+            let l = net.loss(&x, &t, false).unwrap().item().unwrap();
+            assert!(l.is_finite() && l > 0.0);
+        }
+    }
+}
+
+#[test]
+fn caching_allocator_oom_is_an_error_with_pytorch_detail() {
+    use headroom_alloc::AllocatorConfig;
+    let d = Device::meta_caching(64 << 20, AllocatorConfig::default());
+    let a = Tensor::empty(&[8 << 20], DType::F32, &d).unwrap(); // 32 MiB
+    let err = Tensor::empty(&[16 << 20], DType::F32, &d).unwrap_err();
+    match &err {
+        headroom_tensor::TensorError::OutOfMemory { message, detail } => {
+            assert!(message.contains("CUDA out of memory"), "{message}");
+            assert!(detail.is_some());
+        }
+        e => panic!("{e}"),
+    }
+    drop(a);
+    Tensor::empty(&[8 << 20], DType::F32, &d).unwrap();
 }

@@ -80,9 +80,7 @@ fn load<'a>(r: TRef<'a>, avoid: Option<TRef>) -> Cow<'a, [f32]> {
     }
     let mut v = Vec::with_capacity(n);
     if r.dtype == DType::F32 {
-        for_each_offset(r.layout, |o| {
-            v.push(unsafe { *(base(r, o) as *const f32) })
-        });
+        for_each_offset(r.layout, |o| v.push(unsafe { *(base(r, o) as *const f32) }));
     } else {
         for_each_offset(r.layout, |o| v.push(get(r, o) as f32));
     }
@@ -252,7 +250,8 @@ fn im2col(
         let plane = &x[(c0 + c) * h * w..(c0 + c + 1) * h * w];
         for i in 0..kh {
             for j in 0..kw {
-                let row = &mut col[((c * kh + i) * kw + j) * ohw..((c * kh + i) * kw + j + 1) * ohw];
+                let row =
+                    &mut col[((c * kh + i) * kw + j) * ohw..((c * kh + i) * kw + j + 1) * ohw];
                 for y in 0..oh {
                     let iy = (y * p.stride[0] + i * p.dilation[0]) as isize - p.padding[0] as isize;
                     let dst = &mut row[y * ow..(y + 1) * ow];
@@ -262,8 +261,8 @@ fn im2col(
                     }
                     let src = &plane[iy as usize * w..(iy as usize + 1) * w];
                     for (xo, d) in dst.iter_mut().enumerate() {
-                        let ix = (xo * p.stride[1] + j * p.dilation[1]) as isize
-                            - p.padding[1] as isize;
+                        let ix =
+                            (xo * p.stride[1] + j * p.dilation[1]) as isize - p.padding[1] as isize;
                         *d = if ix < 0 || ix >= w as isize {
                             0.0
                         } else {
@@ -302,8 +301,8 @@ fn col2im(
                         continue;
                     }
                     for xo in 0..ow {
-                        let ix = (xo * p.stride[1] + j * p.dilation[1]) as isize
-                            - p.padding[1] as isize;
+                        let ix =
+                            (xo * p.stride[1] + j * p.dilation[1]) as isize - p.padding[1] as isize;
                         if ix >= 0 && ix < w as isize {
                             plane[iy as usize * w + ix as usize] += row[y * ow + xo];
                         }
@@ -349,7 +348,9 @@ impl Backend for CpuBackend {
 
     fn uniform(&self, out: TRef, low: f64, high: f64, seed: u64) -> Result<()> {
         let mut rng = Rng(seed);
-        for_each_offset(out.layout, |o| set(out, o, low + (high - low) * rng.uniform()));
+        for_each_offset(out.layout, |o| {
+            set(out, o, low + (high - low) * rng.uniform())
+        });
         Ok(())
     }
 
@@ -1061,8 +1062,7 @@ impl Backend for CpuBackend {
                 for i in 0..d {
                     let xh = (xs[r * d + i] as f64 - m) * is;
                     let gh = gys[r * d + i] as f64 * wv.as_ref().map_or(1.0, |w| w[i]);
-                    gxs[r * d + i] =
-                        (is * (gh - s1 / d as f64 - xh * s2 / d as f64)) as f32;
+                    gxs[r * d + i] = (is * (gh - s1 / d as f64 - xh * s2 / d as f64)) as f32;
                 }
             }
         }
@@ -1120,8 +1120,7 @@ impl Backend for CpuBackend {
                     if log {
                         let s: f64 = (0..d).map(|k| gys[at(k)] as f64).sum();
                         for k in 0..d {
-                            os[at(k)] =
-                                (gys[at(k)] as f64 - (ys[at(k)] as f64).exp() * s) as f32;
+                            os[at(k)] = (gys[at(k)] as f64 - (ys[at(k)] as f64).exp() * s) as f32;
                         }
                     } else {
                         let s: f64 = (0..d).map(|k| (gys[at(k)] * ys[at(k)]) as f64).sum();

@@ -34,7 +34,9 @@ pub enum UnaryOp {
     Sigmoid,
     Relu,
     /// `approximate="none"` (erf) when false, `"tanh"` when true.
-    Gelu { tanh: bool },
+    Gelu {
+        tanh: bool,
+    },
     Abs,
     Square,
     AddScalar(f64),
@@ -45,7 +47,9 @@ pub enum UnaryOp {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum BinaryOp {
     /// `a + alpha * b`.
-    Add { alpha: f64 },
+    Add {
+        alpha: f64,
+    },
     Sub,
     Mul,
     Div,
@@ -53,7 +57,9 @@ pub enum BinaryOp {
     /// ReLU backward: `a * (b > 0)` with a the grad and b the saved output.
     ThresholdBackward,
     /// GELU backward: a the grad, b the saved input.
-    GeluBackward { tanh: bool },
+    GeluBackward {
+        tanh: bool,
+    },
     /// Tanh backward: `a * (1 - b^2)`, b the saved output.
     TanhBackward,
     /// Sigmoid backward: `a * b * (1 - b)`, b the saved output.
@@ -116,12 +122,16 @@ pub trait Backend: Send + Sync {
     /// any strides.
     fn matmul(&self, a: TRef, b: TRef, out: TRef, accumulate: bool) -> Result<()>;
 
-    fn conv2d(&self, x: TRef, w: TRef, bias: Option<TRef>, out: TRef, p: &Conv2dParams)
-        -> Result<()>;
-    fn conv2d_backward_input(&self, gy: TRef, w: TRef, gx: TRef, p: &Conv2dParams)
-        -> Result<()>;
-    fn conv2d_backward_weight(&self, gy: TRef, x: TRef, gw: TRef, p: &Conv2dParams)
-        -> Result<()>;
+    fn conv2d(
+        &self,
+        x: TRef,
+        w: TRef,
+        bias: Option<TRef>,
+        out: TRef,
+        p: &Conv2dParams,
+    ) -> Result<()>;
+    fn conv2d_backward_input(&self, gy: TRef, w: TRef, gx: TRef, p: &Conv2dParams) -> Result<()>;
+    fn conv2d_backward_weight(&self, gy: TRef, x: TRef, gw: TRef, p: &Conv2dParams) -> Result<()>;
 
     /// `indices` is i64, flat index into each (n, c) plane of the input.
     fn max_pool2d(&self, x: TRef, out: TRef, indices: TRef, p: &Pool2dParams) -> Result<()>;
@@ -201,14 +211,18 @@ pub trait Backend: Send + Sync {
 
     /// Over `dim` of a contiguous `x`.
     fn softmax(&self, x: TRef, dim: usize, log: bool, out: TRef) -> Result<()>;
-    fn softmax_backward(&self, gy: TRef, y: TRef, dim: usize, log: bool, gx: TRef)
-        -> Result<()>;
+    fn softmax_backward(&self, gy: TRef, y: TRef, dim: usize, log: bool, gx: TRef) -> Result<()>;
 
     /// `out[i, :] = weight[idx[i], :]`.
     fn embedding(&self, weight: TRef, idx: TRef, out: TRef) -> Result<()>;
     /// `gw` arrives zero-filled; rows accumulate.
-    fn embedding_backward(&self, gy: TRef, idx: TRef, gw: TRef, padding_idx: Option<i64>)
-        -> Result<()>;
+    fn embedding_backward(
+        &self,
+        gy: TRef,
+        idx: TRef,
+        gw: TRef,
+        padding_idx: Option<i64>,
+    ) -> Result<()>;
 
     /// `mask` (bool) keeps with probability 1-p; `out = x * mask / (1-p)`.
     fn dropout(&self, x: TRef, p: f64, seed: u64, out: TRef, mask: TRef) -> Result<()>;

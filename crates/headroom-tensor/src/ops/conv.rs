@@ -38,7 +38,14 @@ fn workspace(t: &Tensor, q: ConvWorkspaceQuery) -> Result<()> {
     Ok(())
 }
 
-fn query(pass: ConvPass, x: &[usize], w: &[usize], y: &[usize], p: &Conv2dParams, dtype: DType) -> ConvWorkspaceQuery {
+fn query(
+    pass: ConvPass,
+    x: &[usize],
+    w: &[usize],
+    y: &[usize],
+    p: &Conv2dParams,
+    dtype: DType,
+) -> ConvWorkspaceQuery {
     ConvWorkspaceQuery {
         pass,
         input: [x[0], x[1], x[2], x[3]],
@@ -54,12 +61,22 @@ fn query(pass: ConvPass, x: &[usize], w: &[usize], y: &[usize], p: &Conv2dParams
 
 impl Conv2dParams {
     pub fn new(stride: usize, padding: usize) -> Self {
-        Conv2dParams { stride: [stride; 2], padding: [padding; 2], dilation: [1; 2], groups: 1 }
+        Conv2dParams {
+            stride: [stride; 2],
+            padding: [padding; 2],
+            dilation: [1; 2],
+            groups: 1,
+        }
     }
 }
 
 /// `F.conv2d(x, weight, bias, stride, padding, dilation, groups)`.
-pub fn conv2d(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, p: &Conv2dParams) -> Result<Tensor> {
+pub fn conv2d(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    p: &Conv2dParams,
+) -> Result<Tensor> {
     const OP: &str = "conv2d";
     same_device(x, weight, OP)?;
     same_dtype(x, weight, OP)?;
@@ -71,14 +88,20 @@ pub fn conv2d(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, p: &Conv2dPara
     if g == 0 || xs[1] != ws[1] * g || ws[0] % g != 0 {
         return Err(TensorError::shape(
             OP,
-            format!("weight {ws:?} with groups={g} expects {} input channels, got input {xs:?}", ws[1] * g),
+            format!(
+                "weight {ws:?} with groups={g} expects {} input channels, got input {xs:?}",
+                ws[1] * g
+            ),
         ));
     }
     if let Some(b) = bias {
         same_device(x, b, OP)?;
         same_dtype(x, b, OP)?;
         if b.shape() != [ws[0]] {
-            return Err(TensorError::shape(OP, format!("bias {:?} for {} output channels", b.shape(), ws[0])));
+            return Err(TensorError::shape(
+                OP,
+                format!("bias {:?} for {} output channels", b.shape(), ws[0]),
+            ));
         }
     }
     let oh = out_dim(xs[2], ws[2], p.stride[0], p.padding[0], p.dilation[0], OP)?;
@@ -86,44 +109,83 @@ pub fn conv2d(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, p: &Conv2dPara
     let ys = [xs[0], ws[0], oh, ow];
     let out = Tensor::empty(&ys, x.dtype(), x.device())?;
     workspace(x, query(ConvPass::Forward, &xs, &ws, &ys, p, x.dtype()))?;
-    x.device()
-        .backend()
-        .conv2d(x.kref(), weight.kref(), bias.map(|b| b.kref()), out.kref(), p)?;
+    x.device().backend().conv2d(
+        x.kref(),
+        weight.kref(),
+        bias.map(|b| b.kref()),
+        out.kref(),
+        p,
+    )?;
     let ins = [Some(x), Some(weight), bias];
     let any = [x, weight].into_iter().chain(bias).collect::<Vec<_>>();
     if crate::autograd::should_record(&any) {
         let sx = Saved::new(x);
         let sw = Saved::new(weight);
         let p = *p;
-        record("ConvolutionBackward0", &ins, &[&out], move |grads, needs| {
-            const N: &str = "ConvolutionBackward0";
-            let gy = grad0(grads, N)?;
-            let x = sx.get(N)?;
-            let w = sw.get(N)?;
-            let ys = gy.shape().to_vec();
-            let gx = if needs[0] {
-                let gx = Tensor::empty(x.shape(), x.dtype(), x.device())?;
-                workspace(x, query(ConvPass::BackwardInput, x.shape(), w.shape(), &ys, &p, x.dtype()))?;
-                x.device().backend().conv2d_backward_input(gy.kref(), w.kref(), gx.kref(), &p)?;
-                Some(gx)
-            } else {
-                None
-            };
-            let gw = if needs[1] {
-                let gw = Tensor::empty(w.shape(), w.dtype(), w.device())?;
-                workspace(x, query(ConvPass::BackwardWeight, x.shape(), w.shape(), &ys, &p, x.dtype()))?;
-                x.device().backend().conv2d_backward_weight(gy.kref(), x.kref(), gw.kref(), &p)?;
-                Some(gw)
-            } else {
-                None
-            };
-            let gb = if needs.get(2).copied().unwrap_or(false) {
-                Some(gy.sum_dims(&[0, 2, 3], false)?)
-            } else {
-                None
-            };
-            Ok(vec![gx, gw, gb])
-        });
+        record(
+            "ConvolutionBackward0",
+            &ins,
+            &[&out],
+            move |grads, needs| {
+                const N: &str = "ConvolutionBackward0";
+                let gy = grad0(grads, N)?;
+                let x = sx.get(N)?;
+                let w = sw.get(N)?;
+                let ys = gy.shape().to_vec();
+                let gx = if needs[0] {
+                    let gx = Tensor::empty(x.shape(), x.dtype(), x.device())?;
+                    workspace(
+                        x,
+                        query(
+                            ConvPass::BackwardInput,
+                            x.shape(),
+                            w.shape(),
+                            &ys,
+                            &p,
+                            x.dtype(),
+                        ),
+                    )?;
+                    x.device().backend().conv2d_backward_input(
+                        gy.kref(),
+                        w.kref(),
+                        gx.kref(),
+                        &p,
+                    )?;
+                    Some(gx)
+                } else {
+                    None
+                };
+                let gw = if needs[1] {
+                    let gw = Tensor::empty(w.shape(), w.dtype(), w.device())?;
+                    workspace(
+                        x,
+                        query(
+                            ConvPass::BackwardWeight,
+                            x.shape(),
+                            w.shape(),
+                            &ys,
+                            &p,
+                            x.dtype(),
+                        ),
+                    )?;
+                    x.device().backend().conv2d_backward_weight(
+                        gy.kref(),
+                        x.kref(),
+                        gw.kref(),
+                        &p,
+                    )?;
+                    Some(gw)
+                } else {
+                    None
+                };
+                let gb = if needs.get(2).copied().unwrap_or(false) {
+                    Some(gy.sum_dims(&[0, 2, 3], false)?)
+                } else {
+                    None
+                };
+                Ok(vec![gx, gw, gb])
+            },
+        );
     }
     Ok(out)
 }

@@ -51,7 +51,11 @@ impl Tensor {
                 move |g, needs| {
                     let g = grad0(g, "AddBackward0")?;
                     let gb = if needs[1] {
-                        let gb = if alpha == 1.0 { g.clone() } else { g.mul_scalar(alpha)? };
+                        let gb = if alpha == 1.0 {
+                            g.clone()
+                        } else {
+                            g.mul_scalar(alpha)?
+                        };
                         Some(gb.sum_to(&sb)?)
                     } else {
                         None
@@ -74,7 +78,11 @@ impl Tensor {
                 move |g, needs| {
                     let g = grad0(g, "SubBackward0")?;
                     let ga = if needs[0] { Some(g.sum_to(&sa)?) } else { None };
-                    let gb = if needs[1] { Some(g.neg()?.sum_to(&sb)?) } else { None };
+                    let gb = if needs[1] {
+                        Some(g.neg()?.sum_to(&sb)?)
+                    } else {
+                        None
+                    };
                     Ok(vec![ga, gb])
                 },
             );
@@ -121,7 +129,11 @@ impl Tensor {
                 move |g, needs| {
                     let g = grad0(g, "DivBackward0")?;
                     let o = so.get("DivBackward0")?;
-                    let ga = if needs[0] { Some(g.div(o)?.sum_to(&sa)?) } else { None };
+                    let ga = if needs[0] {
+                        Some(g.div(o)?.sum_to(&sa)?)
+                    } else {
+                        None
+                    };
                     let gb = match (&ss, needs[1]) {
                         (Some(s), true) => {
                             let s = s.get("DivBackward0")?;
@@ -170,7 +182,12 @@ impl Tensor {
     }
 
     pub fn relu(&self) -> Result<Tensor> {
-        self.unary_with(UnaryOp::Relu, "ReluBackward0", true, BinaryOp::ThresholdBackward)
+        self.unary_with(
+            UnaryOp::Relu,
+            "ReluBackward0",
+            true,
+            BinaryOp::ThresholdBackward,
+        )
     }
     /// `approximate="tanh"` when `tanh` (GPT-2's `gelu_new`), erf otherwise.
     pub fn gelu(&self, tanh: bool) -> Result<Tensor> {
@@ -185,7 +202,12 @@ impl Tensor {
         self.unary_with(UnaryOp::Tanh, "TanhBackward0", true, BinaryOp::TanhBackward)
     }
     pub fn sigmoid(&self) -> Result<Tensor> {
-        self.unary_with(UnaryOp::Sigmoid, "SigmoidBackward0", true, BinaryOp::SigmoidBackward)
+        self.unary_with(
+            UnaryOp::Sigmoid,
+            "SigmoidBackward0",
+            true,
+            BinaryOp::SigmoidBackward,
+        )
     }
     pub fn exp(&self) -> Result<Tensor> {
         self.unary_with(UnaryOp::Exp, "ExpBackward0", true, BinaryOp::Mul)
@@ -209,7 +231,9 @@ impl Tensor {
             let s = Saved::new(&out);
             record("SqrtBackward0", &[Some(self)], &[&out], move |g, _| {
                 let g = grad0(g, "SqrtBackward0")?;
-                Ok(vec![Some(g.div(&s.get("SqrtBackward0")?.mul_scalar(2.0)?)?)])
+                Ok(vec![Some(
+                    g.div(&s.get("SqrtBackward0")?.mul_scalar(2.0)?)?,
+                )])
             });
         }
         Ok(out)
@@ -269,7 +293,11 @@ impl Tensor {
         let b = other.layout().expand(self.shape()).map_err(|_| {
             TensorError::shape(
                 name,
-                format!("output with shape {:?} doesn't match the broadcast shape with {:?}", self.shape(), other.shape()),
+                format!(
+                    "output with shape {:?} doesn't match the broadcast shape with {:?}",
+                    self.shape(),
+                    other.shape()
+                ),
             )
         })?;
         self.device().backend().binary(
@@ -310,7 +338,11 @@ impl Tensor {
                 move |g, needs| {
                     let g = grad0(g, "AddBackward0")?;
                     let gb = if needs[1] {
-                        let gb = if alpha == 1.0 { g.clone() } else { g.mul_scalar(alpha)? };
+                        let gb = if alpha == 1.0 {
+                            g.clone()
+                        } else {
+                            g.mul_scalar(alpha)?
+                        };
                         Some(gb.sum_to(&sb)?)
                     } else {
                         None
@@ -386,7 +418,11 @@ impl Tensor {
             record("ReluBackward0", &[Some(&prev)], &[self], move |g, _| {
                 let g = grad0(g, "ReluBackward0")?;
                 let s = saved.get("ReluBackward0")?;
-                Ok(vec![Some(g.binary_op(s, BinaryOp::ThresholdBackward, "relu")?)])
+                Ok(vec![Some(g.binary_op(
+                    s,
+                    BinaryOp::ThresholdBackward,
+                    "relu",
+                )?)])
             });
         }
         Ok(())
@@ -399,7 +435,11 @@ impl Tensor {
         let ml = mask.layout().expand(self.shape()).map_err(|_| {
             TensorError::shape(
                 "masked_fill",
-                format!("mask {:?} does not broadcast to {:?}", mask.shape(), self.shape()),
+                format!(
+                    "mask {:?} does not broadcast to {:?}",
+                    mask.shape(),
+                    self.shape()
+                ),
             )
         })?;
         let out = Tensor::empty(self.shape(), self.dtype(), self.device())?;
@@ -413,10 +453,17 @@ impl Tensor {
             .masked_fill(self.kref(), mref, value, out.kref())?;
         if autograd::should_record(&[self]) {
             let m = Saved::new(mask);
-            record("MaskedFillBackward0", &[Some(self)], &[&out], move |g, _| {
-                let g = grad0(g, "MaskedFillBackward0")?;
-                Ok(vec![Some(g.masked_fill(m.get("MaskedFillBackward0")?, 0.0)?)])
-            });
+            record(
+                "MaskedFillBackward0",
+                &[Some(self)],
+                &[&out],
+                move |g, _| {
+                    let g = grad0(g, "MaskedFillBackward0")?;
+                    Ok(vec![Some(
+                        g.masked_fill(m.get("MaskedFillBackward0")?, 0.0)?,
+                    )])
+                },
+            );
         }
         Ok(out)
     }

@@ -55,9 +55,21 @@ impl Tensor {
         a.device().ensure_blas_handle()?;
         let (la, lb, lo) = (as3(a), as3(b), as3(out));
         a.device().backend().matmul(
-            TRef { ptr: a.storage().ptr(), layout: &la, dtype: a.dtype() },
-            TRef { ptr: b.storage().ptr(), layout: &lb, dtype: b.dtype() },
-            TRef { ptr: out.storage().ptr(), layout: &lo, dtype: out.dtype() },
+            TRef {
+                ptr: a.storage().ptr(),
+                layout: &la,
+                dtype: a.dtype(),
+            },
+            TRef {
+                ptr: b.storage().ptr(),
+                layout: &lb,
+                dtype: b.dtype(),
+            },
+            TRef {
+                ptr: out.storage().ptr(),
+                layout: &lo,
+                dtype: out.dtype(),
+            },
             accumulate,
         )
     }
@@ -65,24 +77,35 @@ impl Tensor {
     /// `self @ other` for 2-d tensors.
     pub fn mm(&self, other: &Tensor) -> Result<Tensor> {
         check_mm(self, other, "mm")?;
-        let out = Tensor::empty(&[self.shape()[0], other.shape()[1]], self.dtype(), self.device())?;
+        let out = Tensor::empty(
+            &[self.shape()[0], other.shape()[1]],
+            self.dtype(),
+            self.device(),
+        )?;
         Tensor::gemm_into(self, other, &out, false)?;
         if crate::autograd::should_record(&[self, other]) {
             let s1 = other.requires_grad().then(|| Saved::new(self));
             let s2 = self.requires_grad().then(|| Saved::new(other));
             let st2 = other.strides().to_vec();
-            record("MmBackward0", &[Some(self), Some(other)], &[&out], move |g, needs| {
-                let g = grad0(g, "MmBackward0")?;
-                let g1 = match (&s2, needs[0]) {
-                    (Some(m2), true) => Some(g.mm(&m2.get("MmBackward0")?.t()?)?),
-                    _ => None,
-                };
-                let g2 = match (&s1, needs[1]) {
-                    (Some(m1), true) => Some(mm_mat2_backward(&g, m1.get("MmBackward0")?, &st2)?),
-                    _ => None,
-                };
-                Ok(vec![g1, g2])
-            });
+            record(
+                "MmBackward0",
+                &[Some(self), Some(other)],
+                &[&out],
+                move |g, needs| {
+                    let g = grad0(g, "MmBackward0")?;
+                    let g1 = match (&s2, needs[0]) {
+                        (Some(m2), true) => Some(g.mm(&m2.get("MmBackward0")?.t()?)?),
+                        _ => None,
+                    };
+                    let g2 = match (&s1, needs[1]) {
+                        (Some(m1), true) => {
+                            Some(mm_mat2_backward(&g, m1.get("MmBackward0")?, &st2)?)
+                        }
+                        _ => None,
+                    };
+                    Ok(vec![g1, g2])
+                },
+            );
         }
         Ok(out)
     }
@@ -94,11 +117,18 @@ impl Tensor {
         same_dtype(bias, mat1, "addmm")?;
         let shape = [mat1.shape()[0], mat2.shape()[1]];
         let bl = bias.layout().expand(&shape).map_err(|_| {
-            TensorError::shape("addmm", format!("bias {:?} for output {shape:?}", bias.shape()))
+            TensorError::shape(
+                "addmm",
+                format!("bias {:?} for output {shape:?}", bias.shape()),
+            )
         })?;
         let out = Tensor::empty(&shape, mat1.dtype(), mat1.device())?;
         out.device().backend().copy(
-            TRef { ptr: bias.storage().ptr(), layout: &bl, dtype: bias.dtype() },
+            TRef {
+                ptr: bias.storage().ptr(),
+                layout: &bl,
+                dtype: bias.dtype(),
+            },
             out.kref(),
         )?;
         Tensor::gemm_into(mat1, mat2, &out, true)?;
@@ -124,7 +154,11 @@ impl Tensor {
                         _ => None,
                     };
                     // PyTorch reduces the bias gradient last, in validate_outputs.
-                    let gb = if needs[0] { Some(g.sum_to(&bshape)?) } else { None };
+                    let gb = if needs[0] {
+                        Some(g.sum_to(&bshape)?)
+                    } else {
+                        None
+                    };
                     Ok(vec![gb, g1, g2])
                 },
             );
@@ -151,18 +185,23 @@ impl Tensor {
         if crate::autograd::should_record(&[self, other]) {
             let s1 = other.requires_grad().then(|| Saved::new(self));
             let s2 = self.requires_grad().then(|| Saved::new(other));
-            record("BmmBackward0", &[Some(self), Some(other)], &[&out], move |g, needs| {
-                let g = grad0(g, "BmmBackward0")?;
-                let g1 = match (&s2, needs[0]) {
-                    (Some(m2), true) => Some(g.bmm(&m2.get("BmmBackward0")?.transpose(1, 2)?)?),
-                    _ => None,
-                };
-                let g2 = match (&s1, needs[1]) {
-                    (Some(m1), true) => Some(m1.get("BmmBackward0")?.transpose(1, 2)?.bmm(&g)?),
-                    _ => None,
-                };
-                Ok(vec![g1, g2])
-            });
+            record(
+                "BmmBackward0",
+                &[Some(self), Some(other)],
+                &[&out],
+                move |g, needs| {
+                    let g = grad0(g, "BmmBackward0")?;
+                    let g1 = match (&s2, needs[0]) {
+                        (Some(m2), true) => Some(g.bmm(&m2.get("BmmBackward0")?.transpose(1, 2)?)?),
+                        _ => None,
+                    };
+                    let g2 = match (&s1, needs[1]) {
+                        (Some(m1), true) => Some(m1.get("BmmBackward0")?.transpose(1, 2)?.bmm(&g)?),
+                        _ => None,
+                    };
+                    Ok(vec![g1, g2])
+                },
+            );
         }
         Ok(out)
     }
@@ -171,14 +210,25 @@ impl Tensor {
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
         let (da, db) = (self.ndim(), other.ndim());
         if da == 0 || db == 0 {
-            return Err(TensorError::shape("matmul", "both arguments need at least 1 dimension"));
+            return Err(TensorError::shape(
+                "matmul",
+                "both arguments need at least 1 dimension",
+            ));
         }
         if da == 1 && db == 1 {
             return self.unsqueeze(0)?.mm(&other.unsqueeze(1)?)?.reshape(&[]);
         }
         if da <= 2 && db <= 2 {
-            let a = if da == 1 { self.unsqueeze(0)? } else { self.clone() };
-            let b = if db == 1 { other.unsqueeze(1)? } else { other.clone() };
+            let a = if da == 1 {
+                self.unsqueeze(0)?
+            } else {
+                self.clone()
+            };
+            let b = if db == 1 {
+                other.unsqueeze(1)?
+            } else {
+                other.clone()
+            };
             let mut out = a.mm(&b)?;
             if da == 1 {
                 out = out.squeeze_dim(0)?;
@@ -192,7 +242,11 @@ impl Tensor {
             // Fold the batch into M, as PyTorch does: one GEMM, one output allocation.
             let k = self.shape()[da - 1];
             let lead: Vec<usize> = self.shape()[..da - 1].to_vec();
-            let b = if db == 1 { other.unsqueeze(1)? } else { other.clone() };
+            let b = if db == 1 {
+                other.unsqueeze(1)?
+            } else {
+                other.clone()
+            };
             let out = self.reshape(&[lead.iter().product(), k])?.mm(&b)?;
             let mut shape = lead;
             if db == 2 {
@@ -200,12 +254,19 @@ impl Tensor {
             }
             return out.reshape(&shape);
         }
-        let a = if da == 1 { self.unsqueeze(0)? } else { self.clone() };
+        let a = if da == 1 {
+            self.unsqueeze(0)?
+        } else {
+            self.clone()
+        };
         let b = other.clone();
         let (m, k) = (a.shape()[a.ndim() - 2], a.shape()[a.ndim() - 1]);
         let (k2, n) = (b.shape()[b.ndim() - 2], b.shape()[b.ndim() - 1]);
         if k != k2 {
-            return Err(TensorError::shape("matmul", format!("{:?} @ {:?}", a.shape(), b.shape())));
+            return Err(TensorError::shape(
+                "matmul",
+                format!("{:?} @ {:?}", a.shape(), b.shape()),
+            ));
         }
         let batch = crate::layout::broadcast_shapes(
             &a.shape()[..a.ndim() - 2],

@@ -44,12 +44,8 @@ where
 }
 
 /// Records `f` as the backward of an op with these inputs and outputs.
-pub(crate) fn record<F>(
-    name: &'static str,
-    inputs: &[Option<&Tensor>],
-    outputs: &[&Tensor],
-    f: F,
-) where
+pub(crate) fn record<F>(name: &'static str, inputs: &[Option<&Tensor>], outputs: &[&Tensor], f: F)
+where
     F: FnMut(Vec<Option<Tensor>>, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + 'static,
 {
     autograd::record(name, inputs, outputs, Box::new(ClosureBackward(f)));

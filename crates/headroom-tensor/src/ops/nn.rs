@@ -12,7 +12,11 @@ use crate::layout::norm_dim;
 
 impl Tensor {
     fn softmax_impl(&self, dim: isize, log: bool) -> Result<Tensor> {
-        let name = if log { "LogSoftmaxBackward0" } else { "SoftmaxBackward0" };
+        let name = if log {
+            "LogSoftmaxBackward0"
+        } else {
+            "SoftmaxBackward0"
+        };
         need_float(self, name)?;
         let d = norm_dim(dim, self.ndim(), "softmax")?;
         let x = self.contiguous()?;
@@ -24,7 +28,9 @@ impl Tensor {
                 let gy = grad0(g, name)?.contiguous()?;
                 let y = sy.get(name)?;
                 let gx = Tensor::empty(y.shape(), y.dtype(), y.device())?;
-                y.device().backend().softmax_backward(gy.kref(), y.kref(), d, log, gx.kref())?;
+                y.device()
+                    .backend()
+                    .softmax_backward(gy.kref(), y.kref(), d, log, gx.kref())?;
                 Ok(vec![Some(gx)])
             });
         }
@@ -46,7 +52,12 @@ pub enum Reduction {
 }
 
 /// `F.nll_loss(logp [N, C], target [N] int64, ignore_index)`.
-pub fn nll_loss(logp: &Tensor, target: &Tensor, reduction: Reduction, ignore_index: i64) -> Result<Tensor> {
+pub fn nll_loss(
+    logp: &Tensor,
+    target: &Tensor,
+    reduction: Reduction,
+    ignore_index: i64,
+) -> Result<Tensor> {
     const OP: &str = "nll_loss";
     need_float(logp, OP)?;
     need_dtype(target, DType::I64, OP)?;
@@ -55,13 +66,24 @@ pub fn nll_loss(logp: &Tensor, target: &Tensor, reduction: Reduction, ignore_ind
     if target.shape() != [logp.shape()[0]] {
         return Err(TensorError::shape(
             OP,
-            format!("expected target of shape [{}], got {:?}", logp.shape()[0], target.shape()),
+            format!(
+                "expected target of shape [{}], got {:?}",
+                logp.shape()[0],
+                target.shape()
+            ),
         ));
     }
     let mean = reduction == Reduction::Mean;
     let out = Tensor::empty(&[], logp.dtype(), logp.device())?;
     let tw = Tensor::empty(&[], logp.dtype(), logp.device())?;
-    logp.device().backend().nll_loss(logp.kref(), target.kref(), mean, ignore_index, out.kref(), tw.kref())?;
+    logp.device().backend().nll_loss(
+        logp.kref(),
+        target.kref(),
+        mean,
+        ignore_index,
+        out.kref(),
+        tw.kref(),
+    )?;
     if crate::autograd::should_record(&[logp]) {
         let sx = Saved::new(logp);
         let st = Saved::new(target);
@@ -91,7 +113,12 @@ pub fn cross_entropy(logits: &Tensor, target: &Tensor) -> Result<Tensor> {
     cross_entropy_with(logits, target, Reduction::Mean, -100)
 }
 
-pub fn cross_entropy_with(logits: &Tensor, target: &Tensor, reduction: Reduction, ignore_index: i64) -> Result<Tensor> {
+pub fn cross_entropy_with(
+    logits: &Tensor,
+    target: &Tensor,
+    reduction: Reduction,
+    ignore_index: i64,
+) -> Result<Tensor> {
     need_ndim(logits, 2, "cross_entropy")?;
     let logp = logits.log_softmax(1)?;
     nll_loss(&logp, target, reduction, ignore_index)
@@ -106,18 +133,27 @@ pub fn embedding(weight: &Tensor, idx: &Tensor) -> Result<Tensor> {
     let mut shape = idx.shape().to_vec();
     shape.push(weight.shape()[1]);
     let out = Tensor::empty(&shape, weight.dtype(), weight.device())?;
-    weight.device().backend().embedding(weight.kref(), idx.kref(), out.kref())?;
+    weight
+        .device()
+        .backend()
+        .embedding(weight.kref(), idx.kref(), out.kref())?;
     if crate::autograd::should_record(&[weight]) {
         let si = Saved::new(idx);
         let ws = weight.shape().to_vec();
         let (dt, dev) = (weight.dtype(), weight.device().clone());
-        record("EmbeddingBackward0", &[Some(weight)], &[&out], move |g, _| {
-            const N: &str = "EmbeddingBackward0";
-            let gy = grad0(g, N)?;
-            let gw = Tensor::zeros(&ws, dt, &dev)?;
-            dev.backend().embedding_backward(gy.kref(), si.get(N)?.kref(), gw.kref(), None)?;
-            Ok(vec![Some(gw)])
-        });
+        record(
+            "EmbeddingBackward0",
+            &[Some(weight)],
+            &[&out],
+            move |g, _| {
+                const N: &str = "EmbeddingBackward0";
+                let gy = grad0(g, N)?;
+                let gw = Tensor::zeros(&ws, dt, &dev)?;
+                dev.backend()
+                    .embedding_backward(gy.kref(), si.get(N)?.kref(), gw.kref(), None)?;
+                Ok(vec![Some(gw)])
+            },
+        );
     }
     Ok(out)
 }
@@ -126,7 +162,10 @@ pub fn embedding(weight: &Tensor, idx: &Tensor) -> Result<Tensor> {
 pub fn dropout(x: &Tensor, p: f64, training: bool) -> Result<Tensor> {
     const OP: &str = "dropout";
     if !(0.0..=1.0).contains(&p) {
-        return Err(TensorError::invalid(OP, format!("dropout probability has to be between 0 and 1, but got {p}")));
+        return Err(TensorError::invalid(
+            OP,
+            format!("dropout probability has to be between 0 and 1, but got {p}"),
+        ));
     }
     if !training || p == 0.0 || x.numel() == 0 {
         return Ok(x.clone());
@@ -135,24 +174,39 @@ pub fn dropout(x: &Tensor, p: f64, training: bool) -> Result<Tensor> {
     let out = Tensor::empty(x.shape(), x.dtype(), x.device())?;
     let mask = Tensor::empty(x.shape(), DType::Bool, x.device())?;
     let dev = x.device();
-    dev.backend().dropout(x.kref(), p, dev.next_seed(), out.kref(), mask.kref())?;
+    dev.backend()
+        .dropout(x.kref(), p, dev.next_seed(), out.kref(), mask.kref())?;
     if crate::autograd::should_record(&[x]) {
         let sm = Saved::new(&mask);
         drop(mask);
         let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
-        record("NativeDropoutBackward0", &[Some(x)], &[&out], move |g, _| {
-            const N: &str = "NativeDropoutBackward0";
-            let gy = grad0(g, N)?;
-            let m = sm.get(N)?;
-            // One fused kernel on CUDA (grad * mask * scale): one allocation.
-            let gx = Tensor::empty(gy.shape(), gy.dtype(), gy.device())?;
-            let be = gy.device().backend();
-            be.masked_fill(gy.kref(), m.kref(), 0.0, gx.kref())?;
-            // mask is "keep"; masked_fill zeroed the kept ones, so recompute: keep - zeroed.
-            be.binary(crate::backend::BinaryOp::Sub, gy.kref(), gx.kref(), gx.kref())?;
-            be.unary(crate::backend::UnaryOp::MulScalar(scale), gx.kref(), gx.kref())?;
-            Ok(vec![Some(gx)])
-        });
+        record(
+            "NativeDropoutBackward0",
+            &[Some(x)],
+            &[&out],
+            move |g, _| {
+                const N: &str = "NativeDropoutBackward0";
+                let gy = grad0(g, N)?;
+                let m = sm.get(N)?;
+                // One fused kernel on CUDA (grad * mask * scale): one allocation.
+                let gx = Tensor::empty(gy.shape(), gy.dtype(), gy.device())?;
+                let be = gy.device().backend();
+                be.masked_fill(gy.kref(), m.kref(), 0.0, gx.kref())?;
+                // mask is "keep"; masked_fill zeroed the kept ones, so recompute: keep - zeroed.
+                be.binary(
+                    crate::backend::BinaryOp::Sub,
+                    gy.kref(),
+                    gx.kref(),
+                    gx.kref(),
+                )?;
+                be.unary(
+                    crate::backend::UnaryOp::MulScalar(scale),
+                    gx.kref(),
+                    gx.kref(),
+                )?;
+                Ok(vec![Some(gx)])
+            },
+        );
     }
     Ok(out)
 }

@@ -28,26 +28,41 @@ pub fn batch_norm(
     const OP: &str = "batch_norm";
     need_float(x, OP)?;
     if x.ndim() < 2 {
-        return Err(TensorError::shape(OP, format!("expected 2-d or more input, got {:?}", x.shape())));
+        return Err(TensorError::shape(
+            OP,
+            format!("expected 2-d or more input, got {:?}", x.shape()),
+        ));
     }
     let c = x.shape()[1];
-    for t in [running_mean, running_var, weight, bias].into_iter().flatten() {
+    for t in [running_mean, running_var, weight, bias]
+        .into_iter()
+        .flatten()
+    {
         same_device(x, t, OP)?;
         if t.shape() != [c] {
-            return Err(TensorError::shape(OP, format!("per-channel tensor {:?} for {c} channels", t.shape())));
+            return Err(TensorError::shape(
+                OP,
+                format!("per-channel tensor {:?} for {c} channels", t.shape()),
+            ));
         }
     }
     let be = x.device().backend().clone();
     let out = Tensor::empty(x.shape(), x.dtype(), x.device())?;
     let recording = crate::autograd::should_record(
-        &[Some(x), weight, bias].into_iter().flatten().collect::<Vec<_>>(),
+        &[Some(x), weight, bias]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>(),
     );
     if training {
         let per_elem = x.numel() / c.max(1);
         if per_elem <= 1 {
             return Err(TensorError::invalid(
                 OP,
-                format!("expected more than 1 value per channel when training, got input size {:?}", x.shape()),
+                format!(
+                    "expected more than 1 value per channel when training, got input size {:?}",
+                    x.shape()
+                ),
             ));
         }
         let stat_dtype = DType::F32;
@@ -74,36 +89,66 @@ pub fn batch_norm(
             let sm = Saved::new(&save_mean);
             let si = Saved::new(&save_invstd);
             drop((save_mean, save_invstd));
-            record("CudnnBatchNormBackward0", &[Some(x), weight, bias], &[&out], move |g, needs| {
-                const N: &str = "CudnnBatchNormBackward0";
-                let gy = grad0(g, N)?;
-                let x = sx.get(N)?;
-                let w = match &sw {
-                    Some(s) => Some(s.get(N)?),
-                    None => None,
-                };
-                bn_backward(&gy, x, w, sm.get(N)?, si.get(N)?, true, eps, needs)
-            });
+            record(
+                "CudnnBatchNormBackward0",
+                &[Some(x), weight, bias],
+                &[&out],
+                move |g, needs| {
+                    const N: &str = "CudnnBatchNormBackward0";
+                    let gy = grad0(g, N)?;
+                    let x = sx.get(N)?;
+                    let w = match &sw {
+                        Some(s) => Some(s.get(N)?),
+                        None => None,
+                    };
+                    bn_backward(&gy, x, w, sm.get(N)?, si.get(N)?, true, eps, needs)
+                },
+            );
         }
     } else {
         let (Some(rm), Some(rv)) = (running_mean, running_var) else {
-            return Err(TensorError::invalid(OP, "running_mean and running_var are required in eval mode"));
+            return Err(TensorError::invalid(
+                OP,
+                "running_mean and running_var are required in eval mode",
+            ));
         };
-        be.batch_norm_eval(x.kref(), opt_ref(weight), opt_ref(bias), rm.kref(), rv.kref(), eps, out.kref())?;
+        be.batch_norm_eval(
+            x.kref(),
+            opt_ref(weight),
+            opt_ref(bias),
+            rm.kref(),
+            rv.kref(),
+            eps,
+            out.kref(),
+        )?;
         if recording {
             let sx = Saved::new(x);
             let sw = weight.map(Saved::new);
             let sm = Saved::new(rm);
             let sv = Saved::new(rv);
-            record("NativeBatchNormBackward0", &[Some(x), weight, bias], &[&out], move |g, needs| {
-                const N: &str = "NativeBatchNormBackward0";
-                let gy = grad0(g, N)?;
-                let w = match &sw {
-                    Some(s) => Some(s.get(N)?),
-                    None => None,
-                };
-                bn_backward(&gy, sx.get(N)?, w, sm.get(N)?, sv.get(N)?, false, eps, needs)
-            });
+            record(
+                "NativeBatchNormBackward0",
+                &[Some(x), weight, bias],
+                &[&out],
+                move |g, needs| {
+                    const N: &str = "NativeBatchNormBackward0";
+                    let gy = grad0(g, N)?;
+                    let w = match &sw {
+                        Some(s) => Some(s.get(N)?),
+                        None => None,
+                    };
+                    bn_backward(
+                        &gy,
+                        sx.get(N)?,
+                        w,
+                        sm.get(N)?,
+                        sv.get(N)?,
+                        false,
+                        eps,
+                        needs,
+                    )
+                },
+            );
         }
     }
     Ok(out)
@@ -121,9 +166,21 @@ fn bn_backward(
     needs: &[bool],
 ) -> Result<Vec<Option<Tensor>>> {
     let c = x.shape()[1];
-    let gx = if needs[0] { Some(Tensor::empty(x.shape(), x.dtype(), x.device())?) } else { None };
-    let gw = if needs[1] { Some(Tensor::empty(&[c], x.dtype(), x.device())?) } else { None };
-    let gb = if needs[2] { Some(Tensor::empty(&[c], x.dtype(), x.device())?) } else { None };
+    let gx = if needs[0] {
+        Some(Tensor::empty(x.shape(), x.dtype(), x.device())?)
+    } else {
+        None
+    };
+    let gw = if needs[1] {
+        Some(Tensor::empty(&[c], x.dtype(), x.device())?)
+    } else {
+        None
+    };
+    let gb = if needs[2] {
+        Some(Tensor::empty(&[c], x.dtype(), x.device())?)
+    } else {
+        None
+    };
     x.device().backend().batch_norm_backward(
         gy.kref(),
         x.kref(),
@@ -153,13 +210,19 @@ pub fn layer_norm(
     if k == 0 || k > x.ndim() || &x.shape()[x.ndim() - k..] != normalized_shape {
         return Err(TensorError::shape(
             OP,
-            format!("normalized_shape {normalized_shape:?} does not match input {:?}", x.shape()),
+            format!(
+                "normalized_shape {normalized_shape:?} does not match input {:?}",
+                x.shape()
+            ),
         ));
     }
     for t in [weight, bias].into_iter().flatten() {
         same_device(x, t, OP)?;
         if t.shape() != normalized_shape {
-            return Err(TensorError::shape(OP, format!("affine {:?} for {normalized_shape:?}", t.shape())));
+            return Err(TensorError::shape(
+                OP,
+                format!("affine {:?} for {normalized_shape:?}", t.shape()),
+            ));
         }
     }
     let x = x.contiguous()?;
@@ -184,29 +247,46 @@ pub fn layer_norm(
         let sr = Saved::new(&rstd);
         drop((mean, rstd));
         let ns = normalized_shape.to_vec();
-        record("NativeLayerNormBackward0", &ins, &[&out], move |g, needs| {
-            const N: &str = "NativeLayerNormBackward0";
-            let gy = grad0(g, N)?;
-            let x = sx.get(N)?;
-            let w = match &sw {
-                Some(s) => Some(s.get(N)?),
-                None => None,
-            };
-            let gx = if needs[0] { Some(Tensor::empty(x.shape(), x.dtype(), x.device())?) } else { None };
-            let gw = if needs[1] { Some(Tensor::empty(&ns, x.dtype(), x.device())?) } else { None };
-            let gb = if needs[2] { Some(Tensor::empty(&ns, x.dtype(), x.device())?) } else { None };
-            x.device().backend().layer_norm_backward(
-                gy.kref(),
-                x.kref(),
-                opt_ref(w),
-                sm.get(N)?.kref(),
-                sr.get(N)?.kref(),
-                opt_ref(gx.as_ref()),
-                opt_ref(gw.as_ref()),
-                opt_ref(gb.as_ref()),
-            )?;
-            Ok(vec![gx, gw, gb])
-        });
+        record(
+            "NativeLayerNormBackward0",
+            &ins,
+            &[&out],
+            move |g, needs| {
+                const N: &str = "NativeLayerNormBackward0";
+                let gy = grad0(g, N)?;
+                let x = sx.get(N)?;
+                let w = match &sw {
+                    Some(s) => Some(s.get(N)?),
+                    None => None,
+                };
+                let gx = if needs[0] {
+                    Some(Tensor::empty(x.shape(), x.dtype(), x.device())?)
+                } else {
+                    None
+                };
+                let gw = if needs[1] {
+                    Some(Tensor::empty(&ns, x.dtype(), x.device())?)
+                } else {
+                    None
+                };
+                let gb = if needs[2] {
+                    Some(Tensor::empty(&ns, x.dtype(), x.device())?)
+                } else {
+                    None
+                };
+                x.device().backend().layer_norm_backward(
+                    gy.kref(),
+                    x.kref(),
+                    opt_ref(w),
+                    sm.get(N)?.kref(),
+                    sr.get(N)?.kref(),
+                    opt_ref(gx.as_ref()),
+                    opt_ref(gw.as_ref()),
+                    opt_ref(gb.as_ref()),
+                )?;
+                Ok(vec![gx, gw, gb])
+            },
+        );
     }
     Ok(out)
 }

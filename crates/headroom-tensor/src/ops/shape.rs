@@ -29,10 +29,17 @@ impl Tensor {
     }
 
     fn resolve_shape(&self, shape: &[isize]) -> Result<Vec<usize>> {
-        let known: usize = shape.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product();
+        let known: usize = shape
+            .iter()
+            .filter(|&&d| d >= 0)
+            .map(|&d| d as usize)
+            .product();
         let infer = shape.iter().filter(|&&d| d < 0).count();
         if infer > 1 {
-            return Err(TensorError::invalid("view", "only one dimension can be inferred"));
+            return Err(TensorError::invalid(
+                "view",
+                "only one dimension can be inferred",
+            ));
         }
         let mut out = Vec::with_capacity(shape.len());
         for &d in shape {
@@ -40,7 +47,10 @@ impl Tensor {
                 if known == 0 || self.numel() % known != 0 {
                     return Err(TensorError::shape(
                         "view",
-                        format!("shape {shape:?} is invalid for input of size {}", self.numel()),
+                        format!(
+                            "shape {shape:?} is invalid for input of size {}",
+                            self.numel()
+                        ),
                     ));
                 }
                 out.push(self.numel() / known);
@@ -51,7 +61,10 @@ impl Tensor {
         if numel(&out) != self.numel() {
             return Err(TensorError::shape(
                 "view",
-                format!("shape {shape:?} is invalid for input of size {}", self.numel()),
+                format!(
+                    "shape {shape:?} is invalid for input of size {}",
+                    self.numel()
+                ),
             ));
         }
         Ok(out)
@@ -79,7 +92,10 @@ impl Tensor {
         if numel(shape) != self.numel() {
             return Err(TensorError::shape(
                 "reshape",
-                format!("shape {shape:?} is invalid for input of size {}", self.numel()),
+                format!(
+                    "shape {shape:?} is invalid for input of size {}",
+                    self.numel()
+                ),
             ));
         }
         if self.shape() == shape {
@@ -285,7 +301,11 @@ impl Tensor {
             {
                 return Err(TensorError::shape(
                     "cat",
-                    format!("sizes {:?} and {:?} differ outside dim {d}", first.shape(), t.shape()),
+                    format!(
+                        "sizes {:?} and {:?} differ outside dim {d}",
+                        first.shape(),
+                        t.shape()
+                    ),
                 ));
             }
             shape[d] += t.shape()[d];
@@ -296,7 +316,9 @@ impl Tensor {
         for t in tensors {
             let n = t.shape()[d];
             let l = out.layout().narrow(d, at, n)?;
-            out.device().backend().copy(t.kref(), out.with_layout(l).kref())?;
+            out.device()
+                .backend()
+                .copy(t.kref(), out.with_layout(l).kref())?;
             sizes.push(n);
             at += n;
         }

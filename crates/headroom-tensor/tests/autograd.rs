@@ -229,3 +229,24 @@ fn batch_norm_updates_running_stats() {
     let yv = y.to_vec_f64().unwrap();
     assert!((yv[0] + 1.341_640_8).abs() < 1e-5);
 }
+
+#[test]
+fn tensors_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Tensor>();
+    check::<Device>();
+    let d = cpu();
+    let w = param(&d, &[1.0, 2.0], &[2]);
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let w = w.clone();
+            std::thread::spawn(move || {
+                let _g = no_grad();
+                w.mul_scalar(2.0).unwrap().sum().unwrap().item().unwrap()
+            })
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), 6.0);
+    }
+}

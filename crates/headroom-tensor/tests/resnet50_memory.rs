@@ -283,3 +283,21 @@ fn dump_sequence() {
     drop(y);
     eprintln!("SEQ {:?}", rec.take_sizes());
 }
+
+/// `cargo test --release --test resnet50_memory cpu_forward_time -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn cpu_forward_time_bs1() {
+    let d = Device::cpu_caching(8 << 30, AllocatorConfig::default());
+    let m = ResNet50::new(&d);
+    let x = Tensor::randn(&[1, 3, 224, 224], 0.0, 1.0, DType::F32, &d).unwrap();
+    let _g = no_grad();
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        let y = m.f(&x, false).unwrap();
+        best = best.min(t.elapsed().as_secs_f64());
+        assert_eq!(y.shape(), &[1, 1000]);
+    }
+    eprintln!("ResNet-50 bs1 cpu forward: {:.1} ms", best * 1e3);
+}

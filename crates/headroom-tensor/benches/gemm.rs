@@ -30,8 +30,20 @@ fn main() {
     for _ in 0..8 {
         raw = raw.min(best_of(1, || unsafe {
             matrixmultiply::sgemm(
-                n, n, n, 1.0, av.as_ptr(), n as isize, 1, bv.as_ptr(), n as isize, 1, 0.0,
-                cv.as_mut_ptr(), n as isize, 1,
+                n,
+                n,
+                n,
+                1.0,
+                av.as_ptr(),
+                n as isize,
+                1,
+                bv.as_ptr(),
+                n as isize,
+                1,
+                0.0,
+                cv.as_mut_ptr(),
+                n as isize,
+                1,
             );
         }));
         op = op.min(best_of(1, || {
@@ -46,5 +58,8 @@ fn main() {
         ratio * 100.0
     );
     let c = a.mm(&b).unwrap().to_vec_f32().unwrap();
-    assert!(c.iter().zip(&cv).all(|(x, y)| (x - y).abs() <= 1e-3 * y.abs().max(1.0)));
+    assert!(c
+        .iter()
+        .zip(&cv)
+        .all(|(x, y)| (x - y).abs() <= 1e-3 * y.abs().max(1.0)));
 }

@@ -290,3 +290,36 @@ pub fn norm_dim(dim: isize, ndim: usize, op: &'static str) -> Result<usize> {
     }
     Ok(d as usize)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn view_follows_pytorch_stride_rules() {
+        let l = Layout::contiguous(&[2, 3, 4]);
+        // A transposed tensor can merge only the dims that stay contiguous.
+        let t = l.permute(&[1, 0, 2]).unwrap();
+        assert!(t.view(&[6, 4]).is_none());
+        assert_eq!(t.view(&[3, 2, 2, 2]).unwrap().strides, vec![4, 12, 2, 1]);
+        let n = l.narrow(2, 1, 2).unwrap();
+        assert!(n.view(&[12]).is_none());
+        assert_eq!(n.view(&[2, 3, 2, 1]).unwrap().offset, 1);
+        assert_eq!(l.view(&[4, 6]).unwrap().strides, vec![6, 1]);
+    }
+
+    #[test]
+    fn broadcast_and_expand() {
+        assert_eq!(
+            broadcast_shapes(&[3, 1], &[2, 1, 4], "t").unwrap(),
+            vec![2, 3, 4]
+        );
+        assert!(broadcast_shapes(&[3], &[4], "t").is_err());
+        let e = Layout::contiguous(&[3, 1]).expand(&[2, 3, 4]).unwrap();
+        assert_eq!(e.strides, vec![0, 1, 0]);
+        let mut offs = vec![];
+        for_each_offset(&e, |o| offs.push(o));
+        assert_eq!(offs.len(), 24);
+        assert_eq!(&offs[..8], &[0, 0, 0, 0, 1, 1, 1, 1]);
+    }
+}

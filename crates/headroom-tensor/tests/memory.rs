@@ -135,7 +135,7 @@ fn dropping_outputs_frees_graphs_without_backward() {
         let net = Net::new(&d);
         let (x, t) = batch(&d, 2);
         let base = d.memory_allocated();
-        let n = if d.is_meta() { 2000 } else { 200 };
+        let n = if d.is_meta() { 10_000 } else { 200 };
         for _ in 0..n {
             let l = net.loss(&x, &t, true).unwrap();
             assert!(l.requires_grad());

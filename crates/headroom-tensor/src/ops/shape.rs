@@ -44,7 +44,7 @@ impl Tensor {
         let mut out = Vec::with_capacity(shape.len());
         for &d in shape {
             if d < 0 {
-                if known == 0 || self.numel() % known != 0 {
+                if known == 0 || !self.numel().is_multiple_of(known) {
                     return Err(TensorError::shape(
                         "view",
                         format!(

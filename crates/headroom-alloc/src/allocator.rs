@@ -89,7 +89,9 @@ impl<D: Device> CachingAllocator<D> {
         self.state.lock().stats.reset_peak();
     }
     pub fn reset_accumulated_memory_stats(&self) {
-        self.state.lock().stats.reset_accumulated();
+        let mut st = self.state.lock();
+        st.stats.reset_accumulated();
+        st.stats_at_accumulated_reset = st.stats.clone();
     }
 
     /// `torch.cuda.memory_summary(abbreviated)`.

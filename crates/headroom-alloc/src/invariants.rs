@@ -146,7 +146,12 @@ pub(crate) fn check<D: Device>(st: &State<D>) -> Result<(), String> {
     }
 
     let s = &st.stats;
-    let cmp = |name: &str, arr: &crate::stats::StatArray, want: [i64; 3]| -> Result<(), String> {
+    let base = &st.stats_at_accumulated_reset;
+    let cmp = |name: &str,
+               arr: &crate::stats::StatArray,
+               base: &crate::stats::StatArray,
+               want: [i64; 3]|
+     -> Result<(), String> {
         for (i, w) in want.iter().enumerate() {
             if arr.0[i].current != *w {
                 return Err(format!(
@@ -157,7 +162,8 @@ pub(crate) fn check<D: Device>(st: &State<D>) -> Result<(), String> {
             if arr.0[i].current > arr.0[i].peak {
                 return Err(format!("{name}[{i}] current above peak"));
             }
-            if arr.0[i].allocated - arr.0[i].freed != arr.0[i].current {
+            // `reset_accumulated_memory_stats` zeroes allocated and freed but not current.
+            if arr.0[i].allocated - arr.0[i].freed != arr.0[i].current - base.0[i].current {
                 return Err(format!("{name}[{i}] allocated - freed != current"));
             }
         }
@@ -166,17 +172,43 @@ pub(crate) fn check<D: Device>(st: &State<D>) -> Result<(), String> {
         }
         Ok(())
     };
-    cmp("allocation", &s.allocation, allocation)?;
-    cmp("allocated_bytes", &s.allocated_bytes, allocated)?;
-    cmp("active", &s.active, active)?;
-    cmp("active_bytes", &s.active_bytes, active_bytes)?;
-    cmp("requested_bytes", &s.requested_bytes, requested)?;
-    cmp("reserved_bytes", &s.reserved_bytes, reserved)?;
-    cmp("segment", &s.segment, segments)?;
-    cmp("inactive_split", &s.inactive_split, inactive_split)?;
+    cmp("allocation", &s.allocation, &base.allocation, allocation)?;
+    cmp(
+        "allocated_bytes",
+        &s.allocated_bytes,
+        &base.allocated_bytes,
+        allocated,
+    )?;
+    cmp("active", &s.active, &base.active, active)?;
+    cmp(
+        "active_bytes",
+        &s.active_bytes,
+        &base.active_bytes,
+        active_bytes,
+    )?;
+    cmp(
+        "requested_bytes",
+        &s.requested_bytes,
+        &base.requested_bytes,
+        requested,
+    )?;
+    cmp(
+        "reserved_bytes",
+        &s.reserved_bytes,
+        &base.reserved_bytes,
+        reserved,
+    )?;
+    cmp("segment", &s.segment, &base.segment, segments)?;
+    cmp(
+        "inactive_split",
+        &s.inactive_split,
+        &base.inactive_split,
+        inactive_split,
+    )?;
     cmp(
         "inactive_split_bytes",
         &s.inactive_split_bytes,
+        &base.inactive_split_bytes,
         inactive_split_bytes,
     )?;
     if s.reserved_bytes.all().current < s.allocated_bytes.all().current {

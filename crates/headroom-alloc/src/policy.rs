@@ -64,6 +64,9 @@ pub(crate) struct State<D: Device> {
     pub outstanding_events: usize,
     pub expandable: Vec<Option<ExpandableSegment>>,
     pub stats: DeviceStats,
+    /// The stats as they were at the last `reset_accumulated_memory_stats()` (zeros before
+    /// any): from then on `allocated - freed` of a cell counts from that cell's `current`.
+    pub stats_at_accumulated_reset: DeviceStats,
     pub history: History,
     pub observers: Vec<(usize, Box<dyn Observer>)>,
     pub next_observer: usize,
@@ -149,6 +152,7 @@ impl<D: Device> State<D> {
             outstanding_events: 0,
             expandable: Vec::new(),
             stats,
+            stats_at_accumulated_reset: DeviceStats::default(),
             history: History::default(),
             observers: Vec::new(),
             next_observer: 0,

@@ -1,5 +1,6 @@
 //! `headroom`: the command line. Thin: it parses arguments, calls the libraries, prints.
 
+mod predict_cmd;
 mod replay_cmd;
 
 use std::process::ExitCode;
@@ -27,6 +28,8 @@ enum Command {
     Replay(replay_cmd::ReplayArgs),
     /// Print PyTorch's `memory_summary()` table after replaying a snapshot.
     Summary(replay_cmd::SummaryArgs),
+    /// Predict a model workload's peak memory on the meta device (no GPU needed).
+    Predict(predict_cmd::PredictArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Replay(a) => replay_cmd::replay(a),
         Command::Summary(a) => replay_cmd::summary(a),
+        Command::Predict(a) => predict_cmd::predict(a),
         Command::Bench(BenchCommand::Alloc(a)) => replay_cmd::bench_alloc(a),
     };
     match result {

@@ -24,7 +24,7 @@
 //! ```
 
 pub mod allocator;
-pub mod bench; // TEMP-HELPER
+pub mod bench;
 mod block;
 pub mod config;
 pub mod device;

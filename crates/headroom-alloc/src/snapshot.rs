@@ -14,7 +14,9 @@ pub struct Frame {
 }
 
 /// A block's `state` string.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum BlockState {
     ActiveAllocated,
     ActivePendingFree,

@@ -60,6 +60,10 @@ pub struct BenchAllocArgs {
     /// Fewer iterations (for a smoke run).
     #[arg(long)]
     quick: bool,
+    /// PyTorch's own figures (the `microbench` object of a results JSON) to print beside
+    /// ours. Default: ../shared/spec/golden/results__default.json when it exists.
+    #[arg(long, value_name = "PATH")]
+    reference: Option<PathBuf>,
 }
 
 fn parse_conf(s: &str) -> Result<AllocatorConfig, UserError> {
@@ -321,6 +325,50 @@ pub fn summary(a: SummaryArgs) -> Result<ExitCode, UserError> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn bench_alloc(_a: BenchAllocArgs) -> Result<ExitCode, UserError> {
-    Err(UserError(anyhow::anyhow!("bench alloc is not wired yet")))
+pub fn bench_alloc(a: BenchAllocArgs) -> Result<ExitCode, UserError> {
+    use headroom_alloc::bench;
+    let reference = match &a.reference {
+        Some(p) => Some(
+            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
+        ),
+        None => std::fs::read_to_string("../shared/spec/golden/results__default.json").ok(),
+    };
+    let reference: Option<serde_json::Value> = match reference {
+        Some(text) => Some(serde_json::from_str(&text).context("bad --reference JSON")?),
+        None => None,
+    };
+    let opts = bench::BenchOptions::new(a.quick);
+    let pb = (!a.json).then(|| {
+        let pb = indicatif::ProgressBar::new_spinner();
+        pb.set_message("timing malloc+free pairs (Headroom, then the system allocator)");
+        pb.enable_steady_tick(std::time::Duration::from_millis(120));
+        pb
+    });
+    // An H200-sized simulated device: the 4096-block mixed set holds about 33 GB.
+    let mut ours = bench::run_alloc_bench(
+        || {
+            headroom_alloc::CachingAllocator::new(
+                headroom_alloc::SimDevice::new(headroom_trace::replay::DEFAULT_CAPACITY),
+                AllocatorConfig::default(),
+            )
+        },
+        &opts,
+    )
+    .map_err(|e| UserError(anyhow::anyhow!("benchmark failed: {e}")))?;
+    let system = bench::run_system_bench(&opts)
+        .map_err(|e| UserError(anyhow::anyhow!("benchmark failed: {e}")))?;
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    if let Some(r) = &reference {
+        bench::attach_pytorch_reference(&mut ours, |k| r["microbench"][k].as_f64());
+    }
+    if a.json {
+        let v = serde_json::json!({ "headroom": ours, "system": system });
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    } else {
+        println!("ns per malloc+free pair; pytorch = PyTorch 2.11 C++ raw_alloc/raw_delete on the H200 host");
+        print!("{}", bench::format_table(&ours, Some(&system)));
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -1044,3 +1044,99 @@ fn zero_byte_requests_and_null_frees() {
     assert!(matches!(e, AllocError::InvalidPointer(0x1234)));
     ok(&a);
 }
+
+#[test]
+fn expandable_best_fit_prefers_blocks_that_cannot_grow() {
+    let a = new("expandable_segments:True");
+    let x = a.malloc(10 * MIB, 0).unwrap();
+    let y = a.malloc(5 * MIB, 0).unwrap();
+    let z = a.malloc(3 * MIB, 0).unwrap();
+    assert_eq!([y.ptr - x.ptr, z.ptr - x.ptr], [10 * MIB, 15 * MIB]);
+    // Free blocks now: a 10 MiB hole at 0 and the 2 MiB tail before the unmapped rest.
+    a.free(x.ptr).unwrap();
+    // By size the tail fits best, but it can grow into the unmapped range, so its
+    // "expandable size" is huge: the hole is preferred.
+    let w = a.malloc(2 * MIB, 0).unwrap();
+    assert_eq!(w.ptr, x.ptr);
+    ok(&a);
+}
+
+#[test]
+fn expandable_blocks_are_skipped_once_the_option_is_off() {
+    let a = new("expandable_segments:True");
+    let x = a.malloc(3 * MIB, 0).unwrap();
+    a.free(x.ptr).unwrap();
+    assert_eq!(st(&a, "reserved_bytes.all.current"), 20 * MIB as i64);
+    a.set_allocator_settings("expandable_segments:False")
+        .unwrap();
+    // The cached expandable page is not used: a cudaMalloc'd segment instead.
+    let y = a.malloc(3 * MIB, 0).unwrap();
+    assert_ne!(y.ptr, x.ptr);
+    assert_eq!(st(&a, "segment.all.current"), 1);
+    assert_eq!(st(&a, "reserved_bytes.all.current"), 40 * MIB as i64);
+    let segs = a.snapshot().segments;
+    assert_eq!(
+        segs.iter().map(|s| s.is_expandable).collect::<Vec<_>>(),
+        vec![true, false]
+    );
+    // Switched back on, both 20 MiB blocks are candidates; the expandable one counts as
+    // its growable size, so best fit moves on to the ordinary block.
+    a.free(y.ptr).unwrap();
+    a.set_allocator_settings("expandable_segments:True")
+        .unwrap();
+    let z = a.malloc(3 * MIB, 0).unwrap();
+    assert_eq!(z.ptr, y.ptr);
+    ok(&a);
+    a.free(z.ptr).unwrap();
+    a.empty_cache();
+    ok(&a);
+    assert_eq!(a.memory_reserved(), 0);
+}
+
+#[test]
+fn expandable_mode_splits_cached_ordinary_blocks_down_to_512() {
+    let a = new("");
+    let x = a.malloc(3 * MIB, 0).unwrap();
+    a.free(x.ptr).unwrap();
+    a.set_allocator_settings("expandable_segments:True")
+        .unwrap();
+    // The 20 MiB ordinary segment is found; with the option on, a remainder of
+    // 1 MiB - 512 is split off (the large-pool rule would need > 1 MiB).
+    let y = a.malloc(19 * MIB + 512, 0).unwrap();
+    assert_eq!(y.ptr, x.ptr);
+    assert_eq!(y.size, 19 * MIB + 512);
+    assert_eq!(
+        seg_of(&a, y.ptr),
+        vec![
+            (0, 19 * MIB + 512, 19 * MIB + 512, Allocated),
+            (19 * MIB + 512, MIB - 512, 3 * MIB, Inactive)
+        ]
+    );
+    // Non-expandable blocks keep their inactive_split accounting.
+    assert_eq!(st(&a, "inactive_split.all.current"), 1);
+    assert_eq!(
+        st(&a, "inactive_split_bytes.all.current"),
+        (MIB - 512) as i64
+    );
+    ok(&a);
+}
+
+#[test]
+fn pending_frees_are_flushed_by_the_last_resort_retry() {
+    let a = new_cap("", 64 * MIB);
+    a.with_device(|d| d.hold_stream(SIDE));
+    let x = a.malloc(40 * MIB, 0).unwrap();
+    a.record_stream(x.ptr, SIDE).unwrap();
+    a.free(x.ptr).unwrap();
+    // 40 MiB pending + 40 MiB new does not fit 64 MiB: the retry waits for the side
+    // stream, frees the segment, and then succeeds.
+    let y = a.malloc(40 * MIB, 0).unwrap();
+    assert_eq!(st(&a, "num_alloc_retries"), 1);
+    assert_eq!(st(&a, "num_sync_all_streams"), 1);
+    assert_eq!(st(&a, "num_ooms"), 0);
+    assert_eq!(st(&a, "num_device_free"), 1);
+    assert_eq!(st(&a, "active.all.current"), 1);
+    assert_eq!(st(&a, "reserved_bytes.all.current"), 40 * MIB as i64);
+    a.free(y.ptr).unwrap();
+    ok(&a);
+}

@@ -69,7 +69,12 @@ pub mod error;
 pub mod gradcheck;
 pub mod layout;
 pub mod memory;
+pub mod models;
+pub mod nn;
 pub mod ops;
+pub mod optim;
+pub mod predict;
+pub mod safetensors;
 pub mod storage;
 pub mod tensor;
 
@@ -81,4 +86,7 @@ pub use memory::{
     category_scope, Allocation, CategoryBreakdown, CountingAllocator, HostAllocator, MemEvent,
     MemoryCategory, RecordingAllocator, StorageAllocator,
 };
+pub use nn::Module;
+pub use optim::{Adam, Optimizer, Sgd};
+pub use predict::{predict, PredictOptions, Prediction};
 pub use tensor::Tensor;

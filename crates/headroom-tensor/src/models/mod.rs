@@ -1,0 +1,10 @@
+//! Models with PyTorch's layouts and state_dict names: an MLP, torchvision's ResNet-18 and
+//! ResNet-50, and Hugging Face's GPT-2 (configurable size).
+
+pub mod gpt2;
+pub mod mlp;
+pub mod resnet;
+
+pub use gpt2::{Gpt2, Gpt2Config};
+pub use mlp::Mlp;
+pub use resnet::ResNet;

@@ -182,9 +182,9 @@ impl Rng {
 
 /// Human name of a single-size case.
 pub fn single_name(size: u64) -> String {
-    if size >= 1 << 20 && size % (1 << 20) == 0 {
+    if size >= 1 << 20 && size.is_multiple_of(1 << 20) {
         format!("single_{}MiB", size >> 20)
-    } else if size >= 1 << 10 && size % (1 << 10) == 0 {
+    } else if size >= 1 << 10 && size.is_multiple_of(1 << 10) {
         format!("single_{}KiB", size >> 10)
     } else {
         format!("single_{size}B")

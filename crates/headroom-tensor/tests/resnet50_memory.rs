@@ -247,43 +247,6 @@ fn training_step_frees_everything_but_grads() {
     assert_eq!(d.memory_allocated() - base, grads);
 }
 
-#[test]
-#[ignore]
-fn explore_modes() {
-    for train in [false, true] {
-        for bs in [1, 32] {
-            let (d, m, x) = setup(bs);
-            let base = d.memory_allocated();
-            d.reset_peak_memory_stats();
-            let y = m.f(&x, train).unwrap();
-            let peak = (d.max_memory_allocated() - base) as f64 / MIB;
-            let held = (d.memory_allocated() - base) as f64 / MIB;
-            eprintln!(
-                "train={train} bs{bs}: peak {peak:.2} held {held:.2} cats {:?}",
-                d.memory_by_category().to_map()
-            );
-            drop(y);
-        }
-    }
-}
-
-#[test]
-#[ignore]
-fn dump_sequence() {
-    use std::sync::Arc;
-    let rec = Arc::new(headroom_tensor::RecordingAllocator::new(Arc::new(
-        headroom_tensor::CountingAllocator::new(1 << 40),
-    )));
-    let d = Device::meta(rec.clone());
-    let m = ResNet50::new(&d);
-    let x = Tensor::empty(&[1, 3, 224, 224], DType::F32, &d).unwrap();
-    rec.take();
-    let _g = no_grad();
-    let y = m.f(&x, false).unwrap();
-    drop(y);
-    eprintln!("SEQ {:?}", rec.take_sizes());
-}
-
 /// `cargo test --release --test resnet50_memory cpu_forward_time -- --ignored --nocapture`
 #[test]
 #[ignore]

@@ -397,3 +397,70 @@ impl Device for HostDevice {
         self.start.elapsed().as_micros() as i64
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AllocatorConfig, CachingAllocator};
+
+    fn write_read(ptr: u64, len: u64) {
+        // SAFETY: the allocator handed out [ptr, ptr+len) of real host memory.
+        let s = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len as usize) };
+        for (i, b) in s.iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        assert!(s.iter().enumerate().all(|(i, b)| *b == (i % 251) as u8));
+    }
+
+    #[test]
+    fn host_device_gives_real_memory_under_a_capacity() {
+        let a = CachingAllocator::new(HostDevice::new(64 << 20), AllocatorConfig::default());
+        let x = a.malloc(3 << 20, 0).unwrap();
+        write_read(x.ptr, 3 << 20);
+        assert_eq!(x.ptr % 512, 0);
+        assert_eq!(a.memory_reserved(), 20 << 20);
+        // Past the capacity: a typed OOM, and the allocator still works.
+        let err = a.malloc(100 << 20, 0).unwrap_err();
+        assert!(err.is_oom(), "{err}");
+        a.free(x.ptr).unwrap();
+        a.empty_cache();
+        assert_eq!(a.memory_reserved(), 0);
+        assert_eq!(a.with_device(|d| d.used()), 0);
+        a.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn host_device_expandable_segments_map_real_pages() {
+        let cfg = AllocatorConfig::parse("expandable_segments:True").unwrap();
+        let a = CachingAllocator::new(HostDevice::new(256 << 20), cfg);
+        let x = a.malloc((1 << 20) + 1, 0).unwrap();
+        let y = a.malloc(30 << 20, 0).unwrap();
+        // The second tensor lands right after the first: the segment grew in place.
+        assert_eq!(y.ptr, x.ptr + 1_049_088);
+        write_read(x.ptr, (1 << 20) + 1);
+        write_read(y.ptr, 30 << 20);
+        assert_eq!(a.memory_reserved(), 40 << 20);
+        a.free(x.ptr).unwrap();
+        a.free(y.ptr).unwrap();
+        a.empty_cache();
+        assert_eq!(a.memory_reserved(), 0);
+        assert_eq!(a.with_device(|d| d.used()), 0);
+        // Memory can be taken again after the pages went back.
+        let z = a.malloc(5 << 20, 0).unwrap();
+        write_read(z.ptr, 5 << 20);
+        a.free(z.ptr).unwrap();
+        a.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn sim_device_holds_events_until_released() {
+        let mut d = SimDevice::new(1 << 30);
+        d.hold_stream(7);
+        let e = d.record_event(7);
+        let f = d.record_event(8);
+        assert!(!d.query_event(e));
+        assert!(d.query_event(f));
+        d.release_stream(7);
+        assert!(d.query_event(e));
+    }
+}

@@ -84,60 +84,39 @@ impl Arena {
     }
 
     /// A fresh block, as PyTorch's `Block(device, stream, size, pool, ptr)`: requested 0,
-    /// unallocated, mapped, unlinked.
+    /// unallocated, mapped, unlinked. A reused slot keeps its `stream_uses` buffer.
     pub fn alloc(&mut self, ptr: u64, size: u64, stream: StreamId, pool: PoolKind) -> BlockId {
-        let fresh = |b: &mut Block| {
-            b.ptr = ptr;
-            b.size = size;
-            b.requested = 0;
-            b.stream = stream;
-            b.pool = pool;
-            b.allocated = false;
-            b.mapped = true;
-            b.prev = NIL;
-            b.next = NIL;
-            b.event_count = 0;
-            b.stream_uses.clear();
-            b.gc_count_base = 0;
-            b.expandable = NIL;
-            b.context = None;
-            b.segment_context = None;
-            b.left = NIL;
-            b.right = NIL;
-            b.prio = 0;
-            b.member = Membership::None;
-            b.live = true;
+        let fresh = |stream_uses: Vec<StreamId>| Block {
+            ptr,
+            size,
+            requested: 0,
+            stream,
+            pool,
+            allocated: false,
+            mapped: true,
+            prev: NIL,
+            next: NIL,
+            event_count: 0,
+            stream_uses,
+            gc_count_base: 0,
+            expandable: NIL,
+            context: None,
+            segment_context: None,
+            left: NIL,
+            right: NIL,
+            prio: 0,
+            member: Membership::None,
+            live: true,
         };
         if let Some(id) = self.free.pop() {
-            fresh(&mut self.slots[id as usize]);
+            let slot = &mut self.slots[id as usize];
+            let mut uses = std::mem::take(&mut slot.stream_uses);
+            uses.clear();
+            *slot = fresh(uses);
             id
         } else {
-            let id = self.slots.len() as BlockId;
-            let mut b = Block {
-                ptr,
-                size,
-                requested: 0,
-                stream,
-                pool,
-                allocated: false,
-                mapped: true,
-                prev: NIL,
-                next: NIL,
-                event_count: 0,
-                stream_uses: Vec::new(),
-                gc_count_base: 0,
-                expandable: NIL,
-                context: None,
-                segment_context: None,
-                left: NIL,
-                right: NIL,
-                prio: 0,
-                member: Membership::None,
-                live: true,
-            };
-            fresh(&mut b);
-            self.slots.push(b);
-            id
+            self.slots.push(fresh(Vec::new()));
+            (self.slots.len() - 1) as BlockId
         }
     }
 

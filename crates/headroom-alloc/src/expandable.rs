@@ -22,7 +22,6 @@ pub struct ExpandableSegment {
     pub max_pages: u64,
     pub mapped: Vec<bool>,
     pub stream: StreamId,
-    pub pool: PoolKind,
 }
 
 impl ExpandableSegment {
@@ -146,7 +145,6 @@ impl<D: Device> State<D> {
             max_pages,
             mapped: vec![false; max_pages as usize],
             stream,
-            pool: kind,
         };
         let idx = match self.expandable.iter().position(Option::is_none) {
             Some(i) => {
@@ -190,21 +188,9 @@ impl<D: Device> State<D> {
         self.remove_free(id);
         self.arena.get_mut(id).mapped = true;
         if msize < bsize {
-            let rest = self.arena.alloc(ptr + msize, bsize - msize, stream, kind);
             let next = self.arena.get(id).next;
-            {
-                let r = self.arena.get_mut(rest);
-                r.mapped = false;
-                r.expandable = seg_idx as u32;
-                r.prev = id;
-                r.next = next;
-            }
-            if next != NIL {
-                self.arena.get_mut(next).prev = rest;
-            }
-            let b = self.arena.get_mut(id);
-            b.next = rest;
-            b.size = msize;
+            let rest = self.splice_new(id, ptr + msize, bsize - msize, false, id, next);
+            self.arena.get_mut(id).size = msize;
             self.insert_unmapped(rest);
         }
         let (prev, next) = {
@@ -291,34 +277,14 @@ impl<D: Device> State<D> {
         self.remove_free(id);
         let before = uptr - ptr;
         if before > 0 {
-            let bf = self.arena.alloc(ptr, before, stream, kind);
             let prev = self.arena.get(id).prev;
-            {
-                let x = self.arena.get_mut(bf);
-                x.expandable = seg_idx as u32;
-                x.prev = prev;
-                x.next = id;
-            }
-            if prev != NIL {
-                self.arena.get_mut(prev).next = bf;
-            }
-            self.arena.get_mut(id).prev = bf;
+            let bf = self.splice_new(id, ptr, before, true, prev, id);
             self.insert_free(bf);
         }
         let after = size - (before + usize_);
         if after > 0 {
-            let af = self.arena.alloc(uptr + usize_, after, stream, kind);
             let next = self.arena.get(id).next;
-            {
-                let x = self.arena.get_mut(af);
-                x.expandable = seg_idx as u32;
-                x.prev = id;
-                x.next = next;
-            }
-            if next != NIL {
-                self.arena.get_mut(next).prev = af;
-            }
-            self.arena.get_mut(id).next = af;
+            let af = self.splice_new(id, uptr + usize_, after, true, id, next);
             self.insert_free(af);
         }
         {

@@ -117,28 +117,17 @@ impl<D: Device> State<D> {
 
     /// Split unmapped block `id` so that a block starts at `at`; returns that block.
     fn split_unmapped_front(&mut self, id: BlockId, at: u64) -> BlockId {
-        let (ptr, size, stream, kind, exp, prev) = {
+        let (ptr, size, prev) = {
             let b = self.arena.get(id);
-            (b.ptr, b.size, b.stream, b.pool, b.expandable, b.prev)
+            (b.ptr, b.size, b.prev)
         };
         if at == ptr {
             return id;
         }
         self.remove_free(id);
-        let front = self.arena.alloc(ptr, at - ptr, stream, kind);
-        {
-            let f = self.arena.get_mut(front);
-            f.mapped = false;
-            f.expandable = exp;
-            f.prev = prev;
-            f.next = id;
-        }
-        if prev != NIL {
-            self.arena.get_mut(prev).next = front;
-        }
+        let front = self.splice_new(id, ptr, at - ptr, false, prev, id);
         {
             let b = self.arena.get_mut(id);
-            b.prev = front;
             b.ptr = at;
             b.size = size - (at - ptr);
         }
@@ -224,7 +213,7 @@ impl<D: Device> State<D> {
             },
             None,
         );
-        if exp == NIL as u32 {
+        if exp == NIL {
             let after = self.inactive_split_of_segment(live);
             let (db, dbytes) = (after.0 - before.0, after.1 - before.1);
             if db != 0 || dbytes != 0 {

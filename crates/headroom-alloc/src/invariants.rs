@@ -40,7 +40,7 @@ pub(crate) fn check<D: Device>(st: &State<D>) -> Result<(), String> {
                 return Err(format!("block {id}: neighbour in another segment"));
             }
         }
-        if b.size == 0 || b.size % 512 != 0 {
+        if b.size == 0 || !b.size.is_multiple_of(512) {
             return Err(format!(
                 "block {id}: size {} not a positive multiple of 512",
                 b.size

@@ -143,8 +143,8 @@ impl<D: Device> State<D> {
             config,
             expandable_active,
             arena: Arena::with_capacity(256),
-            small: BlockPool::new(true),
-            large: BlockPool::new(false),
+            small: BlockPool::new(),
+            large: BlockPool::new(),
             active: FxHashMap::with_capacity_and_hasher(256, Default::default()),
             total_allocated_memory: 0,
             allowed_memory_maximum: allowed,
@@ -175,14 +175,6 @@ impl<D: Device> State<D> {
         match k {
             PoolKind::Small => &self.small,
             PoolKind::Large => &self.large,
-        }
-    }
-
-    #[inline]
-    pub fn pool(&mut self, k: PoolKind) -> &mut BlockPool {
-        match k {
-            PoolKind::Small => &mut self.small,
-            PoolKind::Large => &mut self.large,
         }
     }
 
@@ -226,6 +218,38 @@ impl<D: Device> State<D> {
             Membership::Unmapped => pool.unmapped.remove(&mut self.arena, id),
             Membership::None => {}
         }
+    }
+
+    /// A new block of `like`'s segment (same stream, pool, expandable segment), linked
+    /// between `prev` and `next`, which may be NIL.
+    pub(crate) fn splice_new(
+        &mut self,
+        like: BlockId,
+        ptr: u64,
+        size: u64,
+        mapped: bool,
+        prev: BlockId,
+        next: BlockId,
+    ) -> BlockId {
+        let (stream, kind, exp) = {
+            let l = self.arena.get(like);
+            (l.stream, l.pool, l.expandable)
+        };
+        let id = self.arena.alloc(ptr, size, stream, kind);
+        {
+            let b = self.arena.get_mut(id);
+            b.mapped = mapped;
+            b.expandable = exp;
+            b.prev = prev;
+            b.next = next;
+        }
+        if prev != NIL {
+            self.arena.get_mut(prev).next = id;
+        }
+        if next != NIL {
+            self.arena.get_mut(next).prev = id;
+        }
+        id
     }
 
     pub fn insert_unmapped(&mut self, id: BlockId) {

@@ -33,10 +33,6 @@ impl Tree {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     #[inline]
     fn key(&self, a: &Arena, id: BlockId) -> Key {
         let b = a.get(id);
@@ -159,13 +155,14 @@ impl Tree {
         self.len -= 1;
     }
 
-    /// Smallest element with key >= `key`.
+    /// Smallest element whose key satisfies `pred`, which must be false then true in key
+    /// order (a monotone split), as every bound query here is.
     #[inline]
-    pub fn lower_bound(&self, a: &Arena, key: Key) -> Option<BlockId> {
+    fn first_where(&self, a: &Arena, pred: impl Fn(Key) -> bool) -> Option<BlockId> {
         let mut best = NIL;
         let mut cur = self.root;
         while cur != NIL {
-            if self.key(a, cur) >= key {
+            if pred(self.key(a, cur)) {
                 best = cur;
                 cur = a.get(cur).left;
             } else {
@@ -173,37 +170,38 @@ impl Tree {
             }
         }
         (best != NIL).then_some(best)
+    }
+
+    /// Largest element whose key satisfies `pred` (true then false in key order).
+    fn last_where(&self, a: &Arena, pred: impl Fn(Key) -> bool) -> Option<BlockId> {
+        let mut best = NIL;
+        let mut cur = self.root;
+        while cur != NIL {
+            if pred(self.key(a, cur)) {
+                best = cur;
+                cur = a.get(cur).right;
+            } else {
+                cur = a.get(cur).left;
+            }
+        }
+        (best != NIL).then_some(best)
+    }
+
+    /// Smallest element with key >= `key`.
+    #[inline]
+    pub fn lower_bound(&self, a: &Arena, key: Key) -> Option<BlockId> {
+        self.first_where(a, |k| k >= key)
     }
 
     /// Smallest element with key > that of `id`.
     pub fn successor(&self, a: &Arena, id: BlockId) -> Option<BlockId> {
         let key = self.key(a, id);
-        let mut best = NIL;
-        let mut cur = self.root;
-        while cur != NIL {
-            if self.key(a, cur) > key {
-                best = cur;
-                cur = a.get(cur).left;
-            } else {
-                cur = a.get(cur).right;
-            }
-        }
-        (best != NIL).then_some(best)
+        self.first_where(a, |k| k > key)
     }
 
     /// Largest element with key < `key`.
     pub fn predecessor_of_key(&self, a: &Arena, key: Key) -> Option<BlockId> {
-        let mut best = NIL;
-        let mut cur = self.root;
-        while cur != NIL {
-            if self.key(a, cur) < key {
-                best = cur;
-                cur = a.get(cur).right;
-            } else {
-                cur = a.get(cur).left;
-            }
-        }
-        (best != NIL).then_some(best)
+        self.last_where(a, |k| k < key)
     }
 
     pub fn predecessor(&self, a: &Arena, id: BlockId) -> Option<BlockId> {
@@ -222,7 +220,7 @@ impl Tree {
     }
 
     /// In-order ids. Allocates; for release paths and checks, never the hot path.
-    pub fn to_vec(&self, a: &Arena) -> Vec<BlockId> {
+    pub fn to_vec(self, a: &Arena) -> Vec<BlockId> {
         let mut out = Vec::with_capacity(self.len);
         let mut stack = Vec::new();
         let mut cur = self.root;
@@ -244,17 +242,15 @@ impl Tree {
 pub struct BlockPool {
     pub blocks: Tree,
     pub unmapped: Tree,
-    pub is_small: bool,
     /// GC clock: ticks on every cache search while GC is enabled.
     pub get_free_blocks_call_count: u64,
 }
 
 impl BlockPool {
-    pub fn new(is_small: bool) -> Self {
+    pub fn new() -> Self {
         BlockPool {
             blocks: Tree::new(Membership::Blocks),
             unmapped: Tree::new(Membership::Unmapped),
-            is_small,
             get_free_blocks_call_count: 0,
         }
     }

@@ -168,18 +168,16 @@ fn initial_state(snapshot: &Snapshot, trace: &[TraceEntry], config: &AllocatorCo
                 live.insert(e.addr);
                 seen_alloc.insert(e.addr);
             }
-            TraceAction::FreeRequested => {
-                if !live.remove(&e.addr) && !seen_alloc.contains(&e.addr) {
-                    pre_freed.push((e.addr, e.size, e.stream));
-                }
+            TraceAction::FreeRequested
+                if !live.remove(&e.addr) && !seen_alloc.contains(&e.addr) =>
+            {
+                pre_freed.push((e.addr, e.size, e.stream));
             }
             TraceAction::SegmentAlloc => {
                 trace_segments.insert(e.addr);
             }
-            TraceAction::SegmentFree => {
-                if !trace_segments.contains(&e.addr) {
-                    freed_segments.push((e.addr, e.size, e.stream));
-                }
+            TraceAction::SegmentFree if !trace_segments.contains(&e.addr) => {
+                freed_segments.push((e.addr, e.size, e.stream));
             }
             TraceAction::SegmentMap => maps.push((e.addr, e.size)),
             _ => {}

@@ -1,0 +1,640 @@
+//! The result of a load run, and the documented JSON schema of `headroom loadtest --json`.
+//!
+//! Design note: these types are the contract between the engine (this crate) and the report
+//! side (HTML, terminal summary, CLI). They are plain data — no handles, no allocator types
+//! except the kept [`Snapshot`]s, which are skipped in JSON (the CLI writes them as pickles
+//! for memory_viz). Everything serializes with `serde`, field names are the JSON keys, and
+//! the schema is versioned by [`SCHEMA_VERSION`]: a field is only ever added, never renamed
+//! or re-typed, without bumping it.
+//!
+//! # JSON schema (version 1)
+//!
+//! Units: every `*_bytes` field is an integer count of bytes; every `*_ms` a float of
+//! milliseconds; every `*_s` a float of seconds since the run started (`t_s`) or a duration.
+//! Rates are per second. `null` means "not measured / does not apply".
+//!
+//! ```text
+//! RunResult {
+//!   schema_version: 1,
+//!   headroom_version: "0.1.0",
+//!   scenario: ScenarioInfo,        // what ran (model, batch, input sizes, mistakes planted)
+//!   load: LoadInfo,                // how it was driven (stages, -c, -n, ramp-until-oom)
+//!   device: "cpu" | "meta" | "cuda:0",
+//!   capacity_bytes, alloc_conf,    // the simulated (or real) device capacity, PYTORCH_CUDA_ALLOC_CONF
+//!   wall_s, stop_reason,           // "completed" | "cancelled" | "oom_found" | "time_limit" | "request_limit"
+//!   baseline_bytes,                // allocated before any request: weights, optimizer, BLAS workspace
+//!   requests: RequestSummary,      // total / ok / oom / other errors
+//!   latency: LatencyStats,         // over all successful requests (HDR histogram)
+//!   throughput: Throughput,        // requests/s and items/s (items = samples = batch elements)
+//!   errors: ErrorCounts,           // { oom, by_kind: { kind: count } }
+//!   stages: [StageResult],         // one per stage, in order
+//!   by_concurrency: [ConcurrencyResult], // one per distinct concurrency level, ascending
+//!   timeline: [MemorySample],      // periodic + every new peak + every OOM, by t_s
+//!   peaks: Peaks,                  // run-wide peaks and the category breakdown at the peak
+//!   ooms: [OomRecord],             // allocator state at each OOM (first `MAX_OOM_RECORDS`)
+//!   oom_search: OomSearch | null,  // largest safe concurrency (or batch), fit + bisection
+//!   findings: [Finding],           // named causes; empty for a clean run
+//!   what_if: [WhatIfRow],          // the run's own trace replayed under other alloc configs
+//!   thresholds: [ThresholdResult], // k6-style gates; any `passed: false` => exit 99
+//!   final_memory_stats: { "allocated_bytes.all.current": i64, ... }, // torch.cuda.memory_stats()
+//!   final_memory_summary: "..."    // torch.cuda.memory_summary()
+//! }
+//! ```
+//!
+//! Each type below documents its own fields; the doc comment of a field is its schema entry.
+
+use std::collections::BTreeMap;
+
+use headroom_alloc::Snapshot;
+use serde::{Deserialize, Serialize};
+
+/// Version of the JSON layout below. Bumped on any incompatible change.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// At most this many OOMs keep their full allocator state (summary text and stats); later
+/// ones are only counted (a ramp past the OOM point can fail thousands of requests).
+pub const MAX_OOM_RECORDS: usize = 16;
+
+/// The whole run. See the module docs for the JSON layout.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunResult {
+    /// [`SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// The headroom-load crate version that produced this file.
+    pub headroom_version: String,
+    pub scenario: ScenarioInfo,
+    pub load: LoadInfo,
+    /// `"cpu"`, `"meta"` or `"cuda:N"`.
+    pub device: String,
+    /// The device capacity the allocator ran under (simulated for cpu/meta).
+    pub capacity_bytes: u64,
+    /// The allocator config string in `PYTORCH_CUDA_ALLOC_CONF` syntax (`""` = default).
+    pub alloc_conf: String,
+    /// Seconds from the first request to the end of the run.
+    pub wall_s: f64,
+    pub stop_reason: StopReason,
+    /// Bytes allocated after setup and before the first request (model weights, optimizer
+    /// object, persistent workspaces). "Above base" figures subtract this.
+    pub baseline_bytes: u64,
+    pub requests: RequestSummary,
+    /// Latency of successful requests.
+    pub latency: LatencyStats,
+    pub throughput: Throughput,
+    pub errors: ErrorCounts,
+    pub stages: Vec<StageResult>,
+    /// One row per distinct concurrency level, ascending (a level seen in two stages is
+    /// merged).
+    pub by_concurrency: Vec<ConcurrencyResult>,
+    pub timeline: Vec<MemorySample>,
+    pub peaks: Peaks,
+    pub ooms: Vec<OomRecord>,
+    pub oom_search: Option<OomSearch>,
+    pub findings: Vec<Finding>,
+    pub what_if: Vec<WhatIfRow>,
+    pub thresholds: Vec<ThresholdResult>,
+    /// `torch.cuda.memory_stats()` at the end of the run.
+    pub final_memory_stats: BTreeMap<String, i64>,
+    /// `torch.cuda.memory_summary()` at the end of the run.
+    pub final_memory_summary: String,
+    /// The allocator's snapshot at the end of the run (segments + event history), for
+    /// `headroom_trace::write_snapshot_file` → memory_viz. Not in the JSON.
+    #[serde(skip)]
+    pub snapshot: Option<Snapshot>,
+    /// The allocator's snapshot at the first OOM. Not in the JSON.
+    #[serde(skip)]
+    pub oom_snapshot: Option<Snapshot>,
+}
+
+impl RunResult {
+    /// True when every threshold held (or none was given). The CLI exits 99 otherwise.
+    pub fn thresholds_passed(&self) -> bool {
+        self.thresholds.iter().all(|t| t.passed)
+    }
+    /// Serialize as pretty JSON (the documented output).
+    pub fn to_json(&self) -> String {
+        // Serialization of plain data with string keys cannot fail; a non-finite float
+        // becomes `null` in serde_json.
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}
+
+/// Why the run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// All stages ran to their end (or `-n` requests were made).
+    Completed,
+    /// The stop flag was set (Ctrl-C): the result holds what was measured so far.
+    Cancelled,
+    /// `--ramp-until-oom`: the first OOM was reached and the ramp stopped.
+    OomFound,
+    /// `--ramp-until-oom` hit its time bound before any OOM.
+    TimeLimit,
+}
+
+/// What workload ran. Mirrors [`crate::scenario::Scenario`] as plain strings and numbers.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ScenarioInfo {
+    /// Short name, e.g. `"default"`, `"mlp-infer"`.
+    pub name: String,
+    /// `"inference"` or `"training"`.
+    pub kind: String,
+    /// `"mlp"`, `"resnet18"`, `"resnet50"`, `"gpt2"`, `"gpt2-tiny"`, ...
+    pub model: String,
+    /// Samples per request (per micro-batch in training).
+    pub batch: usize,
+    /// The per-request input size distribution, human-readable: `"fixed 224x224"`,
+    /// `"seq_len uniform 16..128 (seed 7)"`.
+    pub input: String,
+    /// Training only: `"sgd"` / `"adamw"`.
+    pub optimizer: Option<String>,
+    /// Training only: micro-steps per optimizer step.
+    pub accum_steps: Option<usize>,
+    /// Training only: `"each"` (backward every micro-step) or `"sum"` (sum, then one
+    /// backward).
+    pub accum_pattern: Option<String>,
+    /// The planted mistakes that were switched on.
+    pub mistakes: Mistakes,
+    /// Seed of the input-size draws.
+    pub seed: u64,
+    /// One line describing the whole scenario.
+    pub description: String,
+}
+
+/// The known mistakes, each a switch. All false is the clean scenario.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mistakes {
+    /// Inference with autograd on (no `no_grad`): activations are saved for a backward that
+    /// never comes.
+    pub grad_at_inference: bool,
+    /// Training: `total = total + loss/N` then one backward — N graphs alive at once.
+    pub sum_losses: bool,
+    /// Every request's output is kept (appended to a list): a leak.
+    pub keep_outputs: bool,
+    /// Named temporaries (`h = l1(x); out = l2(h)`) instead of chained calls. A myth test:
+    /// it is expected to make *no* difference.
+    pub named_temporaries: bool,
+}
+
+/// How the load was driven.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LoadInfo {
+    /// `"stages"`, `"fixed"` (`-c` with a duration), `"requests"` (`-n`), or
+    /// `"ramp_until_oom"`.
+    pub mode: String,
+    /// The planned stages (for `-c`/`-n` one stage).
+    pub stages: Vec<StageSpecInfo>,
+    /// `-n`: total requests to make.
+    pub max_requests: Option<u64>,
+    /// `--ramp-until-oom`: the time bound in seconds.
+    pub time_limit_s: Option<f64>,
+    /// Memory sampler period in milliseconds.
+    pub sample_period_ms: f64,
+}
+
+/// One planned stage: `workers:duration`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct StageSpecInfo {
+    pub concurrency: usize,
+    /// Planned duration; `null` for a request-count stage.
+    pub duration_s: Option<f64>,
+}
+
+/// Requests by outcome.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestSummary {
+    pub total: u64,
+    pub ok: u64,
+    /// Failed with out-of-memory.
+    pub oom: u64,
+    /// Failed with any other error.
+    pub other_errors: u64,
+    /// Samples (batch elements) processed by successful requests.
+    pub items: u64,
+}
+
+/// Latency percentiles from an HDR histogram (microsecond resolution, 3 significant
+/// digits). All zero when `count` is 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatencyStats {
+    pub count: u64,
+    pub min_ms: f64,
+    pub mean_ms: f64,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    /// p99.9.
+    pub p999_ms: f64,
+    pub max_ms: f64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Throughput {
+    /// Successful requests per second of wall time.
+    pub requests_per_s: f64,
+    /// Samples per second (requests × batch).
+    pub items_per_s: f64,
+}
+
+/// Errors by kind. OOM is counted on its own; `by_kind` holds the rest, keyed by a short
+/// kind (`"shape"`, `"invalid_argument"`, `"alloc"`, `"panic"`, ...).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorCounts {
+    pub oom: u64,
+    pub by_kind: BTreeMap<String, u64>,
+}
+
+/// One stage as it ran.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct StageResult {
+    /// 0-based position in `load.stages`.
+    pub index: usize,
+    pub concurrency: usize,
+    pub start_s: f64,
+    pub end_s: f64,
+    pub requests: RequestSummary,
+    pub latency: LatencyStats,
+    pub throughput: Throughput,
+    /// Peak allocated bytes during the stage (allocator peak, exact).
+    pub peak_allocated_bytes: u64,
+    /// Peak reserved bytes during the stage.
+    pub peak_reserved_bytes: u64,
+}
+
+/// One concurrency level, all stages at that level merged.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ConcurrencyResult {
+    pub concurrency: usize,
+    pub requests: RequestSummary,
+    pub latency: LatencyStats,
+    pub throughput: Throughput,
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    /// `peak_allocated_bytes - baseline_bytes`.
+    pub peak_above_base_bytes: u64,
+}
+
+/// Bytes per memory category (what the memory is *for*). Sums to `allocated` up to
+/// allocator-internal blocks (none on the runtime's devices).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CategoryBytes {
+    pub parameter: u64,
+    pub gradient: u64,
+    pub optimizer_state: u64,
+    /// Saved for backward by a live autograd graph.
+    pub activation: u64,
+    /// Op outputs not saved for backward, workspaces.
+    pub temporary: u64,
+    pub input: u64,
+}
+
+impl CategoryBytes {
+    pub fn total(&self) -> u64 {
+        self.parameter
+            + self.gradient
+            + self.optimizer_state
+            + self.activation
+            + self.temporary
+            + self.input
+    }
+    /// `(name, bytes)` pairs in a fixed order, for tables and stacked plots.
+    pub fn entries(&self) -> [(&'static str, u64); 6] {
+        [
+            ("parameter", self.parameter),
+            ("gradient", self.gradient),
+            ("optimizer_state", self.optimizer_state),
+            ("activation", self.activation),
+            ("temporary", self.temporary),
+            ("input", self.input),
+        ]
+    }
+}
+
+/// Why a timeline sample was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SampleKind {
+    /// The sampler thread's fixed-rate tick.
+    Periodic,
+    /// A new allocated-bytes peak, seen by the allocator observer.
+    Peak,
+    /// The moment of an OOM.
+    Oom,
+}
+
+/// One point of the memory timeline.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MemorySample {
+    /// Seconds since the run started.
+    pub t_s: f64,
+    pub kind: SampleKind,
+    /// Index of the stage running at `t_s`.
+    pub stage: usize,
+    /// Workers running at `t_s`.
+    pub concurrency: usize,
+    /// `torch.cuda.memory_allocated()`.
+    pub allocated_bytes: u64,
+    /// `torch.cuda.memory_reserved()`.
+    pub reserved_bytes: u64,
+    /// `active_bytes.all.current`: allocated plus blocks pending free on another stream.
+    pub active_bytes: u64,
+    /// `inactive_split_bytes.all.current`: free bytes inside split segments (fragmentation).
+    pub inactive_split_bytes: u64,
+    /// Device memory in use per the driver (`total - mem_get_info().free`), where there is a
+    /// device that reports it; `null` otherwise.
+    pub device_used_bytes: Option<u64>,
+    /// Category breakdown at `t_s`. Periodic samples read it without the allocator lock, so
+    /// it may lag `allocated_bytes` by the in-flight op.
+    pub categories: CategoryBytes,
+}
+
+/// Run-wide peaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Peaks {
+    /// `max_memory_allocated()` over the run (exact, from the allocator).
+    pub allocated_bytes: u64,
+    /// `max_memory_reserved()` over the run.
+    pub reserved_bytes: u64,
+    /// `active_bytes.all.peak`.
+    pub active_bytes: u64,
+    /// `inactive_split_bytes.all.peak`.
+    pub inactive_split_bytes: u64,
+    /// When the allocated peak was last reached (observer time, seconds).
+    pub allocated_t_s: f64,
+    /// `peaks.allocated_bytes - baseline_bytes`.
+    pub above_base_bytes: u64,
+    /// The category breakdown at the allocated peak.
+    pub categories_at_peak: CategoryBytes,
+    /// `num_alloc_retries` over the run: mallocs that failed, flushed the cache and retried.
+    pub alloc_retries: i64,
+}
+
+/// The allocator's state at an OOM, as PyTorch would show it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct OomRecord {
+    pub t_s: f64,
+    pub stage: usize,
+    pub concurrency: usize,
+    /// Worker thread index (0-based).
+    pub worker: usize,
+    /// The request's sequence number in the run.
+    pub request: u64,
+    /// Bytes the failing malloc asked for, when the allocator said.
+    pub requested_bytes: Option<u64>,
+    /// PyTorch's OOM message text.
+    pub message: String,
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    pub categories: CategoryBytes,
+    /// `torch.cuda.memory_stats()` at the OOM.
+    pub memory_stats: BTreeMap<String, i64>,
+    /// `torch.cuda.memory_summary()` at the OOM.
+    pub memory_summary: String,
+}
+
+/// The search for the largest safe load under the capacity.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct OomSearch {
+    /// `"concurrency"` or `"batch"`.
+    pub axis: String,
+    /// Device the search ran on (usually `"meta"`: same allocation sequence, no compute).
+    pub device: String,
+    pub capacity_bytes: u64,
+    /// Fragmentation margin as a fraction of capacity (e.g. 0.1).
+    pub margin_fraction: f64,
+    /// `capacity_bytes - margin`: what a "safe" load must stay under.
+    pub budget_bytes: u64,
+    /// Which peak was fitted: `"peak_reserved"` (what OOMs) or `"peak_allocated"`.
+    pub metric: String,
+    /// The measured points the fit used.
+    pub points: Vec<LoadPoint>,
+    /// `peak ≈ a + b·load` by least squares over `points`.
+    pub fit: LinearFit,
+    /// Smallest integer load where the fit exceeds `capacity_bytes` (predicted first OOM);
+    /// `null` when the slope is ≤ 0.
+    pub predicted_oom_load: Option<usize>,
+    /// Largest integer load where the fit stays under `budget_bytes`.
+    pub predicted_safe_load: Option<usize>,
+    /// Smallest load that actually OOMed, found by bisection; `null` when none up to
+    /// `max_load_tried` did.
+    pub observed_oom_load: Option<usize>,
+    /// Largest load that ran with no OOM, found by bisection.
+    pub verified_max_load: Option<usize>,
+    /// Largest verified load whose peak reserved also stays under `budget_bytes` (the
+    /// recommendation).
+    pub verified_safe_load: Option<usize>,
+    /// Every probe of the bisection, in order.
+    pub bisection: Vec<LoadPoint>,
+    /// `fit.b`, rounded: the memory one more concurrent request costs.
+    pub marginal_bytes_per_unit: u64,
+    /// Upper bound of the search.
+    pub max_load_tried: usize,
+}
+
+/// One probe: a load level and what it measured.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct LoadPoint {
+    pub load: usize,
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    /// The probe hit at least one OOM.
+    pub oom: bool,
+}
+
+/// `y ≈ a + b·x`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct LinearFit {
+    /// Intercept (bytes).
+    pub a: f64,
+    /// Slope (bytes per unit of load).
+    pub b: f64,
+    /// Coefficient of determination (1 = perfect line).
+    pub r2: f64,
+}
+
+impl LinearFit {
+    pub fn at(&self, x: f64) -> f64 {
+        self.a + self.b * x
+    }
+}
+
+/// The named causes diagnosis can report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FindingId {
+    /// Activation bytes saved in an inference scenario: autograd was on.
+    AutogradInInference,
+    /// Peak grows with accumulation steps: the graphs of all micro-steps were alive.
+    GraphAccumulated,
+    /// Allocated memory drifts up at steady load.
+    Leak,
+    /// Reserved far above allocated, inactive split bytes, alloc retries.
+    Fragmentation,
+    /// Reserved − allocated held by the cache at the end of the run.
+    CacheHeld,
+}
+
+impl FindingId {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FindingId::AutogradInInference => "autograd_in_inference",
+            FindingId::GraphAccumulated => "graph_accumulated",
+            FindingId::Leak => "leak",
+            FindingId::Fragmentation => "fragmentation",
+            FindingId::CacheHeld => "cache_held",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Info,
+    Warning,
+    Critical,
+}
+
+/// One diagnosed cause.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Finding {
+    pub id: FindingId,
+    /// One line: `"Autograd was on during inference"`.
+    pub title: String,
+    pub severity: Severity,
+    /// What was measured, in words with the numbers in them.
+    pub evidence: String,
+    /// The numbers behind the evidence, by name (bytes, ratios, slopes in bytes/s).
+    pub numbers: BTreeMap<String, f64>,
+    /// What to change, as code a PyTorch user would write.
+    pub fix: String,
+    /// Bytes of peak the fix is predicted to save (0 when it does not lower the peak).
+    pub predicted_saving_bytes: u64,
+}
+
+/// The run's own allocation trace replayed under one allocator config.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WhatIfRow {
+    /// `PYTORCH_CUDA_ALLOC_CONF` string; `""` is the default config.
+    pub alloc_conf: String,
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    /// `peak_reserved / peak_allocated`.
+    pub reserved_over_allocated: f64,
+    pub num_alloc_retries: i64,
+    pub num_ooms: i64,
+    /// The replay never OOMed under `capacity_bytes`.
+    pub fits_capacity: bool,
+    /// `run peak reserved − this peak reserved` (negative: this config needs more).
+    pub saving_vs_run_bytes: i64,
+}
+
+/// One `--threshold` and how the run did against it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ThresholdResult {
+    /// The expression as given: `"peak_reserved<6GiB"`.
+    pub expr: String,
+    /// The metric name: `peak_reserved`, `peak_allocated`, `p50`, `p90`, `p99`, `p99.9`,
+    /// `oom_count`, `error_rate`, `rps`, ...
+    pub metric: String,
+    /// `"<"`, `"<="`, `">"`, `">="`, `"=="`.
+    pub op: String,
+    /// The limit in the metric's base unit (bytes, milliseconds, count, ratio, 1/s).
+    pub limit: f64,
+    /// The measured value in the same unit; `null` when the run has no such value.
+    pub actual: Option<f64>,
+    /// `"bytes"`, `"ms"`, `"count"`, `"ratio"`, `"1/s"`.
+    pub unit: String,
+    pub passed: bool,
+}
+
+/// Live progress, passed to the caller's callback several times a second.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Progress {
+    /// `"setup"`, `"load"`, `"search"`, `"diagnose"`, `"done"`.
+    pub phase: String,
+    pub elapsed_s: f64,
+    /// Planned total seconds of the load phase (`null` for `-n` runs).
+    pub planned_s: Option<f64>,
+    pub stage: usize,
+    pub stages: usize,
+    pub concurrency: usize,
+    pub requests_done: u64,
+    /// `-n`: the target count.
+    pub requests_planned: Option<u64>,
+    pub ooms: u64,
+    pub errors: u64,
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    pub peak_allocated_bytes: u64,
+    pub capacity_bytes: u64,
+}
+
+/// `headroom claims`: the five claims of ground-truth.md re-run on Headroom's runtime.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ClaimsResult {
+    pub schema_version: u32,
+    pub claims: Vec<ClaimVerdict>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ClaimVerdict {
+    /// `"no_grad_saving"`, `"accumulation"`, `"chained_calls"`, `"empty_cache"`,
+    /// `"resnet50_activations"`.
+    pub id: String,
+    /// The claim as users repeat it.
+    pub claim: String,
+    /// Headroom's verdict in one sentence.
+    pub verdict: String,
+    /// Whether the claim holds on Headroom's runtime (`false` = myth).
+    pub holds: bool,
+    /// Whether Headroom's figures agree with PyTorch's measured ones within `tolerance`.
+    pub matches_pytorch: bool,
+    /// The figures, Headroom's beside PyTorch's.
+    pub numbers: Vec<ClaimNumber>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ClaimNumber {
+    /// What was measured: `"bs8 grad on, above input"`.
+    pub label: String,
+    /// `"MiB"`, `"x"`, `"%"`.
+    pub unit: String,
+    pub headroom: f64,
+    /// PyTorch 2.11 on H200 (ground-truth.md); `null` where the spec has no figure.
+    pub pytorch: Option<f64>,
+    /// Relative tolerance used for `matches_pytorch`.
+    pub tolerance: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enums_serialize_snake_case() {
+        assert_eq!(
+            serde_json::to_string(&FindingId::AutogradInInference).unwrap(),
+            "\"autograd_in_inference\""
+        );
+        assert_eq!(
+            serde_json::to_string(&StopReason::OomFound).unwrap(),
+            "\"oom_found\""
+        );
+        assert_eq!(
+            serde_json::to_string(&SampleKind::Periodic).unwrap(),
+            "\"periodic\""
+        );
+    }
+
+    #[test]
+    fn category_entries_sum() {
+        let c = CategoryBytes {
+            parameter: 1,
+            activation: 2,
+            input: 3,
+            ..Default::default()
+        };
+        assert_eq!(c.total(), 6);
+        assert_eq!(c.entries().iter().map(|e| e.1).sum::<u64>(), 6);
+    }
+}

@@ -410,7 +410,7 @@ impl Device for CudaDevice {
     }
 
     fn map_page(&mut self, ptr: u64, page_size: u64) -> Result<(), DeviceError> {
-        if !self.vmm || page_!size.is_multiple_of(self.granularity) {
+        if !self.vmm || !page_size.is_multiple_of(self.granularity) {
             return Err(DeviceError::Other(format!(
                 "page size {page_size} is not a multiple of the VMM granularity {}",
                 self.granularity

@@ -9,3 +9,4 @@
 pub mod results;
 
 pub use results::*;
+pub mod report;

@@ -1,0 +1,1 @@
+//! Output side of a load run: the HTML report, the terminal summary, the JSON file.

@@ -41,8 +41,11 @@ pub struct CudaDevice {
     /// `CU_MEM_ALLOC_GRANULARITY_MINIMUM` for pinned device memory; 0 without VMM.
     granularity: u64,
     vmm: bool,
-    /// Physical handle of each mapped page, by page address.
-    pages: HashMap<u64, sys::CUmemGenericAllocationHandle>,
+    /// Physical handle and size of each mapped page, by page address.
+    pages: HashMap<u64, (sys::CUmemGenericAllocationHandle, u64)>,
+    /// Live `cuMemAlloc` segments and VMM reservations (base -> size), given back on drop.
+    segments: HashMap<u64, u64>,
+    reservations: HashMap<u64, u64>,
     /// Events recorded and not yet released.
     events: HashMap<EventId, sys::CUevent>,
     /// Idle events, reused before creating new ones.
@@ -137,6 +140,8 @@ impl CudaDevice {
             granularity: 0,
             vmm: false,
             pages: HashMap::new(),
+            segments: HashMap::new(),
+            reservations: HashMap::new(),
             events: HashMap::new(),
             pool: Vec::new(),
             next_event: 1,
@@ -305,7 +310,7 @@ impl CudaDevice {
             }
             return Err(e);
         }
-        self.pages.insert(ptr, handle);
+        self.pages.insert(ptr, (handle, page_size));
         Ok(())
     }
 }
@@ -343,7 +348,10 @@ impl Device for CudaDevice {
         // SAFETY: context current; p is an out-pointer.
         let rc = unsafe { sys::cuMemAlloc_v2(&mut p, size as usize) };
         match rc {
-            sys::CUresult::CUDA_SUCCESS => Ok(p),
+            sys::CUresult::CUDA_SUCCESS => {
+                self.segments.insert(p, size);
+                Ok(p)
+            }
             sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => Err(DeviceError::OutOfMemory),
             other => Err(dev_err(error("cuMemAlloc", other))),
         }
@@ -353,7 +361,9 @@ impl Device for CudaDevice {
         let _g = CtxGuard::new(self.ctx).map_err(dev_err)?;
         // SAFETY: ptr is a segment base from `malloc` that no block uses any more (the policy
         // releases whole free segments only, after their events completed).
-        check("cuMemFree", unsafe { sys::cuMemFree_v2(ptr) }).map_err(dev_err)
+        check("cuMemFree", unsafe { sys::cuMemFree_v2(ptr) }).map_err(dev_err)?;
+        self.segments.remove(&ptr);
+        Ok(())
     }
 
     fn mem_get_info(&self) -> (u64, u64) {
@@ -395,6 +405,7 @@ impl Device for CudaDevice {
         // SAFETY: context current; size is a multiple of the granularity; no fixed address.
         let rc = unsafe { sys::cuMemAddressReserve(&mut p, size as usize, 0, 0, 0) };
         check("cuMemAddressReserve", rc).map_err(dev_err)?;
+        self.reservations.insert(p, size);
         Ok(p)
     }
 
@@ -407,6 +418,7 @@ impl Device for CudaDevice {
         if let Err(e) = check("cuMemAddressFree", rc) {
             tracing::warn!("{e}");
         }
+        self.reservations.remove(&ptr);
     }
 
     fn map_page(&mut self, ptr: u64, page_size: u64) -> Result<(), DeviceError> {
@@ -420,7 +432,7 @@ impl Device for CudaDevice {
     }
 
     fn unmap_page(&mut self, ptr: u64, page_size: u64) {
-        let Some(handle) = self.pages.remove(&ptr) else {
+        let Some((handle, _)) = self.pages.remove(&ptr) else {
             tracing::warn!("unmap_page: no page mapped at {ptr:#x}");
             return;
         };
@@ -507,8 +519,30 @@ impl Device for CudaDevice {
 }
 
 impl Drop for CudaDevice {
+    /// The device owns what it took from the driver: memory still held when the allocator
+    /// goes away (cached segments, mapped pages) goes back, then the events and the context.
     fn drop(&mut self) {
         if let Ok(_g) = CtxGuard::new(self.ctx) {
+            let pending = !self.segments.is_empty() || !self.pages.is_empty();
+            if pending {
+                // SAFETY: context current; wait for queued work that may still use the memory.
+                unsafe { sys::cuCtxSynchronize() };
+            }
+            for (p, (handle, size)) in self.pages.drain() {
+                // SAFETY: each page was mapped by map_page with this handle and size.
+                unsafe {
+                    sys::cuMemUnmap(p, size as usize);
+                    sys::cuMemRelease(handle);
+                }
+            }
+            for (p, size) in self.reservations.drain() {
+                // SAFETY: a reservation from cuMemAddressReserve whose pages were unmapped above.
+                unsafe { sys::cuMemAddressFree(p, size as usize) };
+            }
+            for (p, _) in self.segments.drain() {
+                // SAFETY: a segment from cuMemAlloc that nothing uses once the device drops.
+                unsafe { sys::cuMemFree_v2(p) };
+            }
             for (_, ev) in self.events.drain() {
                 // SAFETY: events of this context, no longer referenced.
                 unsafe { sys::cuEventDestroy_v2(ev) };

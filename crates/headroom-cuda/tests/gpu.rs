@@ -281,3 +281,26 @@ fn nvml_sees_this_process() {
     a.free(x.ptr).unwrap();
     a.empty_cache();
 }
+
+#[test]
+fn dropping_the_allocator_gives_cached_memory_back() {
+    let _g = gpu_or_skip!();
+    // A second handle keeps the primary context alive across the drop.
+    let probe = CudaDevice::new(0).unwrap();
+    let (free0, _) = probe.try_mem_get_info().unwrap();
+    let a = alloc("expandable_segments:True");
+    let x = a.malloc(2 << 30, 0).unwrap();
+    let b = alloc("");
+    let y = b.malloc(2 << 30, 0).unwrap();
+    a.free(x.ptr).unwrap();
+    let _ = y; // still allocated when b drops
+    let (free1, _) = probe.try_mem_get_info().unwrap();
+    assert!(free1 + (4 << 30) <= free0 + 64 * MIB);
+    drop(a);
+    drop(b);
+    let (free2, _) = probe.try_mem_get_info().unwrap();
+    assert!(
+        free2 + 64 * MIB >= free0,
+        "free before {free0}, after drop {free2}"
+    );
+}

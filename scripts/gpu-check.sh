@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Headroom on a real GPU: the CUDA device's tests, the allocator benchmark against PyTorch's
+# C++ allocator, and PyTorch workloads under headroom_torch against PyTorch's native allocator.
+#
+#   scripts/gpu-check.sh build   # here (no GPU needed): release builds, copied into devcarry/
+#   scripts/gpu-check.sh gpu     # on the GPU machine, in the repo root, with devcarry/ present
+#
+# The two halves are one workflow: build here, then send the tree with devcarry/ carried to
+# the GPU machine and run the `gpu` half there in one call (the device tool's `run`, with
+# carry ["devcarry"] and command `bash scripts/gpu-check.sh gpu`). `gpu --quick` shortens the
+# workloads. Everything printed comes from this script; results also land in $OUT when set.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+CARRY=$ROOT/devcarry
+MODE=${1:-build}
+QUICK=${2:-}
+
+build() {
+  set -e
+  local target=${CARGO_TARGET_DIR:-$ROOT/target}
+  cargo build --release -p headroom-torch
+  cargo build --release -p headroom-cuda --example cuda_bench
+  local tests
+  tests=$(cargo test --release -p headroom-cuda --no-run --message-format=json 2>/dev/null |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"] + "=" + m["executable"])')
+  mkdir -p "$CARRY"
+  rm -f "$CARRY"/*
+  cp "$target/release/libheadroom_torch.so" "$CARRY/"
+  cp "$target/release/examples/cuda_bench" "$CARRY/"
+  for t in $tests; do cp "${t#*=}" "$CARRY/test-${t%%=*}"; done
+  strip --strip-debug "$CARRY"/* 2>/dev/null || true
+  cp scripts/torch_raw_shim.cpp "$CARRY/"
+  ls -la "$CARRY"
+  du -sh "$CARRY"
+  echo "built; now run on the GPU machine: bash scripts/gpu-check.sh gpu   (carry devcarry)"
+}
+
+gpu() {
+  local R=${OUT:-/tmp/headroom-gpu}
+  mkdir -p "$R"
+  export PYTHONUNBUFFERED=1
+  echo "== machine =="
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -2
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1
+
+  echo "== GPU tests (crates/headroom-cuda/tests) =="
+  : >"$R/tests.log"
+  for t in "$CARRY"/test-*; do
+    echo "-- ${t##*/}"
+    "$t" --test-threads=1 --nocapture 2>&1 | tee -a "$R/tests.log" | grep -E "^test |test result|SKIP|device 0:|panicked" || true
+  done
+
+  echo "== allocator benchmark =="
+  local TORCH_DIR CUDA_INC SHIM=""
+  TORCH_DIR=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))' 2>/dev/null)
+  for d in "$(dirname "$(command -v nvcc 2>/dev/null || echo /x/x)")/../include" /usr/local/cuda/include \
+    "$TORCH_DIR/../nvidia/cu13/include" "$TORCH_DIR/../nvidia/cuda_runtime/include"; do
+    if [ -f "$d/cuda_runtime_api.h" ]; then CUDA_INC=$d; break; fi
+  done
+  local ABI
+  ABI=$(python3 -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))' 2>/dev/null || echo 1)
+  if [ -n "${CUDA_INC:-}" ] && g++ -O2 -std=c++17 -shared -fPIC -D_GLIBCXX_USE_CXX11_ABI="$ABI" \
+    "$CARRY/torch_raw_shim.cpp" -I"$TORCH_DIR/include" -I"$CUDA_INC" -L"$TORCH_DIR/lib" \
+    -lc10_cuda -lc10 -Wl,-rpath,"$TORCH_DIR/lib" -o /tmp/libtorch_raw_shim.so 2>"$R/shim.log"; then
+    SHIM="--torch-shim /tmp/libtorch_raw_shim.so"
+    echo "torch raw_alloc shim built (libc10_cuda from $TORCH_DIR/lib)"
+  else
+    echo "torch raw_alloc shim NOT built (see shim.log); the C++ column will be empty"
+    tail -5 "$R/shim.log" 2>/dev/null
+  fi
+  # shellcheck disable=SC2086
+  "$CARRY/cuda_bench" $SHIM --json "$R/bench.json" 2>&1 | tee "$R/bench.txt"
+
+  echo "== PyTorch workloads: native allocator vs headroom_torch =="
+  : >"$R/workloads.jsonl"
+  export HEADROOM_TORCH_LIB=$CARRY/libheadroom_torch.so
+  for m in native native-expandable headroom headroom-expandable; do
+    echo "-- $m"
+    python3 scripts/torch_workloads.py "$m" "$R/workloads.jsonl" $QUICK 2>&1 | tee -a "$R/workloads.log" |
+      grep -vE '^\{' || true
+  done
+
+  echo "== report =="
+  python3 scripts/gpu_report.py "$R" | tee "$R/report.txt"
+}
+
+case "$MODE" in
+build) build ;;
+gpu) gpu ;;
+*) echo "usage: $0 build | gpu [--quick]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,110 @@
+"""The tables of scripts/gpu-check.sh, from the files its `gpu` half wrote.
+
+    python3 scripts/gpu_report.py RESULTS_DIR
+
+Reads tests.log (the GPU test binaries' output), bench.json (crates/headroom-cuda/examples/
+cuda_bench.rs) and workloads.jsonl (scripts/torch_workloads.py), and prints one report.
+"""
+import json
+import os
+import re
+import sys
+
+MIB = 1 << 20
+
+
+def load_jsonl(path):
+    out = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith("{"):
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError:
+                        pass
+    return out
+
+
+def main():
+    r = sys.argv[1] if len(sys.argv) > 1 else "/tmp/headroom-gpu"
+    print("GPU tests")
+    tp = tf = ts = 0
+    if os.path.exists(os.path.join(r, "tests.log")):
+        with open(os.path.join(r, "tests.log")) as f:
+            text = f.read()
+        for m in re.finditer(r"test result: \w+\. (\d+) passed; (\d+) failed; (\d+) ignored", text):
+            tp += int(m.group(1))
+            tf += int(m.group(2))
+        ts = text.count("SKIP")
+    print("  crates/headroom-cuda tests: %d passed, %d failed (%d SKIP lines)" % (tp, tf, ts))
+    wl = load_jsonl(os.path.join(r, "workloads.jsonl"))
+    for rec in wl:
+        if rec.get("workload") == "checks":
+            print("  headroom_torch checks (%s): %d passed, %d failed"
+                  % (rec["mode"], rec["passed"], rec["failed"]))
+    print()
+
+    print("Allocator: ns per malloc+free pair (device 0, stream 0, one process)")
+    bench = None
+    bp = os.path.join(r, "bench.json")
+    if os.path.exists(bp):
+        with open(bp) as f:
+            bench = json.load(f)
+    py = {rec["mode"]: rec.get("ns", {}) for rec in wl if rec.get("workload") == "python_pair_ns"}
+    hdr = "  %-16s %13s %15s %10s %15s %15s" % (
+        "case", "headroom C", "torch C++", "torch/hr", "hr via Python", "torch via Python")
+    print(hdr)
+    sizes = {"single_512B": "512", "single_4KiB": "4096", "single_1MiB": str(1 << 20),
+             "single_8MiB": str(8 << 20), "single_64MiB": str(64 << 20)}
+    for c in (bench or {}).get("cases", []):
+        t = c.get("torch_cpp_ns")
+        ratio = c.get("torch_over_headroom")
+        k = sizes.get(c["case"])
+        hpy = py.get("headroom", {}).get(k) if k else None
+        tpy = py.get("native", {}).get(k) if k else None
+        print("  %-16s %13.1f %15s %10s %15s %15s" % (
+            c["case"], c["headroom_ns"], "-" if t is None else "%.1f" % t,
+            "-" if ratio is None else "%.2fx" % ratio,
+            "-" if hpy is None else "%.0f" % hpy, "-" if tpy is None else "%.0f" % tpy))
+    if bench is None:
+        print("  (no bench.json)")
+    print("  headroom C: CachingAllocator<CudaDevice> from Rust; torch C++: c10 raw_alloc/raw_delete;")
+    print("  'via Python': one ctypes headroom_malloc/free or torch.cuda.caching_allocator_alloc/delete")
+    print("  pair per Python loop iteration (includes the interpreter's call overhead).")
+    print()
+
+    print("PyTorch workloads: native allocator vs headroom_torch (peak reserved, step time)")
+    print("  %-22s %-20s %12s %12s %9s %10s %8s" % (
+        "workload", "allocator", "peak alloc", "peak resv", "resv/nat", "step ms", "t/nat"))
+    by = {}
+    for rec in wl:
+        if "peak_reserved" in rec or ("error" in rec and rec.get("workload") not in ("checks",)):
+            by.setdefault(rec["workload"], {})[rec["mode"]] = rec
+    names = {"native": "native default", "native-expandable": "native expandable",
+             "headroom": "headroom default", "headroom-expandable": "headroom expandable"}
+    for w, modes in by.items():
+        if w == "python_pair_ns":
+            continue
+        nat = modes.get("native", {})
+        for m in ["native", "native-expandable", "headroom", "headroom-expandable"]:
+            rec = modes.get(m)
+            if rec is None:
+                continue
+            if "error" in rec:
+                print("  %-22s %-20s ERROR %s" % (w, names[m], rec["error"][:80]))
+                continue
+            rr = (rec["peak_reserved"] / nat["peak_reserved"]) if nat.get("peak_reserved") else None
+            tr = (rec["step_ms"] / nat["step_ms"]) if nat.get("step_ms") else None
+            print("  %-22s %-20s %9.1f MiB %9.1f MiB %9s %10.2f %8s" % (
+                w, names[m], rec["peak_allocated"] / MIB, rec["peak_reserved"] / MIB,
+                "-" if rr is None else "%.3f" % rr, rec["step_ms"],
+                "-" if tr is None else "%.3f" % tr))
+    units = {rec["workload"]: rec.get("unit") for rec in wl if rec.get("unit")}
+    for w, u in units.items():
+        print("  step ms of %s: %s" % (w, u))
+
+
+if __name__ == "__main__":
+    main()

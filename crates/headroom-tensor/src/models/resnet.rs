@@ -181,10 +181,15 @@ impl ResNet {
         x = self.bn1.forward(&x)?;
         x = RELU.forward(x)?;
         x = self.maxpool.forward(&x)?;
+        // `self.layer1(x)` is an `nn.Sequential`: its input stays referenced by the caller's
+        // `x` until the whole layer returns, while inside it `input = module(input)` frees
+        // each block's input as soon as the next block has returned.
         for layer in &self.layers {
+            let mut h = x.clone();
             for b in layer {
-                x = b.forward(&x)?;
+                h = b.forward(&h)?;
             }
+            x = h;
         }
         x = self.avgpool.forward(&x)?;
         x = x.flatten(1, -1)?;

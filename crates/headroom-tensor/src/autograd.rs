@@ -37,6 +37,25 @@ struct Mode {
 
 thread_local! {
     static MODE: Cell<Mode> = const { Cell::new(Mode { grad: true, inference: false }) };
+    static IN_BACKWARD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread is running the backward engine. PyTorch runs a CUDA device's
+/// backward on autograd's device thread, which has its own cuBLAS handle (and workspace).
+pub(crate) fn in_backward() -> bool {
+    IN_BACKWARD.with(|b| b.get())
+}
+
+struct BackwardGuard(bool);
+impl BackwardGuard {
+    fn enter() -> BackwardGuard {
+        BackwardGuard(IN_BACKWARD.with(|b| b.replace(true)))
+    }
+}
+impl Drop for BackwardGuard {
+    fn drop(&mut self) {
+        IN_BACKWARD.with(|b| b.set(self.0));
+    }
 }
 
 /// Restores the previous grad mode of this thread when dropped.
@@ -265,6 +284,7 @@ pub(crate) fn run_backward(root: &Tensor, grad: Option<Tensor>, retain_graph: bo
         }
     };
     let _mode = no_grad();
+    let _engine = BackwardGuard::enter();
 
     // Dependency counts over the reachable graph.
     let mut tasks: HashMap<usize, Task> = HashMap::new();

@@ -13,6 +13,7 @@ use headroom_alloc::{AllocError, AllocatorConfig, CachingAllocator, HostDevice, 
 use crate::device::Device;
 use crate::error::{Result, TensorError};
 use crate::memory::{Allocation, StorageAllocator};
+use crate::workspace::CudaLikeWorkspace;
 
 impl From<AllocError> for TensorError {
     fn from(e: AllocError) -> Self {
@@ -65,12 +66,16 @@ where
 }
 
 impl Device {
-    /// A meta device on a simulated GPU of `capacity` bytes under PyTorch's caching policy.
+    /// A meta device on a simulated GPU of `capacity` bytes under PyTorch's caching policy,
+    /// with the library workspaces PyTorch's CUDA path allocates ([`CudaLikeWorkspace`]:
+    /// cuDNN conv workspaces, cuBLAS handle workspaces). `set_workspace_policy` changes it.
     pub fn meta_caching(capacity: u64, config: AllocatorConfig) -> Device {
-        Device::meta(Arc::new(CachingAllocator::new(
+        let d = Device::meta(Arc::new(CachingAllocator::new(
             SimDevice::new(capacity),
             config,
-        )))
+        )));
+        d.set_workspace_policy(Arc::new(CudaLikeWorkspace::h200()));
+        d
     }
     /// A cpu device on real host memory under PyTorch's caching policy.
     pub fn cpu_caching(capacity: u64, config: AllocatorConfig) -> Device {

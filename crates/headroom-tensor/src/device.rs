@@ -37,7 +37,7 @@ impl fmt::Display for DeviceKind {
 }
 
 /// Which pass of a convolution asks for workspace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ConvPass {
     Forward,
     BackwardInput,
@@ -59,22 +59,54 @@ pub struct ConvWorkspaceQuery {
 }
 
 /// Library workspaces that PyTorch takes from the caching allocator on CUDA (cuDNN conv
-/// workspaces, the cuBLAS handle workspace). Sizes depend on the library's algorithm choice,
-/// so they are a policy the model layer supplies; the default asks for none.
+/// workspaces, the cuBLAS handle workspaces). Sizes depend on the library's algorithm choice,
+/// so they are a policy: [`NoWorkspace`] asks for none (the default of [`Device::cpu`] and
+/// [`Device::meta`]), [`crate::workspace::CudaLikeWorkspace`] reproduces what PyTorch 2.11
+/// allocated on an H200 (the default of [`Device::meta_caching`]).
 pub trait WorkspacePolicy: Send + Sync {
     /// Bytes of the workspace allocated after the conv's output and freed right after it.
     fn conv2d(&self, _q: &ConvWorkspaceQuery) -> u64 {
         0
     }
-    /// Bytes allocated once, at the device's first matmul, and held as long as the device
-    /// (cuBLAS keeps its workspace per handle; PyTorch 2.x allocates it from the pool).
+    /// Bytes of one cuBLAS handle's workspace: allocated at the first matmul a handle runs
+    /// and held as long as the device. PyTorch keeps one handle per thread, so the forward
+    /// (the calling thread) and backward (autograd's device thread) have one each.
     fn blas_handle(&self) -> u64 {
+        0
+    }
+    /// Bytes allocated once per device, right after the first handle's workspace, and held
+    /// as long as the device (the cuBLASLt workspace of PyTorch 2.x).
+    fn blas_device(&self) -> u64 {
         0
     }
 }
 
-struct NoWorkspace;
+/// No library workspaces at all (what a CPU process allocates).
+pub struct NoWorkspace;
 impl WorkspacePolicy for NoWorkspace {}
+
+/// Which cuBLAS handle a matmul runs on: PyTorch's handles are per thread, and backward
+/// runs on the autograd engine's device thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlasThread {
+    Forward = 0,
+    Backward = 1,
+}
+
+#[derive(Default)]
+struct BlasState {
+    handles: [Option<Allocation>; 2],
+    device: Option<Allocation>,
+}
+
+impl BlasState {
+    fn all(&mut self) -> impl Iterator<Item = Allocation> + '_ {
+        self.handles
+            .iter_mut()
+            .chain(std::iter::once(&mut self.device))
+            .filter_map(|a| a.take())
+    }
+}
 
 pub struct DeviceContext {
     kind: DeviceKind,
@@ -84,12 +116,12 @@ pub struct DeviceContext {
     pub(crate) tracker: Mutex<CategoryTracker>,
     rng: Mutex<u64>,
     workspace: RwLock<Arc<dyn WorkspacePolicy>>,
-    blas_handle: Mutex<Option<Allocation>>,
+    blas: Mutex<BlasState>,
 }
 
 impl Drop for DeviceContext {
     fn drop(&mut self) {
-        if let Some(a) = self.blas_handle.lock().take() {
+        for a in self.blas.lock().all() {
             self.allocator.free(a.ptr);
         }
     }
@@ -125,7 +157,7 @@ impl Device {
             tracker: Mutex::new(CategoryTracker::default()),
             rng: Mutex::new(0x853c_49e6_748f_ea9b),
             workspace: RwLock::new(Arc::new(NoWorkspace)),
-            blas_handle: Mutex::new(None),
+            blas: Mutex::new(BlasState::default()),
         }))
     }
     pub fn kind(&self) -> DeviceKind {
@@ -181,24 +213,61 @@ impl Device {
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
     }
+    /// Sets the library-workspace policy for ops from now on (workspaces already held stay).
     pub fn set_workspace_policy(&self, policy: Arc<dyn WorkspacePolicy>) {
         *self.0.workspace.write() = policy;
     }
     pub(crate) fn workspace_policy(&self) -> Arc<dyn WorkspacePolicy> {
         self.0.workspace.read().clone()
     }
-    /// Allocates the BLAS handle workspace the first time a matmul runs on this device.
+    /// Allocates the cuBLAS handle workspace of `thread` (and the per-device one) the first
+    /// time a matmul runs there. They are tagged `temporary`: library memory, not tensors.
     pub(crate) fn ensure_blas_handle(&self) -> Result<()> {
-        let mut h = self.0.blas_handle.lock();
-        if h.is_some() {
+        let thread = if crate::autograd::in_backward() {
+            BlasThread::Backward
+        } else {
+            BlasThread::Forward
+        };
+        self.init_blas_handle(thread)
+    }
+    /// What a process that has already run a matmul on `thread` holds: that handle's
+    /// workspace (and the per-device one) exist from now on. Idempotent.
+    pub fn init_blas_handle(&self, thread: BlasThread) -> Result<()> {
+        let mut st = self.0.blas.lock();
+        if st.handles[thread as usize].is_some() {
             return Ok(());
         }
-        let n = self.workspace_policy().blas_handle();
-        if n > 0 {
+        let policy = self.workspace_policy();
+        let (per_handle, per_device) = (policy.blas_handle(), policy.blas_device());
+        if per_handle == 0 && per_device == 0 {
+            return Ok(());
+        }
+        let alloc = |n: u64| -> Result<Option<Allocation>> {
+            if n == 0 {
+                return Ok(None);
+            }
             let a = self.0.allocator.allocate(n)?;
-            *h = Some(a);
+            self.0
+                .tracker
+                .lock()
+                .add(crate::memory::MemoryCategory::Temporary, a.size);
+            Ok(Some(a))
+        };
+        st.handles[thread as usize] = alloc(per_handle)?;
+        if st.device.is_none() {
+            st.device = alloc(per_device)?;
         }
         Ok(())
+    }
+    /// Bytes the library handles hold on this device now (cuBLAS workspaces).
+    pub fn library_workspace_bytes(&self) -> u64 {
+        let st = self.0.blas.lock();
+        st.handles
+            .iter()
+            .chain(std::iter::once(&st.device))
+            .flatten()
+            .map(|a| a.size)
+            .sum()
     }
     pub(crate) fn check_same(&self, other: &Device, op: &'static str) -> Result<()> {
         if self.same(other) {

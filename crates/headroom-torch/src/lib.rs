@@ -370,8 +370,11 @@ pub fn snapshot_all() -> Snapshot {
 
 /// The snapshot as pickle bytes (what `pickle.dump(torch.cuda.memory._snapshot())` writes).
 /// Stores the length in `*len`; free with `headroom_bytes_free(ptr, len)`.
+///
+/// # Safety
+/// `len` must be null or point to writable memory for one `size_t`.
 #[no_mangle]
-pub extern "C" fn headroom_snapshot_pickle(len: *mut usize) -> *mut u8 {
+pub unsafe extern "C" fn headroom_snapshot_pickle(len: *mut usize) -> *mut u8 {
     guard(std::ptr::null_mut(), || {
         if len.is_null() {
             set_error("len must not be null");
@@ -470,8 +473,11 @@ pub extern "C" fn headroom_device_count() -> c_int {
 }
 
 /// Free a string returned by this library.
+///
+/// # Safety
+/// `s` must be null or a string this library returned, not freed before.
 #[no_mangle]
-pub extern "C" fn headroom_string_free(s: *mut c_char) {
+pub unsafe extern "C" fn headroom_string_free(s: *mut c_char) {
     if s.is_null() {
         return;
     }
@@ -480,8 +486,12 @@ pub extern "C" fn headroom_string_free(s: *mut c_char) {
 }
 
 /// Free bytes returned by `headroom_snapshot_pickle`.
+///
+/// # Safety
+/// `p`/`len` must be null or exactly what `headroom_snapshot_pickle` returned, not freed
+/// before.
 #[no_mangle]
-pub extern "C" fn headroom_bytes_free(p: *mut u8, len: usize) {
+pub unsafe extern "C" fn headroom_bytes_free(p: *mut u8, len: usize) {
     if p.is_null() {
         return;
     }
@@ -499,7 +509,8 @@ mod tests {
         }
         // SAFETY: strings from this library.
         let t = unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned();
-        headroom_string_free(s);
+        // SAFETY: returned by this library, freed once.
+        unsafe { headroom_string_free(s) };
         Some(t)
     }
 
@@ -525,9 +536,10 @@ mod tests {
         headroom_empty_cache(-1);
         assert_eq!(headroom_device_count(), 0);
         let mut n = 0usize;
-        let p = headroom_snapshot_pickle(&mut n);
+        // SAFETY: n is a valid out-pointer; p/n are freed once.
+        let p = unsafe { headroom_snapshot_pickle(&mut n) };
         assert!(!p.is_null() && n > 0);
-        headroom_bytes_free(p, n);
+        unsafe { headroom_bytes_free(p, n) };
         let j = take(headroom_snapshot_json()).unwrap();
         assert!(j.contains("\"segments\":[]"), "{j}");
     }

@@ -4,9 +4,37 @@
 //! sharing one device and its caching allocator, as PyTorch threads share one process),
 //! watch memory the way the allocator sees it, find the OOM point, and name the waste.
 //!
-//! [`results`] holds the run's result types and the documented JSON schema.
+//! Entry points (what `headroom loadtest` / `headroom claims` call):
+//! - [`run`]`(&LoadConfig, stop, progress) -> Result<RunResult>`: the whole load test —
+//!   load, timeline, latency, OOM search, what-if replay, diagnosis, thresholds.
+//! - [`claims::run_claims`]`() -> ClaimsResult`: the five claims of ground-truth.md.
+//! - Parsers for user input: [`parse_stages`], [`parse_duration`],
+//!   [`threshold::parse_thresholds`], `str::parse` for [`ModelSpec`], [`InputDist`],
+//!   [`DeviceChoice`], [`OptimKind`], [`AccumPattern`].
+//!
+//! Modules: [`results`] (the result types and the documented JSON schema), [`scenario`]
+//! (workloads and planted mistakes), [`runner`] (closed-model load), [`timeline`]
+//! (measurement), [`search`] (OOM search), [`diagnose`] (findings and what-if),
+//! [`threshold`], [`claims`], [`devices`].
 
+pub mod claims;
+pub mod devices;
+pub mod diagnose;
+pub mod error;
 pub mod results;
+pub mod runner;
+pub mod scenario;
+pub mod search;
+pub mod threshold;
+pub mod timeline;
 
+pub use devices::{AllocatorProbe, DeviceProvider, Interleave, RunDevice};
+pub use error::{LoadError, Result};
 pub use results::*;
-pub mod report;
+pub use runner::{
+    parse_duration, parse_stages, run, DeviceChoice, LoadConfig, LoadPlan, RampStep, Stage,
+    DEFAULT_CAPACITY,
+};
+pub use scenario::{AccumPattern, InputDist, Mode, ModelSpec, OptimKind, Scenario};
+pub use search::{oom_search, SearchAxis, SearchConfig};
+pub use threshold::{parse_thresholds, Threshold};

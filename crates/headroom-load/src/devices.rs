@@ -1,0 +1,324 @@
+//! Devices a run can use: cpu (real compute), meta (no data), and a hook for others (CUDA).
+//!
+//! Design note: the runtime's [`Device`] talks to its allocator through
+//! `StorageAllocator`, which hides the caching allocator's richer API. A load run needs that
+//! API too — `DeviceStats`, the snapshot, observers, `mem_get_info` — so every device comes
+//! as a [`RunDevice`]: the runtime device plus an [`AllocatorProbe`] on the same allocator.
+//! A CUDA backend plugs in through [`DeviceProvider`] and then takes exactly the code path
+//! cpu and meta take.
+//!
+//! On meta, ops cost nothing, so N worker threads on two cores would run their requests
+//! one after another instead of overlapping, and concurrency would look free. The meta
+//! device therefore runs its workers under a [`VirtualClock`] ([`Interleave::Virtual`]):
+//! one worker at a time holds the baton; each allocation of `n` bytes costs the worker
+//! `n + OP_COST` units of virtual time (the time to fill its output — the proxy for an
+//! op's compute that real kernels roughly follow), and the baton goes to the worker
+//! furthest behind. Requests in flight therefore hold their memory for as long, relative to
+//! each other, as they would under real compute, and the interleaving is deterministic.
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use headroom_alloc::{
+    AllocatorConfig, CachingAllocator, DeviceStats, HistoryMode, HostDevice, Observer, SimDevice,
+    Snapshot,
+};
+use headroom_tensor::{Allocation, Device, StorageAllocator};
+
+use crate::error::Result;
+
+/// The caching allocator's API as a load run needs it, for any device type.
+pub trait AllocatorProbe: Send + Sync {
+    fn stats(&self) -> DeviceStats;
+    fn memory_stats(&self) -> BTreeMap<String, i64>;
+    fn memory_summary(&self) -> String;
+    fn snapshot(&self) -> Snapshot;
+    fn add_observer(&self, o: Box<dyn Observer>) -> usize;
+    fn remove_observer(&self, id: usize);
+    fn record_memory_history(&self, mode: HistoryMode, max_entries: usize);
+    /// `(free, total)` per the device.
+    fn mem_get_info(&self) -> (u64, u64);
+    fn reset_peak_memory_stats(&self);
+    fn empty_cache(&self);
+}
+
+impl<D> AllocatorProbe for CachingAllocator<D>
+where
+    D: headroom_alloc::Device + 'static,
+    CachingAllocator<D>: Send + Sync,
+{
+    fn stats(&self) -> DeviceStats {
+        CachingAllocator::stats(self)
+    }
+    fn memory_stats(&self) -> BTreeMap<String, i64> {
+        CachingAllocator::memory_stats(self)
+    }
+    fn memory_summary(&self) -> String {
+        CachingAllocator::memory_summary(self, false)
+    }
+    fn snapshot(&self) -> Snapshot {
+        CachingAllocator::snapshot(self)
+    }
+    fn add_observer(&self, o: Box<dyn Observer>) -> usize {
+        CachingAllocator::add_observer(self, o)
+    }
+    fn remove_observer(&self, id: usize) {
+        let _ = CachingAllocator::remove_observer(self, id);
+    }
+    fn record_memory_history(&self, mode: HistoryMode, max_entries: usize) {
+        CachingAllocator::record_memory_history(self, mode, max_entries)
+    }
+    fn mem_get_info(&self) -> (u64, u64) {
+        CachingAllocator::mem_get_info(self)
+    }
+    fn reset_peak_memory_stats(&self) {
+        CachingAllocator::reset_peak_memory_stats(self)
+    }
+    fn empty_cache(&self) {
+        CachingAllocator::empty_cache(self)
+    }
+}
+
+/// A device for a run: the runtime device and a probe on its allocator.
+#[derive(Clone)]
+pub struct RunDevice {
+    pub device: Device,
+    pub probe: Arc<dyn AllocatorProbe>,
+    /// `"cpu"`, `"meta"`, `"cuda:0"`.
+    pub name: String,
+    /// The device reports real driver usage (`mem_get_info`) worth plotting apart from
+    /// reserved (false for simulated devices, where it equals reserved).
+    pub has_device_usage: bool,
+    /// Meta under [`Interleave::Virtual`]: the clock its workers must enter.
+    pub clock: Option<Arc<VirtualClock>>,
+}
+
+/// Supplies devices of a kind the engine does not know (the CUDA backend).
+pub trait DeviceProvider: Send + Sync {
+    /// `"cuda:0"`.
+    fn name(&self) -> String;
+    /// A fresh device with its own caching allocator under `config`, limited to `capacity`
+    /// bytes (e.g. with `set_per_process_memory_fraction`).
+    fn create(&self, capacity: u64, config: &AllocatorConfig) -> Result<RunDevice>;
+}
+
+/// How meta workers interleave (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interleave {
+    /// Deterministic virtual time, weighted by bytes allocated.
+    Virtual,
+    /// Free-running threads.
+    None,
+}
+
+/// Virtual-time cost of one allocation beyond its bytes: the fixed cost of an op.
+pub const OP_COST: f64 = 16384.0;
+
+/// Most workers a virtual clock schedules.
+pub const MAX_WORKERS: usize = 4096;
+
+/// How long a worker waits for its turn before going ahead anyway. Only a worker that
+/// holds the baton and blocks on something else (never expected) makes this matter; it
+/// turns a would-be deadlock into a slightly less exact interleaving.
+const TURN_TIMEOUT: Duration = Duration::from_millis(200);
+
+struct VState {
+    vtime: Vec<f64>,
+    active: Vec<bool>,
+    baton: Option<usize>,
+}
+
+impl VState {
+    fn next(&self) -> Option<usize> {
+        let mut best: Option<usize> = None;
+        for (i, &a) in self.active.iter().enumerate() {
+            if a && best.is_none_or(|b| self.vtime[i] < self.vtime[b]) {
+                best = Some(i);
+            }
+        }
+        best
+    }
+}
+
+/// A baton passed between worker threads in virtual-time order.
+pub struct VirtualClock {
+    st: Mutex<VState>,
+    cvs: Vec<Condvar>,
+}
+
+thread_local! {
+    /// The worker index of this thread, while it runs requests under a clock.
+    static WORKER: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+impl VirtualClock {
+    pub fn new() -> VirtualClock {
+        VirtualClock {
+            st: Mutex::new(VState {
+                vtime: vec![0.0; MAX_WORKERS],
+                active: vec![false; MAX_WORKERS],
+                baton: None,
+            }),
+            cvs: (0..MAX_WORKERS).map(|_| Condvar::new()).collect(),
+        }
+    }
+    fn wait_turn(&self, st: &mut parking_lot::MutexGuard<'_, VState>, i: usize) {
+        while st.baton.is_some_and(|b| b != i) {
+            if self.cvs[i].wait_for(st, TURN_TIMEOUT).timed_out() {
+                tracing::debug!(worker = i, "virtual clock: turn timed out");
+                return;
+            }
+        }
+        st.baton = Some(i);
+    }
+    fn pass(&self, st: &mut VState) {
+        st.baton = st.next();
+        if let Some(n) = st.baton {
+            self.cvs[n].notify_one();
+        }
+    }
+    /// Worker `i` starts a request: it joins the schedule (at the current virtual time if
+    /// it was idle) and waits for its turn. The guard leaves the schedule when dropped.
+    pub fn enter(&self, i: usize) -> ClockTurn<'_> {
+        let i = i.min(MAX_WORKERS - 1);
+        let mut st = self.st.lock();
+        let now = st.next().map(|n| st.vtime[n]).unwrap_or(0.0);
+        if !st.active[i] {
+            st.vtime[i] = st.vtime[i].max(now);
+        }
+        st.active[i] = true;
+        if st.baton.is_none() {
+            st.baton = Some(i);
+        }
+        self.wait_turn(&mut st, i);
+        WORKER.with(|w| w.set(Some(i)));
+        ClockTurn { clock: self, i }
+    }
+    /// The calling worker spent `cost` units; the furthest-behind worker runs next.
+    fn step(&self, cost: f64) {
+        let Some(i) = WORKER.with(|w| w.get()) else {
+            return;
+        };
+        let mut st = self.st.lock();
+        st.vtime[i] += cost;
+        self.pass(&mut st);
+        self.wait_turn(&mut st, i);
+    }
+    fn leave(&self, i: usize) {
+        WORKER.with(|w| w.set(None));
+        let mut st = self.st.lock();
+        st.active[i] = false;
+        if st.baton == Some(i) || st.baton.is_none() {
+            self.pass(&mut st);
+        }
+    }
+}
+
+impl Default for VirtualClock {
+    fn default() -> Self {
+        VirtualClock::new()
+    }
+}
+
+/// Held while a worker runs one request under a [`VirtualClock`].
+pub struct ClockTurn<'a> {
+    clock: &'a VirtualClock,
+    i: usize,
+}
+
+impl Drop for ClockTurn<'_> {
+    fn drop(&mut self) {
+        self.clock.leave(self.i);
+    }
+}
+
+/// Forwards to the caching allocator; under a clock, each allocation costs virtual time.
+struct ClockedAllocator<D: headroom_alloc::Device> {
+    inner: Arc<CachingAllocator<D>>,
+    clock: Arc<VirtualClock>,
+}
+
+impl<D> StorageAllocator for ClockedAllocator<D>
+where
+    D: headroom_alloc::Device + 'static,
+    CachingAllocator<D>: Send + Sync,
+{
+    fn allocate(&self, nbytes: u64) -> headroom_tensor::Result<Allocation> {
+        // Allocate first, then spend the op's time: the block is live while it is filled.
+        let a = StorageAllocator::allocate(&*self.inner, nbytes);
+        self.clock.step(nbytes as f64 + OP_COST);
+        a
+    }
+    fn free(&self, ptr: u64) {
+        StorageAllocator::free(&*self.inner, ptr)
+    }
+    fn memory_allocated(&self) -> u64 {
+        self.inner.memory_allocated()
+    }
+    fn memory_reserved(&self) -> u64 {
+        self.inner.memory_reserved()
+    }
+    fn max_memory_allocated(&self) -> u64 {
+        self.inner.max_memory_allocated()
+    }
+    fn reset_peak_memory_stats(&self) {
+        self.inner.reset_peak_memory_stats()
+    }
+    fn empty_cache(&self) {
+        self.inner.empty_cache()
+    }
+    fn memory_stats(&self) -> BTreeMap<String, i64> {
+        self.inner.memory_stats()
+    }
+    fn memory_summary(&self, abbreviated: bool) -> String {
+        self.inner.memory_summary(abbreviated)
+    }
+}
+
+impl RunDevice {
+    /// The cpu device: real host memory (up to `capacity`) under PyTorch's caching policy.
+    pub fn cpu(capacity: u64, config: &AllocatorConfig) -> RunDevice {
+        let alloc = Arc::new(CachingAllocator::new(
+            HostDevice::new(capacity),
+            config.clone(),
+        ));
+        RunDevice {
+            device: Device::cpu(alloc.clone()),
+            probe: alloc,
+            name: "cpu".into(),
+            has_device_usage: false,
+            clock: None,
+        }
+    }
+    /// The meta device: a simulated GPU of `capacity` bytes.
+    pub fn meta(capacity: u64, config: &AllocatorConfig, interleave: Interleave) -> RunDevice {
+        let alloc = Arc::new(CachingAllocator::new(
+            SimDevice::new(capacity),
+            config.clone(),
+        ));
+        let (storage, clock): (Arc<dyn StorageAllocator>, _) = match interleave {
+            Interleave::Virtual => {
+                let clock = Arc::new(VirtualClock::new());
+                (
+                    Arc::new(ClockedAllocator {
+                        inner: alloc.clone(),
+                        clock: clock.clone(),
+                    }),
+                    Some(clock),
+                )
+            }
+            Interleave::None => (alloc.clone(), None),
+        };
+        RunDevice {
+            device: Device::meta(storage),
+            probe: alloc,
+            name: "meta".into(),
+            has_device_usage: false,
+            clock,
+        }
+    }
+}

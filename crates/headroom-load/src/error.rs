@@ -1,0 +1,38 @@
+//! Errors of the load engine.
+//!
+//! Design note: user input (stages, thresholds, models, capacities, alloc confs) is parsed
+//! here into values or a [`LoadError`] that says what was wrong and what was expected, so
+//! the CLI can print it and exit 2 before any output file exists. Failures *during* a run
+//! (an OOM, a bad request) are not errors of the run: they are counted in the result.
+
+use headroom_tensor::TensorError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// A malformed `--stages` value.
+    #[error("invalid stages {input:?}: {msg}")]
+    Stages { input: String, msg: String },
+    /// A malformed `--threshold` value.
+    #[error("invalid threshold {input:?}: {msg}")]
+    Threshold { input: String, msg: String },
+    /// A scenario option that does not make sense (unknown model, batch 0, ...).
+    #[error("invalid scenario: {0}")]
+    Scenario(String),
+    /// A load/run option that does not make sense (capacity 0, concurrency 0, ...).
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The allocator config string did not parse.
+    #[error("invalid alloc conf: {0}")]
+    AllocConf(String),
+    /// Setting up the workload failed (e.g. the model alone does not fit the capacity).
+    #[error("setup failed: {0}")]
+    Setup(TensorError),
+    /// The requested device has no backend in this build.
+    #[error("device {0} is not available: {1}")]
+    DeviceUnavailable(String, String),
+    /// A worker thread could not be started.
+    #[error("could not start a thread: {0}")]
+    Thread(String),
+}
+
+pub type Result<T> = std::result::Result<T, LoadError>;

@@ -1,0 +1,715 @@
+//! The single self-contained HTML report: inline CSS, inline SVG plots, no script and no
+//! external URL, so it opens from a CI artifact, an email or a file share as it is.
+//!
+//! Every piece of text that comes from the run (scenario names, alloc confs, finding texts,
+//! OOM messages, threshold expressions) goes through [`esc`].
+
+use std::fmt::Write as _;
+
+use super::plots;
+use super::{fmt_bytes, fmt_ms, fmt_signed_bytes, fmt_value};
+use crate::results::*;
+
+/// Ids of the `<figure>`s that hold the plots, in page order.
+pub const PLOT_IDS: [&str; 5] = [
+    "plot-timeline",
+    "plot-categories-time",
+    "plot-latency",
+    "plot-peak-concurrency",
+    "plot-categories",
+];
+
+/// HTML-escapes text for element content and attribute values.
+pub fn esc(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+const CSS: &str = r#"
+:root { --fg:#1d2330; --muted:#5b6475; --line:#dde2ea; --bg:#f6f8fb; --ok:#1a7f37; --bad:#c62828; --warn:#b26a00; }
+* { box-sizing: border-box; }
+body { margin:0; font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif; color:var(--fg); background:var(--bg); }
+main { max-width:1080px; margin:0 auto; padding:24px 28px 64px; background:#fff; min-height:100vh; }
+h1 { font-size:26px; margin:0 0 4px; }
+h2 { font-size:20px; margin:36px 0 10px; padding-bottom:4px; border-bottom:2px solid var(--line); }
+h3 { font-size:16px; margin:18px 0 6px; }
+.sub { color:var(--muted); margin:0 0 16px; }
+.badges span { display:inline-block; margin:0 6px 6px 0; padding:3px 10px; border-radius:12px; font-size:13px; background:#eef1f6; }
+.badges .ok { background:#e3f4e8; color:var(--ok); } .badges .bad { background:#fde7e7; color:var(--bad); } .badges .warn { background:#fff3dc; color:var(--warn); }
+table { border-collapse:collapse; width:100%; margin:8px 0 12px; font-size:14px; }
+th, td { text-align:left; padding:5px 9px; border-bottom:1px solid var(--line); vertical-align:top; }
+th { background:#f1f4f8; font-weight:600; }
+td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; white-space:nowrap; }
+table.kv th { width:240px; background:none; color:var(--muted); font-weight:500; }
+figure.plot { margin:12px 0 20px; }
+figure.plot svg { width:100%; height:auto; display:block; border:1px solid var(--line); border-radius:6px; }
+figcaption { color:var(--muted); font-size:13px; margin-top:4px; }
+.finding { border:1px solid var(--line); border-left:5px solid var(--warn); border-radius:6px; padding:10px 14px; margin:12px 0; }
+.finding.critical { border-left-color:var(--bad); } .finding.info { border-left-color:#1f77b4; }
+.finding h3 { margin:0 0 6px; }
+.sev { font-size:12px; text-transform:uppercase; letter-spacing:.04em; color:var(--muted); margin-left:8px; }
+pre { background:#f4f6f9; padding:8px 10px; border-radius:4px; overflow-x:auto; font-size:13px; }
+.pass { color:var(--ok); font-weight:600; } .fail { color:var(--bad); font-weight:600; }
+.swatch { display:inline-block; width:11px; height:11px; border-radius:2px; margin-right:6px; vertical-align:-1px; }
+details { margin:6px 0; } summary { cursor:pointer; color:var(--muted); }
+footer { margin-top:40px; color:var(--muted); font-size:12px; }
+"#;
+
+/// Renders the whole report.
+pub fn render_html(r: &RunResult) -> String {
+    let mut h = String::with_capacity(256 * 1024);
+    let title = format!("Headroom load test: {}", r.scenario.name);
+    let _ = write!(
+        h,
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
+         <title>{}</title>\n<style>{CSS}</style>\n</head>\n<body>\n<main>\n",
+        esc(&title)
+    );
+    let _ = writeln!(h, "<h1>{}</h1>", esc(&title));
+    let _ = writeln!(h, "<p class=\"sub\">{}</p>", esc(&r.scenario.description));
+    badges(&mut h, r);
+    summary_section(&mut h, r);
+    stages_section(&mut h, r);
+
+    h.push_str("<h2 id=\"memory\">Memory over time</h2>\n");
+    figure(
+        &mut h,
+        PLOT_IDS[0],
+        &plots::timeline_svg(r),
+        "Allocated (live tensors), reserved (held by the caching allocator), active, \
+         inactive_split (free bytes inside split segments) and device used, sampled every \
+         period and at every new peak; each stage is a band, OOMs are red crosses.",
+    );
+    figure(
+        &mut h,
+        PLOT_IDS[1],
+        &plots::categories_over_time_svg(r),
+        "What the allocated bytes are for, stacked, over the same time axis.",
+    );
+
+    h.push_str("<h2 id=\"latency\">Latency and throughput against concurrency</h2>\n");
+    figure(
+        &mut h,
+        PLOT_IDS[2],
+        &plots::latency_svg(r),
+        "Percentiles of successful requests' latency, from an HDR histogram, per concurrency level.",
+    );
+    concurrency_table(&mut h, r);
+
+    h.push_str("<h2 id=\"oom\">Peak memory and the OOM point</h2>\n");
+    figure(
+        &mut h,
+        PLOT_IDS[3],
+        &plots::peak_vs_concurrency_svg(r),
+        "Peak memory per concurrency level (the run's and the search's probes), the line \
+         fitted to it, where it crosses the capacity (predicted OOM) and the verified safe load.",
+    );
+    oom_search_section(&mut h, r);
+
+    h.push_str("<h2 id=\"categories\">Category breakdown at the peak</h2>\n");
+    figure(
+        &mut h,
+        PLOT_IDS[4],
+        &plots::categories_svg(r),
+        "Bytes by what they are for, at the allocated peak (and at the first OOM).",
+    );
+    categories_table(&mut h, r);
+
+    findings_section(&mut h, r);
+    what_if_section(&mut h, r);
+    thresholds_section(&mut h, r);
+    ooms_section(&mut h, r);
+
+    if !r.final_memory_summary.is_empty() {
+        h.push_str("<h2 id=\"summary-final\">Allocator state at the end</h2>\n");
+        let _ = writeln!(
+            h,
+            "<details><summary>memory_summary() at the end of the run</summary><pre>{}</pre></details>",
+            esc(&r.final_memory_summary)
+        );
+    }
+    let _ = writeln!(
+        h,
+        "<footer>headroom {} · results schema v{} · the same numbers are in results.json; \
+         snapshot.pickle opens in PyTorch's memory_viz.</footer>",
+        esc(&r.headroom_version),
+        r.schema_version
+    );
+    h.push_str("</main>\n</body>\n</html>\n");
+    h
+}
+
+fn figure(h: &mut String, id: &str, svg: &str, caption: &str) {
+    let _ = writeln!(
+        h,
+        "<figure class=\"plot\" id=\"{id}\">\n{svg}\n<figcaption>{}</figcaption>\n</figure>",
+        esc(caption)
+    );
+}
+
+fn stop_text(s: StopReason) -> &'static str {
+    match s {
+        StopReason::Completed => "completed",
+        StopReason::Cancelled => "cancelled (Ctrl-C): partial results",
+        StopReason::OomFound => "stopped at the first OOM (ramp until OOM)",
+        StopReason::TimeLimit => "time limit reached before any OOM",
+    }
+}
+
+fn badges(h: &mut String, r: &RunResult) {
+    h.push_str("<div class=\"badges\">");
+    let _ = write!(
+        h,
+        "<span>{} on {}</span><span>capacity {}</span>",
+        esc(&r.scenario.model),
+        esc(&r.device),
+        fmt_bytes(r.capacity_bytes)
+    );
+    let cls = if r.stop_reason == StopReason::Cancelled {
+        "warn"
+    } else {
+        ""
+    };
+    let _ = write!(h, "<span class=\"{cls}\">{}</span>", esc(stop_text(r.stop_reason)));
+    let _ = write!(
+        h,
+        "<span class=\"{}\">{} OOM{}</span>",
+        if r.requests.oom > 0 { "bad" } else { "ok" },
+        r.requests.oom,
+        if r.requests.oom == 1 { "" } else { "s" }
+    );
+    let _ = write!(
+        h,
+        "<span class=\"{}\">{} finding{}</span>",
+        if r.findings.is_empty() { "ok" } else { "warn" },
+        r.findings.len(),
+        if r.findings.len() == 1 { "" } else { "s" }
+    );
+    if !r.thresholds.is_empty() {
+        let failed = r.thresholds.iter().filter(|t| !t.passed).count();
+        if failed == 0 {
+            h.push_str("<span class=\"ok\">all thresholds passed</span>");
+        } else {
+            let _ = write!(h, "<span class=\"bad\">{failed} threshold(s) failed</span>");
+        }
+    }
+    if let Some(k) = r.oom_search.as_ref().and_then(|s| s.verified_safe_load) {
+        let _ = write!(h, "<span class=\"ok\">safe concurrency {k}</span>");
+    }
+    h.push_str("</div>\n");
+}
+
+fn kv(h: &mut String, rows: &[(&str, String)]) {
+    h.push_str("<table class=\"kv\">\n");
+    for (k, v) in rows {
+        let _ = writeln!(h, "<tr><th>{}</th><td>{}</td></tr>", esc(k), esc(v));
+    }
+    h.push_str("</table>\n");
+}
+
+fn mistakes_text(m: &Mistakes) -> String {
+    let mut v = Vec::new();
+    if m.grad_at_inference {
+        v.push("grad on at inference");
+    }
+    if m.sum_losses {
+        v.push("sum losses before backward");
+    }
+    if m.keep_outputs {
+        v.push("keep every output");
+    }
+    if m.named_temporaries {
+        v.push("named temporaries");
+    }
+    if v.is_empty() {
+        "none (clean)".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+fn stages_text(l: &LoadInfo) -> String {
+    let mut s = l
+        .stages
+        .iter()
+        .map(|st| match st.duration_s {
+            Some(d) => format!("{}:{}s", st.concurrency, trim_float(d)),
+            None => format!("{} workers", st.concurrency),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    if let Some(n) = l.max_requests {
+        let _ = write!(s, " ({n} requests)");
+    }
+    if let Some(t) = l.time_limit_s {
+        let _ = write!(s, " (bounded at {}s)", trim_float(t));
+    }
+    s
+}
+
+fn trim_float(x: f64) -> String {
+    let s = format!("{x:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+fn summary_section(h: &mut String, r: &RunResult) {
+    h.push_str("<h2 id=\"run\">Run summary</h2>\n");
+    let sc = &r.scenario;
+    let mut rows: Vec<(&str, String)> = vec![
+        ("scenario", format!("{} ({})", sc.name, sc.kind)),
+        ("model", sc.model.clone()),
+        ("batch", sc.batch.to_string()),
+        ("input sizes", sc.input.clone()),
+    ];
+    if let Some(o) = &sc.optimizer {
+        rows.push(("optimizer", o.clone()));
+    }
+    if let Some(a) = sc.accum_steps {
+        rows.push((
+            "accumulation",
+            format!("{a} steps, {}", sc.accum_pattern.clone().unwrap_or_default()),
+        ));
+    }
+    rows.extend([
+        ("planted mistakes", mistakes_text(&sc.mistakes)),
+        ("device", r.device.clone()),
+        ("capacity", fmt_bytes(r.capacity_bytes)),
+        (
+            "allocator config",
+            if r.alloc_conf.is_empty() {
+                "default".into()
+            } else {
+                r.alloc_conf.clone()
+            },
+        ),
+        ("load", format!("{}: {}", r.load.mode, stages_text(&r.load))),
+        ("wall time", format!("{:.2} s", r.wall_s)),
+        ("stop reason", stop_text(r.stop_reason).into()),
+        ("baseline (weights, state)", fmt_bytes(r.baseline_bytes)),
+        (
+            "requests",
+            format!(
+                "{} total, {} ok, {} OOM, {} other errors",
+                r.requests.total, r.requests.ok, r.requests.oom, r.requests.other_errors
+            ),
+        ),
+        (
+            "throughput",
+            format!(
+                "{:.1} requests/s, {:.1} samples/s",
+                r.throughput.requests_per_s, r.throughput.items_per_s
+            ),
+        ),
+        (
+            "latency",
+            format!(
+                "p50 {} · p90 {} · p99 {} · p99.9 {} · max {}",
+                fmt_ms(r.latency.p50_ms),
+                fmt_ms(r.latency.p90_ms),
+                fmt_ms(r.latency.p99_ms),
+                fmt_ms(r.latency.p999_ms),
+                fmt_ms(r.latency.max_ms)
+            ),
+        ),
+        (
+            "peak allocated / reserved",
+            format!(
+                "{} / {} ({} above baseline)",
+                fmt_bytes(r.peaks.allocated_bytes),
+                fmt_bytes(r.peaks.reserved_bytes),
+                fmt_bytes(r.peaks.above_base_bytes)
+            ),
+        ),
+        (
+            "peak active / inactive_split",
+            format!(
+                "{} / {}",
+                fmt_bytes(r.peaks.active_bytes),
+                fmt_bytes(r.peaks.inactive_split_bytes)
+            ),
+        ),
+        ("alloc retries", r.peaks.alloc_retries.to_string()),
+    ]);
+    if !r.errors.by_kind.is_empty() {
+        rows.push((
+            "errors by kind",
+            r.errors
+                .by_kind
+                .iter()
+                .map(|(k, v)| format!("{k}: {v}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ));
+    }
+    kv(h, &rows);
+}
+
+fn stages_section(h: &mut String, r: &RunResult) {
+    h.push_str("<h2 id=\"stages\">Stages</h2>\n");
+    if r.stages.is_empty() {
+        h.push_str("<p>No stage ran.</p>\n");
+        return;
+    }
+    h.push_str(
+        "<table><tr><th>stage</th><th class=\"num\">workers</th><th class=\"num\">time (s)</th>\
+         <th class=\"num\">requests</th><th class=\"num\">ok</th><th class=\"num\">OOM</th>\
+         <th class=\"num\">errors</th><th class=\"num\">req/s</th><th class=\"num\">p50</th>\
+         <th class=\"num\">p99</th><th class=\"num\">peak allocated</th>\
+         <th class=\"num\">peak reserved</th></tr>\n",
+    );
+    for s in &r.stages {
+        let _ = writeln!(
+            h,
+            "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{:.1}–{:.1}</td>\
+             <td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+             <td class=\"num\">{}</td><td class=\"num\">{:.1}</td><td class=\"num\">{}</td>\
+             <td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
+            s.index + 1,
+            s.concurrency,
+            s.start_s,
+            s.end_s,
+            s.requests.total,
+            s.requests.ok,
+            s.requests.oom,
+            s.requests.other_errors,
+            s.throughput.requests_per_s,
+            fmt_ms(s.latency.p50_ms),
+            fmt_ms(s.latency.p99_ms),
+            fmt_bytes(s.peak_allocated_bytes),
+            fmt_bytes(s.peak_reserved_bytes),
+        );
+    }
+    h.push_str("</table>\n");
+}
+
+fn concurrency_table(h: &mut String, r: &RunResult) {
+    if r.by_concurrency.is_empty() {
+        return;
+    }
+    h.push_str(
+        "<table><tr><th class=\"num\">workers</th><th class=\"num\">requests</th>\
+         <th class=\"num\">req/s</th><th class=\"num\">samples/s</th><th class=\"num\">p50</th>\
+         <th class=\"num\">p90</th><th class=\"num\">p99</th><th class=\"num\">p99.9</th>\
+         <th class=\"num\">peak allocated</th><th class=\"num\">peak reserved</th>\
+         <th class=\"num\">above baseline</th></tr>\n",
+    );
+    for c in &r.by_concurrency {
+        let _ = writeln!(
+            h,
+            "<tr><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{:.1}</td>\
+             <td class=\"num\">{:.1}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+             <td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+             <td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
+            c.concurrency,
+            c.requests.total,
+            c.throughput.requests_per_s,
+            c.throughput.items_per_s,
+            fmt_ms(c.latency.p50_ms),
+            fmt_ms(c.latency.p90_ms),
+            fmt_ms(c.latency.p99_ms),
+            fmt_ms(c.latency.p999_ms),
+            fmt_bytes(c.peak_allocated_bytes),
+            fmt_bytes(c.peak_reserved_bytes),
+            fmt_bytes(c.peak_above_base_bytes),
+        );
+    }
+    h.push_str("</table>\n");
+}
+
+fn opt(v: Option<usize>) -> String {
+    v.map(|x| x.to_string()).unwrap_or_else(|| "—".into())
+}
+
+fn oom_search_section(h: &mut String, r: &RunResult) {
+    let Some(s) = &r.oom_search else {
+        h.push_str("<p>The OOM search did not run (skipped or cancelled).</p>\n");
+        return;
+    };
+    kv(
+        h,
+        &[
+            (
+                "search",
+                format!(
+                    "{} on {}, {} fitted, capacity {} with a {:.0}% fragmentation margin (budget {})",
+                    s.axis,
+                    s.device,
+                    s.metric,
+                    fmt_bytes(s.capacity_bytes),
+                    s.margin_fraction * 100.0,
+                    fmt_bytes(s.budget_bytes)
+                ),
+            ),
+            (
+                "fit",
+                format!(
+                    "peak ≈ {} + {} × {} (R² {:.4})",
+                    fmt_signed_bytes(s.fit.a.round() as i64),
+                    fmt_signed_bytes(s.fit.b.round() as i64),
+                    s.axis,
+                    s.fit.r2
+                ),
+            ),
+            (
+                "marginal memory of one more request",
+                fmt_bytes(s.marginal_bytes_per_unit),
+            ),
+            ("predicted first OOM at", opt(s.predicted_oom_load)),
+            ("predicted safe load", opt(s.predicted_safe_load)),
+            ("observed first OOM (bisection)", opt(s.observed_oom_load)),
+            ("largest load without OOM", opt(s.verified_max_load)),
+            ("recommended (verified, within budget)", opt(s.verified_safe_load)),
+            ("searched up to", s.max_load_tried.to_string()),
+        ],
+    );
+    if !s.bisection.is_empty() || !s.points.is_empty() {
+        h.push_str(
+            "<details><summary>Probes</summary><table><tr><th>kind</th><th class=\"num\">load</th>\
+             <th class=\"num\">peak allocated</th><th class=\"num\">peak reserved</th><th>OOM</th></tr>\n",
+        );
+        for (kind, v) in [("fit", &s.points), ("bisection", &s.bisection)] {
+            for p in v {
+                let _ = writeln!(
+                    h,
+                    "<tr><td>{kind}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+                     <td class=\"num\">{}</td><td>{}</td></tr>",
+                    p.load,
+                    fmt_bytes(p.peak_allocated_bytes),
+                    fmt_bytes(p.peak_reserved_bytes),
+                    if p.oom { "yes" } else { "no" }
+                );
+            }
+        }
+        h.push_str("</table></details>\n");
+    }
+}
+
+fn categories_table(h: &mut String, r: &RunResult) {
+    let c = r.peaks.categories_at_peak;
+    let total = c.total().max(1);
+    h.push_str(
+        "<table><tr><th>category</th><th class=\"num\">bytes at the peak</th><th class=\"num\">share</th></tr>\n",
+    );
+    for (i, (name, b)) in c.entries().iter().enumerate() {
+        let _ = writeln!(
+            h,
+            "<tr><td><span class=\"swatch\" style=\"background:{}\"></span>{}</td>\
+             <td class=\"num\">{}</td><td class=\"num\">{:.1}%</td></tr>",
+            plots::category_css(i),
+            esc(name),
+            fmt_bytes(*b),
+            100.0 * *b as f64 / total as f64
+        );
+    }
+    let _ = writeln!(
+        h,
+        "<tr><th>total</th><th class=\"num\">{}</th><th></th></tr></table>",
+        fmt_bytes(c.total())
+    );
+}
+
+fn findings_section(h: &mut String, r: &RunResult) {
+    h.push_str("<h2 id=\"findings\">Findings</h2>\n");
+    if r.findings.is_empty() {
+        h.push_str("<p class=\"pass\">No findings: nothing wasteful was detected in this run.</p>\n");
+        return;
+    }
+    for f in &r.findings {
+        let (cls, sev) = match f.severity {
+            Severity::Critical => ("critical", "critical"),
+            Severity::Warning => ("warning", "warning"),
+            Severity::Info => ("info", "info"),
+        };
+        let _ = writeln!(
+            h,
+            "<div class=\"finding {cls}\" id=\"finding-{}\">\n<h3>{}<span class=\"sev\">{sev} · {}</span></h3>",
+            esc(f.id.as_str()),
+            esc(&f.title),
+            esc(f.id.as_str())
+        );
+        let _ = writeln!(h, "<p><strong>Evidence.</strong> {}</p>", esc(&f.evidence));
+        let _ = writeln!(h, "<p><strong>Fix.</strong></p><pre><code>{}</code></pre>", esc(&f.fix));
+        let _ = writeln!(
+            h,
+            "<p><strong>Predicted saving:</strong> {}</p>",
+            if f.predicted_saving_bytes > 0 {
+                format!("{} of peak", fmt_bytes(f.predicted_saving_bytes))
+            } else {
+                "none on the peak".into()
+            }
+        );
+        if !f.numbers.is_empty() {
+            h.push_str("<details><summary>Numbers</summary><table>\n");
+            for (k, v) in &f.numbers {
+                let shown = if k.ends_with("_bytes") && *v >= 0.0 {
+                    format!("{} ({v:.0})", fmt_bytes(v.round() as u64))
+                } else {
+                    format!("{v}")
+                };
+                let _ = writeln!(
+                    h,
+                    "<tr><td>{}</td><td class=\"num\">{}</td></tr>",
+                    esc(k),
+                    esc(&shown)
+                );
+            }
+            h.push_str("</table></details>\n");
+        }
+        h.push_str("</div>\n");
+    }
+}
+
+fn what_if_section(h: &mut String, r: &RunResult) {
+    h.push_str("<h2 id=\"what-if\">What if: the run's trace under other allocator configs</h2>\n");
+    if r.what_if.is_empty() {
+        h.push_str("<p>No replay (skipped or cancelled).</p>\n");
+        return;
+    }
+    h.push_str(
+        "<table><tr><th>PYTORCH_CUDA_ALLOC_CONF</th><th class=\"num\">peak allocated</th>\
+         <th class=\"num\">peak reserved</th><th class=\"num\">reserved / allocated</th>\
+         <th class=\"num\">retries</th><th class=\"num\">OOMs</th><th>fits capacity</th>\
+         <th class=\"num\">saving vs run</th></tr>\n",
+    );
+    for w in &r.what_if {
+        let conf = if w.alloc_conf.is_empty() {
+            "default".to_string()
+        } else {
+            w.alloc_conf.clone()
+        };
+        let _ = writeln!(
+            h,
+            "<tr><td><code>{}</code></td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+             <td class=\"num\">{:.3}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+             <td class=\"{}\">{}</td><td class=\"num\">{}</td></tr>",
+            esc(&conf),
+            fmt_bytes(w.peak_allocated_bytes),
+            fmt_bytes(w.peak_reserved_bytes),
+            w.reserved_over_allocated,
+            w.num_alloc_retries,
+            w.num_ooms,
+            if w.fits_capacity { "pass" } else { "fail" },
+            if w.fits_capacity { "yes" } else { "no" },
+            fmt_signed_bytes(w.saving_vs_run_bytes),
+        );
+    }
+    h.push_str("</table>\n");
+}
+
+fn thresholds_section(h: &mut String, r: &RunResult) {
+    h.push_str("<h2 id=\"thresholds\">Thresholds</h2>\n");
+    if r.thresholds.is_empty() {
+        h.push_str("<p>No threshold was given (<code>--threshold 'peak_reserved&lt;6GiB'</code>).</p>\n");
+        return;
+    }
+    h.push_str(
+        "<table><tr><th>threshold</th><th class=\"num\">limit</th><th class=\"num\">measured</th><th>result</th></tr>\n",
+    );
+    for t in &r.thresholds {
+        let _ = writeln!(
+            h,
+            "<tr><td><code>{}</code></td><td class=\"num\">{} {}</td><td class=\"num\">{}</td><td class=\"{}\">{}</td></tr>",
+            esc(&t.expr),
+            esc(&t.op),
+            esc(&fmt_value(t.limit, &t.unit)),
+            esc(&t.actual.map(|v| fmt_value(v, &t.unit)).unwrap_or_else(|| "not measured".into())),
+            if t.passed { "pass" } else { "fail" },
+            if t.passed { "pass" } else { "FAIL" },
+        );
+    }
+    h.push_str("</table>\n");
+}
+
+fn ooms_section(h: &mut String, r: &RunResult) {
+    if r.ooms.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        h,
+        "<h2 id=\"ooms\">Out-of-memory errors</h2>\n<p>{} request(s) failed with OOM; each failed \
+         alone and the others went on. The first {} kept the allocator state:</p>",
+        r.requests.oom,
+        r.ooms.len()
+    );
+    h.push_str(
+        "<table><tr><th class=\"num\">t (s)</th><th class=\"num\">stage</th><th class=\"num\">workers</th>\
+         <th class=\"num\">request</th><th class=\"num\">asked</th><th class=\"num\">allocated</th>\
+         <th class=\"num\">reserved</th><th>message</th></tr>\n",
+    );
+    for o in &r.ooms {
+        let _ = writeln!(
+            h,
+            "<tr><td class=\"num\">{:.2}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+             <td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+             <td class=\"num\">{}</td><td>{}</td></tr>",
+            o.t_s,
+            o.stage + 1,
+            o.concurrency,
+            o.request,
+            o.requested_bytes.map(fmt_bytes).unwrap_or_else(|| "—".into()),
+            fmt_bytes(o.allocated_bytes),
+            fmt_bytes(o.reserved_bytes),
+            esc(&o.message)
+        );
+    }
+    h.push_str("</table>\n");
+    if let Some(o) = r.ooms.iter().find(|o| !o.memory_summary.is_empty()) {
+        let _ = writeln!(
+            h,
+            "<details><summary>memory_summary() at the first OOM</summary><pre>{}</pre></details>",
+            esc(&o.memory_summary)
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::testdata::synthetic;
+
+    #[test]
+    fn report_is_self_contained_and_escaped() {
+        let r = synthetic();
+        let h = render_html(&r);
+        for id in PLOT_IDS {
+            assert!(h.contains(&format!("id=\"{id}\"")), "missing {id}");
+        }
+        assert_eq!(h.matches("<svg").count(), PLOT_IDS.len());
+        assert!(!h.contains("<script"), "a script tag got through unescaped");
+        assert!(h.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+        assert!(h.contains("x &lt; y &amp;&amp; y &gt; z"));
+        assert!(only_svg_ns(&h), "an external URL in the report");
+        assert!(!h.contains("https://"));
+        assert!(h.contains("expandable_segments:True"));
+        assert!(h.contains("p99&lt;20ms") && h.contains("FAIL"));
+        assert!(h.contains("Autograd was on during inference"));
+    }
+
+    /// The only `http://` allowed is the SVG namespace, which is an identifier, not a fetch.
+    fn only_svg_ns(h: &str) -> bool {
+        h.replace("http://www.w3.org/2000/svg", "")
+            .replace("http://www.w3.org/1999/xlink", "")
+            .find("http://")
+            .is_none()
+    }
+
+    #[test]
+    fn clean_run_says_no_findings() {
+        let mut r = synthetic();
+        r.findings.clear();
+        r.thresholds.clear();
+        let h = render_html(&r);
+        assert!(h.contains("No findings"));
+    }
+}

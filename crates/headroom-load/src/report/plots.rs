@@ -1,0 +1,846 @@
+//! The report's plots, drawn with plotters into inline SVG strings.
+//!
+//! Design note: each plot is a function of the [`RunResult`] that returns one `<svg>`
+//! element (plotters' SVG backend escapes its text). A plot with nothing to show (no
+//! timeline, a single concurrency level, no OOM search) still returns an SVG that says so,
+//! so the report always has the same figures in the same places. Long timelines are
+//! decimated per time bucket keeping each bucket's lowest and highest sample, so peaks
+//! survive and the page stays small.
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use crate::results::{CategoryBytes, MemorySample, RunResult, SampleKind};
+
+/// Width and height of every plot, in SVG pixels.
+pub const WIDTH: u32 = 1000;
+pub const HEIGHT: u32 = 420;
+
+/// Most points a timeline series keeps (two per bucket).
+const MAX_POINTS: usize = 2400;
+
+const C_ALLOC: RGBColor = RGBColor(31, 119, 180);
+const C_RESERVED: RGBColor = RGBColor(255, 127, 14);
+const C_ACTIVE: RGBColor = RGBColor(44, 160, 44);
+const C_SPLIT: RGBColor = RGBColor(148, 103, 189);
+const C_DEVICE: RGBColor = RGBColor(127, 127, 127);
+const C_CAP: RGBColor = RGBColor(214, 39, 40);
+const C_FIT: RGBColor = RGBColor(23, 190, 207);
+const C_SAFE: RGBColor = RGBColor(44, 160, 44);
+const C_P: [RGBColor; 4] = [
+    RGBColor(31, 119, 180),
+    RGBColor(44, 160, 44),
+    RGBColor(255, 127, 14),
+    RGBColor(214, 39, 40),
+];
+/// One colour per memory category, in [`CategoryBytes::entries`] order.
+pub const CATEGORY_COLORS: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),  // parameter
+    RGBColor(188, 189, 34),  // gradient
+    RGBColor(148, 103, 189), // optimizer_state
+    RGBColor(214, 39, 40),   // activation
+    RGBColor(255, 127, 14),  // temporary
+    RGBColor(127, 127, 127), // input
+];
+
+/// `#rrggbb` of a category's colour, for the HTML tables beside the plots.
+pub fn category_css(i: usize) -> String {
+    let c = CATEGORY_COLORS[i % CATEGORY_COLORS.len()];
+    format!("#{:02x}{:02x}{:02x}", c.0, c.1, c.2)
+}
+
+const FONT: &str = "sans-serif";
+
+/// A byte unit for an axis: the largest of KiB/MiB/GiB that keeps `max` at or above 1.
+#[derive(Debug, Clone, Copy)]
+struct Scale {
+    div: f64,
+    name: &'static str,
+}
+
+impl Scale {
+    fn for_max(max: f64) -> Scale {
+        if max >= 4.0 * (1u64 << 30) as f64 {
+            Scale {
+                div: (1u64 << 30) as f64,
+                name: "GiB",
+            }
+        } else if max >= 4.0 * (1u64 << 20) as f64 {
+            Scale {
+                div: (1u64 << 20) as f64,
+                name: "MiB",
+            }
+        } else {
+            Scale {
+                div: 1024.0,
+                name: "KiB",
+            }
+        }
+    }
+    fn v(&self, bytes: u64) -> f64 {
+        bytes as f64 / self.div
+    }
+}
+
+type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
+type PResult<T> = Result<T, String>;
+
+fn err<E: std::fmt::Display>(e: E) -> String {
+    e.to_string()
+}
+
+/// Draws into a fresh SVG string; on a drawing error, returns an SVG with the error text.
+fn render(title: &str, f: impl FnOnce(&Area) -> PResult<()>) -> String {
+    let mut buf = String::new();
+    let res = {
+        let root = SVGBackend::with_string(&mut buf, (WIDTH, HEIGHT)).into_drawing_area();
+        let r = root.fill(&WHITE).map_err(err).and_then(|_| f(&root));
+        let p = root.present().map_err(err);
+        r.and(p)
+    };
+    match res {
+        Ok(()) => buf,
+        Err(e) => message_svg(title, &format!("could not draw this plot: {e}")),
+    }
+}
+
+/// An SVG with a title and a line of text: for plots with nothing to show.
+pub fn message_svg(title: &str, msg: &str) -> String {
+    let mut buf = String::new();
+    {
+        let root = SVGBackend::with_string(&mut buf, (WIDTH, 120)).into_drawing_area();
+        let _ = root.fill(&WHITE);
+        let _ = root.draw(&Text::new(
+            title.to_string(),
+            (20, 20),
+            (FONT, 20).into_font().color(&BLACK),
+        ));
+        let _ = root.draw(&Text::new(
+            msg.to_string(),
+            (20, 65),
+            (FONT, 16).into_font().color(&RGBColor(90, 90, 90)),
+        ));
+        let _ = root.present();
+    }
+    buf
+}
+
+/// Keeps at most `max` samples: per time bucket, the lowest and the highest by `key`
+/// (in time order), and every OOM sample.
+fn decimate(samples: &[MemorySample], max: usize, key: impl Fn(&MemorySample) -> u64) -> Vec<MemorySample> {
+    if samples.len() <= max {
+        return samples.to_vec();
+    }
+    let buckets = (max / 2).max(1);
+    let t0 = samples.first().map(|s| s.t_s).unwrap_or(0.0);
+    let t1 = samples.last().map(|s| s.t_s).unwrap_or(1.0);
+    let span = (t1 - t0).max(1e-9);
+    let mut out = Vec::with_capacity(max + 16);
+    let mut i = 0;
+    for b in 0..buckets {
+        let end = t0 + span * (b + 1) as f64 / buckets as f64;
+        let mut lo: Option<usize> = None;
+        let mut hi: Option<usize> = None;
+        let start = i;
+        while i < samples.len() && (samples[i].t_s <= end || b + 1 == buckets) {
+            let k = key(&samples[i]);
+            if lo.is_none_or(|j| k < key(&samples[j])) {
+                lo = Some(i);
+            }
+            if hi.is_none_or(|j| k > key(&samples[j])) {
+                hi = Some(i);
+            }
+            i += 1;
+        }
+        let mut keep: Vec<usize> = lo.into_iter().chain(hi).collect();
+        keep.extend((start..i).filter(|&j| samples[j].kind == SampleKind::Oom));
+        keep.sort_unstable();
+        keep.dedup();
+        out.extend(keep.into_iter().map(|j| samples[j]));
+    }
+    out
+}
+
+fn legend_line(c: RGBColor) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
+    move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3))
+}
+
+fn legend_box(c: RGBColor) -> impl Fn((i32, i32)) -> Rectangle<(i32, i32)> {
+    move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled())
+}
+
+/// The memory timeline: allocated, reserved, active, inactive_split and device used (where
+/// there is a device), the capacity, OOMs as red crosses, and each stage as a band.
+pub fn timeline_svg(r: &RunResult) -> String {
+    let title = "Memory timeline";
+    if r.timeline.is_empty() {
+        return message_svg(title, "No memory samples were taken (the run ended before the first).");
+    }
+    let samples = decimate(&r.timeline, MAX_POINTS, |s| s.allocated_bytes);
+    let has_device = samples.iter().any(|s| s.device_used_bytes.is_some());
+    let data_max = samples
+        .iter()
+        .map(|s| {
+            s.reserved_bytes
+                .max(s.allocated_bytes)
+                .max(s.active_bytes)
+                .max(s.device_used_bytes.unwrap_or(0))
+        })
+        .max()
+        .unwrap_or(0)
+        .max(r.peaks.reserved_bytes);
+    // The capacity line is drawn when it is within reach of the data; a 140 GiB card under a
+    // 100 MiB workload would flatten every curve.
+    let show_cap = r.capacity_bytes > 0 && (r.capacity_bytes as f64) <= 4.0 * data_max.max(1) as f64;
+    let y_max_b = if show_cap {
+        data_max.max(r.capacity_bytes)
+    } else {
+        data_max
+    };
+    let sc = Scale::for_max(y_max_b as f64);
+    let y_max = (sc.v(y_max_b) * 1.12).max(1e-6);
+    let t_end = r
+        .timeline
+        .last()
+        .map(|s| s.t_s)
+        .unwrap_or(0.0)
+        .max(r.stages.last().map(|s| s.end_s).unwrap_or(0.0))
+        .max(1e-3);
+    render(title, |root| {
+        let cap_note = if show_cap || r.capacity_bytes == 0 {
+            String::new()
+        } else {
+            format!(" (capacity {} off the scale)", super::fmt_bytes(r.capacity_bytes))
+        };
+        let mut chart = ChartBuilder::on(root)
+            .caption(format!("{title}{cap_note}"), (FONT, 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0f64..t_end, 0f64..y_max)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("time since the first request (s)")
+            .y_desc(sc.name)
+            .light_line_style(RGBColor(235, 235, 235))
+            .draw()
+            .map_err(err)?;
+        // Stage bands, alternating shades, each labelled with its concurrency.
+        for (i, st) in r.stages.iter().enumerate() {
+            let shade = if i % 2 == 0 {
+                RGBColor(240, 244, 250)
+            } else {
+                RGBColor(250, 250, 250)
+            };
+            let (a, b) = (st.start_s.max(0.0), st.end_s.min(t_end).max(st.start_s));
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(a, 0.0), (b, y_max)],
+                    shade.filled(),
+                )))
+                .map_err(err)?;
+            chart
+                .draw_series(std::iter::once(DashedPathElement::new(
+                    vec![(a, 0.0), (a, y_max)],
+                    4,
+                    4,
+                    RGBColor(150, 150, 150).stroke_width(1),
+                )))
+                .map_err(err)?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    format!("stage {} · c={}", i + 1, st.concurrency),
+                    (a + t_end * 0.004, y_max * 0.985),
+                    (FONT, 13).into_font().color(&RGBColor(80, 80, 80)),
+                )))
+                .map_err(err)?;
+        }
+        type Get = fn(&MemorySample) -> u64;
+        let series: [(&str, RGBColor, Get, u32); 4] = [
+            ("reserved", C_RESERVED, |s| s.reserved_bytes, 2),
+            ("allocated", C_ALLOC, |s| s.allocated_bytes, 2),
+            ("active", C_ACTIVE, |s| s.active_bytes, 1),
+            ("inactive_split", C_SPLIT, |s| s.inactive_split_bytes, 1),
+        ];
+        for (name, color, get, w) in series {
+            chart
+                .draw_series(LineSeries::new(
+                    samples.iter().map(|s| (s.t_s, sc.v(get(s)))),
+                    color.stroke_width(w),
+                ))
+                .map_err(err)?
+                .label(name)
+                .legend(legend_line(color));
+        }
+        if has_device {
+            chart
+                .draw_series(DashedLineSeries::new(
+                    samples
+                        .iter()
+                        .filter_map(|s| s.device_used_bytes.map(|d| (s.t_s, sc.v(d)))),
+                    6,
+                    3,
+                    C_DEVICE.stroke_width(2),
+                ))
+                .map_err(err)?
+                .label("device used")
+                .legend(legend_line(C_DEVICE));
+        }
+        if show_cap {
+            let cap = sc.v(r.capacity_bytes);
+            chart
+                .draw_series(DashedLineSeries::new(
+                    vec![(0.0, cap), (t_end, cap)],
+                    8,
+                    4,
+                    C_CAP.stroke_width(2),
+                ))
+                .map_err(err)?
+                .label("capacity")
+                .legend(legend_line(C_CAP));
+        }
+        let ooms: Vec<(f64, f64)> = if r.ooms.is_empty() {
+            r.timeline
+                .iter()
+                .filter(|s| s.kind == SampleKind::Oom)
+                .map(|s| (s.t_s, sc.v(s.allocated_bytes)))
+                .collect()
+        } else {
+            r.ooms
+                .iter()
+                .map(|o| (o.t_s, sc.v(o.allocated_bytes)))
+                .collect()
+        };
+        if !ooms.is_empty() {
+            chart
+                .draw_series(
+                    ooms.into_iter()
+                        .map(|p| Cross::new(p, 6, C_CAP.stroke_width(2))),
+                )
+                .map_err(err)?
+                .label("OOM")
+                .legend(|(x, y)| Cross::new((x + 9, y), 5, C_CAP.stroke_width(2)));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .margin(18)
+            .background_style(WHITE.mix(0.9))
+            .border_style(RGBColor(200, 200, 200))
+            .label_font((FONT, 13))
+            .draw()
+            .map_err(err)?;
+        Ok(())
+    })
+}
+
+/// Latency percentiles (p50, p90, p99, p99.9) against concurrency.
+pub fn latency_svg(r: &RunResult) -> String {
+    let title = "Latency percentiles against concurrency";
+    let rows: Vec<_> = r
+        .by_concurrency
+        .iter()
+        .filter(|c| c.latency.count > 0)
+        .collect();
+    if rows.is_empty() {
+        return message_svg(title, "No request succeeded, so there is no latency to show.");
+    }
+    let x_max = rows.iter().map(|c| c.concurrency).max().unwrap_or(1) as f64;
+    let x_min = rows.iter().map(|c| c.concurrency).min().unwrap_or(1) as f64;
+    let (x0, x1) = if x_max - x_min < 1.0 {
+        ((x_min - 1.0).max(0.0), x_max + 1.0)
+    } else {
+        let pad = (x_max - x_min) * 0.05;
+        ((x_min - pad).max(0.0), x_max + pad)
+    };
+    let y_max = rows
+        .iter()
+        .map(|c| c.latency.p999_ms.max(c.latency.p99_ms))
+        .fold(0.0f64, f64::max)
+        .max(1e-3)
+        * 1.12;
+    render(title, |root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption(title, (FONT, 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(x0..x1, 0f64..y_max)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("concurrent workers")
+            .y_desc("latency (ms)")
+            .light_line_style(RGBColor(235, 235, 235))
+            .draw()
+            .map_err(err)?;
+        type Get = fn(&crate::results::LatencyStats) -> f64;
+        let ps: [(&str, Get); 4] = [
+            ("p50", |l| l.p50_ms),
+            ("p90", |l| l.p90_ms),
+            ("p99", |l| l.p99_ms),
+            ("p99.9", |l| l.p999_ms),
+        ];
+        for (k, (name, get)) in ps.into_iter().enumerate() {
+            let c = C_P[k];
+            let pts: Vec<(f64, f64)> = rows
+                .iter()
+                .map(|row| (row.concurrency as f64, get(&row.latency)))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
+                .map_err(err)?
+                .label(name)
+                .legend(legend_line(c));
+            chart
+                .draw_series(pts.into_iter().map(|p| Circle::new(p, 4, c.filled())))
+                .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .margin(18)
+            .background_style(WHITE.mix(0.9))
+            .border_style(RGBColor(200, 200, 200))
+            .label_font((FONT, 13))
+            .draw()
+            .map_err(err)?;
+        Ok(())
+    })
+}
+
+/// Peak memory against concurrency: the measured peaks, the OOM search's probes, the fitted
+/// line, the predicted OOM point, the verified safe load and the capacity line.
+pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
+    let title = "Peak memory against concurrency";
+    let s = r.oom_search.as_ref();
+    let measured: Vec<_> = r.by_concurrency.iter().collect();
+    let probes: Vec<_> = s
+        .map(|s| s.points.iter().chain(s.bisection.iter()).copied().collect())
+        .unwrap_or_else(Vec::new);
+    if measured.is_empty() && probes.is_empty() {
+        return message_svg(title, "No load level was measured.");
+    }
+    let mut x_max = measured
+        .iter()
+        .map(|c| c.concurrency)
+        .chain(probes.iter().map(|p| p.load))
+        .max()
+        .unwrap_or(1) as f64;
+    if let Some(s) = s {
+        for v in [s.predicted_oom_load, s.observed_oom_load, s.verified_safe_load]
+            .into_iter()
+            .flatten()
+        {
+            x_max = x_max.max(v as f64);
+        }
+    }
+    let x_max = (x_max * 1.1).max(x_max + 1.0);
+    let y_data = measured
+        .iter()
+        .map(|c| c.peak_reserved_bytes.max(c.peak_allocated_bytes))
+        .chain(probes.iter().map(|p| p.peak_reserved_bytes.max(p.peak_allocated_bytes)))
+        .max()
+        .unwrap_or(0);
+    let y_max_b = y_data.max(r.capacity_bytes);
+    let sc = Scale::for_max(y_max_b as f64);
+    let y_max = (sc.v(y_max_b) * 1.12).max(1e-6);
+    render(title, |root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption(title, (FONT, 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0f64..x_max, 0f64..y_max)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("concurrent workers")
+            .y_desc(sc.name)
+            .light_line_style(RGBColor(235, 235, 235))
+            .draw()
+            .map_err(err)?;
+        let cap = sc.v(r.capacity_bytes);
+        chart
+            .draw_series(LineSeries::new(
+                vec![(0.0, cap), (x_max, cap)],
+                C_CAP.stroke_width(2),
+            ))
+            .map_err(err)?
+            .label(format!("capacity {}", super::fmt_bytes(r.capacity_bytes)))
+            .legend(legend_line(C_CAP));
+        if let Some(s) = s {
+            if s.budget_bytes > 0 && s.budget_bytes < r.capacity_bytes {
+                let b = sc.v(s.budget_bytes);
+                chart
+                    .draw_series(DashedLineSeries::new(
+                        vec![(0.0, b), (x_max, b)],
+                        6,
+                        4,
+                        C_CAP.mix(0.6).stroke_width(1),
+                    ))
+                    .map_err(err)?
+                    .label(format!(
+                        "budget (capacity − {:.0}% margin)",
+                        s.margin_fraction * 100.0
+                    ))
+                    .legend(|(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 18, y)], C_CAP.mix(0.6).stroke_width(1))
+                    });
+            }
+            if s.fit.b.is_finite() && s.fit.a.is_finite() && !s.points.is_empty() {
+                let n = 60;
+                let line: Vec<(f64, f64)> = (0..=n)
+                    .map(|i| {
+                        let x = x_max * i as f64 / n as f64;
+                        (x, s.fit.at(x) / sc.div)
+                    })
+                    .filter(|p| p.1 >= 0.0 && p.1 <= y_max)
+                    .collect();
+                chart
+                    .draw_series(DashedLineSeries::new(line, 8, 4, C_FIT.stroke_width(2)))
+                    .map_err(err)?
+                    .label(format!(
+                        "fit {}: {} + {}·c (R² {:.3})",
+                        s.metric,
+                        super::fmt_signed_bytes(s.fit.a.round() as i64),
+                        super::fmt_signed_bytes(s.fit.b.round() as i64),
+                        s.fit.r2
+                    ))
+                    .legend(legend_line(C_FIT));
+            }
+            let vline = |x: f64, c: RGBColor| {
+                DashedPathElement::new(vec![(x, 0.0), (x, y_max)], 3, 3, c.stroke_width(1))
+            };
+            if let Some(k) = s.predicted_oom_load {
+                let x = k as f64;
+                chart.draw_series(std::iter::once(vline(x, C_CAP))).map_err(err)?;
+                let y = (s.fit.at(x) / sc.div).clamp(0.0, y_max);
+                chart
+                    .draw_series(std::iter::once(TriangleMarker::new(
+                        (x, y),
+                        8,
+                        C_CAP.filled(),
+                    )))
+                    .map_err(err)?
+                    .label(format!("predicted OOM at c={k}"))
+                    .legend(|(x, y)| TriangleMarker::new((x + 9, y), 6, C_CAP.filled()));
+                chart
+                    .draw_series(std::iter::once(Text::new(
+                        format!("predicted OOM c={k}"),
+                        (x, y_max * 0.06),
+                        (FONT, 13).into_font().color(&C_CAP),
+                    )))
+                    .map_err(err)?;
+            }
+            if let Some(k) = s.verified_safe_load {
+                let x = k as f64;
+                chart.draw_series(std::iter::once(vline(x, C_SAFE))).map_err(err)?;
+                chart
+                    .draw_series(std::iter::once(Text::new(
+                        format!("safe c={k}"),
+                        (x, y_max * 0.12),
+                        (FONT, 13).into_font().color(&C_SAFE),
+                    )))
+                    .map_err(err)?;
+            }
+            if !probes.is_empty() {
+                chart
+                    .draw_series(probes.iter().filter(|p| !p.oom).map(|p| {
+                        Circle::new(
+                            (p.load as f64, sc.v(p.peak_reserved_bytes)),
+                            5,
+                            C_FIT.stroke_width(2),
+                        )
+                    }))
+                    .map_err(err)?
+                    .label(format!("search probes ({}, peak reserved)", s.device))
+                    .legend(|(x, y)| Circle::new((x + 9, y), 5, C_FIT.stroke_width(2)));
+                let oom_probes: Vec<_> = probes.iter().filter(|p| p.oom).collect();
+                if !oom_probes.is_empty() {
+                    chart
+                        .draw_series(oom_probes.iter().map(|p| {
+                            Cross::new(
+                                (p.load as f64, sc.v(p.peak_reserved_bytes)),
+                                6,
+                                C_CAP.stroke_width(2),
+                            )
+                        }))
+                        .map_err(err)?
+                        .label("probe that OOMed")
+                        .legend(|(x, y)| Cross::new((x + 9, y), 5, C_CAP.stroke_width(2)));
+                }
+            }
+        }
+        if !measured.is_empty() {
+            chart
+                .draw_series(measured.iter().map(|c| {
+                    Circle::new(
+                        (c.concurrency as f64, sc.v(c.peak_reserved_bytes)),
+                        5,
+                        C_RESERVED.filled(),
+                    )
+                }))
+                .map_err(err)?
+                .label("run: peak reserved")
+                .legend(|(x, y)| Circle::new((x + 9, y), 5, C_RESERVED.filled()));
+            chart
+                .draw_series(measured.iter().map(|c| {
+                    Circle::new(
+                        (c.concurrency as f64, sc.v(c.peak_allocated_bytes)),
+                        5,
+                        C_ALLOC.filled(),
+                    )
+                }))
+                .map_err(err)?
+                .label("run: peak allocated")
+                .legend(|(x, y)| Circle::new((x + 9, y), 5, C_ALLOC.filled()));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .margin(18)
+            .background_style(WHITE.mix(0.9))
+            .border_style(RGBColor(200, 200, 200))
+            .label_font((FONT, 13))
+            .draw()
+            .map_err(err)?;
+        Ok(())
+    })
+}
+
+/// The category breakdown at the allocated peak (and at the first OOM, when there was
+/// one) as horizontal stacked bars.
+pub fn categories_svg(r: &RunResult) -> String {
+    let title = "What the memory is for: category breakdown";
+    let mut bars: Vec<(String, CategoryBytes)> = vec![(
+        format!("at the peak ({})", super::fmt_bytes(r.peaks.allocated_bytes)),
+        r.peaks.categories_at_peak,
+    )];
+    if let Some(o) = r.ooms.first() {
+        bars.push((format!("at the first OOM (t={:.1}s)", o.t_s), o.categories));
+    }
+    let bars: Vec<_> = bars.into_iter().filter(|b| b.1.total() > 0).collect();
+    if bars.is_empty() {
+        return message_svg(title, "No categorized bytes were recorded.");
+    }
+    let x_max_b = bars.iter().map(|b| b.1.total()).max().unwrap_or(1);
+    let sc = Scale::for_max(x_max_b as f64);
+    let x_max = sc.v(x_max_b) * 1.05;
+    let n = bars.len() as f64;
+    render(title, |root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption(title, (FONT, 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(20)
+            .build_cartesian_2d(0f64..x_max, 0f64..(n + 0.9))
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .disable_y_axis()
+            .x_desc(sc.name)
+            .light_line_style(RGBColor(235, 235, 235))
+            .draw()
+            .map_err(err)?;
+        for (bi, (label, cats)) in bars.iter().enumerate() {
+            // Bars from the top down.
+            let y1 = n - bi as f64 + 0.6;
+            let y0 = y1 - 0.55;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    label.clone(),
+                    (0.0, y1 + 0.22),
+                    (FONT, 14).into_font().color(&BLACK),
+                )))
+                .map_err(err)?;
+            let mut x = 0.0;
+            for (ci, (name, bytes)) in cats.entries().iter().enumerate() {
+                if *bytes == 0 {
+                    continue;
+                }
+                let w = sc.v(*bytes);
+                let c = CATEGORY_COLORS[ci];
+                chart
+                    .draw_series(std::iter::once(Rectangle::new(
+                        [(x, y0), (x + w, y1)],
+                        c.filled(),
+                    )))
+                    .map_err(err)?;
+                chart
+                    .draw_series(std::iter::once(Rectangle::new(
+                        [(x, y0), (x + w, y1)],
+                        WHITE.stroke_width(1),
+                    )))
+                    .map_err(err)?;
+                if w / x_max > 0.09 {
+                    chart
+                        .draw_series(std::iter::once(Text::new(
+                            format!("{name} {}", super::fmt_bytes(*bytes)),
+                            (x + x_max * 0.005, (y0 + y1) / 2.0 + 0.06),
+                            (FONT, 12).into_font().color(&WHITE),
+                        )))
+                        .map_err(err)?;
+                }
+                x += w;
+            }
+        }
+        for (ci, (name, _)) in CategoryBytes::default().entries().iter().enumerate() {
+            let c = CATEGORY_COLORS[ci];
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(0.0, -1.0), (0.0, -1.0)],
+                    c.filled(),
+                )))
+                .map_err(err)?
+                .label(*name)
+                .legend(legend_box(c));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .margin(10)
+            .background_style(WHITE.mix(0.9))
+            .border_style(RGBColor(200, 200, 200))
+            .label_font((FONT, 13))
+            .draw()
+            .map_err(err)?;
+        Ok(())
+    })
+}
+
+/// The category breakdown over time, stacked.
+pub fn categories_over_time_svg(r: &RunResult) -> String {
+    let title = "Category breakdown over time (stacked)";
+    let samples = decimate(&r.timeline, MAX_POINTS, |s| s.categories.total());
+    if samples.iter().all(|s| s.categories.total() == 0) {
+        return message_svg(title, "No categorized bytes were recorded.");
+    }
+    let max_b = samples
+        .iter()
+        .map(|s| s.categories.total().max(s.allocated_bytes))
+        .max()
+        .unwrap_or(1);
+    let sc = Scale::for_max(max_b as f64);
+    let y_max = (sc.v(max_b) * 1.12).max(1e-6);
+    let t_end = samples.last().map(|s| s.t_s).unwrap_or(1.0).max(1e-3);
+    render(title, |root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption(title, (FONT, 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0f64..t_end, 0f64..y_max)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("time since the first request (s)")
+            .y_desc(sc.name)
+            .light_line_style(RGBColor(235, 235, 235))
+            .draw()
+            .map_err(err)?;
+        // Cumulative tops, drawn from the top layer down so each area covers the next.
+        let names = CategoryBytes::default().entries().map(|e| e.0);
+        for ci in (0..6).rev() {
+            let c = CATEGORY_COLORS[ci];
+            let pts: Vec<(f64, f64)> = samples
+                .iter()
+                .map(|s| {
+                    let e = s.categories.entries();
+                    let top: u64 = e[..=ci].iter().map(|x| x.1).sum();
+                    (s.t_s, sc.v(top))
+                })
+                .collect();
+            chart
+                .draw_series(AreaSeries::new(pts, 0.0, c.mix(0.85).filled()).border_style(c))
+                .map_err(err)?
+                .label(names[ci])
+                .legend(legend_box(c));
+        }
+        chart
+            .draw_series(LineSeries::new(
+                samples.iter().map(|s| (s.t_s, sc.v(s.allocated_bytes))),
+                BLACK.stroke_width(1),
+            ))
+            .map_err(err)?
+            .label("allocated")
+            .legend(legend_line(BLACK));
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .margin(18)
+            .background_style(WHITE.mix(0.9))
+            .border_style(RGBColor(200, 200, 200))
+            .label_font((FONT, 13))
+            .draw()
+            .map_err(err)?;
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::testdata::synthetic;
+
+    #[test]
+    fn every_plot_is_an_svg_with_its_series() {
+        let r = synthetic();
+        for (name, svg) in [
+            ("timeline", timeline_svg(&r)),
+            ("latency", latency_svg(&r)),
+            ("peak", peak_vs_concurrency_svg(&r)),
+            ("categories", categories_svg(&r)),
+            ("categories_time", categories_over_time_svg(&r)),
+        ] {
+            assert!(svg.starts_with("<svg"), "{name}: {}", &svg[..80.min(svg.len())]);
+            assert!(svg.trim_end().ends_with("</svg>"), "{name}");
+            assert!(!svg.contains("could not draw"), "{name}");
+            assert!(svg.matches("<polyline").count() + svg.matches("<path").count() + svg.matches("<rect").count() > 3, "{name}");
+        }
+        let t = timeline_svg(&r);
+        for k in ["allocated", "reserved", "inactive_split", "device used", "capacity", "stage 2"] {
+            assert!(t.contains(k), "timeline lacks {k}");
+        }
+        let p = peak_vs_concurrency_svg(&r);
+        assert!(p.contains("predicted OOM"), "peak plot lacks the OOM point");
+    }
+
+    #[test]
+    fn empty_run_still_gives_svgs() {
+        let mut r = synthetic();
+        r.timeline.clear();
+        r.by_concurrency.clear();
+        r.stages.clear();
+        r.oom_search = None;
+        r.ooms.clear();
+        r.peaks = Default::default();
+        for svg in [
+            timeline_svg(&r),
+            latency_svg(&r),
+            peak_vs_concurrency_svg(&r),
+            categories_svg(&r),
+            categories_over_time_svg(&r),
+        ] {
+            assert!(svg.starts_with("<svg") && svg.contains("</svg>"));
+        }
+    }
+
+    #[test]
+    fn decimation_keeps_peaks() {
+        let r = synthetic();
+        let mut many = Vec::new();
+        for i in 0..20_000 {
+            let mut s = r.timeline[0];
+            s.t_s = i as f64 * 0.001;
+            s.allocated_bytes = if i == 12_345 { 1 << 40 } else { (i % 100) as u64 };
+            many.push(s);
+        }
+        let d = decimate(&many, 1000, |s| s.allocated_bytes);
+        assert!(d.len() <= 1100);
+        assert!(d.iter().any(|s| s.allocated_bytes == 1 << 40));
+        assert!(d.windows(2).all(|w| w[0].t_s <= w[1].t_s));
+    }
+}

@@ -20,6 +20,7 @@
 pub mod claims;
 pub mod devices;
 pub mod diagnose;
+pub mod report;
 pub mod error;
 pub mod results;
 pub mod runner;

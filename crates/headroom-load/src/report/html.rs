@@ -181,7 +181,11 @@ fn badges(h: &mut String, r: &RunResult) {
     } else {
         ""
     };
-    let _ = write!(h, "<span class=\"{cls}\">{}</span>", esc(stop_text(r.stop_reason)));
+    let _ = write!(
+        h,
+        "<span class=\"{cls}\">{}</span>",
+        esc(stop_text(r.stop_reason))
+    );
     let _ = write!(
         h,
         "<span class=\"{}\">{} OOM{}</span>",
@@ -278,7 +282,10 @@ fn summary_section(h: &mut String, r: &RunResult) {
     if let Some(a) = sc.accum_steps {
         rows.push((
             "accumulation",
-            format!("{a} steps, {}", sc.accum_pattern.clone().unwrap_or_default()),
+            format!(
+                "{a} steps, {}",
+                sc.accum_pattern.clone().unwrap_or_default()
+            ),
         ));
     }
     rows.extend([
@@ -522,7 +529,9 @@ fn categories_table(h: &mut String, r: &RunResult) {
 fn findings_section(h: &mut String, r: &RunResult) {
     h.push_str("<h2 id=\"findings\">Findings</h2>\n");
     if r.findings.is_empty() {
-        h.push_str("<p class=\"pass\">No findings: nothing wasteful was detected in this run.</p>\n");
+        h.push_str(
+            "<p class=\"pass\">No findings: nothing wasteful was detected in this run.</p>\n",
+        );
         return;
     }
     for f in &r.findings {
@@ -539,7 +548,11 @@ fn findings_section(h: &mut String, r: &RunResult) {
             esc(f.id.as_str())
         );
         let _ = writeln!(h, "<p><strong>Evidence.</strong> {}</p>", esc(&f.evidence));
-        let _ = writeln!(h, "<p><strong>Fix.</strong></p><pre><code>{}</code></pre>", esc(&f.fix));
+        let _ = writeln!(
+            h,
+            "<p><strong>Fix.</strong></p><pre><code>{}</code></pre>",
+            esc(&f.fix)
+        );
         let _ = writeln!(
             h,
             "<p><strong>Predicted saving:</strong> {}</p>",
@@ -610,7 +623,9 @@ fn what_if_section(h: &mut String, r: &RunResult) {
 fn thresholds_section(h: &mut String, r: &RunResult) {
     h.push_str("<h2 id=\"thresholds\">Thresholds</h2>\n");
     if r.thresholds.is_empty() {
-        h.push_str("<p>No threshold was given (<code>--threshold 'peak_reserved&lt;6GiB'</code>).</p>\n");
+        h.push_str(
+            "<p>No threshold was given (<code>--threshold 'peak_reserved&lt;6GiB'</code>).</p>\n",
+        );
         return;
     }
     h.push_str(
@@ -648,7 +663,8 @@ fn ooms_section(h: &mut String, r: &RunResult) {
          <th class=\"num\">reserved</th><th>message</th></tr>\n",
     );
     for o in &r.ooms {
-        let _ = writeln!(
+        let _ =
+            writeln!(
             h,
             "<tr><td class=\"num\">{:.2}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
              <td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\

@@ -111,7 +111,10 @@ mod tests {
         let p = dir.join("a.json");
         write_atomic(&p, b"{}").unwrap();
         assert_eq!(fs::read(&p).unwrap(), b"{}");
-        let names: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names.len(), 1, "{names:?}");
         // A missing folder: an error, and nothing created.
         let q = dir.join("missing").join("b.json");

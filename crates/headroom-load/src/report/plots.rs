@@ -8,6 +8,7 @@
 //! survive and the page stays small.
 
 use plotters::coord::Shift;
+use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 
 use crate::results::{CategoryBytes, MemorySample, RunResult, SampleKind};
@@ -127,7 +128,11 @@ pub fn message_svg(title: &str, msg: &str) -> String {
 
 /// Keeps at most `max` samples: per time bucket, the lowest and the highest by `key`
 /// (in time order), and every OOM sample.
-fn decimate(samples: &[MemorySample], max: usize, key: impl Fn(&MemorySample) -> u64) -> Vec<MemorySample> {
+fn decimate(
+    samples: &[MemorySample],
+    max: usize,
+    key: impl Fn(&MemorySample) -> u64,
+) -> Vec<MemorySample> {
     if samples.len() <= max {
         return samples.to_vec();
     }
@@ -174,7 +179,10 @@ fn legend_box(c: RGBColor) -> impl Fn((i32, i32)) -> Rectangle<(i32, i32)> {
 pub fn timeline_svg(r: &RunResult) -> String {
     let title = "Memory timeline";
     if r.timeline.is_empty() {
-        return message_svg(title, "No memory samples were taken (the run ended before the first).");
+        return message_svg(
+            title,
+            "No memory samples were taken (the run ended before the first).",
+        );
     }
     let samples = decimate(&r.timeline, MAX_POINTS, |s| s.allocated_bytes);
     let has_device = samples.iter().any(|s| s.device_used_bytes.is_some());
@@ -191,7 +199,8 @@ pub fn timeline_svg(r: &RunResult) -> String {
         .max(r.peaks.reserved_bytes);
     // The capacity line is drawn when it is within reach of the data; a 140 GiB card under a
     // 100 MiB workload would flatten every curve.
-    let show_cap = r.capacity_bytes > 0 && (r.capacity_bytes as f64) <= 4.0 * data_max.max(1) as f64;
+    let show_cap =
+        r.capacity_bytes > 0 && (r.capacity_bytes as f64) <= 4.0 * data_max.max(1) as f64;
     let y_max_b = if show_cap {
         data_max.max(r.capacity_bytes)
     } else {
@@ -210,7 +219,10 @@ pub fn timeline_svg(r: &RunResult) -> String {
         let cap_note = if show_cap || r.capacity_bytes == 0 {
             String::new()
         } else {
-            format!(" (capacity {} off the scale)", super::fmt_bytes(r.capacity_bytes))
+            format!(
+                " (capacity {} off the scale)",
+                super::fmt_bytes(r.capacity_bytes)
+            )
         };
         let mut chart = ChartBuilder::on(root)
             .caption(format!("{title}{cap_note}"), (FONT, 20))
@@ -344,7 +356,10 @@ pub fn latency_svg(r: &RunResult) -> String {
         .filter(|c| c.latency.count > 0)
         .collect();
     if rows.is_empty() {
-        return message_svg(title, "No request succeeded, so there is no latency to show.");
+        return message_svg(
+            title,
+            "No request succeeded, so there is no latency to show.",
+        );
     }
     let x_max = rows.iter().map(|c| c.concurrency).max().unwrap_or(1) as f64;
     let x_min = rows.iter().map(|c| c.concurrency).min().unwrap_or(1) as f64;
@@ -429,9 +444,13 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
         .max()
         .unwrap_or(1) as f64;
     if let Some(s) = s {
-        for v in [s.predicted_oom_load, s.observed_oom_load, s.verified_safe_load]
-            .into_iter()
-            .flatten()
+        for v in [
+            s.predicted_oom_load,
+            s.observed_oom_load,
+            s.verified_safe_load,
+        ]
+        .into_iter()
+        .flatten()
         {
             x_max = x_max.max(v as f64);
         }
@@ -440,7 +459,11 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
     let y_data = measured
         .iter()
         .map(|c| c.peak_reserved_bytes.max(c.peak_allocated_bytes))
-        .chain(probes.iter().map(|p| p.peak_reserved_bytes.max(p.peak_allocated_bytes)))
+        .chain(
+            probes
+                .iter()
+                .map(|p| p.peak_reserved_bytes.max(p.peak_allocated_bytes)),
+        )
         .max()
         .unwrap_or(0);
     let y_max_b = y_data.max(r.capacity_bytes);
@@ -515,7 +538,9 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
             };
             if let Some(k) = s.predicted_oom_load {
                 let x = k as f64;
-                chart.draw_series(std::iter::once(vline(x, C_CAP))).map_err(err)?;
+                chart
+                    .draw_series(std::iter::once(vline(x, C_CAP)))
+                    .map_err(err)?;
                 let y = (s.fit.at(x) / sc.div).clamp(0.0, y_max);
                 chart
                     .draw_series(std::iter::once(TriangleMarker::new(
@@ -536,7 +561,9 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
             }
             if let Some(k) = s.verified_safe_load {
                 let x = k as f64;
-                chart.draw_series(std::iter::once(vline(x, C_SAFE))).map_err(err)?;
+                chart
+                    .draw_series(std::iter::once(vline(x, C_SAFE)))
+                    .map_err(err)?;
                 chart
                     .draw_series(std::iter::once(Text::new(
                         format!("safe c={k}"),
@@ -615,7 +642,10 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
 pub fn categories_svg(r: &RunResult) -> String {
     let title = "What the memory is for: category breakdown";
     let mut bars: Vec<(String, CategoryBytes)> = vec![(
-        format!("at the peak ({})", super::fmt_bytes(r.peaks.allocated_bytes)),
+        format!(
+            "at the peak ({})",
+            super::fmt_bytes(r.peaks.allocated_bytes)
+        ),
         r.peaks.categories_at_peak,
     )];
     if let Some(o) = r.ooms.first() {
@@ -795,13 +825,30 @@ mod tests {
             ("categories", categories_svg(&r)),
             ("categories_time", categories_over_time_svg(&r)),
         ] {
-            assert!(svg.starts_with("<svg"), "{name}: {}", &svg[..80.min(svg.len())]);
+            assert!(
+                svg.starts_with("<svg"),
+                "{name}: {}",
+                &svg[..80.min(svg.len())]
+            );
             assert!(svg.trim_end().ends_with("</svg>"), "{name}");
             assert!(!svg.contains("could not draw"), "{name}");
-            assert!(svg.matches("<polyline").count() + svg.matches("<path").count() + svg.matches("<rect").count() > 3, "{name}");
+            assert!(
+                svg.matches("<polyline").count()
+                    + svg.matches("<path").count()
+                    + svg.matches("<rect").count()
+                    > 3,
+                "{name}"
+            );
         }
         let t = timeline_svg(&r);
-        for k in ["allocated", "reserved", "inactive_split", "device used", "capacity", "stage 2"] {
+        for k in [
+            "allocated",
+            "reserved",
+            "inactive_split",
+            "device used",
+            "capacity",
+            "stage 2",
+        ] {
             assert!(t.contains(k), "timeline lacks {k}");
         }
         let p = peak_vs_concurrency_svg(&r);
@@ -835,7 +882,11 @@ mod tests {
         for i in 0..20_000 {
             let mut s = r.timeline[0];
             s.t_s = i as f64 * 0.001;
-            s.allocated_bytes = if i == 12_345 { 1 << 40 } else { (i % 100) as u64 };
+            s.allocated_bytes = if i == 12_345 {
+                1 << 40
+            } else {
+                (i % 100) as u64
+            };
             many.push(s);
         }
         let d = decimate(&many, 1000, |s| s.allocated_bytes);

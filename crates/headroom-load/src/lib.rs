@@ -20,8 +20,8 @@
 pub mod claims;
 pub mod devices;
 pub mod diagnose;
-pub mod report;
 pub mod error;
+pub mod report;
 pub mod results;
 pub mod runner;
 pub mod scenario;

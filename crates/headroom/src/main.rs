@@ -1,5 +1,7 @@
 //! `headroom`: the command line. Thin: it parses arguments, calls the libraries, prints.
 
+mod claims_cmd;
+mod loadtest_cmd;
 mod predict_cmd;
 mod replay_cmd;
 
@@ -23,6 +25,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Load-test a model workload: ramp the load, watch memory as the allocator sees it,
+    /// find the OOM point, name the waste, write report.html, results.json and
+    /// snapshot.pickle. With no arguments: the default scenario on the CPU device.
+    Loadtest(Box<loadtest_cmd::LoadtestArgs>),
+    /// Re-run the five well-known claims about PyTorch memory and print a verdict for each.
+    Claims(claims_cmd::ClaimsArgs),
     /// Replay a PyTorch memory snapshot through Headroom's allocator, under one or more
     /// configs, and report peaks, segments, retries and OOMs.
     Replay(replay_cmd::ReplayArgs),
@@ -53,6 +61,8 @@ impl<E: Into<anyhow::Error>> From<E> for UserError {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Loadtest(a) => loadtest_cmd::loadtest(*a),
+        Command::Claims(a) => claims_cmd::claims(a),
         Command::Replay(a) => replay_cmd::replay(a),
         Command::Summary(a) => replay_cmd::summary(a),
         Command::Predict(a) => predict_cmd::predict(a),

@@ -101,6 +101,9 @@ pub fn fmt_value(v: f64, unit: &str) -> String {
 pub(crate) mod testdata;
 
 #[cfg(test)]
+mod browser_test;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -235,7 +235,9 @@ pub fn timeline_svg(r: &RunResult) -> String {
             .configure_mesh()
             .x_desc("time since the first request (s)")
             .y_desc(sc.name)
-            .light_line_style(RGBColor(235, 235, 235))
+            .light_line_style(RGBColor(243, 243, 243))
+            .label_style((FONT, 14))
+            .axis_desc_style((FONT, 15))
             .draw()
             .map_err(err)?;
         // Stage bands, alternating shades, each labelled with its concurrency.
@@ -387,7 +389,9 @@ pub fn latency_svg(r: &RunResult) -> String {
             .configure_mesh()
             .x_desc("concurrent workers")
             .y_desc("latency (ms)")
-            .light_line_style(RGBColor(235, 235, 235))
+            .light_line_style(RGBColor(243, 243, 243))
+            .label_style((FONT, 14))
+            .axis_desc_style((FONT, 15))
             .draw()
             .map_err(err)?;
         type Get = fn(&crate::results::LatencyStats) -> f64;
@@ -481,7 +485,9 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
             .configure_mesh()
             .x_desc("concurrent workers")
             .y_desc(sc.name)
-            .light_line_style(RGBColor(235, 235, 235))
+            .light_line_style(RGBColor(243, 243, 243))
+            .label_style((FONT, 14))
+            .axis_desc_style((FONT, 15))
             .draw()
             .map_err(err)?;
         let cap = sc.v(r.capacity_bytes);
@@ -626,7 +632,7 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(SeriesLabelPosition::LowerRight)
             .margin(18)
             .background_style(WHITE.mix(0.9))
             .border_style(RGBColor(200, 200, 200))
@@ -672,7 +678,9 @@ pub fn categories_svg(r: &RunResult) -> String {
             .disable_y_mesh()
             .disable_y_axis()
             .x_desc(sc.name)
-            .light_line_style(RGBColor(235, 235, 235))
+            .light_line_style(RGBColor(243, 243, 243))
+            .label_style((FONT, 14))
+            .axis_desc_style((FONT, 15))
             .draw()
             .map_err(err)?;
         for (bi, (label, cats)) in bars.iter().enumerate() {
@@ -768,7 +776,9 @@ pub fn categories_over_time_svg(r: &RunResult) -> String {
             .configure_mesh()
             .x_desc("time since the first request (s)")
             .y_desc(sc.name)
-            .light_line_style(RGBColor(235, 235, 235))
+            .light_line_style(RGBColor(243, 243, 243))
+            .label_style((FONT, 14))
+            .axis_desc_style((FONT, 15))
             .draw()
             .map_err(err)?;
         // Cumulative tops, drawn from the top layer down so each area covers the next.

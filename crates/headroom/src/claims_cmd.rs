@@ -1,0 +1,118 @@
+//! `headroom claims`: the five well-known claims about PyTorch memory, re-run on
+//! Headroom's runtime, each with a verdict and the measured numbers beside PyTorch's.
+
+use std::process::ExitCode;
+
+use clap::Args;
+use headroom_load::{ClaimVerdict, ClaimsResult};
+
+use crate::replay_cmd::print_rows;
+use crate::UserError;
+
+#[derive(Args, Debug)]
+pub struct ClaimsArgs {
+    /// Print the verdicts as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn fmt_num(v: f64, unit: &str) -> String {
+    let s = if v.abs() >= 100.0 {
+        format!("{v:.1}")
+    } else if v.abs() >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    };
+    if unit.is_empty() {
+        s
+    } else {
+        format!("{s} {unit}")
+    }
+}
+
+fn print_claim(i: usize, c: &ClaimVerdict) {
+    println!(
+        "{}. [{}] {}",
+        i + 1,
+        if c.holds { "HOLDS" } else { "MYTH" },
+        c.claim
+    );
+    println!("   verdict: {}", c.verdict);
+    if !c.numbers.is_empty() {
+        let rows: Vec<Vec<String>> = c
+            .numbers
+            .iter()
+            .map(|n| {
+                let matches = match n.pytorch {
+                    Some(p) if p != 0.0 => {
+                        if ((n.headroom - p) / p).abs() <= n.tolerance {
+                            "yes"
+                        } else {
+                            "no"
+                        }
+                    }
+                    Some(_) => {
+                        if n.headroom.abs() <= n.tolerance {
+                            "yes"
+                        } else {
+                            "no"
+                        }
+                    }
+                    None => "-",
+                };
+                vec![
+                    format!("   {}", n.label),
+                    fmt_num(n.headroom, &n.unit),
+                    n.pytorch
+                        .map(|p| fmt_num(p, &n.unit))
+                        .unwrap_or_else(|| "-".into()),
+                    format!("±{:.0}%", n.tolerance * 100.0),
+                    matches.into(),
+                ]
+            })
+            .collect();
+        print_rows(
+            &[
+                "   measured",
+                "headroom",
+                "pytorch (H200)",
+                "tolerance",
+                "match",
+            ],
+            &rows,
+        );
+    }
+    println!(
+        "   agrees with PyTorch's measurements: {}",
+        if c.matches_pytorch { "yes" } else { "no" }
+    );
+    println!();
+}
+
+pub fn claims(a: ClaimsArgs) -> Result<ExitCode, UserError> {
+    let r: ClaimsResult = headroom_load::claims::run_claims();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&r).map_err(|e| UserError(e.into()))?
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    if r.claims.is_empty() {
+        println!("no claims were measured");
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("The well-known claims about PyTorch memory, re-run on Headroom's runtime:\n");
+    for (i, c) in r.claims.iter().enumerate() {
+        print_claim(i, c);
+    }
+    let holds = r.claims.iter().filter(|c| c.holds).count();
+    let agree = r.claims.iter().filter(|c| c.matches_pytorch).count();
+    println!(
+        "{holds} of {} claims hold; {agree} of {} agree with PyTorch's own figures.",
+        r.claims.len(),
+        r.claims.len()
+    );
+    Ok(ExitCode::SUCCESS)
+}

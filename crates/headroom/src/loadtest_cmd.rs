@@ -1,0 +1,556 @@
+//! `headroom loadtest`: put a model workload under load, watch its memory as the allocator
+//! sees it, find the OOM point, name the waste, and write the report.
+//!
+//! Flags follow k6 and oha: `-c` workers, `-n` requests, `-z` duration, `--stages` k6-style,
+//! `--threshold` k6-style (a broken one exits 99). Everything the user typed is checked
+//! before the run starts and before any file is created: a bad value exits 2 and leaves no
+//! output behind. Ctrl-C stops the load; what was measured is still reported and written.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context};
+use clap::Args;
+use headroom_alloc::size::{human_bytes, parse_size};
+use headroom_load::report::{summary_table, write_html, write_json};
+use headroom_load::{
+    parse_duration, parse_stages, parse_thresholds, AccumPattern, DeviceChoice, InputDist,
+    LoadConfig, LoadError, LoadPlan, Mode, ModelSpec, OptimKind, Progress, RampStep, RunResult,
+    Scenario, Stage, StopReason,
+};
+use headroom_tensor::DType;
+
+use crate::UserError;
+
+/// Exit code of a run that broke a `--threshold` (k6's).
+pub const EXIT_THRESHOLD: u8 = 99;
+/// Exit code of a run stopped by Ctrl-C (after writing what was measured).
+pub const EXIT_CANCELLED: u8 = 130;
+
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:\n  \
+    headroom loadtest                                  # default scenario, cpu, 256 MiB capacity\n  \
+    headroom loadtest --model gpt2-tiny -c 4 -z 10s --threshold 'peak_reserved<64MiB'\n  \
+    headroom loadtest --stages 1:10s,4:20s,16:20s --grad-on\n  \
+    headroom loadtest --device meta --ramp-until-oom --capacity 1GiB\n  \
+    headroom loadtest --mode train --model mlp-small --accum 4 --sum-losses")]
+pub struct LoadtestArgs {
+    /// mlp, mlp-small, mlp-tiny, resnet18, resnet50, gpt2, gpt2-small, gpt2-tiny.
+    /// Default: the default scenario's gpt2-small.
+    #[arg(long)]
+    model: Option<String>,
+    /// Samples per request (per micro-batch in training).
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Input size per request: sequence length (gpt2), image side (resnet) or rows (mlp):
+    /// `128`, `uniform:16..128`, `choice:32,64,128`.
+    #[arg(long, visible_alias = "input", value_name = "DIST")]
+    seq: Option<String>,
+    /// infer or train.
+    #[arg(long, default_value = "infer")]
+    mode: String,
+    /// Training: sgd or adamw.
+    #[arg(long, default_value = "sgd")]
+    optimizer: String,
+    /// Training: micro-steps per optimizer step.
+    #[arg(long, default_value_t = 1)]
+    accum: usize,
+    /// Training: each (backward every micro-step) or sum.
+    #[arg(long = "accum-pattern", default_value = "each")]
+    accum_pattern: String,
+    /// f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// Seed of the input-size draws.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Planted mistake: inference with autograd on (no `torch.no_grad()`).
+    #[arg(long = "grad-on")]
+    grad_on: bool,
+    /// Planted mistake: training sums the micro-steps' losses, then one backward.
+    #[arg(long = "sum-losses")]
+    sum_losses: bool,
+    /// Planted mistake: every request's output is kept (a leak).
+    #[arg(long = "keep-outputs")]
+    keep_outputs: bool,
+    /// Planted "mistake": named temporaries instead of chained calls (a myth: no effect).
+    #[arg(long = "named-temporaries")]
+    named_temporaries: bool,
+    /// cpu (real compute under --capacity), meta (no data, fast) or cuda.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Device capacity, e.g. 256MiB, 6GiB (simulated on cpu and meta).
+    #[arg(long, value_name = "SIZE")]
+    capacity: Option<String>,
+    /// Allocator config in PYTORCH_CUDA_ALLOC_CONF syntax.
+    #[arg(long = "alloc-conf", value_name = "CONF")]
+    alloc_conf: Option<String>,
+    /// Extra allocator configs to replay the run's trace under (the what-if table).
+    #[arg(long = "what-if", value_name = "CONF")]
+    what_if: Vec<String>,
+    /// Concurrent workers (closed model).
+    #[arg(short = 'c', long = "concurrency", value_name = "N")]
+    concurrency: Option<usize>,
+    /// Total requests to make, then stop.
+    #[arg(short = 'n', long = "requests", value_name = "N", conflicts_with_all = ["duration", "stages"])]
+    requests: Option<u64>,
+    /// Duration of a fixed-concurrency run (10s, 500ms, 1m); with --ramp-until-oom, of each
+    /// ramp stage.
+    #[arg(short = 'z', long = "duration", value_name = "DURATION")]
+    duration: Option<String>,
+    /// k6-style stages WORKERS:DURATION,... e.g. 1:10s,4:20s,16:20s.
+    #[arg(long, value_name = "SPEC", conflicts_with_all = ["concurrency", "ramp_until_oom"])]
+    stages: Option<String>,
+    /// Raise the load (from -c, default 1) until the first OOM, then stop.
+    #[arg(long = "ramp-until-oom")]
+    ramp_until_oom: bool,
+    /// How the ramp raises the load: x2 (double) or +4 (add).
+    #[arg(long = "ramp-step", default_value = "x2", value_name = "STEP")]
+    ramp_step: String,
+    /// Highest concurrency the ramp tries.
+    #[arg(long = "ramp-max", default_value_t = 256, value_name = "N")]
+    ramp_max: usize,
+    /// Time bound of the ramp.
+    #[arg(long = "time-limit", default_value = "90s", value_name = "DURATION")]
+    time_limit: String,
+    /// Period of the memory sampler.
+    #[arg(
+        long = "sample-period",
+        default_value = "20ms",
+        value_name = "DURATION"
+    )]
+    sample_period: String,
+    /// Skip the OOM search (the fit and the bisection on meta).
+    #[arg(long = "no-search")]
+    no_search: bool,
+    /// k6-style threshold, repeatable: 'peak_reserved<6GiB', 'p99<200ms', 'oom_count==0'.
+    /// A broken one makes the run exit 99.
+    #[arg(long = "threshold", value_name = "EXPR")]
+    threshold: Vec<String>,
+    /// Folder for report.html, results.json and snapshot.pickle (created after the run).
+    #[arg(long, default_value = "out/loadtest", value_name = "DIR")]
+    out: PathBuf,
+    /// Print the results as JSON on stdout instead of the summary table.
+    #[arg(long)]
+    json: bool,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn le(e: LoadError) -> UserError {
+    UserError(anyhow!(e.to_string()))
+}
+
+/// The default input size for a model when `--seq` is not given.
+fn default_input(model: &ModelSpec, default: &InputDist) -> InputDist {
+    match model {
+        ModelSpec::Gpt2(c) if default.max() <= c.n_positions => default.clone(),
+        ModelSpec::Gpt2(c) => InputDist::Uniform {
+            lo: (c.n_positions / 4).max(1),
+            hi: c.n_positions,
+        },
+        ModelSpec::ResNet18 { .. } | ModelSpec::ResNet50 { .. } => InputDist::Fixed(224),
+        ModelSpec::Mlp { .. } => InputDist::Fixed(1),
+    }
+}
+
+fn scenario(a: &LoadtestArgs) -> Result<Scenario, UserError> {
+    let mut s = Scenario::default();
+    let default_input_dist = s.input.clone();
+    if let Some(m) = &a.model {
+        s.model = m.parse::<ModelSpec>().map_err(le)?;
+        s.input = default_input(&s.model, &default_input_dist);
+    }
+    if let Some(b) = a.batch {
+        if b == 0 {
+            return Err(anyhow!("--batch must be at least 1").into());
+        }
+        s.batch = b;
+    }
+    if let Some(d) = &a.seq {
+        s.input = d.parse::<InputDist>().map_err(le)?;
+    }
+    if let Some(seed) = a.seed {
+        s.seed = seed;
+    }
+    s.dtype = match a.dtype.to_ascii_lowercase().as_str() {
+        "f32" | "float32" => DType::F32,
+        "bf16" | "bfloat16" => DType::BF16,
+        other => return Err(anyhow!("unknown --dtype {other:?} (expected f32, bf16)").into()),
+    };
+    let optimizer = a.optimizer.parse::<OptimKind>().map_err(le)?;
+    let pattern = a.accum_pattern.parse::<AccumPattern>().map_err(le)?;
+    s.mode = match a.mode.trim().to_ascii_lowercase().as_str() {
+        "infer" | "inference" => Mode::Inference,
+        "train" | "training" => {
+            if a.accum == 0 {
+                return Err(anyhow!("--accum must be at least 1").into());
+            }
+            Mode::Training {
+                optimizer,
+                accum_steps: a.accum,
+                pattern,
+            }
+        }
+        other => return Err(anyhow!("unknown --mode {other:?} (expected infer, train)").into()),
+    };
+    if a.sum_losses && !s.is_training() {
+        return Err(anyhow!("--sum-losses needs --mode train").into());
+    }
+    if a.grad_on && s.is_training() {
+        return Err(anyhow!("--grad-on is an inference mistake (training has grad on)").into());
+    }
+    s.mistakes.grad_at_inference = a.grad_on;
+    s.mistakes.sum_losses = a.sum_losses;
+    s.mistakes.keep_outputs = a.keep_outputs;
+    s.mistakes.named_temporaries = a.named_temporaries;
+    let default_name = Scenario::default().name;
+    if a.model.is_some() || s.is_training() {
+        s.name = format!(
+            "{}-{}",
+            s.model.name(),
+            if s.is_training() { "train" } else { "infer" }
+        );
+    } else {
+        s.name = default_name;
+    }
+    Ok(s)
+}
+
+fn duration(flag: &str, v: &str) -> Result<Duration, UserError> {
+    parse_duration(v).map_err(|m| UserError(anyhow!("bad {flag} {v:?}: {m}")))
+}
+
+fn plan(a: &LoadtestArgs, default: &LoadPlan) -> Result<LoadPlan, UserError> {
+    if a.concurrency == Some(0) {
+        return Err(anyhow!("-c must be at least 1").into());
+    }
+    let c = a.concurrency.unwrap_or(1);
+    if a.ramp_until_oom {
+        let step_s = a.ramp_step.trim();
+        let step = if let Some(n) = step_s.strip_prefix('+') {
+            RampStep::Add(
+                n.parse()
+                    .map_err(|_| anyhow!("bad --ramp-step {step_s:?} (expected x2 or +4)"))?,
+            )
+        } else if let Some(n) = step_s.strip_prefix(['x', '*']) {
+            RampStep::Mul(
+                n.parse()
+                    .map_err(|_| anyhow!("bad --ramp-step {step_s:?} (expected x2 or +4)"))?,
+            )
+        } else {
+            return Err(anyhow!("bad --ramp-step {step_s:?} (expected x2 or +4)").into());
+        };
+        let stage = match &a.duration {
+            Some(d) => duration("-z", d)?,
+            None => Duration::from_secs(2),
+        };
+        return Ok(LoadPlan::RampUntilOom {
+            start: c,
+            step,
+            stage: Stage::timed(c, stage),
+            max_concurrency: a.ramp_max,
+            time_limit: duration("--time-limit", &a.time_limit)?,
+        });
+    }
+    if let Some(s) = &a.stages {
+        if a.duration.is_some() {
+            return Err(anyhow!("--stages sets its own durations: drop -z").into());
+        }
+        return Ok(LoadPlan::Stages(parse_stages(s).map_err(le)?));
+    }
+    if let Some(n) = a.requests {
+        if n == 0 {
+            return Err(anyhow!("-n must be at least 1").into());
+        }
+        return Ok(LoadPlan::Requests {
+            concurrency: c,
+            total: n,
+        });
+    }
+    if let Some(d) = &a.duration {
+        return Ok(LoadPlan::Stages(vec![Stage::timed(c, duration("-z", d)?)]));
+    }
+    if let Some(c) = a.concurrency {
+        return Ok(LoadPlan::Stages(vec![Stage::timed(
+            c,
+            Duration::from_secs(10),
+        )]));
+    }
+    Ok(default.clone())
+}
+
+/// Everything the user typed, checked, as the engine's config. No file is touched.
+fn config(a: &LoadtestArgs) -> Result<LoadConfig, UserError> {
+    let mut cfg = LoadConfig {
+        scenario: scenario(a)?,
+        ..LoadConfig::default()
+    };
+    cfg.device = a.device.parse::<DeviceChoice>().map_err(le)?;
+    if let Some(c) = &a.capacity {
+        cfg.capacity = parse_size(c).with_context(|| format!("bad --capacity {c:?}"))?;
+        if cfg.capacity == 0 {
+            return Err(anyhow!("--capacity must be more than 0 bytes").into());
+        }
+    }
+    if let Some(c) = &a.alloc_conf {
+        cfg.alloc_conf = if c == "default" {
+            String::new()
+        } else {
+            c.clone()
+        };
+    }
+    cfg.what_if.extend(a.what_if.iter().cloned());
+    cfg.plan = plan(a, &cfg.plan)?;
+    cfg.sample_period = duration("--sample-period", &a.sample_period)?;
+    cfg.thresholds = parse_thresholds(&a.threshold).map_err(le)?;
+    if a.no_search {
+        cfg.search = None;
+    }
+    cfg.validate().map_err(le)?;
+    Ok(cfg)
+}
+
+fn check_out_dir(out: &Path) -> Result<(), UserError> {
+    if out.exists() && !out.is_dir() {
+        return Err(anyhow!("--out {} exists and is not a folder", out.display()).into());
+    }
+    Ok(())
+}
+
+fn progress_bar(quiet: bool) -> indicatif::ProgressBar {
+    if quiet {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(1000);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner:.green} [{elapsed:>4}] {bar:28.cyan/blue} {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    pb.enable_steady_tick(Duration::from_millis(120));
+    pb
+}
+
+fn progress_message(p: &Progress) -> String {
+    let mem = format!(
+        "alloc {} / reserved {} (peak {}) of {}",
+        human_bytes(p.allocated_bytes),
+        human_bytes(p.reserved_bytes),
+        human_bytes(p.peak_allocated_bytes),
+        human_bytes(p.capacity_bytes)
+    );
+    match p.phase.as_str() {
+        "load" => format!(
+            "stage {}/{} · {} workers · {} req · {} OOM · {} err · {mem}",
+            p.stage + 1,
+            p.stages.max(p.stage + 1),
+            p.concurrency,
+            p.requests_done,
+            p.ooms,
+            p.errors
+        ),
+        "setup" => "building the model".into(),
+        "search" => "OOM search on meta (fit + bisection)".into(),
+        "what_if" => "replaying the run's trace under other allocator configs".into(),
+        "diagnose" => "diagnosing".into(),
+        "done" => "done".into(),
+        other => other.to_string(),
+    }
+}
+
+fn position(p: &Progress) -> u64 {
+    let f = if let Some(total) = p.planned_s.filter(|t| *t > 0.0) {
+        p.elapsed_s / total
+    } else if let Some(n) = p.requests_planned.filter(|n| *n > 0) {
+        p.requests_done as f64 / n as f64
+    } else {
+        0.0
+    };
+    match p.phase.as_str() {
+        "setup" => 0,
+        "load" => (f.clamp(0.0, 1.0) * 900.0) as u64,
+        "search" => 920,
+        "what_if" => 950,
+        "diagnose" => 980,
+        _ => 1000,
+    }
+}
+
+/// Writes results.json, snapshot.pickle (and oom_snapshot.pickle), report.html; returns
+/// the paths written.
+fn write_outputs(out: &Path, r: &RunResult) -> anyhow::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let mut written = Vec::new();
+    let json = out.join("results.json");
+    write_json(&json, r).with_context(|| format!("writing {}", json.display()))?;
+    written.push(json);
+    for (snap, name) in [
+        (&r.snapshot, "snapshot.pickle"),
+        (&r.oom_snapshot, "oom_snapshot.pickle"),
+    ] {
+        if let Some(s) = snap {
+            let p = out.join(name);
+            headroom_trace::write_snapshot_file(s, &p)
+                .with_context(|| format!("writing {}", p.display()))?;
+            written.push(p);
+        }
+    }
+    let html = out.join("report.html");
+    write_html(&html, r).with_context(|| format!("writing {}", html.display()))?;
+    written.push(html);
+    Ok(written)
+}
+
+pub fn loadtest(a: LoadtestArgs) -> Result<ExitCode, UserError> {
+    let cfg = config(&a)?;
+    check_out_dir(&a.out)?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        // A second Ctrl-C ends the process at once.
+        let _ = ctrlc::set_handler(move || {
+            if stop.swap(true, Ordering::SeqCst) {
+                std::process::exit(EXIT_CANCELLED as i32);
+            }
+            eprintln!("\nstopping: finishing the requests in flight, then writing the report (Ctrl-C again to quit now)");
+        });
+    }
+    let pb = progress_bar(a.quiet);
+    let result = headroom_load::run(&cfg, stop.clone(), |p| {
+        pb.set_position(position(p));
+        pb.set_message(progress_message(p));
+    });
+    pb.finish_and_clear();
+    let r = result.map_err(le)?;
+
+    let written = write_outputs(&a.out, &r).map_err(UserError)?;
+    if a.json {
+        println!("{}", r.to_json());
+    } else {
+        print!("{}", summary_table(&r));
+        println!();
+    }
+    for p in &written {
+        eprintln!("wrote {}", p.display());
+    }
+    if !r.thresholds_passed() {
+        let broken: Vec<&str> = r
+            .thresholds
+            .iter()
+            .filter(|t| !t.passed)
+            .map(|t| t.expr.as_str())
+            .collect();
+        eprintln!("threshold(s) broken: {}", broken.join(", "));
+        return Ok(ExitCode::from(EXIT_THRESHOLD));
+    }
+    if r.stop_reason == StopReason::Cancelled {
+        eprintln!("cancelled: the report holds what was measured before Ctrl-C");
+        return Ok(ExitCode::from(EXIT_CANCELLED));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        a: LoadtestArgs,
+    }
+
+    fn cfg(args: &[&str]) -> Result<LoadConfig, String> {
+        let t = T::try_parse_from(std::iter::once("x").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        config(&t.a).map_err(|e| e.0.to_string())
+    }
+
+    #[test]
+    fn default_is_the_engines_default() {
+        let c = cfg(&[]).unwrap();
+        let d = LoadConfig::default();
+        assert_eq!(c.scenario, d.scenario);
+        assert_eq!(c.plan, d.plan);
+        assert_eq!(c.capacity, d.capacity);
+        assert!(c.search.is_some());
+    }
+
+    #[test]
+    fn flags_map_to_the_plan() {
+        let c = cfg(&["-c", "4", "-z", "3s"]).unwrap();
+        assert_eq!(
+            c.plan,
+            LoadPlan::Stages(vec![Stage::timed(4, Duration::from_secs(3))])
+        );
+        let c = cfg(&["-n", "20", "-c", "2"]).unwrap();
+        assert_eq!(
+            c.plan,
+            LoadPlan::Requests {
+                concurrency: 2,
+                total: 20
+            }
+        );
+        let c = cfg(&["--stages", "1:1s,2:2s"]).unwrap();
+        assert!(matches!(c.plan, LoadPlan::Stages(ref v) if v.len() == 2));
+        let c = cfg(&["--ramp-until-oom", "--ramp-step", "+2"]).unwrap();
+        assert!(matches!(
+            c.plan,
+            LoadPlan::RampUntilOom {
+                step: RampStep::Add(2),
+                ..
+            }
+        ));
+        let c = cfg(&["--model", "gpt2-tiny", "--grad-on", "--keep-outputs"]).unwrap();
+        assert!(c.scenario.mistakes.grad_at_inference && c.scenario.mistakes.keep_outputs);
+        assert!(c.scenario.input.max() <= 32);
+        let c = cfg(&[
+            "--mode",
+            "train",
+            "--model",
+            "mlp-tiny",
+            "--accum",
+            "4",
+            "--sum-losses",
+        ])
+        .unwrap();
+        assert!(c.scenario.is_training() && c.scenario.mistakes.sum_losses);
+        let c = cfg(&["--capacity", "1GiB", "--threshold", "p99<200ms"]).unwrap();
+        assert_eq!(c.capacity, 1 << 30);
+        assert_eq!(c.thresholds.len(), 1);
+    }
+
+    #[test]
+    fn bad_arguments_are_errors() {
+        for bad in [
+            &["--model", "resnet9000"][..],
+            &["--stages", "1:10s,x"],
+            &["--stages", "0:10s"],
+            &["--threshold", "peak_reserved<<6GiB"],
+            &["--threshold", "nonsense"],
+            &["--capacity", "0"],
+            &["--capacity", "lots"],
+            &["-c", "0"],
+            &["-n", "0"],
+            &["-z", "ten"],
+            &["--device", "tpu"],
+            &["--alloc-conf", "bogus:1"],
+            &["--mode", "fly"],
+            &["--sum-losses"],
+            &["--seq", "uniform:9..3"],
+            &["--stages", "1:1s", "-c", "3"],
+            &["-n", "3", "-z", "1s"],
+        ] {
+            assert!(cfg(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+}

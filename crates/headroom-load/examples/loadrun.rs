@@ -42,6 +42,7 @@ fn main() -> Result<()> {
             _ => {}
         }
     }
+    cfg.alloc_conf = get(7, "");
     let t = std::time::Instant::now();
     let mut last = String::new();
     let r = run(&cfg, Arc::new(AtomicBool::new(false)), |p| {

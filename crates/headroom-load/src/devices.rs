@@ -129,7 +129,13 @@ const TURN_TIMEOUT: Duration = Duration::from_millis(200);
 struct VState {
     vtime: Vec<f64>,
     active: Vec<bool>,
+    /// The worker has run at least one request under this clock.
+    seen: Vec<bool>,
+    /// Virtual time at which the worker's current request began.
+    began: Vec<f64>,
     baton: Option<usize>,
+    /// Running mean of a request's virtual duration.
+    request_vtime: f64,
 }
 
 impl VState {
@@ -161,7 +167,10 @@ impl VirtualClock {
             st: Mutex::new(VState {
                 vtime: vec![0.0; MAX_WORKERS],
                 active: vec![false; MAX_WORKERS],
+                seen: vec![false; MAX_WORKERS],
+                began: vec![0.0; MAX_WORKERS],
                 baton: None,
+                request_vtime: 0.0,
             }),
             cvs: (0..MAX_WORKERS).map(|_| Condvar::new()).collect(),
         }
@@ -183,13 +192,23 @@ impl VirtualClock {
     }
     /// Worker `i` starts a request: it joins the schedule (at the current virtual time if
     /// it was idle) and waits for its turn. The guard leaves the schedule when dropped.
+    ///
+    /// A worker's *first* request starts a fraction of a mean request later than now, the
+    /// fraction being `frac(i·φ)` (a low-discrepancy sequence): in a closed system at steady
+    /// state the requests in flight are at spread-out phases, not in lockstep, and this
+    /// spreads any number of workers evenly without knowing how many will come.
     pub fn enter(&self, i: usize) -> ClockTurn<'_> {
         let i = i.min(MAX_WORKERS - 1);
         let mut st = self.st.lock();
         let now = st.next().map(|n| st.vtime[n]).unwrap_or(0.0);
-        if !st.active[i] {
+        if !st.seen[i] {
+            st.seen[i] = true;
+            let phase = (i as f64 * 0.618_033_988_749_894_9).fract();
+            st.vtime[i] = now + phase * st.request_vtime;
+        } else if !st.active[i] {
             st.vtime[i] = st.vtime[i].max(now);
         }
+        st.began[i] = st.vtime[i];
         st.active[i] = true;
         if st.baton.is_none() {
             st.baton = Some(i);
@@ -212,6 +231,12 @@ impl VirtualClock {
         WORKER.with(|w| w.set(None));
         let mut st = self.st.lock();
         st.active[i] = false;
+        let d = st.vtime[i] - st.began[i];
+        st.request_vtime = if st.request_vtime == 0.0 {
+            d
+        } else {
+            0.8 * st.request_vtime + 0.2 * d
+        };
         if st.baton == Some(i) || st.baton.is_none() {
             self.pass(&mut st);
         }

@@ -111,7 +111,7 @@ impl Default for Rules {
         Rules {
             capacity_share: 0.05,
             min_bytes: 4 << 20,
-            frag_ratio: 1.25,
+            frag_ratio: 1.5,
             accum_ratio: 1.5,
             load_drop: 0.6,
         }
@@ -400,8 +400,12 @@ fn fragmentation(r: &RunResult, rules: &Rules) -> Option<Finding> {
         .map(|o| o.reserved_bytes.saturating_sub(o.allocated_bytes))
         .max()
         .unwrap_or(0);
+    // Reserved above allocated alone is no evidence: a small model on 20 MiB segments shows
+    // a high ratio with nothing wasted. What counts is memory reserved *because* the free
+    // cache was in the wrong pieces, retries, and OOMs with much cached-but-free memory.
+    let frag = p.fragmented_segment_bytes;
     let fires =
-        (waste >= floor && ratio >= rules.frag_ratio) || p.alloc_retries > 0 || oom_waste >= floor;
+        (frag >= floor && ratio >= rules.frag_ratio) || p.alloc_retries > 0 || oom_waste >= floor;
     if !fires {
         return None;
     }
@@ -432,7 +436,9 @@ fn fragmentation(r: &RunResult, rules: &Rules) -> Option<Finding> {
             o.peak_reserved_bytes - b.peak_reserved_bytes
         }
         (Some(_), Some(_)) => 0,
-        _ => waste,
+        // No replay to ask: the fragmented segments are the upper bound of what a
+        // fragmentation-free allocator would not have reserved.
+        _ => frag.min(waste),
     };
     let fix = match best {
         Some(b) if saving > 0 => format!(
@@ -444,8 +450,13 @@ fn fragmentation(r: &RunResult, rules: &Rules) -> Option<Finding> {
                 .map(|o| o.peak_reserved_bytes)
                 .unwrap_or(p.reserved_bytes) as f64)
         ),
-        _ => "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so segments grow in place \
-              instead of splitting; pad variable sizes to a few buckets."
+        Some(_) => "No allocator config helps this trace much (see the what-if table): the \
+              waste comes from requests of many sizes whose lifetimes interleave. Pad the \
+              variable dimension to a few buckets (e.g. sequence lengths to multiples of 64) so \
+              freed blocks fit the next request."
+            .into(),
+        None => "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so segments grow in place \
+              instead of splitting, and pad variable sizes to a few buckets."
             .into(),
     };
     Some(Finding {
@@ -457,11 +468,14 @@ fn fragmentation(r: &RunResult, rules: &Rules) -> Option<Finding> {
             Severity::Warning
         },
         evidence: format!(
-            "Peak reserved {} against peak allocated {} ({:.2}x); up to {} free inside split \
-             segments; {} alloc retries{}.{}",
+            "Peak reserved {} against peak allocated {} ({:.2}x); {} new segments ({}) were \
+             reserved while the pool already held enough free cache for the request; up to {} \
+             free inside split segments; {} alloc retries{}.{}",
             mib(p.reserved_bytes as f64),
             mib(p.allocated_bytes as f64),
             ratio,
+            p.fragmented_segment_allocs,
+            mib(frag as f64),
             mib(p.inactive_split_bytes as f64),
             p.alloc_retries,
             if oom_waste > 0 {
@@ -485,6 +499,11 @@ fn fragmentation(r: &RunResult, rules: &Rules) -> Option<Finding> {
             ("inactive_split_bytes_peak", p.inactive_split_bytes as f64),
             ("alloc_retries", p.alloc_retries as f64),
             ("oom_reserved_unallocated_bytes", oom_waste as f64),
+            ("fragmented_segment_bytes", frag as f64),
+            (
+                "fragmented_segment_allocs",
+                p.fragmented_segment_allocs as f64,
+            ),
         ]),
         fix,
         predicted_saving_bytes: saving,
@@ -492,17 +511,30 @@ fn fragmentation(r: &RunResult, rules: &Rules) -> Option<Finding> {
 }
 
 fn cache_held(r: &RunResult, rules: &Rules) -> Option<Finding> {
+    // Only a load that fell leaves a burst's memory behind: a later stage with fewer
+    // workers than an earlier one.
+    let last_c = r.stages.last()?.concurrency;
+    if !r.stages.iter().any(|s| s.concurrency > last_c) {
+        return None;
+    }
     let rest = r
         .timeline
         .iter()
         .rfind(|s| s.kind == SampleKind::Periodic)?;
     let last = r.stages.last()?;
+    // What the last stage itself needs: the most allocated in its second half (its start
+    // still carries the previous stage's requests in flight), or its peak without samples.
+    let mid = last.start_s + 0.5 * (last.end_s - last.start_s);
+    let recent = r
+        .timeline
+        .iter()
+        .filter(|s| s.kind == SampleKind::Periodic && s.stage == last.index && s.t_s >= mid)
+        .map(|s| s.allocated_bytes)
+        .max()
+        .unwrap_or(last.peak_allocated_bytes);
     let held = rest.reserved_bytes.saturating_sub(rest.allocated_bytes);
-    let dropped =
-        last.peak_allocated_bytes as f64 <= rules.load_drop * r.peaks.allocated_bytes as f64;
-    let excess = rest
-        .reserved_bytes
-        .saturating_sub(last.peak_allocated_bytes);
+    let dropped = recent as f64 <= rules.load_drop * r.peaks.allocated_bytes as f64;
+    let excess = rest.reserved_bytes.saturating_sub(recent);
     let floor = rules.floor(r.capacity_bytes);
     if !(dropped && excess >= floor && held >= floor) {
         return None;
@@ -524,11 +556,11 @@ fn cache_held(r: &RunResult, rules: &Rules) -> Option<Finding> {
         title: "The cache holds memory for a burst that is over".into(),
         severity: Severity::Info,
         evidence: format!(
-            "After the load fell to {} workers (peak allocated {} in the last stage, against \
-             {} at the run's peak), the allocator still reserves {} with {} allocated: {} is \
+            "After the load fell to {} workers (at most {} allocated late in the last stage, \
+             against {} at the run's peak), the allocator still reserves {} with {} allocated: {} is \
              cached but unused; empty_cache() would return {} to the device.",
             last.concurrency,
-            mib(last.peak_allocated_bytes as f64),
+            mib(recent as f64),
             mib(r.peaks.allocated_bytes as f64),
             mib(rest.reserved_bytes as f64),
             mib(rest.allocated_bytes as f64),
@@ -540,7 +572,7 @@ fn cache_held(r: &RunResult, rules: &Rules) -> Option<Finding> {
             ("allocated_bytes_at_rest", rest.allocated_bytes as f64),
             ("cached_unused_bytes", held as f64),
             ("empty_cache_returns_bytes", releasable as f64),
-            ("last_stage_peak_allocated_bytes", last.peak_allocated_bytes as f64),
+            ("last_stage_recent_allocated_bytes", recent as f64),
         ]),
         fix: "Call `torch.cuda.empty_cache()` once a burst is over (it frees every fully free \
               segment to the driver), or set `PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.8` \

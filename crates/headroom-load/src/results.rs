@@ -367,6 +367,14 @@ pub struct Peaks {
     pub categories_at_peak: CategoryBytes,
     /// `num_alloc_retries` over the run: mallocs that failed, flushed the cache and retried.
     pub alloc_retries: i64,
+    /// Segments the allocator reserved from the device although the pool already held at
+    /// least the request's size in free cached blocks — the free memory was in pieces too
+    /// small or split the wrong way: fragmentation, measured at the moment it costs memory.
+    #[serde(default)]
+    pub fragmented_segment_allocs: u64,
+    /// Bytes of those segments.
+    #[serde(default)]
+    pub fragmented_segment_bytes: u64,
 }
 
 /// The allocator's state at an OOM, as PyTorch would show it.

@@ -1015,6 +1015,9 @@ fn aggregate(
         })
         .collect();
     let peak_t = timeline.peak.lock().1;
+    // One read: two `lock()`s in one expression would hold the first guard while taking
+    // the second, and parking_lot's mutex is not reentrant.
+    let frag = *timeline.fragmented.lock();
     let peaks = Peaks {
         allocated_bytes: stats.allocated_bytes.all().peak.max(0) as u64,
         reserved_bytes: stats.reserved_bytes.all().peak.max(0) as u64,
@@ -1024,6 +1027,8 @@ fn aggregate(
         above_base_bytes: (stats.allocated_bytes.all().peak.max(0) as u64).saturating_sub(baseline),
         categories_at_peak: category_bytes(&dev.device.peak_memory_by_category()),
         alloc_retries: stats.num_alloc_retries,
+        fragmented_segment_allocs: frag.0,
+        fragmented_segment_bytes: frag.1,
     };
     RunResult {
         schema_version: SCHEMA_VERSION,

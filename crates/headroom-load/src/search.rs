@@ -104,6 +104,20 @@ pub fn probe(
         Err(crate::LoadError::Setup(e)) if e.is_oom() => return Ok(point(&dev, true)),
         Err(e) => return Err(e),
     };
+    // One request alone first, as a server warms up: it teaches the virtual clock how long
+    // a request runs (so the workers' phases can be spread) and warms the cache.
+    if let Some(clock) = dev.clock.as_ref() {
+        let mut st = crate::scenario::WorkerState::new();
+        let turn = clock.enter(crate::devices::MAX_WORKERS - 1);
+        let r = workload.run_request(&mut st, u64::MAX / 2);
+        drop(turn);
+        drop(st);
+        if let Err(e) = r {
+            if e.is_oom() {
+                return Ok(point(&dev, true));
+            }
+        }
+    }
     let plan = LoadPlan::Requests {
         concurrency: workers,
         total: workers as u64 * cfg.requests_per_worker.max(1),

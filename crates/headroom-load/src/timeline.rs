@@ -23,7 +23,7 @@ use std::time::Instant;
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 
-use headroom_alloc::{AllocEvent, DeviceStats, Observer};
+use headroom_alloc::{AllocEvent, DeviceStats, Observer, PoolKind};
 use headroom_tensor::{CategoryBreakdown, Device, MemoryCategory};
 
 use crate::results::{CategoryBytes, LatencyStats, MemorySample, SampleKind};
@@ -64,6 +64,8 @@ pub struct Timeline {
     pub stage_peaks: Mutex<Vec<StagePeak>>,
     /// Run-wide peak as the observer saw it: (allocated, t_s).
     pub peak: Mutex<(u64, f64)>,
+    /// Segments reserved while the pool had enough free cache: (count, bytes).
+    pub fragmented: Mutex<(u64, u64)>,
 }
 
 impl Timeline {
@@ -74,6 +76,7 @@ impl Timeline {
             samples: Mutex::new(Vec::new()),
             stage_peaks: Mutex::new(Vec::new()),
             peak: Mutex::new((0, 0.0)),
+            fragmented: Mutex::new((0, 0)),
         })
     }
     pub fn t(&self) -> f64 {
@@ -136,6 +139,9 @@ pub struct PeakObserver {
     pending_peak: bool,
     run_peak: u64,
     last_peak_push: f64,
+    /// A segment just reserved, waiting for the allocation it was made for:
+    /// (pool, segment bytes, free cached bytes in the pool before it).
+    pending_segment: Option<(PoolKind, u64, u64)>,
 }
 
 impl PeakObserver {
@@ -149,6 +155,7 @@ impl PeakObserver {
             pending_peak: false,
             run_peak,
             last_peak_push: f64::NEG_INFINITY,
+            pending_segment: None,
         }
     }
     fn sample(&self, kind: SampleKind) -> MemorySample {
@@ -179,6 +186,27 @@ impl Observer for PeakObserver {
             if before >= p.0 {
                 *p = (before, t);
             }
+        }
+        match *ev {
+            AllocEvent::SegmentAlloc { pool, size, .. }
+            | AllocEvent::SegmentMap { pool, size, .. } => {
+                let t = pool.stat_type();
+                let free = self.stats.reserved_bytes.get(t).current
+                    - self.stats.allocated_bytes.get(t).current;
+                self.pending_segment = Some((pool, size, free.max(0) as u64));
+            }
+            AllocEvent::Alloc {
+                pool, block_size, ..
+            } => {
+                if let Some((p, size, free)) = self.pending_segment.take() {
+                    if p == pool && free >= block_size {
+                        let mut f = self.timeline.fragmented.lock();
+                        f.0 += 1;
+                        f.1 += size;
+                    }
+                }
+            }
+            _ => {}
         }
         self.stats.observe(ev);
         let alloc = self.stats.allocated_bytes.all().current.max(0) as u64;

@@ -92,9 +92,13 @@ fn err<E: std::fmt::Display>(e: E) -> String {
 
 /// Draws into a fresh SVG string; on a drawing error, returns an SVG with the error text.
 fn render(title: &str, f: impl FnOnce(&Area) -> PResult<()>) -> String {
+    render_sized(title, HEIGHT, f)
+}
+
+fn render_sized(title: &str, height: u32, f: impl FnOnce(&Area) -> PResult<()>) -> String {
     let mut buf = String::new();
     let res = {
-        let root = SVGBackend::with_string(&mut buf, (WIDTH, HEIGHT)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut buf, (WIDTH, height)).into_drawing_area();
         let r = root.fill(&WHITE).map_err(err).and_then(|_| f(&root));
         let p = root.present().map_err(err);
         r.and(p)
@@ -271,11 +275,12 @@ pub fn timeline_svg(r: &RunResult) -> String {
                 .map_err(err)?;
         }
         type Get = fn(&MemorySample) -> u64;
-        let series: [(&str, RGBColor, Get, u32); 4] = [
+        // Allocated is drawn over the others, and active (which equals allocated unless a
+        // freed block still waits on another stream) dashed on top of it, so both show.
+        let series: [(&str, RGBColor, Get, u32); 3] = [
             ("reserved", C_RESERVED, |s| s.reserved_bytes, 2),
-            ("allocated", C_ALLOC, |s| s.allocated_bytes, 2),
-            ("active", C_ACTIVE, |s| s.active_bytes, 1),
             ("inactive_split", C_SPLIT, |s| s.inactive_split_bytes, 1),
+            ("allocated", C_ALLOC, |s| s.allocated_bytes, 2),
         ];
         for (name, color, get, w) in series {
             chart
@@ -287,6 +292,16 @@ pub fn timeline_svg(r: &RunResult) -> String {
                 .label(name)
                 .legend(legend_line(color));
         }
+        chart
+            .draw_series(DashedLineSeries::new(
+                samples.iter().map(|s| (s.t_s, sc.v(s.active_bytes))),
+                3,
+                3,
+                C_ACTIVE.stroke_width(1),
+            ))
+            .map_err(err)?
+            .label("active")
+            .legend(legend_line(C_ACTIVE));
         if has_device {
             chart
                 .draw_series(DashedLineSeries::new(
@@ -663,9 +678,11 @@ pub fn categories_svg(r: &RunResult) -> String {
     }
     let x_max_b = bars.iter().map(|b| b.1.total()).max().unwrap_or(1);
     let sc = Scale::for_max(x_max_b as f64);
-    let x_max = sc.v(x_max_b) * 1.05;
+    // Room on the right for the legend.
+    let x_max = sc.v(x_max_b) * 1.32;
     let n = bars.len() as f64;
-    render(title, |root| {
+    let height = 170 + 90 * bars.len() as u32;
+    render_sized(title, height, |root| {
         let mut chart = ChartBuilder::on(root)
             .caption(title, (FONT, 20))
             .margin(12)
@@ -738,7 +755,7 @@ pub fn categories_svg(r: &RunResult) -> String {
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
+            .position(SeriesLabelPosition::UpperRight)
             .margin(10)
             .background_style(WHITE.mix(0.9))
             .border_style(RGBColor(200, 200, 200))

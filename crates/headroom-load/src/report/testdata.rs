@@ -305,6 +305,7 @@ pub fn synthetic() -> RunResult {
                 ..Default::default()
             },
             alloc_retries: 2,
+            ..Default::default()
         },
         ooms: vec![OomRecord {
             t_s: oom_t,

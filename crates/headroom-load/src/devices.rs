@@ -19,7 +19,7 @@
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -136,6 +136,8 @@ struct VState {
     baton: Option<usize>,
     /// Running mean of a request's virtual duration.
     request_vtime: f64,
+    /// While set, nobody runs until this many workers have entered (or the deadline).
+    gate: Option<(usize, Instant)>,
 }
 
 impl VState {
@@ -148,7 +150,13 @@ impl VState {
         }
         best
     }
+    fn active_count(&self) -> usize {
+        self.active.iter().filter(|&&a| a).count()
+    }
 }
+
+/// How long a gate waits for its workers (a `-n` run may have fewer requests than workers).
+const GATE_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// A baton passed between worker threads in virtual-time order.
 pub struct VirtualClock {
@@ -159,6 +167,8 @@ pub struct VirtualClock {
 thread_local! {
     /// The worker index of this thread, while it runs requests under a clock.
     static WORKER: Cell<Option<usize>> = const { Cell::new(None) };
+    /// Virtual time owed by this worker's last allocation, paid at its next one.
+    static PENDING: Cell<f64> = const { Cell::new(0.0) };
 }
 
 impl VirtualClock {
@@ -171,24 +181,58 @@ impl VirtualClock {
                 began: vec![0.0; MAX_WORKERS],
                 baton: None,
                 request_vtime: 0.0,
+                gate: None,
             }),
             cvs: (0..MAX_WORKERS).map(|_| Condvar::new()).collect(),
         }
     }
     fn wait_turn(&self, st: &mut parking_lot::MutexGuard<'_, VState>, i: usize) {
-        while st.baton.is_some_and(|b| b != i) {
-            if self.cvs[i].wait_for(st, TURN_TIMEOUT).timed_out() {
-                tracing::debug!(worker = i, "virtual clock: turn timed out");
-                return;
+        let started = Instant::now();
+        loop {
+            if let Some((n, deadline)) = st.gate {
+                if st.active_count() >= n || Instant::now() >= deadline {
+                    st.gate = None;
+                    st.baton = None;
+                    self.pass(st);
+                } else {
+                    self.cvs[i].wait_for(st, Duration::from_millis(10));
+                    continue;
+                }
+            }
+            match st.baton {
+                None => {
+                    st.baton = Some(i);
+                    return;
+                }
+                Some(b) if b == i => return,
+                Some(_) => {
+                    if started.elapsed() >= TURN_TIMEOUT {
+                        tracing::debug!(worker = i, "virtual clock: turn timed out");
+                        return;
+                    }
+                    self.cvs[i].wait_for(st, TURN_TIMEOUT);
+                }
             }
         }
-        st.baton = Some(i);
     }
     fn pass(&self, st: &mut VState) {
+        if st.gate.is_some() {
+            // Nobody runs until the gate opens; the waiting workers poll it.
+            st.baton = None;
+            return;
+        }
         st.baton = st.next();
         if let Some(n) = st.baton {
             self.cvs[n].notify_one();
         }
+    }
+    /// Holds every worker until `n` of them have entered: a stage's workers start together,
+    /// in virtual-time order, whatever order their threads happened to be spawned in, so a
+    /// meta run is deterministic.
+    pub fn gate(&self, n: usize) {
+        let mut st = self.st.lock();
+        st.gate = Some((n.clamp(1, MAX_WORKERS), Instant::now() + GATE_TIMEOUT));
+        st.baton = None;
     }
     /// Worker `i` starts a request: it joins the schedule (at the current virtual time if
     /// it was idle) and waits for its turn. The guard leaves the schedule when dropped.
@@ -210,26 +254,43 @@ impl VirtualClock {
         }
         st.began[i] = st.vtime[i];
         st.active[i] = true;
-        if st.baton.is_none() {
-            st.baton = Some(i);
+        if st.gate.is_some() {
+            // The waiting workers poll the gate; wake the one that may open it.
+            for k in 0..MAX_WORKERS {
+                if st.active[k] {
+                    self.cvs[k].notify_one();
+                }
+            }
         }
         self.wait_turn(&mut st, i);
         WORKER.with(|w| w.set(Some(i)));
         ClockTurn { clock: self, i }
     }
-    /// The calling worker spent `cost` units; the furthest-behind worker runs next.
-    fn step(&self, cost: f64) {
+    /// Called at every allocator call of a worker, before it takes effect: the worker pays
+    /// the time its last allocation's op took (that op ran while everything live *then* was
+    /// still live, so the pay comes before this call's free or allocation), the
+    /// furthest-behind worker runs, and `next_cost` is what the call leaves owing (the
+    /// cost of this allocation's op; 0 for a free). Paying at the next call rather than
+    /// right after the allocation lets the runtime tag the new block's category first, so
+    /// the category breakdown at the peak equals the allocator's peak.
+    fn step(&self, next_cost: f64) {
         let Some(i) = WORKER.with(|w| w.get()) else {
             return;
         };
+        let owed = PENDING.with(|p| p.replace(next_cost));
+        if owed == 0.0 {
+            return;
+        }
         let mut st = self.st.lock();
-        st.vtime[i] += cost;
+        st.vtime[i] += owed;
         self.pass(&mut st);
         self.wait_turn(&mut st, i);
     }
     fn leave(&self, i: usize) {
         WORKER.with(|w| w.set(None));
+        let owed = PENDING.with(|p| p.replace(0.0));
         let mut st = self.st.lock();
+        st.vtime[i] += owed;
         st.active[i] = false;
         let d = st.vtime[i] - st.began[i];
         st.request_vtime = if st.request_vtime == 0.0 {
@@ -273,12 +334,11 @@ where
     CachingAllocator<D>: Send + Sync,
 {
     fn allocate(&self, nbytes: u64) -> headroom_tensor::Result<Allocation> {
-        // Allocate first, then spend the op's time: the block is live while it is filled.
-        let a = StorageAllocator::allocate(&*self.inner, nbytes);
         self.clock.step(nbytes as f64 + OP_COST);
-        a
+        StorageAllocator::allocate(&*self.inner, nbytes)
     }
     fn free(&self, ptr: u64) {
+        self.clock.step(0.0);
         StorageAllocator::free(&*self.inner, ptr)
     }
     fn memory_allocated(&self) -> u64 {

@@ -538,6 +538,9 @@ pub(crate) fn drive(
                 concurrency = stage.concurrency,
                 "stage start"
             );
+            if let Some(clock) = dev.clock.as_ref() {
+                clock.gate(stage.concurrency);
+            }
             spawn_upto(stage.concurrency, &mut spawned)?;
             ctl.target.store(stage.concurrency, Ordering::SeqCst);
             let started = Instant::now();

@@ -44,7 +44,7 @@ fn finding(r: &RunResult, id: FindingId) -> &Finding {
     r.findings
         .iter()
         .find(|f| f.id == id)
-        .unwrap_or_else(|| panic!("no {id:?} in {:?}", ids(r)))
+        .unwrap_or_else(|| panic!("no {id:?} in {:?}; peaks {:?}", ids(r), r.peaks))
 }
 
 #[test]

@@ -9,9 +9,16 @@ use headroom_alloc::AllocatorConfig;
 use headroom_load::*;
 
 fn scenario() -> Scenario {
-    // An MLP serving batches of 64 with autograd left on: each request holds its saved
-    // activations (~1.3 MiB) until it returns, so memory grows with requests in flight.
-    let mut s = Scenario::inference("mlp-small".parse().unwrap(), 512, InputDist::Fixed(512));
+    // Wide inputs into a small MLP with autograd left on (so the input is saved for
+    // backward): each request holds its 8 MiB input for all of its life, like an image
+    // service whose inputs dominate, so memory grows by one input per request in flight.
+    let mut s = Scenario::inference(
+        ModelSpec::Mlp {
+            sizes: vec![4096, 64, 10],
+        },
+        512,
+        InputDist::Fixed(512),
+    );
     s.mistakes.grad_at_inference = true;
     s
 }
@@ -39,7 +46,7 @@ fn cpu_ramp(capacity: u64) -> RunResult {
 
 #[test]
 fn meta_search_matches_cpu_ramp() {
-    for capacity in [48u64 << 20, 64 << 20] {
+    for capacity in [48u64 << 20, 80 << 20] {
         let cpu = cpu_ramp(capacity);
         assert_eq!(
             cpu.stop_reason,

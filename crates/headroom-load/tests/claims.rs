@@ -19,3 +19,13 @@ fn five_claims_match_pytorch() {
     let back: headroom_load::ClaimsResult = serde_json::from_str(&json).unwrap();
     assert_eq!(back.claims.len(), 5);
 }
+
+#[test]
+fn concurrency_model_matches_pytorch_threads() {
+    let v = headroom_load::claims::concurrency_vs_pytorch();
+    for n in &v.numbers {
+        eprintln!("{}: {:.1} (PyTorch {:?})", n.label, n.headroom, n.pytorch);
+    }
+    assert_eq!(v.numbers.len(), 10);
+    assert!(v.matches_pytorch, "{:#?}", v.numbers);
+}

@@ -8,10 +8,12 @@ use headroom_load::*;
 fn main() -> Result<()> {
     let a: Vec<String> = std::env::args().skip(1).collect();
     let get = |i: usize, d: &str| a.get(i).cloned().unwrap_or_else(|| d.to_string());
-    let mut sc = Scenario::default();
-    sc.model = get(0, "gpt2-small").parse()?;
-    sc.input = get(1, "uniform:16..128").parse()?;
-    sc.batch = get(2, "4").parse().unwrap_or(4);
+    let mut sc = Scenario {
+        model: get(0, "gpt2-small").parse()?,
+        input: get(1, "uniform:16..128").parse()?,
+        batch: get(2, "4").parse().unwrap_or(4),
+        ..Default::default()
+    };
     sc.mistakes.grad_at_inference = get(3, "") == "grad";
     let r: u64 = get(4, "6").parse().unwrap_or(6);
     for c in [1usize, 2, 4, 8, 16] {

@@ -8,8 +8,10 @@ use headroom_load::*;
 fn main() -> Result<()> {
     let a: Vec<String> = std::env::args().skip(1).collect();
     let get = |i: usize, d: &str| a.get(i).cloned().unwrap_or_else(|| d.to_string());
-    let mut cfg = LoadConfig::default();
-    cfg.device = get(0, "cpu").parse()?;
+    let mut cfg = LoadConfig {
+        device: get(0, "cpu").parse()?,
+        ..Default::default()
+    };
     let stages = get(1, "");
     if !stages.is_empty() {
         cfg.plan = LoadPlan::Stages(parse_stages(&stages)?);

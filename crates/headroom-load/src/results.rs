@@ -412,7 +412,8 @@ pub struct OomSearch {
     pub margin_fraction: f64,
     /// `capacity_bytes - margin`: what a "safe" load must stay under.
     pub budget_bytes: u64,
-    /// Which peak was fitted: `"peak_reserved"` (what OOMs) or `"peak_allocated"`.
+    /// Which peak was fitted: `"peak_allocated"` (see `search.rs`: near the capacity the
+    /// allocator gives back its cache before it fails, so allocated is what runs into it).
     pub metric: String,
     /// The measured points the fit used.
     pub points: Vec<LoadPoint>,

@@ -1064,6 +1064,28 @@ fn aggregate(
     }
 }
 
+/// Runs `plan` for `scenario` on `dev` with no measurement beyond the allocator's own, for
+/// probes and examples: returns (allocated before the load, peak allocated, peak reserved).
+pub fn drive_for_probe(
+    scenario: &Scenario,
+    dev: &RunDevice,
+    plan: &LoadPlan,
+    stop: &AtomicBool,
+) -> Result<(u64, u64, u64)> {
+    let workload = Workload::build(scenario, &dev.device)?;
+    let base = dev.device.memory_allocated();
+    dev.probe.reset_peak_memory_stats();
+    let phase = Phase::default();
+    drive(&workload, dev, plan, &phase, Instant::now(), stop, |_| {})?;
+    let st = dev.probe.stats();
+    workload.release();
+    Ok((
+        base,
+        st.allocated_bytes.all().peak.max(0) as u64,
+        st.reserved_bytes.all().peak.max(0) as u64,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1115,26 +1137,4 @@ mod tests {
         assert!("cuda".parse::<DeviceChoice>().is_err());
         assert!("tpu".parse::<DeviceChoice>().is_err());
     }
-}
-
-/// Runs `plan` for `scenario` on `dev` with no measurement beyond the allocator's own, for
-/// probes and examples: returns (allocated before the load, peak allocated, peak reserved).
-pub fn drive_for_probe(
-    scenario: &Scenario,
-    dev: &RunDevice,
-    plan: &LoadPlan,
-    stop: &AtomicBool,
-) -> Result<(u64, u64, u64)> {
-    let workload = Workload::build(scenario, &dev.device)?;
-    let base = dev.device.memory_allocated();
-    dev.probe.reset_peak_memory_stats();
-    let phase = Phase::default();
-    drive(&workload, dev, plan, &phase, Instant::now(), stop, |_| {})?;
-    let st = dev.probe.stats();
-    workload.release();
-    Ok((
-        base,
-        st.allocated_bytes.all().peak.max(0) as u64,
-        st.reserved_bytes.all().peak.max(0) as u64,
-    ))
 }

@@ -7,9 +7,12 @@
 //! `devices::Interleave`), so the requests in flight hold their memory at the same time.
 //!
 //! 1. Fit: probe a few small loads on an unbounded device and fit `peak ≈ a + b·load` to
-//!    the peak reserved bytes (reserved, not allocated, is what runs into the capacity).
-//!    `b` is the marginal memory of one more concurrent request; where the line crosses the
-//!    capacity is the predicted OOM load.
+//!    the peak *allocated* bytes. `b` is the marginal memory of one more concurrent
+//!    request; where the line crosses the capacity is the predicted OOM load. Not reserved:
+//!    on an unbounded device the cache keeps every segment it ever made, while near the
+//!    capacity the allocator frees its cache and retries before it fails, so at the OOM
+//!    point reserved comes down to allocated plus what cannot be reclaimed. That remainder
+//!    is what the fragmentation margin is for.
 //! 2. Verify: under the real capacity, probe the predicted point and walk outward with
 //!    doubling steps until the first OOM is bracketed, then bisect to the exact boundary.
 //!    The allocator can free its cache and retry before it raises OOM, so the observed
@@ -156,18 +159,17 @@ pub fn oom_search(
         }
         points.push(probe(scenario, cfg.axis, l, UNBOUNDED, conf, cfg, stop)?);
     }
-    // At small loads the caching granularity (2 MiB small segments, 20 MiB large ones)
-    // dominates the reserved peak, and a line through them extrapolates badly. Keep
-    // doubling the load until the crossing is within reach (at most 4x the largest load
-    // probed) or the peak is a quarter of the capacity, then fit the top points only,
-    // where the marginal cost of a request dominates.
+    // At small loads fixed costs (weights, the first segments, requests that happen not to
+    // overlap) dominate, and a line through them extrapolates badly. Keep doubling the load
+    // until the peak reaches half the capacity, then fit the top points only, where the
+    // marginal cost of a request dominates.
     let fit_of = |pts: &[LoadPoint]| {
         let mut v: Vec<&LoadPoint> = pts.iter().collect();
         v.sort_by_key(|p| p.load);
         let top = &v[v.len().saturating_sub(4)..];
         let xy: Vec<(f64, f64)> = top
             .iter()
-            .map(|p| (p.load as f64, p.peak_reserved_bytes as f64))
+            .map(|p| (p.load as f64, p.peak_allocated_bytes as f64))
             .collect();
         linear_fit(&xy).unwrap_or(LinearFit {
             a: xy.first().map(|p| p.1).unwrap_or(0.0),
@@ -175,17 +177,11 @@ pub fn oom_search(
             r2: 0.0,
         })
     };
-    loop {
-        let Some(last) = points.iter().max_by_key(|p| p.load).copied() else {
-            break;
-        };
+    while let Some(last) = points.iter().max_by_key(|p| p.load).copied() {
         if last.load >= max_load || out_of_time() {
             break;
         }
-        let f = fit_of(&points);
-        let cross = (f.b > 0.0).then(|| (capacity as f64 - f.a) / f.b);
-        let near = cross.is_some_and(|x| x <= 4.0 * last.load as f64);
-        if near || last.peak_reserved_bytes >= capacity / 4 {
+        if last.peak_allocated_bytes >= capacity / 2 {
             break;
         }
         let next = (last.load * 2).min(max_load);
@@ -308,7 +304,7 @@ pub fn oom_search(
         capacity_bytes: capacity,
         margin_fraction: cfg.margin_fraction,
         budget_bytes: budget,
-        metric: "peak_reserved".into(),
+        metric: "peak_allocated".into(),
         points,
         fit,
         predicted_oom_load,

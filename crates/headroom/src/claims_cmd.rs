@@ -6,7 +6,6 @@ use std::process::ExitCode;
 use clap::Args;
 use headroom_load::{ClaimVerdict, ClaimsResult};
 
-use crate::replay_cmd::print_rows;
 use crate::UserError;
 
 #[derive(Args, Debug)]
@@ -28,6 +27,41 @@ fn fmt_num(v: f64, unit: &str) -> String {
         s
     } else {
         format!("{s} {unit}")
+    }
+}
+
+/// A table indented under its claim: the first column left-aligned, the rest right.
+fn print_indented(header: &[&str], rows: &[Vec<String>]) {
+    let mut w: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            if i < w.len() {
+                w[i] = w[i].max(c.chars().count());
+            }
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::from("   ");
+        for (i, c) in cells.iter().enumerate() {
+            let pad = w[i].saturating_sub(c.chars().count());
+            if i == 0 {
+                s.push_str(c);
+                s.push_str(&" ".repeat(pad));
+            } else {
+                s.push_str("  ");
+                s.push_str(&" ".repeat(pad));
+                s.push_str(c);
+            }
+        }
+        println!("{}", s.trim_end());
+    };
+    line(header.to_vec());
+    println!(
+        "   {}",
+        "-".repeat(w.iter().sum::<usize>() + 2 * (w.len() - 1))
+    );
+    for r in rows {
+        line(r.iter().map(String::as_str).collect());
     }
 }
 
@@ -62,7 +96,7 @@ fn print_claim(i: usize, c: &ClaimVerdict) {
                     None => "-",
                 };
                 vec![
-                    format!("   {}", n.label),
+                    n.label.clone(),
                     fmt_num(n.headroom, &n.unit),
                     n.pytorch
                         .map(|p| fmt_num(p, &n.unit))
@@ -72,9 +106,9 @@ fn print_claim(i: usize, c: &ClaimVerdict) {
                 ]
             })
             .collect();
-        print_rows(
+        print_indented(
             &[
-                "   measured",
+                "measured",
                 "headroom",
                 "pytorch (H200)",
                 "tolerance",

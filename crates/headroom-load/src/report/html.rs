@@ -347,6 +347,14 @@ fn summary_section(h: &mut String, r: &RunResult) {
             ),
         ),
         ("alloc retries", r.peaks.alloc_retries.to_string()),
+        (
+            "fragmented segment allocs",
+            format!(
+                "{} ({}): segments reserved although the cache held enough free bytes",
+                r.peaks.fragmented_segment_allocs,
+                fmt_bytes(r.peaks.fragmented_segment_bytes)
+            ),
+        ),
     ]);
     if !r.errors.by_kind.is_empty() {
         rows.push((

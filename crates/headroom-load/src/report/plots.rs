@@ -452,7 +452,7 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
     let measured: Vec<_> = r.by_concurrency.iter().collect();
     let probes: Vec<_> = s
         .map(|s| s.points.iter().chain(s.bisection.iter()).copied().collect())
-        .unwrap_or_else(Vec::new);
+        .unwrap_or_default();
     if measured.is_empty() && probes.is_empty() {
         return message_svg(title, "No load level was measured.");
     }

@@ -17,9 +17,9 @@ fn table(out: &mut String, header: &[&str], rows: &[Vec<String>], right: &[bool]
     }
     let line = |out: &mut String, cells: &[String]| {
         let mut s = String::new();
-        for i in 0..n {
+        for (i, wi) in w.iter().enumerate() {
             let c = cells.get(i).map(String::as_str).unwrap_or("");
-            let pad = w[i].saturating_sub(c.chars().count());
+            let pad = wi.saturating_sub(c.chars().count());
             if i > 0 {
                 s.push_str("  ");
             }
@@ -124,12 +124,14 @@ pub fn summary_table(r: &RunResult) -> String {
     );
     let _ = writeln!(
         o,
-        "peak   allocated {}  reserved {}  above baseline {}  inactive_split {}  alloc retries {}",
+        "peak   allocated {}  reserved {}  above baseline {}  inactive_split {}  alloc retries {}  fragmented segments {} ({})",
         fmt_bytes(r.peaks.allocated_bytes),
         fmt_bytes(r.peaks.reserved_bytes),
         fmt_bytes(r.peaks.above_base_bytes),
         fmt_bytes(r.peaks.inactive_split_bytes),
-        r.peaks.alloc_retries
+        r.peaks.alloc_retries,
+        r.peaks.fragmented_segment_allocs,
+        fmt_bytes(r.peaks.fragmented_segment_bytes)
     );
     if let Some(s) = &r.oom_search {
         let opt = |v: Option<usize>| v.map(|x| x.to_string()).unwrap_or_else(|| "-".into());

@@ -329,7 +329,7 @@ fn progress_bar(quiet: bool) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::new(1000);
     pb.set_style(
         indicatif::ProgressStyle::with_template(
-            "{spinner:.green} [{elapsed:>4}] {bar:28.cyan/blue} {msg}",
+            "{spinner:.green} [{elapsed:>4}] {bar:24.cyan/blue} {wide_msg}",
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
         .progress_chars("=> "),
@@ -340,7 +340,7 @@ fn progress_bar(quiet: bool) -> indicatif::ProgressBar {
 
 fn progress_message(p: &Progress) -> String {
     let mem = format!(
-        "alloc {} / reserved {} (peak {}) of {}",
+        "alloc {} | reserved {} | peak {} of {}",
         human_bytes(p.allocated_bytes),
         human_bytes(p.reserved_bytes),
         human_bytes(p.peak_allocated_bytes),
@@ -348,13 +348,17 @@ fn progress_message(p: &Progress) -> String {
     );
     match p.phase.as_str() {
         "load" => format!(
-            "stage {}/{} · {} workers · {} req · {} OOM · {} err · {mem}",
+            "stage {}/{} c={} | {} req | {} OOM{} | {mem}",
             p.stage + 1,
             p.stages.max(p.stage + 1),
             p.concurrency,
             p.requests_done,
             p.ooms,
-            p.errors
+            if p.errors > 0 {
+                format!(" | {} err", p.errors)
+            } else {
+                String::new()
+            }
         ),
         "setup" => "building the model".into(),
         "search" => "OOM search on meta (fit + bisection)".into(),

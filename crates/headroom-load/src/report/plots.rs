@@ -10,6 +10,7 @@
 use plotters::coord::Shift;
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::results::{CategoryBytes, MemorySample, RunResult, SampleKind};
 
@@ -27,6 +28,7 @@ const C_SPLIT: RGBColor = RGBColor(148, 103, 189);
 const C_DEVICE: RGBColor = RGBColor(127, 127, 127);
 const C_CAP: RGBColor = RGBColor(214, 39, 40);
 const C_FIT: RGBColor = RGBColor(23, 190, 207);
+const C_BUDGET: RGBColor = RGBColor(230, 130, 130);
 const C_SAFE: RGBColor = RGBColor(44, 160, 44);
 const C_P: [RGBColor; 4] = [
     RGBColor(31, 119, 180),
@@ -444,8 +446,68 @@ pub fn latency_svg(r: &RunResult) -> String {
     })
 }
 
+/// A legend mark, for legends drawn beside a chart rather than over it.
+#[derive(Debug, Clone, Copy)]
+enum Mark {
+    Line(RGBColor, u32),
+    Dashed(RGBColor),
+    Dot(RGBColor),
+    Ring(RGBColor),
+    Cross(RGBColor),
+    Triangle(RGBColor),
+}
+
+/// Draws `entries` top-down in `area` (a panel beside the chart). A label may hold `\n`.
+fn side_legend(area: &Area, entries: &[(String, Mark)]) -> PResult<()> {
+    let mut y = 58i32;
+    let x = 8i32;
+    for (label, mark) in entries {
+        let m = (x + 11, y);
+        match *mark {
+            Mark::Line(c, w) => area
+                .draw(&PathElement::new(
+                    vec![(x, y), (x + 22, y)],
+                    c.stroke_width(w),
+                ))
+                .map_err(err)?,
+            Mark::Dashed(c) => area
+                .draw(&DashedPathElement::new(
+                    vec![(x, y), (x + 22, y)],
+                    4,
+                    3,
+                    c.stroke_width(2),
+                ))
+                .map_err(err)?,
+            Mark::Dot(c) => area.draw(&Circle::new(m, 5, c.filled())).map_err(err)?,
+            Mark::Ring(c) => area
+                .draw(&Circle::new(m, 5, c.stroke_width(2)))
+                .map_err(err)?,
+            Mark::Cross(c) => area
+                .draw(&Cross::new(m, 5, c.stroke_width(2)))
+                .map_err(err)?,
+            Mark::Triangle(c) => area
+                .draw(&TriangleMarker::new(m, 6, c.filled()))
+                .map_err(err)?,
+        }
+        for (k, line) in label.lines().enumerate() {
+            let style = if k == 0 {
+                (FONT, 14).into_font().color(&BLACK)
+            } else {
+                (FONT, 12).into_font().color(&RGBColor(90, 90, 90))
+            };
+            area.draw(&Text::new(line.to_string(), (x + 30, y - 7), style))
+                .map_err(err)?;
+            y += if k == 0 { 17 } else { 15 };
+        }
+        y += 9;
+    }
+    Ok(())
+}
+
 /// Peak memory against concurrency: the measured peaks, the OOM search's probes, the fitted
-/// line, the predicted OOM point, the verified safe load and the capacity line.
+/// line, the predicted OOM point, the verified safe load and the capacity line. The legend
+/// is drawn beside the chart: the top right, where a legend usually goes, is where the
+/// points cross the capacity.
 pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
     let title = "Peak memory against concurrency";
     let s = r.oom_search.as_ref();
@@ -456,6 +518,20 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
     if measured.is_empty() && probes.is_empty() {
         return message_svg(title, "No load level was measured.");
     }
+    // The search's points are shown in the metric it fitted, so they sit on its line.
+    let fit_allocated = s.is_some_and(|s| s.metric == "peak_allocated");
+    let probe_y = |p: &crate::results::LoadPoint| {
+        if fit_allocated {
+            p.peak_allocated_bytes
+        } else {
+            p.peak_reserved_bytes
+        }
+    };
+    let metric_words = if fit_allocated {
+        "peak allocated"
+    } else {
+        "peak reserved"
+    };
     let mut x_max = measured
         .iter()
         .map(|c| c.concurrency)
@@ -478,18 +554,16 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
     let y_data = measured
         .iter()
         .map(|c| c.peak_reserved_bytes.max(c.peak_allocated_bytes))
-        .chain(
-            probes
-                .iter()
-                .map(|p| p.peak_reserved_bytes.max(p.peak_allocated_bytes)),
-        )
+        .chain(probes.iter().map(probe_y))
         .max()
         .unwrap_or(0);
     let y_max_b = y_data.max(r.capacity_bytes);
     let sc = Scale::for_max(y_max_b as f64);
-    let y_max = (sc.v(y_max_b) * 1.12).max(1e-6);
+    let y_max = (sc.v(y_max_b) * 1.15).max(1e-6);
     render(title, |root| {
-        let mut chart = ChartBuilder::on(root)
+        let (left, right) = root.split_horizontally(WIDTH as i32 - 290);
+        let mut legend: Vec<(String, Mark)> = Vec::new();
+        let mut chart = ChartBuilder::on(&left)
             .caption(title, (FONT, 20))
             .margin(12)
             .x_label_area_size(40)
@@ -511,9 +585,24 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
                 vec![(0.0, cap), (x_max, cap)],
                 C_CAP.stroke_width(2),
             ))
-            .map_err(err)?
-            .label(format!("capacity {}", super::fmt_bytes(r.capacity_bytes)))
-            .legend(legend_line(C_CAP));
+            .map_err(err)?;
+        legend.push((
+            format!("capacity {}", super::fmt_bytes(r.capacity_bytes)),
+            Mark::Line(C_CAP, 2),
+        ));
+        // A text label beside a vertical marker line, kept inside the plot.
+        let label_at = |x: f64, y: f64, text: String, c: RGBColor| {
+            let style = (FONT, 13).into_font().color(&c);
+            if x > x_max * 0.7 {
+                Text::new(
+                    text,
+                    (x - x_max * 0.006, y),
+                    style.pos(Pos::new(HPos::Right, VPos::Top)),
+                )
+            } else {
+                Text::new(text, (x + x_max * 0.006, y), style)
+            }
+        };
         if let Some(s) = s {
             if s.budget_bytes > 0 && s.budget_bytes < r.capacity_bytes {
                 let b = sc.v(s.budget_bytes);
@@ -522,16 +611,17 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
                         vec![(0.0, b), (x_max, b)],
                         6,
                         4,
-                        C_CAP.mix(0.6).stroke_width(1),
+                        C_BUDGET.stroke_width(1),
                     ))
-                    .map_err(err)?
-                    .label(format!(
-                        "budget (capacity − {:.0}% margin)",
+                    .map_err(err)?;
+                legend.push((
+                    format!(
+                        "budget {}\ncapacity less a {:.0}% margin",
+                        super::fmt_bytes(s.budget_bytes),
                         s.margin_fraction * 100.0
-                    ))
-                    .legend(|(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 18, y)], C_CAP.mix(0.6).stroke_width(1))
-                    });
+                    ),
+                    Mark::Dashed(C_BUDGET),
+                ));
             }
             if s.fit.b.is_finite() && s.fit.a.is_finite() && !s.points.is_empty() {
                 let n = 60;
@@ -544,15 +634,16 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
                     .collect();
                 chart
                     .draw_series(DashedLineSeries::new(line, 8, 4, C_FIT.stroke_width(2)))
-                    .map_err(err)?
-                    .label(format!(
-                        "fit {}: {} + {}·c (R² {:.3})",
-                        s.metric,
+                    .map_err(err)?;
+                legend.push((
+                    format!(
+                        "fit of {metric_words}\n{} + {} per worker, R² {:.3}",
                         super::fmt_signed_bytes(s.fit.a.round() as i64),
                         super::fmt_signed_bytes(s.fit.b.round() as i64),
                         s.fit.r2
-                    ))
-                    .legend(legend_line(C_FIT));
+                    ),
+                    Mark::Dashed(C_FIT),
+                ));
             }
             let vline = |x: f64, c: RGBColor| {
                 DashedPathElement::new(vec![(x, 0.0), (x, y_max)], 3, 3, c.stroke_width(1))
@@ -569,16 +660,19 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
                         8,
                         C_CAP.filled(),
                     )))
-                    .map_err(err)?
-                    .label(format!("predicted OOM at c={k}"))
-                    .legend(|(x, y)| TriangleMarker::new((x + 9, y), 6, C_CAP.filled()));
+                    .map_err(err)?;
                 chart
-                    .draw_series(std::iter::once(Text::new(
+                    .draw_series(std::iter::once(label_at(
+                        x,
+                        y_max * 0.2,
                         format!("predicted OOM c={k}"),
-                        (x, y_max * 0.06),
-                        (FONT, 13).into_font().color(&C_CAP),
+                        C_CAP,
                     )))
                     .map_err(err)?;
+                legend.push((
+                    format!("predicted OOM at c={k}\nwhere the fit crosses the capacity"),
+                    Mark::Triangle(C_CAP),
+                ));
             }
             if let Some(k) = s.verified_safe_load {
                 let x = k as f64;
@@ -586,38 +680,36 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
                     .draw_series(std::iter::once(vline(x, C_SAFE)))
                     .map_err(err)?;
                 chart
-                    .draw_series(std::iter::once(Text::new(
+                    .draw_series(std::iter::once(label_at(
+                        x,
+                        y_max * 0.12,
                         format!("safe c={k}"),
-                        (x, y_max * 0.12),
-                        (FONT, 13).into_font().color(&C_SAFE),
+                        C_SAFE,
                     )))
                     .map_err(err)?;
+                legend.push((
+                    format!("safe concurrency {k}\nverified, within the budget"),
+                    Mark::Line(C_SAFE, 1),
+                ));
             }
             if !probes.is_empty() {
                 chart
                     .draw_series(probes.iter().filter(|p| !p.oom).map(|p| {
-                        Circle::new(
-                            (p.load as f64, sc.v(p.peak_reserved_bytes)),
-                            5,
-                            C_FIT.stroke_width(2),
-                        )
+                        Circle::new((p.load as f64, sc.v(probe_y(p))), 5, C_FIT.stroke_width(2))
                     }))
-                    .map_err(err)?
-                    .label(format!("search probes ({}, peak reserved)", s.device))
-                    .legend(|(x, y)| Circle::new((x + 9, y), 5, C_FIT.stroke_width(2)));
+                    .map_err(err)?;
+                legend.push((
+                    format!("search probe ({})\n{metric_words}", s.device),
+                    Mark::Ring(C_FIT),
+                ));
                 let oom_probes: Vec<_> = probes.iter().filter(|p| p.oom).collect();
                 if !oom_probes.is_empty() {
                     chart
                         .draw_series(oom_probes.iter().map(|p| {
-                            Cross::new(
-                                (p.load as f64, sc.v(p.peak_reserved_bytes)),
-                                6,
-                                C_CAP.stroke_width(2),
-                            )
+                            Cross::new((p.load as f64, sc.v(probe_y(p))), 6, C_CAP.stroke_width(2))
                         }))
-                        .map_err(err)?
-                        .label("probe that OOMed")
-                        .legend(|(x, y)| Cross::new((x + 9, y), 5, C_CAP.stroke_width(2)));
+                        .map_err(err)?;
+                    legend.push(("probe that OOMed".into(), Mark::Cross(C_CAP)));
                 }
             }
         }
@@ -630,9 +722,7 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
                         C_RESERVED.filled(),
                     )
                 }))
-                .map_err(err)?
-                .label("run: peak reserved")
-                .legend(|(x, y)| Circle::new((x + 9, y), 5, C_RESERVED.filled()));
+                .map_err(err)?;
             chart
                 .draw_series(measured.iter().map(|c| {
                     Circle::new(
@@ -641,20 +731,17 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
                         C_ALLOC.filled(),
                     )
                 }))
-                .map_err(err)?
-                .label("run: peak allocated")
-                .legend(|(x, y)| Circle::new((x + 9, y), 5, C_ALLOC.filled()));
+                .map_err(err)?;
+            legend.push((
+                format!("this run ({}): peak reserved", r.device),
+                Mark::Dot(C_RESERVED),
+            ));
+            legend.push((
+                format!("this run ({}): peak allocated", r.device),
+                Mark::Dot(C_ALLOC),
+            ));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .margin(18)
-            .background_style(WHITE.mix(0.9))
-            .border_style(RGBColor(200, 200, 200))
-            .label_font((FONT, 13))
-            .draw()
-            .map_err(err)?;
-        Ok(())
+        side_legend(&right, &legend)
     })
 }
 

@@ -32,7 +32,7 @@ pub const EXIT_CANCELLED: u8 = 130;
 
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
-    headroom loadtest                                  # default scenario, cpu, 256 MiB capacity\n  \
+    headroom loadtest                                  # the default scenario on cpu\n  \
     headroom loadtest --model gpt2-tiny -c 4 -z 10s --threshold 'peak_reserved<64MiB'\n  \
     headroom loadtest --stages 1:10s,4:20s,16:20s --grad-on\n  \
     headroom loadtest --device meta --ramp-until-oom --capacity 1GiB\n  \
@@ -82,7 +82,8 @@ pub struct LoadtestArgs {
     /// cpu (real compute under --capacity), meta (no data, fast) or cuda.
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Device capacity, e.g. 256MiB, 6GiB (simulated on cpu and meta).
+    /// Device capacity, e.g. 256MiB, 6GiB (simulated on cpu and meta). Default: a small
+    /// simulated card (128 MiB).
     #[arg(long, value_name = "SIZE")]
     capacity: Option<String>,
     /// Allocator config in PYTORCH_CUDA_ALLOC_CONF syntax.

@@ -57,6 +57,7 @@ figcaption { color:var(--muted); font-size:13px; margin-top:4px; }
 .finding { border:1px solid var(--line); border-left:5px solid var(--warn); border-radius:6px; padding:10px 14px; margin:12px 0; }
 .finding.critical { border-left-color:var(--bad); } .finding.info { border-left-color:#1f77b4; }
 .finding h3 { margin:0 0 6px; }
+.finding pre { white-space:pre-wrap; }
 .sev { font-size:12px; text-transform:uppercase; letter-spacing:.04em; color:var(--muted); margin-left:8px; }
 pre { background:#f4f6f9; padding:8px 10px; border-radius:4px; overflow-x:auto; font-size:13px; }
 .pass { color:var(--ok); font-weight:600; } .fail { color:var(--bad); font-weight:600; }

@@ -775,7 +775,7 @@ pub fn categories_svg(r: &RunResult) -> String {
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(20)
-            .build_cartesian_2d(0f64..x_max, 0f64..(n + 0.9))
+            .build_cartesian_2d(0f64..x_max, 0f64..n)
             .map_err(err)?;
         chart
             .configure_mesh()
@@ -789,12 +789,12 @@ pub fn categories_svg(r: &RunResult) -> String {
             .map_err(err)?;
         for (bi, (label, cats)) in bars.iter().enumerate() {
             // Bars from the top down.
-            let y1 = n - bi as f64 + 0.6;
+            let y1 = n - bi as f64 - 0.3;
             let y0 = y1 - 0.55;
             chart
                 .draw_series(std::iter::once(Text::new(
                     label.clone(),
-                    (0.0, y1 + 0.22),
+                    (0.0, y1 + 0.25),
                     (FONT, 14).into_font().color(&BLACK),
                 )))
                 .map_err(err)?;

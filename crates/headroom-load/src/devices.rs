@@ -123,8 +123,10 @@ pub const MAX_WORKERS: usize = 4096;
 
 /// How long a worker waits for its turn before going ahead anyway. Only a worker that
 /// holds the baton and blocks on something else (never expected) makes this matter; it
-/// turns a would-be deadlock into a slightly less exact interleaving.
-const TURN_TIMEOUT: Duration = Duration::from_millis(200);
+/// turns a would-be deadlock into a slightly less exact interleaving. Long enough that a
+/// loaded machine (CI running many tests on two cores) never trips it in a normal run,
+/// which would make meta runs nondeterministic.
+const TURN_TIMEOUT: Duration = Duration::from_millis(1000);
 
 struct VState {
     vtime: Vec<f64>,
@@ -156,7 +158,7 @@ impl VState {
 }
 
 /// How long a gate waits for its workers (a `-n` run may have fewer requests than workers).
-const GATE_TIMEOUT: Duration = Duration::from_millis(250);
+const GATE_TIMEOUT: Duration = Duration::from_millis(1000);
 
 /// A baton passed between worker threads in virtual-time order.
 pub struct VirtualClock {

@@ -378,7 +378,7 @@ impl<D: Device> State<D> {
                 };
                 while a.get(it).is_expandable() {
                     match pool.blocks.successor(a, it) {
-                        Some(nx) if a.get(nx).stream == stream && exp_size(nx) < exp_size(it) => {
+                        Some(nx) if a.get(nx).stream == stream && exp_size(nx) <= exp_size(it) => {
                             it = nx
                         }
                         _ => break,
@@ -792,8 +792,10 @@ mod tests {
         ] {
             assert_eq!(round_size(&c, n), want, "n={n}");
         }
-        let mut c4 = AllocatorConfig::default();
-        c4.roundup_power2_divisions = [4; 16];
+        let c4 = AllocatorConfig {
+            roundup_power2_divisions: [4; 16],
+            ..Default::default()
+        };
         assert_eq!(round_size(&c4, 700), 1024);
         assert_eq!(round_size(&c4, 1_228_801), 1_310_720);
         assert_eq!(round_size(&c4, (3 << 20) + 1), 3 << 20 | 1 << 19);

@@ -472,7 +472,7 @@ impl CausalSelfAttention {
         mask: Tensor,
         p: f64,
     ) -> Result<CausalSelfAttention> {
-        if n_head == 0 || n_embd % n_head != 0 {
+        if n_head == 0 || !n_embd.is_multiple_of(n_head) {
             return Err(TensorError::invalid(
                 "CausalSelfAttention",
                 format!("n_embd {n_embd} is not a multiple of n_head {n_head}"),

@@ -111,7 +111,7 @@ pub fn serialize(tensors: &[(String, Tensor)]) -> Result<Vec<u8>> {
     }
     let mut h = serde_json::Value::Object(header).to_string().into_bytes();
     // The spec pads the header with spaces to an 8-byte boundary.
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = Vec::with_capacity(8 + h.len() + data.len());

@@ -129,10 +129,17 @@ fn own_config_replay_reproduces_the_whole_trace() {
             seq(&snap.device_traces[0]),
             "{file}: trace"
         );
-        let layout = |s: &headroom_alloc::Snapshot| -> Vec<(u64, u64, Vec<(u64, headroom_alloc::BlockState)>)> {
+        type Layout = Vec<(u64, u64, Vec<(u64, headroom_alloc::BlockState)>)>;
+        let layout = |s: &headroom_alloc::Snapshot| -> Layout {
             s.segments
                 .iter()
-                .map(|g| (g.total_size, g.allocated_size, g.blocks.iter().map(|b| (b.size, b.state)).collect()))
+                .map(|g| {
+                    (
+                        g.total_size,
+                        g.allocated_size,
+                        g.blocks.iter().map(|b| (b.size, b.state)).collect(),
+                    )
+                })
                 .collect()
         };
         // Address order may differ where a reservation got a fresh address; compare as sets.

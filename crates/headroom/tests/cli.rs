@@ -81,7 +81,7 @@ fn small_capacity_reports_the_failing_event_and_min_capacity() {
         .starts_with("CUDA out of memory. Tried to allocate"));
     let min = o["min_capacity_bytes"].as_u64().unwrap();
     // Between what the workload needs and what it reserved unconstrained.
-    assert!(min >= 843_556_352 && min <= 1_608_515_584, "{min}");
+    assert!((843_556_352..=1_608_515_584).contains(&min), "{min}");
     // And a replay on exactly that capacity runs through.
     let (code, out, _) = run(&[
         "replay",

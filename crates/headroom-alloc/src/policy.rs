@@ -378,7 +378,7 @@ impl<D: Device> State<D> {
                 };
                 while a.get(it).is_expandable() {
                     match pool.blocks.successor(a, it) {
-                        Some(nx) if a.get(nx).stream == stream && exp_size(nx) <= exp_size(it) => {
+                        Some(nx) if a.get(nx).stream == stream && exp_size(nx) < exp_size(it) => {
                             it = nx
                         }
                         _ => break,

@@ -12,6 +12,11 @@
 //! address. In the recording every record_stream event had completed by the next malloc
 //! (idle streams, a synchronize before each malloc), which is what a `SimDevice` with no
 //! held stream does.
+//!
+//! One known difference, not a policy one: when a single malloc or empty_cache completes
+//! frees queued on two or more streams, PyTorch walks the streams in hash-map order and
+//! Headroom in order of first use (see `replay`); only the accumulated totals of the
+//! inactive_split statistics can then differ, and those are skipped for such sequences.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -124,6 +129,13 @@ fn replay(case: &Value, history: &[&str], keys: &[String], total: u64) -> Vec<St
     let results = case["results"].as_array().unwrap();
     let stats = case["stats"].as_array().unwrap();
     let mut ptrs: Vec<Option<u64>> = vec![None; ops.len()];
+    // Streams recorded on each live allocation (other than its own), and the streams whose
+    // events are outstanding because of frees since the last malloc / empty_cache.
+    let mut uses: Vec<Vec<u64>> = vec![Vec::new(); ops.len()];
+    let mut alloc_stream: Vec<u64> = vec![0; ops.len()];
+    let mut outstanding: Vec<u64> = Vec::new();
+    // Set once a malloc or empty_cache completes events queued on two or more streams.
+    let mut multi_stream_completion = false;
     let mut errors = Vec::new();
     let what = format!(
         "[{conf} fraction={} seed={}]",
@@ -137,6 +149,17 @@ fn replay(case: &Value, history: &[&str], keys: &[String], total: u64) -> Vec<St
             let fin = case["final_stats"].as_object().unwrap();
             assert_eq!(fin.len(), 122);
             for (k, v) in fin {
+                // PyTorch walks its per-stream event queues in hash-map order (a
+                // `ska::flat_hash_map` keyed by the stream), Headroom in order of first use.
+                // When one call completes frees queued on several streams, the blocks merge
+                // in a different order: the same final state and `current` values, but the
+                // intermediate inactive-split changes, and with them the `allocated` and
+                // `freed` totals of inactive_split*, can differ.
+                let order_dependent = k.starts_with("inactive_split")
+                    && (k.ends_with(".allocated") || k.ends_with(".freed"));
+                if multi_stream_completion && order_dependent {
+                    continue;
+                }
                 if Some(ours[k]) != v.as_i64() {
                     errors.push(format!(
                         "{what} final {k}: headroom {} != pytorch {v}",
@@ -145,9 +168,16 @@ fn replay(case: &Value, history: &[&str], keys: &[String], total: u64) -> Vec<St
                 }
             }
         }
+        if kind == "alloc" || kind == "empty_cache" {
+            outstanding.sort_unstable();
+            outstanding.dedup();
+            multi_stream_completion |= outstanding.len() > 1;
+            outstanding.clear();
+        }
         match kind {
             "alloc" => {
                 let (n, s) = (op[1].as_u64().unwrap(), op[2].as_u64().unwrap());
+                alloc_stream[i] = s;
                 let got = match a.malloc(n, s) {
                     Ok(al) => Some(al.ptr),
                     Err(e) => {
@@ -165,6 +195,7 @@ fn replay(case: &Value, history: &[&str], keys: &[String], total: u64) -> Vec<St
             }
             "free" => {
                 let j = op[1].as_u64().unwrap() as usize;
+                outstanding.append(&mut uses[j]);
                 match ptrs[j].take() {
                     Some(p) => a.free(p).unwrap(),
                     None => errors.push(format!("{what} op {i}: free of op {j}, not allocated")),
@@ -174,6 +205,9 @@ fn replay(case: &Value, history: &[&str], keys: &[String], total: u64) -> Vec<St
                 let (j, s) = (op[1].as_u64().unwrap() as usize, op[2].as_u64().unwrap());
                 if let Some(p) = ptrs[j] {
                     a.record_stream(p, s).unwrap();
+                    if s != alloc_stream[j] {
+                        uses[j].push(s);
+                    }
                 }
             }
             "empty_cache" => a.empty_cache(),

@@ -27,26 +27,27 @@ os.makedirs(OUT, exist_ok=True)
 TOTAL = torch.cuda.get_device_properties(0).total_memory
 STREAMS = [torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Stream()]
 
+# expandable_segments is named in every string: `_set_allocator_settings` keeps its previous
+# value otherwise.
 CASES = [
-    ("", None),
-    ("", 1 * GB),
+    ("expandable_segments:False", None),
+    ("expandable_segments:False", 512 * MB),
     ("expandable_segments:True", None),
-    ("expandable_segments:True", 1 * GB),
-    ("max_split_size_mb:64", None),
-    ("max_split_size_mb:64", 1 * GB),
-    ("max_split_size_mb:20", 768 * MB),
-    ("roundup_power2_divisions:4", None),
-    ("roundup_power2_divisions:[1:8,64:2,256:1,>:4]", 1 * GB),
-    ("garbage_collection_threshold:0.5", 1 * GB),
-    ("garbage_collection_threshold:0.8,max_split_size_mb:32", 1536 * MB),
-    ("expandable_segments:True,garbage_collection_threshold:0.6", 1 * GB),
+    ("expandable_segments:True", 512 * MB),
+    ("expandable_segments:False,max_split_size_mb:64", None),
+    ("expandable_segments:False,max_split_size_mb:64", 512 * MB),
+    ("expandable_segments:False,max_split_size_mb:20", 384 * MB),
+    ("expandable_segments:False,roundup_power2_divisions:4", None),
+    ("expandable_segments:False,roundup_power2_divisions:[1:8,64:2,256:1,>:4]", 768 * MB),
+    ("expandable_segments:False,garbage_collection_threshold:0.5", 768 * MB),
+    ("expandable_segments:False,garbage_collection_threshold:0.8,max_split_size_mb:32", 512 * MB),
+    ("expandable_segments:True,garbage_collection_threshold:0.6", 512 * MB),
+    ("expandable_segments:True,max_split_size_mb:40", 384 * MB),
 ]
-# Set after every case. It does not name expandable_segments, which therefore stays True
-# from the first expandable case on (`_set_allocator_settings` keeps keys a string does not
-# name); the replay applies the same strings in the same order.
-END_CONF = ""
+# Set after every case.
+END_CONF = "expandable_segments:False"
 SEEDS = [1, 2]
-N_OPS = 120
+N_OPS = 150
 BOUNDARIES = [511, 512, 513, MB - 1, MB, MB + 1, 2 * MB, 10 * MB - 1, 10 * MB, 10 * MB + 1,
               19 * MB, 20 * MB, 21 * MB, 64 * MB, 100 * MB]
 
@@ -78,7 +79,7 @@ def run_case(conf, allowed, seed, ks):
     torch.cuda.memory._record_memory_history(enabled="all", context=None, max_entries=1_000_000)
     torch.cuda.reset_peak_memory_stats()
     torch.cuda.reset_accumulated_memory_stats()
-    rng = random.Random(seed * 1000 + len(conf))
+    rng = random.Random(f"{conf}/{allowed}/{seed}")
     live = {}
     ops, results, stats = [], [], []
 
@@ -90,7 +91,7 @@ def run_case(conf, allowed, seed, ks):
 
     for i in range(N_OPS):
         r = rng.random()
-        if r < 0.45 or not live:
+        if r < 0.5 or not live:
             n, k = size(rng), rng.randrange(3)
             torch.cuda.synchronize()
             try:
@@ -123,7 +124,7 @@ def run_case(conf, allowed, seed, ks):
     record(["empty_cache"])
     trace = torch.cuda.memory._snapshot()["device_traces"][0]
     segs = [[e["action"], e["addr"], e["size"]] for e in trace
-            if e["action"] in ("segment_alloc", "segment_map")]
+            if e["action"] in ("segment_alloc", "segment_free", "segment_map", "segment_unmap")]
     torch.cuda.memory._record_memory_history(enabled=None)
     torch.cuda.set_per_process_memory_fraction(1.0)
     torch.cuda.memory._set_allocator_settings(END_CONF)

@@ -15,6 +15,7 @@
 //!     forever, because the 120 MiB segment made while `max_split_size_mb:64` was set was
 //!     freed after the setting had been reset to unlimited, and the decrement compares the
 //!     segment with the *current* `max_split_size` (spec 11.3).
+//!
 //!   Where a case records deltas (`expandable`, `oom.delta`) every key is compared.
 //! * **in sequence** (`whole_probe_in_one_process`), all cases in the script's order on one
 //!   allocator, as the probe ran them in one Python process: then nothing is skipped and

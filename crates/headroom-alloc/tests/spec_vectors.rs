@@ -195,7 +195,9 @@ fn one_mib_plus_one_then_19_mib_opens_a_second_segment_unsplit() {
 
 #[test]
 fn roundup_power2_divisions_measured_results() {
-    let cases: &[(&str, &[(u64, u64, u64)])] = &[
+    // (config, [(request, block size, reserved)])
+    type Case<'a> = (&'a str, &'a [(u64, u64, u64)]);
+    let cases: &[Case] = &[
         (
             "roundup_power2_divisions:4",
             &[

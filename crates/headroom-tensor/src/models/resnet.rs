@@ -116,50 +116,37 @@ impl ResNet {
             for j in 0..n {
                 let stride = if i > 0 && j == 0 { 2 } else { 1 };
                 let cout = w * expansion;
-                let block = if bottleneck {
+                let (conv1, bn1, conv2, bn2, conv3) = if bottleneck {
                     let conv1 = Conv2d::new(init, cin, w, 1, 1, 0, false)?;
                     let bn1 = BatchNorm2d::new(init, w)?;
                     let conv2 = Conv2d::new(init, w, w, 3, stride, 1, false)?;
                     let bn2 = BatchNorm2d::new(init, w)?;
                     let c3 = Conv2d::new(init, w, cout, 1, 1, 0, false)?;
                     let b3 = BatchNorm2d::new(init, cout)?;
-                    let downsample = if j == 0 && (stride != 1 || cin != cout) {
-                        Some((
-                            Conv2d::new(init, cin, cout, 1, stride, 0, false)?,
-                            BatchNorm2d::new(init, cout)?,
-                        ))
-                    } else {
-                        None
-                    };
-                    Block {
-                        conv1,
-                        bn1,
-                        conv2,
-                        bn2,
-                        conv3: Some((c3, b3)),
-                        downsample,
-                    }
+                    (conv1, bn1, conv2, bn2, Some((c3, b3)))
                 } else {
                     let conv1 = Conv2d::new(init, cin, w, 3, stride, 1, false)?;
                     let bn1 = BatchNorm2d::new(init, w)?;
                     let conv2 = Conv2d::new(init, w, w, 3, 1, 1, false)?;
                     let bn2 = BatchNorm2d::new(init, w)?;
-                    let downsample = if j == 0 && (stride != 1 || cin != cout) {
-                        Some((
-                            Conv2d::new(init, cin, cout, 1, stride, 0, false)?,
-                            BatchNorm2d::new(init, cout)?,
-                        ))
-                    } else {
-                        None
-                    };
-                    Block {
-                        conv1,
-                        bn1,
-                        conv2,
-                        bn2,
-                        conv3: None,
-                        downsample,
-                    }
+                    (conv1, bn1, conv2, bn2, None)
+                };
+                // Built after the block's own layers in both kinds, as before (init order).
+                let downsample = if j == 0 && (stride != 1 || cin != cout) {
+                    Some((
+                        Conv2d::new(init, cin, cout, 1, stride, 0, false)?,
+                        BatchNorm2d::new(init, cout)?,
+                    ))
+                } else {
+                    None
+                };
+                let block = Block {
+                    conv1,
+                    bn1,
+                    conv2,
+                    bn2,
+                    conv3,
+                    downsample,
                 };
                 layer.push(block);
                 cin = cout;

@@ -9,6 +9,30 @@ use crate::autograd::Saved;
 use crate::backend::{BinaryOp, UnaryOp};
 use crate::layout::broadcast_shapes;
 
+/// The backward of `self + alpha * other` (`AddBackward0`), shared by `add_scaled` and
+/// `add_scaled_`: `sa`, `sb` are the input shapes the gradient is reduced back to.
+fn add_backward(
+    sa: Vec<usize>,
+    sb: Vec<usize>,
+    alpha: f64,
+) -> impl FnMut(Vec<Option<Tensor>>, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + 'static {
+    move |g: Vec<Option<Tensor>>, needs: &[bool]| {
+        let g = grad0(g, "AddBackward0")?;
+        let gb = if needs[1] {
+            let gb = if alpha == 1.0 {
+                g.clone()
+            } else {
+                g.mul_scalar(alpha)?
+            };
+            Some(gb.sum_to(&sb)?)
+        } else {
+            None
+        };
+        let ga = if needs[0] { Some(g.sum_to(&sa)?) } else { None };
+        Ok(vec![ga, gb])
+    }
+}
+
 impl Tensor {
     fn binary_op(&self, other: &Tensor, op: BinaryOp, name: &'static str) -> Result<Tensor> {
         same_device(self, other, name)?;
@@ -48,21 +72,7 @@ impl Tensor {
                 "AddBackward0",
                 &[Some(self), Some(other)],
                 &[&out],
-                move |g, needs| {
-                    let g = grad0(g, "AddBackward0")?;
-                    let gb = if needs[1] {
-                        let gb = if alpha == 1.0 {
-                            g.clone()
-                        } else {
-                            g.mul_scalar(alpha)?
-                        };
-                        Some(gb.sum_to(&sb)?)
-                    } else {
-                        None
-                    };
-                    let ga = if needs[0] { Some(g.sum_to(&sa)?) } else { None };
-                    Ok(vec![ga, gb])
-                },
+                add_backward(sa, sb, alpha),
             );
         }
         Ok(out)
@@ -335,21 +345,7 @@ impl Tensor {
                 "AddBackward0",
                 &[Some(&prev), Some(other)],
                 &[self],
-                move |g, needs| {
-                    let g = grad0(g, "AddBackward0")?;
-                    let gb = if needs[1] {
-                        let gb = if alpha == 1.0 {
-                            g.clone()
-                        } else {
-                            g.mul_scalar(alpha)?
-                        };
-                        Some(gb.sum_to(&sb)?)
-                    } else {
-                        None
-                    };
-                    let ga = if needs[0] { Some(g.sum_to(&sa)?) } else { None };
-                    Ok(vec![ga, gb])
-                },
+                add_backward(sa, sb, alpha),
             );
         }
         Ok(())

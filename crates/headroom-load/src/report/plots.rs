@@ -180,6 +180,23 @@ fn legend_box(c: RGBColor) -> impl Fn((i32, i32)) -> Rectangle<(i32, i32)> {
     move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled())
 }
 
+/// The series legend, in the one style every plot uses: at `position`, `margin` px in.
+fn draw_legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+    margin: i32,
+) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .margin(margin)
+        .background_style(WHITE.mix(0.9))
+        .border_style(RGBColor(200, 200, 200))
+        .label_font((FONT, 13))
+        .draw()
+        .map_err(err)
+}
+
 /// The memory timeline: allocated, reserved, active, inactive_split and device used (where
 /// there is a device), the capacity, OOMs as red crosses, and each stage as a band.
 pub fn timeline_svg(r: &RunResult) -> String {
@@ -353,15 +370,7 @@ pub fn timeline_svg(r: &RunResult) -> String {
                 .label("OOM")
                 .legend(|(x, y)| Cross::new((x + 9, y), 5, C_CAP.stroke_width(2)));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .margin(18)
-            .background_style(WHITE.mix(0.9))
-            .border_style(RGBColor(200, 200, 200))
-            .label_font((FONT, 13))
-            .draw()
-            .map_err(err)?;
+        draw_legend(&mut chart, SeriesLabelPosition::UpperRight, 18)?;
         Ok(())
     })
 }
@@ -433,15 +442,7 @@ pub fn latency_svg(r: &RunResult) -> String {
                 .draw_series(pts.into_iter().map(|p| Circle::new(p, 4, c.filled())))
                 .map_err(err)?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .margin(18)
-            .background_style(WHITE.mix(0.9))
-            .border_style(RGBColor(200, 200, 200))
-            .label_font((FONT, 13))
-            .draw()
-            .map_err(err)?;
+        draw_legend(&mut chart, SeriesLabelPosition::UpperLeft, 18)?;
         Ok(())
     })
 }
@@ -840,15 +841,7 @@ pub fn categories_svg(r: &RunResult) -> String {
                 .label(*name)
                 .legend(legend_box(c));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .margin(10)
-            .background_style(WHITE.mix(0.9))
-            .border_style(RGBColor(200, 200, 200))
-            .label_font((FONT, 13))
-            .draw()
-            .map_err(err)?;
+        draw_legend(&mut chart, SeriesLabelPosition::UpperRight, 10)?;
         Ok(())
     })
 }
@@ -911,15 +904,7 @@ pub fn categories_over_time_svg(r: &RunResult) -> String {
             .map_err(err)?
             .label("allocated")
             .legend(legend_line(BLACK));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .margin(18)
-            .background_style(WHITE.mix(0.9))
-            .border_style(RGBColor(200, 200, 200))
-            .label_font((FONT, 13))
-            .draw()
-            .map_err(err)?;
+        draw_legend(&mut chart, SeriesLabelPosition::UpperRight, 18)?;
         Ok(())
     })
 }

@@ -125,14 +125,18 @@ fn backward_each_micro_step_is_clean() {
 fn variable_gpt2() -> Scenario {
     Scenario::inference(
         "gpt2-small".parse().unwrap(),
-        4,
+        16,
         "uniform:16..128".parse().unwrap(),
     )
 }
 
 #[test]
 fn variable_lengths_fire_fragmentation_with_what_if() {
-    let mut c = cfg(variable_gpt2(), requests(8, 400));
+    // One worker: which of several threads wins the race for the next request number is
+    // not under the virtual clock's control, so with eight workers the peak ratio varied
+    // between 1.37 and 2.0 from run to run and the test flaked. A single stream of variable
+    // lengths fragments the cache on its own, as PyTorch's single-stream measurement shows.
+    let mut c = cfg(variable_gpt2(), requests(1, 400));
     c.what_if = vec!["expandable_segments:True".into()];
     let r = run_it(&c);
     let f = finding(&r, FindingId::Fragmentation);

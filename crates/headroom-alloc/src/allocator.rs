@@ -192,6 +192,12 @@ impl<D: Device> CachingAllocator<D> {
         st.active.get(&ptr).map(|&id| st.arena.get(id).size)
     }
 
+    /// How many segments `snapshot()` would list, without taking a snapshot (which would
+    /// append a `snapshot` entry to the history).
+    pub fn segment_count(&self) -> usize {
+        segments(&self.state.lock()).len()
+    }
+
     /// Largest free cached block (PyTorch's `cacheInfo`, used to size workspaces).
     pub fn largest_free_block(&self) -> u64 {
         let st = self.state.lock();

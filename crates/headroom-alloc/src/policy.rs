@@ -78,19 +78,12 @@ pub fn round_size(config: &AllocatorConfig, n: u64) -> u64 {
     if n < MIN_BLOCK_SIZE {
         return MIN_BLOCK_SIZE;
     }
-    let d = divisions_for(config, n);
+    let d = config.divisions_for(n);
     if d > 1 && n > MIN_BLOCK_SIZE * d {
         roundup_power2_next_division(n, d)
     } else {
         MIN_BLOCK_SIZE * n.div_ceil(MIN_BLOCK_SIZE)
     }
-}
-
-/// Entry `floor(log2(n)) - 20` of the divisions table, clamped to [0, 15].
-pub fn divisions_for(config: &AllocatorConfig, n: u64) -> u64 {
-    let log2 = 63 - n.max(1).leading_zeros() as i64;
-    let idx = (log2 - 20).clamp(0, 15) as usize;
-    config.roundup_power2_divisions[idx]
 }
 
 fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {

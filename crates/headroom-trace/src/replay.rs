@@ -422,7 +422,7 @@ pub fn replay(snapshot: &Snapshot, opts: &ReplayOptions) -> Result<ReplayResult,
                             message: o.to_string(),
                             allocated_bytes: alloc.memory_allocated(),
                             reserved_bytes: alloc.memory_reserved(),
-                            segments: alloc.snapshot().segments.len(),
+                            segments: alloc.segment_count(),
                             largest_free_block: alloc.largest_free_block(),
                             memory_summary: alloc.memory_summary(false),
                         });

@@ -80,6 +80,19 @@ impl StatArray {
         self.0[0].apply(delta);
         self.0[pool.stat_type() as usize].apply(delta);
     }
+    /// `apply(pool, x)` for an `x` known to be ≥ 0, without the sign test (an increase by 0
+    /// leaves a cell as `apply(0)` does: its peak is already ≥ its current).
+    #[inline(always)]
+    fn increase(&mut self, pool: PoolKind, x: i64) {
+        self.0[0].increase(x);
+        self.0[pool.stat_type() as usize].increase(x);
+    }
+    /// `apply(pool, -x)` for an `x` known to be ≥ 0.
+    #[inline(always)]
+    fn decrease(&mut self, pool: PoolKind, x: i64) {
+        self.0[0].decrease(x);
+        self.0[pool.stat_type() as usize].decrease(x);
+    }
     pub fn get(&self, t: StatType) -> &Stat {
         &self.0[t as usize]
     }
@@ -136,7 +149,7 @@ impl DeviceStats {
     }
 
     /// Apply one allocator event. This is the only place stats change.
-    #[inline]
+    #[inline(always)]
     pub fn observe(&mut self, ev: &AllocEvent) {
         match *ev {
             AllocEvent::Alloc {
@@ -147,11 +160,11 @@ impl DeviceStats {
                 ..
             } => {
                 let b = block_size as i64;
-                self.allocation.apply(pool, 1);
-                self.allocated_bytes.apply(pool, b);
-                self.active.apply(pool, 1);
-                self.active_bytes.apply(pool, b);
-                self.requested_bytes.apply(pool, requested as i64);
+                self.allocation.increase(pool, 1);
+                self.allocated_bytes.increase(pool, b);
+                self.active.increase(pool, 1);
+                self.active_bytes.increase(pool, b);
+                self.requested_bytes.increase(pool, requested as i64);
                 if oversize {
                     self.oversize_allocations.increase(1);
                 }
@@ -162,8 +175,8 @@ impl DeviceStats {
                 oversize,
                 ..
             } => {
-                self.allocation.apply(pool, -1);
-                self.allocated_bytes.apply(pool, -(block_size as i64));
+                self.allocation.decrease(pool, 1);
+                self.allocated_bytes.decrease(pool, block_size as i64);
                 if oversize {
                     self.oversize_allocations.decrease(1);
                 }
@@ -174,9 +187,9 @@ impl DeviceStats {
                 requested,
                 ..
             } => {
-                self.active.apply(pool, -1);
-                self.active_bytes.apply(pool, -(block_size as i64));
-                self.requested_bytes.apply(pool, -(requested as i64));
+                self.active.decrease(pool, 1);
+                self.active_bytes.decrease(pool, block_size as i64);
+                self.requested_bytes.decrease(pool, requested as i64);
             }
             AllocEvent::InactiveSplit {
                 pool,

@@ -189,7 +189,7 @@ impl<D: Device> CachingAllocator<D> {
     /// The block size behind an allocated pointer.
     pub fn block_size(&self, ptr: u64) -> Option<u64> {
         let st = self.state.lock();
-        st.active.get(&ptr).map(|&id| st.arena.get(id).size)
+        st.active.get(ptr).map(|id| st.arena.get(id).size)
     }
 
     /// How many segments `snapshot()` would list, without taking a snapshot (which would

@@ -59,7 +59,7 @@ pub(crate) fn check<D: Device>(st: &State<D>) -> Result<(), String> {
             allocation[p] += 1;
             allocated[0] += b.size as i64;
             allocated[p] += b.size as i64;
-            if st.active.get(&b.ptr) != Some(&id) {
+            if st.active.get(b.ptr) != Some(id) {
                 return Err(format!("allocated block {id} missing from pointer map"));
             }
         }

@@ -36,6 +36,7 @@ mod invariants;
 pub mod oom;
 pub mod policy;
 mod pool;
+mod ptrmap;
 mod release;
 pub mod size;
 pub mod snapshot;

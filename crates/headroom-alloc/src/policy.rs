@@ -13,8 +13,6 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
-
 use crate::block::{Arena, BlockId, Membership, NIL};
 use crate::config::AllocatorConfig;
 use crate::device::{Device, DeviceError, EventId};
@@ -23,6 +21,7 @@ use crate::expandable::ExpandableSegment;
 use crate::history::History;
 use crate::oom::{AllocError, OutOfMemoryError};
 use crate::pool::{BlockPool, Prio};
+use crate::ptrmap::PtrMap;
 use crate::snapshot::Frame;
 use crate::stats::DeviceStats;
 
@@ -55,7 +54,7 @@ pub(crate) struct State<D: Device> {
     pub small: BlockPool,
     pub large: BlockPool,
     /// Allocated blocks by address (PyTorch's pointer map). Pending frees are not here.
-    pub active: FxHashMap<u64, BlockId>,
+    pub active: PtrMap,
     /// Bytes obtained from the device: cudaMalloc'd plus mapped.
     pub total_allocated_memory: u64,
     pub allowed_memory_maximum: Option<u64>,
@@ -138,7 +137,7 @@ impl<D: Device> State<D> {
             arena: Arena::with_capacity(256),
             small: BlockPool::new(),
             large: BlockPool::new(),
-            active: FxHashMap::with_capacity_and_hasher(256, Default::default()),
+            active: PtrMap::with_capacity(256),
             total_allocated_memory: 0,
             allowed_memory_maximum: allowed,
             stream_events: Vec::new(),
@@ -561,7 +560,7 @@ impl<D: Device> State<D> {
         }
         let id = self
             .active
-            .remove(&ptr)
+            .remove(ptr)
             .ok_or(AllocError::InvalidPointer(ptr))?;
         let (kind, size, requested, stream, has_uses) = {
             let b = self.arena.get_mut(id);
@@ -688,9 +687,9 @@ impl<D: Device> State<D> {
         if ptr == 0 {
             return Ok(());
         }
-        let id = *self
+        let id = self
             .active
-            .get(&ptr)
+            .get(ptr)
             .ok_or(AllocError::InvalidPointer(ptr))?;
         let b = self.arena.get_mut(id);
         if stream != b.stream && !b.stream_uses.contains(&stream) {

@@ -38,6 +38,22 @@ pub enum CudaError {
         name: String,
         message: String,
     },
+    /// A CUDA library (NVRTC, cuBLAS, cuDNN) could not be loaded, or lacks a function.
+    #[error("{lib} not usable: {why}")]
+    Library { lib: &'static str, why: String },
+    /// NVRTC rejected the kernel source (a bug in Headroom, with the compiler's log).
+    #[error("NVRTC could not compile Headroom's kernels: {0}")]
+    Compile(String),
+    /// A cuBLAS or cuDNN call failed.
+    #[error("{call} failed: {status}")]
+    LibraryCall { call: &'static str, status: String },
+    /// A kernel found a bad index (the CUDA analogue of a device-side assert), reported at
+    /// the next synchronisation.
+    #[error("{op}: index {index} is out of bounds (reported by a CUDA kernel)")]
+    DeviceAssert { op: &'static str, index: i64 },
+    /// The call is not possible in the current state (e.g. a host read during graph capture).
+    #[error("{0}")]
+    Invalid(String),
 }
 
 impl CudaError {
@@ -88,6 +104,49 @@ const SYMBOLS: &[&str] = &[
     "cuStreamWaitEvent",
     "cuLaunchHostFunc",
 ];
+
+/// Driver functions the compute side (kernels, copies, graphs) calls, checked when a
+/// [`crate::compute::Gpu`] is opened, so that the allocator alone still works on a driver that
+/// lacks one of them.
+pub const COMPUTE_SYMBOLS: &[&str] = &[
+    "cuModuleLoadData",
+    "cuModuleGetFunction",
+    "cuModuleUnload",
+    "cuLaunchKernel",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyDtoDAsync_v2",
+    "cuMemsetD8Async",
+    "cuStreamBeginCapture_v2",
+    "cuStreamEndCapture",
+    "cuStreamIsCapturing",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphLaunch",
+    "cuGraphExecDestroy",
+    "cuGraphDestroy",
+    "cuEventElapsedTime_v2",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventSynchronize",
+];
+
+/// `Ok` when every name in `names` resolves in `lib` (so cudarc's lazy loader cannot panic).
+pub fn require_symbols(
+    lib: &libloading::Library,
+    what: &'static str,
+    names: &[&str],
+) -> Result<(), CudaError> {
+    for &name in names {
+        // SAFETY: a presence check; the pointer type is irrelevant and nothing is called.
+        if unsafe { lib.get::<*const ()>(name.as_bytes()) }.is_err() {
+            return Err(CudaError::Library {
+                lib: what,
+                why: format!("{name} is missing (library too old?)"),
+            });
+        }
+    }
+    Ok(())
+}
 
 static DRIVER: OnceLock<Result<(), CudaError>> = OnceLock::new();
 

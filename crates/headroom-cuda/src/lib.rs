@@ -22,11 +22,13 @@
 //! }
 //! ```
 
+pub mod compute;
 pub mod device;
 pub mod driver;
 pub mod nvml;
 pub mod stream;
 
+pub use compute::{Dt, Gpu, Strided};
 pub use device::CudaDevice;
 pub use driver::{device_count, driver_present, unavailable_reason, CudaError};
 pub use nvml::{nvml_present, NvmlMemory};

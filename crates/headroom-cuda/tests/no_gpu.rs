@@ -22,5 +22,11 @@ fn no_gpu_gives_typed_errors() {
     assert!(CudaDevice::new(0).is_err());
     assert!(headroom_cuda::cuda_allocator(0, Default::default()).is_err());
     assert!(!headroom_cuda::nvml_present());
+    // The compute side too: opening a Gpu is a typed error, whatever else is missing.
+    match headroom_cuda::Gpu::new(0) {
+        Err(CudaError::NoDriver(_) | CudaError::NoDevice(_)) => {}
+        Err(e) => panic!("unexpected error kind: {e}"),
+        Ok(_) => panic!("a Gpu opened with no GPU"),
+    }
     assert_eq!(headroom_cuda::nvml::oom_process_lines("0000:00:00.0"), "");
 }

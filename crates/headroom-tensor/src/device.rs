@@ -22,7 +22,7 @@ pub enum DeviceKind {
     Cpu,
     /// Shapes and memory only: no data, no compute.
     Meta,
-    /// Reserved for the CUDA backend; no backend ships with this crate.
+    /// A real GPU ([`Device::cuda`]).
     Cuda(u32),
 }
 
@@ -254,6 +254,11 @@ impl Device {
             Ok(Some(a))
         };
         st.handles[thread as usize] = alloc(per_handle)?;
+        if let Some(a) = st.handles[thread as usize] {
+            self.0
+                .backend
+                .bind_blas_workspace(thread as usize, a.ptr, a.size)?;
+        }
         if st.device.is_none() {
             st.device = alloc(per_device)?;
         }

@@ -50,6 +50,9 @@ pub enum TensorError {
     InvalidArgument { op: &'static str, msg: String },
     #[error("index out of range in {op}: {msg}")]
     IndexOutOfRange { op: &'static str, msg: String },
+    /// The CUDA driver or a CUDA library failed (no GPU, a missing library, a launch error).
+    #[error("CUDA: {0}")]
+    Cuda(String),
 }
 
 impl TensorError {

@@ -68,6 +68,7 @@
 pub mod autograd;
 pub mod backend;
 pub mod caching;
+pub mod cuda;
 pub mod device;
 pub mod dtype;
 pub mod error;
@@ -96,4 +97,5 @@ pub use nn::Module;
 pub use optim::{Adam, Optimizer, Sgd};
 pub use predict::{predict, PredictOptions, Prediction};
 pub use tensor::Tensor;
+pub use cuda::{CudaAllocator, CudaRuntime, TensorGraph};
 pub use workspace::CudaLikeWorkspace;

@@ -582,6 +582,7 @@ impl Backend for CpuBackend {
         bias: Option<TRef>,
         out: TRef,
         p: &Conv2dParams,
+        _ws: Workspace,
     ) -> Result<()> {
         let [n, c, h, wd] = dims4(x.layout);
         let [o, cg, kh, kw] = dims4(w.layout);
@@ -628,7 +629,14 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn conv2d_backward_input(&self, gy: TRef, w: TRef, gx: TRef, p: &Conv2dParams) -> Result<()> {
+    fn conv2d_backward_input(
+        &self,
+        gy: TRef,
+        w: TRef,
+        gx: TRef,
+        p: &Conv2dParams,
+        _ws: Workspace,
+    ) -> Result<()> {
         let [n, c, h, wd] = dims4(gx.layout);
         let [o, cg, kh, kw] = dims4(w.layout);
         let [_, _, oh, ow] = dims4(gy.layout);
@@ -666,7 +674,14 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn conv2d_backward_weight(&self, gy: TRef, x: TRef, gw: TRef, p: &Conv2dParams) -> Result<()> {
+    fn conv2d_backward_weight(
+        &self,
+        gy: TRef,
+        x: TRef,
+        gw: TRef,
+        p: &Conv2dParams,
+        _ws: Workspace,
+    ) -> Result<()> {
         let [n, c, h, wd] = dims4(x.layout);
         let [o, cg, kh, kw] = dims4(gw.layout);
         let [_, _, oh, ow] = dims4(gy.layout);

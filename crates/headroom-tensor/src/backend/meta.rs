@@ -37,9 +37,9 @@ impl Backend for MetaBackend {
         reduce(a: ReduceOp, b: TRef, c: &[usize], d: TRef);
         masked_fill(a: TRef, b: TRef, c: f64, d: TRef);
         matmul(a: TRef, b: TRef, c: TRef, d: bool);
-        conv2d(a: TRef, b: TRef, c: Option<TRef>, d: TRef, e: &Conv2dParams);
-        conv2d_backward_input(a: TRef, b: TRef, c: TRef, d: &Conv2dParams);
-        conv2d_backward_weight(a: TRef, b: TRef, c: TRef, d: &Conv2dParams);
+        conv2d(a: TRef, b: TRef, c: Option<TRef>, d: TRef, e: &Conv2dParams, f: Workspace);
+        conv2d_backward_input(a: TRef, b: TRef, c: TRef, d: &Conv2dParams, e: Workspace);
+        conv2d_backward_weight(a: TRef, b: TRef, c: TRef, d: &Conv2dParams, e: Workspace);
         max_pool2d(a: TRef, b: TRef, c: TRef, d: &Pool2dParams);
         max_pool2d_backward(a: TRef, b: TRef, c: TRef);
         adaptive_avg_pool2d(a: TRef, b: TRef);

@@ -8,6 +8,7 @@
 //! outputs are fresh contiguous buffers unless a method says otherwise.
 
 pub mod cpu;
+pub mod cuda;
 pub mod meta;
 
 use crate::dtype::DType;
@@ -74,6 +75,13 @@ pub enum ReduceOp {
     Min,
 }
 
+/// A library workspace the op layer allocated for one kernel call (`ptr` 0 when none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Workspace {
+    pub ptr: u64,
+    pub size: u64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Conv2dParams {
     pub stride: [usize; 2],
@@ -122,6 +130,8 @@ pub trait Backend: Send + Sync {
     /// any strides.
     fn matmul(&self, a: TRef, b: TRef, out: TRef, accumulate: bool) -> Result<()>;
 
+    /// `ws` is the workspace the device's [`crate::device::WorkspacePolicy`] asked for; it
+    /// stays allocated until the call returns.
     fn conv2d(
         &self,
         x: TRef,
@@ -129,9 +139,36 @@ pub trait Backend: Send + Sync {
         bias: Option<TRef>,
         out: TRef,
         p: &Conv2dParams,
+        ws: Workspace,
     ) -> Result<()>;
-    fn conv2d_backward_input(&self, gy: TRef, w: TRef, gx: TRef, p: &Conv2dParams) -> Result<()>;
-    fn conv2d_backward_weight(&self, gy: TRef, x: TRef, gw: TRef, p: &Conv2dParams) -> Result<()>;
+    fn conv2d_backward_input(
+        &self,
+        gy: TRef,
+        w: TRef,
+        gx: TRef,
+        p: &Conv2dParams,
+        ws: Workspace,
+    ) -> Result<()>;
+    fn conv2d_backward_weight(
+        &self,
+        gy: TRef,
+        x: TRef,
+        gw: TRef,
+        p: &Conv2dParams,
+        ws: Workspace,
+    ) -> Result<()>;
+
+    /// The op layer allocated the GEMM workspace of BLAS handle `thread` (0 forward,
+    /// 1 backward): `size` bytes at `ptr`, held as long as the device. Backends whose BLAS
+    /// needs no workspace ignore it.
+    fn bind_blas_workspace(&self, _thread: usize, _ptr: u64, _size: u64) -> Result<()> {
+        Ok(())
+    }
+
+    /// Waits for queued work (a no-op where kernels run synchronously).
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
 
     /// `indices` is i64, flat index into each (n, c) plane of the input.
     fn max_pool2d(&self, x: TRef, out: TRef, indices: TRef, p: &Pool2dParams) -> Result<()>;

@@ -8,6 +8,7 @@
 
 use super::*;
 use crate::autograd::Saved;
+use crate::backend::Workspace;
 use crate::device::{ConvPass, ConvWorkspaceQuery};
 
 /// Output size of a conv or pool along one dim (floor mode).
@@ -29,13 +30,20 @@ pub(crate) fn out_dim(
     Ok((n + 2 * p - eff) / s + 1)
 }
 
-fn workspace(t: &Tensor, q: ConvWorkspaceQuery) -> Result<()> {
+/// The workspace the device's policy asks for, allocated after the op's output, as PyTorch's
+/// cuDNN path does. The caller keeps the tensor alive across the kernel and drops it right
+/// after, which is the moment PyTorch frees it.
+fn workspace(t: &Tensor, q: ConvWorkspaceQuery) -> Result<(Option<Tensor>, Workspace)> {
     let n = t.device().workspace_policy().conv2d(&q);
-    if n > 0 {
-        // Allocated and dropped at once: the block goes back to the pool at this point.
-        drop(Tensor::empty(&[n as usize], DType::U8, t.device())?);
+    if n == 0 {
+        return Ok((None, Workspace::default()));
     }
-    Ok(())
+    let ws = Tensor::empty(&[n as usize], DType::U8, t.device())?;
+    let w = Workspace {
+        ptr: ws.storage().ptr(),
+        size: n,
+    };
+    Ok((Some(ws), w))
 }
 
 fn query(
@@ -108,14 +116,16 @@ pub fn conv2d(
     let ow = out_dim(xs[3], ws[3], p.stride[1], p.padding[1], p.dilation[1], OP)?;
     let ys = [xs[0], ws[0], oh, ow];
     let out = Tensor::empty(&ys, x.dtype(), x.device())?;
-    workspace(x, query(ConvPass::Forward, &xs, &ws, &ys, p, x.dtype()))?;
+    let (held, wsp) = workspace(x, query(ConvPass::Forward, &xs, &ws, &ys, p, x.dtype()))?;
     x.device().backend().conv2d(
         x.kref(),
         weight.kref(),
         bias.map(|b| b.kref()),
         out.kref(),
         p,
+        wsp,
     )?;
+    drop(held);
     let ins = [Some(x), Some(weight), bias];
     let any = [x, weight].into_iter().chain(bias).collect::<Vec<_>>();
     if crate::autograd::should_record(&any) {
@@ -134,7 +144,7 @@ pub fn conv2d(
                 let ys = gy.shape().to_vec();
                 let gx = if needs[0] {
                     let gx = Tensor::empty(x.shape(), x.dtype(), x.device())?;
-                    workspace(
+                    let (held, wsp) = workspace(
                         x,
                         query(
                             ConvPass::BackwardInput,
@@ -150,14 +160,16 @@ pub fn conv2d(
                         w.kref(),
                         gx.kref(),
                         &p,
+                        wsp,
                     )?;
+                    drop(held);
                     Some(gx)
                 } else {
                     None
                 };
                 let gw = if needs[1] {
                     let gw = Tensor::empty(w.shape(), w.dtype(), w.device())?;
-                    workspace(
+                    let (held, wsp) = workspace(
                         x,
                         query(
                             ConvPass::BackwardWeight,
@@ -173,7 +185,9 @@ pub fn conv2d(
                         x.kref(),
                         gw.kref(),
                         &p,
+                        wsp,
                     )?;
+                    drop(held);
                     Some(gw)
                 } else {
                     None

@@ -1,0 +1,886 @@
+// Headroom's CUDA kernels, compiled at run time by NVRTC (compute/nvrtc.rs).
+//
+// Design note: one source, no CUDA headers (NVRTC ships none of cuda_fp16.h / cuda_bf16.h
+// without the toolkit), so bf16 and f16 are converted by hand. Every kernel takes its
+// tensors as `T` descriptors (pointer, offset, shape, strides, dtype) and dispatches on the
+// dtype at run time: the switch is uniform across a warp, so it costs next to nothing in
+// kernels that are bound by memory bandwidth, and one kernel serves every dtype. Arithmetic
+// is done in f32 (f64 for statistics and for conversions that involve integers), as the cpu
+// backend does, so results agree within the rounding of the storage dtype.
+//
+// Index errors (an embedding id out of range, say) cannot be returned from a kernel: the
+// first one is written to a small device-side error word (`err`), the element is skipped,
+// and the host reports it at its next synchronisation, naming the op, as CUDA reports a
+// device-side assert, but without killing the context.
+
+typedef long long i64;
+typedef unsigned long long u64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+#define MAXD 8
+struct T {
+    void* p;
+    i64 off;
+    i64 shape[MAXD];
+    i64 st[MAXD];
+    int nd;
+    int dt;
+};
+
+enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2, DT_I64 = 3, DT_I32 = 4, DT_U8 = 5, DT_BOOL = 6 };
+
+#define LOOP(i, n) \
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)blockDim.x * gridDim.x)
+
+__device__ __forceinline__ float f_inf() { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ float f_nan() { return __int_as_float(0x7fc00000); }
+
+__device__ __forceinline__ float bf2f(u16 h) { return __uint_as_float(((u32)h) << 16); }
+__device__ __forceinline__ u16 f2bf(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)0x7fc0;  // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);                           // round to nearest even
+    return (u16)(u >> 16);
+}
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+
+// Rust's `as` from a float to an integer: truncate, saturate, NaN -> 0.
+__device__ __forceinline__ i64 d2i64(double v) {
+    if (v != v) return 0;
+    if (v >= 9223372036854775807.0) return 9223372036854775807LL;
+    if (v <= -9223372036854775808.0) return (-9223372036854775807LL - 1);
+    return (i64)v;
+}
+__device__ __forceinline__ int d2i32(double v) {
+    if (v != v) return 0;
+    if (v >= 2147483647.0) return 2147483647;
+    if (v <= -2147483648.0) return (-2147483647 - 1);
+    return (int)v;
+}
+__device__ __forceinline__ unsigned char d2u8(double v) {
+    if (v != v || v <= 0.0) return 0;
+    if (v >= 255.0) return 255;
+    return (unsigned char)v;
+}
+
+__device__ __forceinline__ float ldf(const T& t, i64 o) {
+    switch (t.dt) {
+        case DT_F32: return ((const float*)t.p)[o];
+        case DT_F16: return h2f(((const u16*)t.p)[o]);
+        case DT_BF16: return bf2f(((const u16*)t.p)[o]);
+        case DT_I64: return (float)((const i64*)t.p)[o];
+        case DT_I32: return (float)((const int*)t.p)[o];
+        case DT_U8: return (float)((const unsigned char*)t.p)[o];
+        default: return ((const unsigned char*)t.p)[o] != 0 ? 1.f : 0.f;
+    }
+}
+__device__ __forceinline__ double ldd(const T& t, i64 o) {
+    switch (t.dt) {
+        case DT_F32: return (double)((const float*)t.p)[o];
+        case DT_F16: return (double)h2f(((const u16*)t.p)[o]);
+        case DT_BF16: return (double)bf2f(((const u16*)t.p)[o]);
+        case DT_I64: return (double)((const i64*)t.p)[o];
+        case DT_I32: return (double)((const int*)t.p)[o];
+        case DT_U8: return (double)((const unsigned char*)t.p)[o];
+        default: return ((const unsigned char*)t.p)[o] != 0 ? 1.0 : 0.0;
+    }
+}
+__device__ __forceinline__ i64 ldi(const T& t, i64 o) {
+    switch (t.dt) {
+        case DT_I64: return ((const i64*)t.p)[o];
+        case DT_I32: return (i64)((const int*)t.p)[o];
+        case DT_U8: return (i64)((const unsigned char*)t.p)[o];
+        case DT_BOOL: return ((const unsigned char*)t.p)[o] != 0 ? 1 : 0;
+        default: return d2i64(ldd(t, o));
+    }
+}
+__device__ __forceinline__ void std_(const T& t, i64 o, double v) {
+    switch (t.dt) {
+        case DT_F32: ((float*)t.p)[o] = (float)v; break;
+        case DT_F16: ((u16*)t.p)[o] = f2h((float)v); break;
+        case DT_BF16: ((u16*)t.p)[o] = f2bf((float)v); break;
+        case DT_I64: ((i64*)t.p)[o] = d2i64(v); break;
+        case DT_I32: ((int*)t.p)[o] = d2i32(v); break;
+        case DT_U8: ((unsigned char*)t.p)[o] = d2u8(v); break;
+        default: ((unsigned char*)t.p)[o] = (v != 0.0) ? 1 : 0; break;
+    }
+}
+__device__ __forceinline__ void stf(const T& t, i64 o, float v) {
+    switch (t.dt) {
+        case DT_F32: ((float*)t.p)[o] = v; break;
+        case DT_F16: ((u16*)t.p)[o] = f2h(v); break;
+        case DT_BF16: ((u16*)t.p)[o] = f2bf(v); break;
+        default: std_(t, o, (double)v); break;
+    }
+}
+__device__ __forceinline__ void sti(const T& t, i64 o, i64 v) {
+    switch (t.dt) {
+        case DT_I64: ((i64*)t.p)[o] = v; break;
+        case DT_I32: ((int*)t.p)[o] = (int)v; break;
+        case DT_U8: ((unsigned char*)t.p)[o] = (unsigned char)v; break;
+        case DT_BOOL: ((unsigned char*)t.p)[o] = v != 0 ? 1 : 0; break;
+        default: std_(t, o, (double)v); break;
+    }
+}
+__device__ __forceinline__ bool is_float_dt(int dt) { return dt == DT_F32 || dt == DT_F16 || dt == DT_BF16; }
+
+// Atomic float add into any float dtype. 16-bit types go through a CAS on their 32-bit word.
+__device__ __forceinline__ void atomic_addf(const T& t, i64 o, float v) {
+    if (t.dt == DT_F32) {
+        atomicAdd(((float*)t.p) + o, v);
+        return;
+    }
+    u16* h = ((u16*)t.p) + o;
+    u32* w = (u32*)((size_t)h & ~(size_t)3);
+    bool hi = ((size_t)h & 2) != 0;
+    u32 old = *w, assumed;
+    do {
+        assumed = old;
+        u16 cur = hi ? (u16)(assumed >> 16) : (u16)(assumed & 0xffffu);
+        float f = (t.dt == DT_BF16 ? bf2f(cur) : h2f(cur)) + v;
+        u16 nv = t.dt == DT_BF16 ? f2bf(f) : f2h(f);
+        u32 neu = hi ? ((assumed & 0xffffu) | ((u32)nv << 16)) : ((assumed & 0xffff0000u) | nv);
+        old = atomicCAS(w, assumed, neu);
+    } while (assumed != old);
+}
+
+// Element offset of logical (row-major) index i.
+__device__ __forceinline__ i64 toff(const T& t, i64 i) {
+    if (t.nd <= 1) return t.off + (t.nd == 1 ? i * t.st[0] : 0);
+    i64 o = t.off;
+#pragma unroll 1
+    for (int d = t.nd - 1; d > 0; --d) {
+        i64 s = t.shape[d];
+        i64 q = i / s;
+        o += (i - q * s) * t.st[d];
+        i = q;
+    }
+    return o + i * t.st[0];
+}
+// Offset of (batch b, channel c, flat inner index j) in an [N, C, ...] tensor.
+__device__ __forceinline__ i64 off_bcj(const T& t, i64 b, i64 c, i64 j) {
+    i64 o = t.off + b * t.st[0] + c * t.st[1];
+#pragma unroll 1
+    for (int d = t.nd - 1; d >= 2; --d) {
+        i64 s = t.shape[d];
+        i64 q = j / s;
+        o += (j - q * s) * t.st[d];
+        j = q;
+    }
+    return o;
+}
+
+__device__ __forceinline__ void report(int* err, int code, i64 index) {
+    if (atomicCAS(err, 0, code) == 0) {
+        ((i64*)err)[1] = index;
+    }
+}
+
+// splitmix64, the cpu backend's generator: the k-th draw of seed s is mix(s + (k+1)*gamma),
+// so element k can be drawn independently and the stream equals the cpu's exactly.
+__device__ __forceinline__ double uniform_k(u64 seed, u64 k) {
+    u64 z = seed + (k + 1) * 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z = z ^ (z >> 31);
+    return (double)(z >> 11) / 9007199254740992.0;
+}
+
+// ---------------------------------------------------------------------------------------
+// Block reductions (blockDim.x a multiple of 32, at most 1024).
+
+__device__ __forceinline__ double warp_sum(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_sumf(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    return v;
+}
+// Sum over the block, returned to every thread. `sh` holds 32 doubles.
+__device__ double block_sum(double v, double* sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    int nw = (blockDim.x + 31) >> 5;
+    double r = threadIdx.x < nw ? sh[threadIdx.x] : 0.0;
+    if (w == 0) {
+        r = warp_sum(r);
+        if (lane == 0) sh[0] = r;
+    }
+    __syncthreads();
+    return sh[0];
+}
+__device__ float block_sumf(float v, float* sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    v = warp_sumf(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    int nw = (blockDim.x + 31) >> 5;
+    float r = threadIdx.x < nw ? sh[threadIdx.x] : 0.f;
+    if (w == 0) {
+        r = warp_sumf(r);
+        if (lane == 0) sh[0] = r;
+    }
+    __syncthreads();
+    return sh[0];
+}
+__device__ __forceinline__ float pick(int op, float a, float b) {
+    // op 2 = max, 3 = min; NaN wins, as in PyTorch.
+    if (a != a) return a;
+    if (b != b) return b;
+    return op == 2 ? (b > a ? b : a) : (b < a ? b : a);
+}
+__device__ float block_pick(int op, float v, float* sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v = pick(op, v, __shfl_down_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    int nw = (blockDim.x + 31) >> 5;
+    float r = threadIdx.x < nw ? sh[threadIdx.x] : (op == 2 ? -f_inf() : f_inf());
+    if (w == 0) {
+        for (int o = 16; o > 0; o >>= 1) r = pick(op, r, __shfl_down_sync(0xffffffffu, r, o));
+        if (lane == 0) sh[0] = r;
+    }
+    __syncthreads();
+    return sh[0];
+}
+
+// ---------------------------------------------------------------------------------------
+// Creation and copies.
+
+extern "C" __global__ void k_fill(T out, double v, i64 n) {
+    LOOP(i, n) { std_(out, toff(out, i), v); }
+}
+
+extern "C" __global__ void k_arange(T out, double start, double step, i64 n) {
+    LOOP(i, n) { std_(out, toff(out, i), start + (double)i * step); }
+}
+
+extern "C" __global__ void k_uniform(T out, double lo, double hi, u64 seed, i64 n) {
+    LOOP(i, n) { std_(out, toff(out, i), lo + (hi - lo) * uniform_k(seed, (u64)i)); }
+}
+
+extern "C" __global__ void k_normal(T out, double mean, double sd, u64 seed, i64 n) {
+    LOOP(i, n) {
+        double u1 = uniform_k(seed, 2 * (u64)i);
+        if (u1 < 1e-300) u1 = 1e-300;
+        double u2 = uniform_k(seed, 2 * (u64)i + 1);
+        double z = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+        std_(out, toff(out, i), mean + sd * z);
+    }
+}
+
+extern "C" __global__ void k_copy(T src, T dst, i64 n) {
+    bool ff = is_float_dt(src.dt) && is_float_dt(dst.dt);
+    bool ii = !is_float_dt(src.dt) && !is_float_dt(dst.dt);
+    LOOP(i, n) {
+        i64 a = toff(src, i), b = toff(dst, i);
+        if (ff) stf(dst, b, ldf(src, a));
+        else if (ii) sti(dst, b, ldi(src, a));
+        else std_(dst, b, ldd(src, a));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Elementwise math. Op codes follow headroom-tensor's UnaryOp / BinaryOp order.
+
+__device__ __forceinline__ float gelu_f(float x, int tanh_approx) {
+    if (tanh_approx) {
+        float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+        return 0.5f * x * (1.f + tanhf(u));
+    }
+    return 0.5f * x * (1.f + erff(x * 0.7071067811865476f));
+}
+__device__ __forceinline__ float gelu_grad(float x, int tanh_approx) {
+    if (tanh_approx) {
+        float x3 = x * x * x;
+        float u = 0.7978845608028654f * (x + 0.044715f * x3);
+        float t = tanhf(u);
+        float du = 0.7978845608028654f * (1.f + 3.f * 0.044715f * x * x);
+        return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du;
+    }
+    float cdf = 0.5f * (1.f + erff(x * 0.7071067811865476f));
+    float pdf = expf(-0.5f * x * x) * 0.3989422804014327f;
+    return cdf + x * pdf;
+}
+
+__device__ __forceinline__ float unary_f(int op, float v, double s) {
+    switch (op) {
+        case 0: return -v;
+        case 1: return expf(v);
+        case 2: return logf(v);
+        case 3: return sqrtf(v);
+        case 4: return 1.f / sqrtf(v);
+        case 5: return tanhf(v);
+        case 6: return 1.f / (1.f + expf(-v));
+        case 7: return v > 0.f ? v : 0.f;
+        case 8: return gelu_f(v, 0);
+        case 9: return gelu_f(v, 1);
+        case 10: return fabsf(v);
+        case 11: return v * v;
+        case 12: return v + (float)s;
+        case 13: return v * (float)s;
+        default: return powf(v, (float)s);
+    }
+}
+
+extern "C" __global__ void k_unary(int op, double s, T x, T out, i64 n) {
+    if (x.nd == 1 && out.nd == 1 && x.st[0] == 1 && out.st[0] == 1 && x.dt == out.dt) {
+        if (x.dt == DT_F32) {
+            const float* xp = ((const float*)x.p) + x.off;
+            float* op_ = ((float*)out.p) + out.off;
+            LOOP(i, n) { op_[i] = unary_f(op, xp[i], s); }
+            return;
+        }
+        if (x.dt == DT_BF16) {
+            const u16* xp = ((const u16*)x.p) + x.off;
+            u16* op_ = ((u16*)out.p) + out.off;
+            LOOP(i, n) { op_[i] = f2bf(unary_f(op, bf2f(xp[i]), s)); }
+            return;
+        }
+    }
+    LOOP(i, n) { stf(out, toff(out, i), unary_f(op, ldf(x, toff(x, i)), s)); }
+}
+
+__device__ __forceinline__ float binary_f(int op, float a, float b, double alpha) {
+    switch (op) {
+        case 0: return alpha == 1.0 ? a + b : a + (float)alpha * b;
+        case 1: return a - b;
+        case 2: return a * b;
+        case 3: return a / b;
+        case 4: return (a != a || b != b) ? f_nan() : (a > b ? a : b);
+        case 5: return b > 0.f ? a : 0.f;
+        case 6: return a * gelu_grad(b, 0);
+        case 7: return a * gelu_grad(b, 1);
+        case 8: return a * (1.f - b * b);
+        default: return a * b * (1.f - b);
+    }
+}
+
+extern "C" __global__ void k_binary(int op, double alpha, T a, T b, T out, i64 n) {
+    if (a.nd == 1 && b.nd == 1 && out.nd == 1 && a.st[0] == 1 && b.st[0] == 1 && out.st[0] == 1 &&
+        a.dt == out.dt && b.dt == out.dt) {
+        if (a.dt == DT_F32) {
+            const float* ap = ((const float*)a.p) + a.off;
+            const float* bp = ((const float*)b.p) + b.off;
+            float* op_ = ((float*)out.p) + out.off;
+            LOOP(i, n) { op_[i] = binary_f(op, ap[i], bp[i], alpha); }
+            return;
+        }
+        if (a.dt == DT_BF16) {
+            const u16* ap = ((const u16*)a.p) + a.off;
+            const u16* bp = ((const u16*)b.p) + b.off;
+            u16* op_ = ((u16*)out.p) + out.off;
+            LOOP(i, n) { op_[i] = f2bf(binary_f(op, bf2f(ap[i]), bf2f(bp[i]), alpha)); }
+            return;
+        }
+    }
+    LOOP(i, n) {
+        float va = ldf(a, toff(a, i));
+        float vb = ldf(b, toff(b, i));
+        stf(out, toff(out, i), binary_f(op, va, vb, alpha));
+    }
+}
+
+extern "C" __global__ void k_masked_fill(T x, T m, double v, T out, i64 n) {
+    LOOP(i, n) {
+        float mv = ldf(m, toff(m, i));
+        stf(out, toff(out, i), mv != 0.f ? (float)v : ldf(x, toff(x, i)));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Reductions. `xk` walks the kept dims (its shape is the output's, its offset x's), `xr` the
+// reduced dims (offset 0). Ops: 0 sum, 1 mean, 2 max, 3 min.
+
+extern "C" __global__ void k_reduce_block(int op, T xk, T xr, T out, i64 nout, i64 nred) {
+    __shared__ double shd[32];
+    __shared__ float shf[32];
+    for (i64 o = blockIdx.x; o < nout; o += gridDim.x) {
+        i64 base = toff(xk, o);
+        if (op <= 1) {
+            double acc = 0.0;
+            for (i64 r = threadIdx.x; r < nred; r += blockDim.x) acc += (double)ldf(xk, base + toff(xr, r));
+            acc = block_sum(acc, shd);
+            if (threadIdx.x == 0) stf(out, toff(out, o), (float)(op == 1 ? acc / (double)nred : acc));
+        } else {
+            float acc = op == 2 ? -f_inf() : f_inf();
+            for (i64 r = threadIdx.x; r < nred; r += blockDim.x) acc = pick(op, acc, ldf(xk, base + toff(xr, r)));
+            acc = block_pick(op, acc, shf);
+            if (threadIdx.x == 0) stf(out, toff(out, o), acc);
+        }
+        __syncthreads();
+    }
+}
+
+extern "C" __global__ void k_reduce_thread(int op, T xk, T xr, T out, i64 nout, i64 nred) {
+    LOOP(o, nout) {
+        i64 base = toff(xk, o);
+        if (op <= 1) {
+            double acc = 0.0;
+            for (i64 r = 0; r < nred; ++r) acc += (double)ldf(xk, base + toff(xr, r));
+            stf(out, toff(out, o), (float)(op == 1 ? acc / (double)nred : acc));
+        } else {
+            float acc = op == 2 ? -f_inf() : f_inf();
+            for (i64 r = 0; r < nred; ++r) acc = pick(op, acc, ldf(xk, base + toff(xr, r)));
+            stf(out, toff(out, o), acc);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Convolution helpers (the convolution itself is cuDNN's).
+
+// out (contiguous NCHW) += bias[c].
+extern "C" __global__ void k_bias_nchw(T out, T bias, i64 C, i64 HW, i64 n) {
+    LOOP(i, n) {
+        i64 c = (i / HW) % C;
+        i64 o = out.off + i;
+        stf(out, o, ldf(out, o) + ldf(bias, toff(bias, c)));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Pooling. x is any 4-d view; outputs and indices are contiguous.
+
+extern "C" __global__ void k_maxpool2d(T x, T out, T idx, i64 C, i64 H, i64 W, i64 OH, i64 OW, int kh, int kw,
+                                       int sh, int sw, int ph, int pw, int dh, int dw, i64 n) {
+    LOOP(i, n) {
+        i64 ox = i % OW, t = i / OW;
+        i64 oy = t % OH;
+        t /= OH;
+        i64 c = t % C, b = t / C;
+        float best = -f_inf();
+        i64 bi = -1;
+        for (int a = 0; a < kh; ++a) {
+            i64 iy = oy * sh + (i64)a * dh - ph;
+            if (iy < 0 || iy >= H) continue;
+            for (int e = 0; e < kw; ++e) {
+                i64 ix = ox * sw + (i64)e * dw - pw;
+                if (ix < 0 || ix >= W) continue;
+                float v = ldf(x, x.off + b * x.st[0] + c * x.st[1] + iy * x.st[2] + ix * x.st[3]);
+                if (v > best || v != v || bi < 0) {
+                    best = v;
+                    bi = iy * W + ix;
+                }
+                if (best != best) break;
+            }
+        }
+        stf(out, out.off + i, best);
+        sti(idx, idx.off + i, bi);
+    }
+}
+
+// gx arrives zero-filled; windows may overlap, hence the atomics.
+extern "C" __global__ void k_maxpool2d_bwd(T gy, T idx, T gx, i64 HW, i64 OHW, i64 n, int* err) {
+    LOOP(i, n) {
+        i64 pl = i / OHW;
+        i64 k = ldi(idx, toff(idx, i));
+        if (k < 0 || k >= HW) {
+            report(err, 1, k);
+            continue;
+        }
+        atomic_addf(gx, gx.off + pl * HW + k, ldf(gy, toff(gy, i)));
+    }
+}
+
+extern "C" __global__ void k_adaptive_avg(T x, T out, i64 C, i64 H, i64 W, i64 OH, i64 OW, i64 n) {
+    LOOP(i, n) {
+        i64 ox = i % OW, t = i / OW;
+        i64 oy = t % OH;
+        t /= OH;
+        i64 c = t % C, b = t / C;
+        i64 y0 = oy * H / OH, y1 = ((oy + 1) * H + OH - 1) / OH;
+        i64 x0 = ox * W / OW, x1 = ((ox + 1) * W + OW - 1) / OW;
+        double s = 0.0;
+        i64 base = x.off + b * x.st[0] + c * x.st[1];
+        for (i64 iy = y0; iy < y1; ++iy)
+            for (i64 ix = x0; ix < x1; ++ix) s += (double)ldf(x, base + iy * x.st[2] + ix * x.st[3]);
+        stf(out, out.off + i, (float)(s / (double)((y1 - y0) * (x1 - x0))));
+    }
+}
+
+// Gathers into each input cell the share of every output window that covers it.
+extern "C" __global__ void k_adaptive_avg_bwd(T gy, T gx, i64 C, i64 H, i64 W, i64 OH, i64 OW, i64 n) {
+    LOOP(i, n) {
+        i64 ix = i % W, t = i / W;
+        i64 iy = t % H;
+        t /= H;
+        i64 c = t % C, b = t / C;
+        float s = 0.f;
+        for (i64 oy = 0; oy < OH; ++oy) {
+            i64 y0 = oy * H / OH, y1 = ((oy + 1) * H + OH - 1) / OH;
+            if (iy < y0 || iy >= y1) continue;
+            for (i64 ox = 0; ox < OW; ++ox) {
+                i64 x0 = ox * W / OW, x1 = ((ox + 1) * W + OW - 1) / OW;
+                if (ix < x0 || ix >= x1) continue;
+                float g = ldf(gy, gy.off + b * gy.st[0] + c * gy.st[1] + oy * gy.st[2] + ox * gy.st[3]);
+                s += g / (float)((y1 - y0) * (x1 - x0));
+            }
+        }
+        stf(gx, gx.off + i, s);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Batch norm over [N, C, ...]: one block per channel for anything that needs statistics.
+
+__device__ __forceinline__ float opt_ld(const T& t, i64 c, float dflt) {
+    return t.p ? ldf(t, toff(t, c)) : dflt;
+}
+
+extern "C" __global__ void k_bn_train(T x, T w, T b, T rm, T rv, double momentum, double eps, T out, T smean,
+                                      T sinv, i64 N, i64 C, i64 HW) {
+    __shared__ double sh[32];
+    i64 c = blockIdx.x;
+    if (c >= C) return;
+    i64 cnt = N * HW;
+    double s = 0.0;
+    for (i64 k = threadIdx.x; k < cnt; k += blockDim.x) s += (double)ldf(x, off_bcj(x, k / HW, c, k % HW));
+    double mean = block_sum(s, sh) / (double)cnt;
+    double q = 0.0;
+    for (i64 k = threadIdx.x; k < cnt; k += blockDim.x) {
+        double d = (double)ldf(x, off_bcj(x, k / HW, c, k % HW)) - mean;
+        q += d * d;
+    }
+    double var = block_sum(q, sh) / (double)cnt;
+    double inv = 1.0 / sqrt(var + eps);
+    double sc = inv * (double)opt_ld(w, c, 1.f);
+    double shf = (double)opt_ld(b, c, 0.f);
+    for (i64 k = threadIdx.x; k < cnt; k += blockDim.x) {
+        i64 bb = k / HW, j = k % HW;
+        double v = (double)ldf(x, off_bcj(x, bb, c, j));
+        stf(out, out.off + (bb * C + c) * HW + j, (float)((v - mean) * sc + shf));
+    }
+    if (threadIdx.x == 0) {
+        std_(smean, toff(smean, c), mean);
+        std_(sinv, toff(sinv, c), inv);
+        if (rm.p) {
+            i64 o = toff(rm, c);
+            std_(rm, o, (1.0 - momentum) * ldd(rm, o) + momentum * mean);
+        }
+        if (rv.p) {
+            i64 o = toff(rv, c);
+            double unbias = cnt > 1 ? (double)cnt / (double)(cnt - 1) : 1.0;
+            std_(rv, o, (1.0 - momentum) * ldd(rv, o) + momentum * var * unbias);
+        }
+    }
+}
+
+// x and out contiguous: one block per (n, c) plane, so the channel's scale and shift are
+// computed once per thread instead of once per element (this is ResNet inference's hot path).
+extern "C" __global__ void k_bn_eval_planes(T x, T w, T b, T rm, T rv, double eps, T out, i64 C, i64 HW) {
+    i64 pl = blockIdx.x;
+    i64 c = pl % C;
+    float sc = opt_ld(w, c, 1.f) / sqrtf(ldf(rv, toff(rv, c)) + (float)eps);
+    float shf = opt_ld(b, c, 0.f) - ldf(rm, toff(rm, c)) * sc;
+    i64 base = pl * HW;
+    if (x.dt == DT_F32 && out.dt == DT_F32) {
+        const float* xp = ((const float*)x.p) + x.off + base;
+        float* op_ = ((float*)out.p) + out.off + base;
+        for (i64 j = threadIdx.x; j < HW; j += blockDim.x) op_[j] = xp[j] * sc + shf;
+    } else if (x.dt == DT_BF16 && out.dt == DT_BF16) {
+        const u16* xp = ((const u16*)x.p) + x.off + base;
+        u16* op_ = ((u16*)out.p) + out.off + base;
+        for (i64 j = threadIdx.x; j < HW; j += blockDim.x) op_[j] = f2bf(bf2f(xp[j]) * sc + shf);
+    } else {
+        for (i64 j = threadIdx.x; j < HW; j += blockDim.x)
+            stf(out, out.off + base + j, ldf(x, x.off + base + j) * sc + shf);
+    }
+}
+
+extern "C" __global__ void k_bn_eval(T x, T w, T b, T rm, T rv, double eps, T out, i64 C, i64 HW, i64 n) {
+    LOOP(i, n) {
+        i64 j = i % HW, t = i / HW;
+        i64 c = t % C, bb = t / C;
+        float sc = opt_ld(w, c, 1.f) / sqrtf(ldf(rv, toff(rv, c)) + (float)eps);
+        float shf = opt_ld(b, c, 0.f) - ldf(rm, toff(rm, c)) * sc;
+        stf(out, out.off + i, ldf(x, off_bcj(x, bb, c, j)) * sc + shf);
+    }
+}
+
+// train: (mean, inv) are the saved batch statistics; eval: (running mean, running var).
+extern "C" __global__ void k_bn_bwd(T gy, T x, T w, T mean_t, T inv_t, int train, double eps, T gx, T gw, T gb,
+                                    i64 N, i64 C, i64 HW) {
+    __shared__ double sh[32];
+    i64 c = blockIdx.x;
+    if (c >= C) return;
+    i64 cnt = N * HW;
+    double mean = ldd(mean_t, toff(mean_t, c));
+    double inv = ldd(inv_t, toff(inv_t, c));
+    if (!train) inv = 1.0 / sqrt(inv + eps);
+    double sg = 0.0, sgx = 0.0;
+    for (i64 k = threadIdx.x; k < cnt; k += blockDim.x) {
+        i64 bb = k / HW, j = k % HW;
+        double g = (double)ldf(gy, off_bcj(gy, bb, c, j));
+        double v = (double)ldf(x, off_bcj(x, bb, c, j));
+        sg += g;
+        sgx += g * (v - mean) * inv;
+    }
+    sg = block_sum(sg, sh);
+    sgx = block_sum(sgx, sh);
+    if (threadIdx.x == 0) {
+        if (gw.p) std_(gw, toff(gw, c), sgx);
+        if (gb.p) std_(gb, toff(gb, c), sg);
+    }
+    if (!gx.p) return;
+    double wc = (double)opt_ld(w, c, 1.f);
+    for (i64 k = threadIdx.x; k < cnt; k += blockDim.x) {
+        i64 bb = k / HW, j = k % HW;
+        double g = (double)ldf(gy, off_bcj(gy, bb, c, j));
+        double r;
+        if (train) {
+            double xh = ((double)ldf(x, off_bcj(x, bb, c, j)) - mean) * inv;
+            r = wc * inv * (g - sg / (double)cnt - xh * sgx / (double)cnt);
+        } else {
+            r = wc * inv * g;
+        }
+        stf(gx, gx.off + (bb * C + c) * HW + j, (float)r);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Layer norm over rows of length D (x in logical order; outputs contiguous).
+
+extern "C" __global__ void k_ln(T x, T w, T b, double eps, T out, T mean_t, T rstd_t, i64 rows, i64 D) {
+    __shared__ double sh[32];
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        double s = 0.0;
+        for (i64 i = threadIdx.x; i < D; i += blockDim.x) s += (double)ldf(x, toff(x, r * D + i));
+        double m = block_sum(s, sh) / (double)D;
+        double q = 0.0;
+        for (i64 i = threadIdx.x; i < D; i += blockDim.x) {
+            double d = (double)ldf(x, toff(x, r * D + i)) - m;
+            q += d * d;
+        }
+        double var = block_sum(q, sh) / (double)D;
+        double is = 1.0 / sqrt(var + eps);
+        for (i64 i = threadIdx.x; i < D; i += blockDim.x) {
+            float v = (float)(((double)ldf(x, toff(x, r * D + i)) - m) * is);
+            if (w.p) v *= ldf(w, toff(w, i));
+            if (b.p) v += ldf(b, toff(b, i));
+            stf(out, out.off + r * D + i, v);
+        }
+        if (threadIdx.x == 0) {
+            std_(mean_t, toff(mean_t, r), m);
+            std_(rstd_t, toff(rstd_t, r), is);
+        }
+        __syncthreads();
+    }
+}
+
+extern "C" __global__ void k_ln_bwd_gx(T gy, T x, T w, T mean_t, T rstd_t, T gx, i64 rows, i64 D) {
+    __shared__ double sh[32];
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        double m = ldd(mean_t, toff(mean_t, r)), is = ldd(rstd_t, toff(rstd_t, r));
+        double s1 = 0.0, s2 = 0.0;
+        for (i64 i = threadIdx.x; i < D; i += blockDim.x) {
+            double xh = ((double)ldf(x, toff(x, r * D + i)) - m) * is;
+            double gh = (double)ldf(gy, toff(gy, r * D + i)) * (double)opt_ld(w, i, 1.f);
+            s1 += gh;
+            s2 += gh * xh;
+        }
+        s1 = block_sum(s1, sh);
+        s2 = block_sum(s2, sh);
+        for (i64 i = threadIdx.x; i < D; i += blockDim.x) {
+            double xh = ((double)ldf(x, toff(x, r * D + i)) - m) * is;
+            double gh = (double)ldf(gy, toff(gy, r * D + i)) * (double)opt_ld(w, i, 1.f);
+            stf(gx, gx.off + r * D + i, (float)(is * (gh - s1 / (double)D - xh * s2 / (double)D)));
+        }
+        __syncthreads();
+    }
+}
+
+// Column sums over rows: blockDim (32, 8); a block owns 32 columns.
+extern "C" __global__ void k_ln_bwd_gwb(T gy, T x, T mean_t, T rstd_t, T gw, T gb, i64 rows, i64 D) {
+    __shared__ double sw[8][33];
+    __shared__ double sb[8][33];
+    i64 col = (i64)blockIdx.x * 32 + threadIdx.x;
+    double aw = 0.0, ab = 0.0;
+    if (col < D) {
+        for (i64 r = threadIdx.y; r < rows; r += blockDim.y) {
+            double g = (double)ldf(gy, toff(gy, r * D + col));
+            double xh = ((double)ldf(x, toff(x, r * D + col)) - ldd(mean_t, toff(mean_t, r))) *
+                        ldd(rstd_t, toff(rstd_t, r));
+            aw += g * xh;
+            ab += g;
+        }
+    }
+    sw[threadIdx.y][threadIdx.x] = aw;
+    sb[threadIdx.y][threadIdx.x] = ab;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < D) {
+        for (int k = 1; k < (int)blockDim.y; ++k) {
+            aw += sw[k][threadIdx.x];
+            ab += sb[k][threadIdx.x];
+        }
+        if (gw.p) std_(gw, toff(gw, col), aw);
+        if (gb.p) std_(gb, toff(gb, col), ab);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Softmax over one dim of an [outer, dim, inner] tensor (x, y, outputs contiguous in the
+// logical sense; strides come from the descriptors).
+
+extern "C" __global__ void k_softmax_rows(T x, T out, int lg, i64 rows, i64 D) {
+    __shared__ float shf[32];
+    __shared__ double shd[32];
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        float mx = -f_inf();
+        for (i64 i = threadIdx.x; i < D; i += blockDim.x) mx = pick(2, mx, ldf(x, toff(x, r * D + i)));
+        mx = block_pick(2, mx, shf);
+        double s = 0.0;
+        for (i64 i = threadIdx.x; i < D; i += blockDim.x) s += (double)expf(ldf(x, toff(x, r * D + i)) - mx);
+        s = block_sum(s, shd);
+        float ls = (float)log(s), inv = (float)(1.0 / s);
+        for (i64 i = threadIdx.x; i < D; i += blockDim.x) {
+            float z = ldf(x, toff(x, r * D + i)) - mx;
+            stf(out, toff(out, r * D + i), lg ? z - ls : expf(z) * inv);
+        }
+        __syncthreads();
+    }
+}
+
+extern "C" __global__ void k_softmax_cols(T x, T out, int lg, i64 outer, i64 D, i64 inner) {
+    LOOP(t, outer * inner) {
+        i64 o = t / inner, in = t % inner;
+        float mx = -f_inf();
+        for (i64 k = 0; k < D; ++k) mx = pick(2, mx, ldf(x, toff(x, (o * D + k) * inner + in)));
+        double s = 0.0;
+        for (i64 k = 0; k < D; ++k) s += (double)expf(ldf(x, toff(x, (o * D + k) * inner + in)) - mx);
+        float ls = (float)log(s), inv = (float)(1.0 / s);
+        for (i64 k = 0; k < D; ++k) {
+            i64 li = (o * D + k) * inner + in;
+            float z = ldf(x, toff(x, li)) - mx;
+            stf(out, toff(out, li), lg ? z - ls : expf(z) * inv);
+        }
+    }
+}
+
+extern "C" __global__ void k_softmax_bwd_rows(T gy, T y, T gx, int lg, i64 rows, i64 D) {
+    __shared__ double shd[32];
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        double s = 0.0;
+        for (i64 i = threadIdx.x; i < D; i += blockDim.x) {
+            double g = (double)ldf(gy, toff(gy, r * D + i));
+            s += lg ? g : g * (double)ldf(y, toff(y, r * D + i));
+        }
+        s = block_sum(s, shd);
+        for (i64 i = threadIdx.x; i < D; i += blockDim.x) {
+            double g = (double)ldf(gy, toff(gy, r * D + i));
+            double yv = (double)ldf(y, toff(y, r * D + i));
+            stf(gx, toff(gx, r * D + i), (float)(lg ? g - exp(yv) * s : yv * (g - s)));
+        }
+        __syncthreads();
+    }
+}
+
+extern "C" __global__ void k_softmax_bwd_cols(T gy, T y, T gx, int lg, i64 outer, i64 D, i64 inner) {
+    LOOP(t, outer * inner) {
+        i64 o = t / inner, in = t % inner;
+        double s = 0.0;
+        for (i64 k = 0; k < D; ++k) {
+            i64 li = (o * D + k) * inner + in;
+            double g = (double)ldf(gy, toff(gy, li));
+            s += lg ? g : g * (double)ldf(y, toff(y, li));
+        }
+        for (i64 k = 0; k < D; ++k) {
+            i64 li = (o * D + k) * inner + in;
+            double g = (double)ldf(gy, toff(gy, li));
+            double yv = (double)ldf(y, toff(y, li));
+            stf(gx, toff(gx, li), (float)(lg ? g - exp(yv) * s : yv * (g - s)));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Embedding, dropout, NLL loss.
+
+extern "C" __global__ void k_embedding(T w, T idx, T out, i64 V, i64 D, i64 n, int* err) {
+    LOOP(i, n) {
+        i64 r = i / D, k = i % D;
+        i64 row = ldi(idx, toff(idx, r));
+        if (row < 0 || row >= V) {
+            report(err, 2, row);
+            stf(out, out.off + i, 0.f);
+            continue;
+        }
+        stf(out, out.off + i, ldf(w, w.off + row * w.st[0] + k * w.st[1]));
+    }
+}
+
+extern "C" __global__ void k_embedding_bwd(T gy, T idx, T gw, i64 V, i64 D, i64 pad, int has_pad, i64 n,
+                                           int* err) {
+    LOOP(i, n) {
+        i64 r = i / D, k = i % D;
+        i64 row = ldi(idx, toff(idx, r));
+        if (has_pad && row == pad) continue;
+        if (row < 0 || row >= V) {
+            report(err, 3, row);
+            continue;
+        }
+        atomic_addf(gw, gw.off + row * D + k, ldf(gy, toff(gy, i)));
+    }
+}
+
+extern "C" __global__ void k_dropout(T x, double p, u64 seed, T out, T mask, i64 n) {
+    double scale = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
+    LOOP(i, n) {
+        bool keep = uniform_k(seed, (u64)i) >= p;
+        float v = ldf(x, toff(x, i));
+        stf(out, toff(out, i), keep ? (float)((double)v * scale) : 0.f);
+        std_(mask, toff(mask, i), keep ? 1.0 : 0.0);
+    }
+}
+
+extern "C" __global__ void k_nll(T logp, T target, int mean, i64 ignore, T out, T tw, i64 N, i64 C, int* err) {
+    __shared__ double sh[32];
+    double s = 0.0, cnt = 0.0;
+    for (i64 i = threadIdx.x; i < N; i += blockDim.x) {
+        i64 t = ldi(target, toff(target, i));
+        if (t == ignore) continue;
+        if (t < 0 || t >= C) {
+            report(err, 4, t);
+            continue;
+        }
+        s -= (double)ldf(logp, logp.off + i * logp.st[0] + t * logp.st[1]);
+        cnt += 1.0;
+    }
+    s = block_sum(s, sh);
+    cnt = block_sum(cnt, sh);
+    if (threadIdx.x == 0) {
+        std_(out, toff(out, 0), mean ? s / cnt : s);
+        std_(tw, toff(tw, 0), cnt);
+    }
+}
+
+extern "C" __global__ void k_nll_bwd(T gy, T target, T tw, int mean, i64 ignore, T gx, i64 N, i64 C, int* err) {
+    LOOP(i, N) {
+        double g = ldd(gy, toff(gy, 0));
+        double w = ldd(tw, toff(tw, 0));
+        double scale = mean ? g / w : g;
+        i64 t = ldi(target, toff(target, i));
+        if (t == ignore) continue;
+        if (t < 0 || t >= C) {
+            report(err, 5, t);
+            continue;
+        }
+        std_(gx, gx.off + i * C + t, -scale);
+    }
+}

@@ -1,0 +1,800 @@
+//! Host-side wrappers of the kernels in kernels.cu: argument checks, coalescing, grid sizes.
+//!
+//! Design note: each wrapper takes [`Strided`] views whose shapes the caller (the tensor
+//! runtime's op layer) has already validated, and only adds what the kernel needs: element
+//! counts, a coalesced copy of the views for elementwise kernels, the kernel variant (a block
+//! per row for long rows, a thread per row for short ones), and the error word for kernels
+//! that check indices.
+
+use super::{kargs, Dt, Gpu, Strided, K};
+use crate::driver::CudaError;
+
+type R = Result<(), CudaError>;
+
+/// `UnaryOp` codes of kernels.cu.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum UnaryCode {
+    Neg,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Tanh,
+    Sigmoid,
+    Relu,
+    Gelu,
+    GeluTanh,
+    Abs,
+    Square,
+    AddScalar(f64),
+    MulScalar(f64),
+    PowScalar(f64),
+}
+
+impl UnaryCode {
+    fn code(self) -> (i32, f64) {
+        match self {
+            UnaryCode::Neg => (0, 0.0),
+            UnaryCode::Exp => (1, 0.0),
+            UnaryCode::Log => (2, 0.0),
+            UnaryCode::Sqrt => (3, 0.0),
+            UnaryCode::Rsqrt => (4, 0.0),
+            UnaryCode::Tanh => (5, 0.0),
+            UnaryCode::Sigmoid => (6, 0.0),
+            UnaryCode::Relu => (7, 0.0),
+            UnaryCode::Gelu => (8, 0.0),
+            UnaryCode::GeluTanh => (9, 0.0),
+            UnaryCode::Abs => (10, 0.0),
+            UnaryCode::Square => (11, 0.0),
+            UnaryCode::AddScalar(s) => (12, s),
+            UnaryCode::MulScalar(s) => (13, s),
+            UnaryCode::PowScalar(s) => (14, s),
+        }
+    }
+}
+
+/// `BinaryOp` codes of kernels.cu.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum BinaryCode {
+    /// `a + alpha * b`.
+    Add(f64),
+    Sub,
+    Mul,
+    Div,
+    Maximum,
+    ThresholdBackward,
+    GeluBackward,
+    GeluTanhBackward,
+    TanhBackward,
+    SigmoidBackward,
+}
+
+impl BinaryCode {
+    fn code(self) -> (i32, f64) {
+        match self {
+            BinaryCode::Add(a) => (0, a),
+            BinaryCode::Sub => (1, 1.0),
+            BinaryCode::Mul => (2, 1.0),
+            BinaryCode::Div => (3, 1.0),
+            BinaryCode::Maximum => (4, 1.0),
+            BinaryCode::ThresholdBackward => (5, 1.0),
+            BinaryCode::GeluBackward => (6, 1.0),
+            BinaryCode::GeluTanhBackward => (7, 1.0),
+            BinaryCode::TanhBackward => (8, 1.0),
+            BinaryCode::SigmoidBackward => (9, 1.0),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceCode {
+    Sum = 0,
+    Mean = 1,
+    Max = 2,
+    Min = 3,
+}
+
+const BLOCK: u32 = 256;
+
+fn same_numel(op: &str, a: &Strided, b: &Strided) -> R {
+    if a.numel() != b.numel() {
+        return Err(CudaError::Invalid(format!(
+            "{op}: element counts differ ({:?} vs {:?})",
+            a.dims(),
+            b.dims()
+        )));
+    }
+    Ok(())
+}
+
+fn need_dims(op: &str, t: &Strided, n: i32) -> R {
+    if t.ndim != n {
+        return Err(CudaError::Invalid(format!(
+            "{op}: expected a {n}-d tensor, got {:?}",
+            t.dims()
+        )));
+    }
+    Ok(())
+}
+
+/// A block size for a block-per-row kernel over rows of `d` elements.
+fn row_block(d: i64) -> u32 {
+    match d {
+        ..=64 => 64,
+        65..=256 => 128,
+        257..=2048 => 256,
+        _ => 512,
+    }
+}
+
+impl Gpu {
+    fn launch1d(&self, k: K, n: i64, args: &mut [*mut std::ffi::c_void]) -> R {
+        let g = self.grid_for(n, BLOCK);
+        self.launch(k, (g, 1, 1), (BLOCK, 1, 1), args)
+    }
+
+    /// Every element of `out` set to `v`.
+    pub fn fill(&self, out: &Strided, v: f64) -> R {
+        let mut o = [*out];
+        Strided::coalesce(&mut o);
+        let n = o[0].numel();
+        self.launch1d(K::Fill, n, &mut kargs![o[0], v, n])
+    }
+
+    /// `out[i] = start + i * step` in logical order.
+    pub fn arange(&self, out: &Strided, start: f64, step: f64) -> R {
+        let n = out.numel();
+        self.launch1d(K::Arange, n, &mut kargs![*out, start, step, n])
+    }
+
+    /// Uniform in [lo, hi) from splitmix64(seed), element k drawing the k-th number.
+    pub fn uniform(&self, out: &Strided, lo: f64, hi: f64, seed: u64) -> R {
+        let n = out.numel();
+        self.launch1d(K::Uniform, n, &mut kargs![*out, lo, hi, seed, n])
+    }
+
+    /// Normal(mean, sd) by Box-Muller on draws 2k and 2k+1.
+    pub fn normal(&self, out: &Strided, mean: f64, sd: f64, seed: u64) -> R {
+        let n = out.numel();
+        self.launch1d(K::Normal, n, &mut kargs![*out, mean, sd, seed, n])
+    }
+
+    /// Strided copy with dtype conversion; same logical shape.
+    pub fn copy(&self, src: &Strided, dst: &Strided) -> R {
+        same_numel("copy", src, dst)?;
+        let mut v = [*src, *dst];
+        if src.dims() == dst.dims() {
+            Strided::coalesce(&mut v);
+        }
+        // Same dtype, both contiguous: one memcpy.
+        if v[0].dtype == v[1].dtype && v[0].is_contiguous() && v[1].is_contiguous() {
+            let bytes = v[0].numel() as usize * v[0].dt().size();
+            return self.copy_bytes(v[1].addr(), v[0].addr(), bytes);
+        }
+        let n = v[0].numel();
+        self.launch1d(K::Copy, n, &mut kargs![v[0], v[1], n])
+    }
+
+    pub fn unary(&self, op: UnaryCode, x: &Strided, out: &Strided) -> R {
+        same_numel("unary", x, out)?;
+        let (code, s) = op.code();
+        let mut v = [*x, *out];
+        if x.dims() == out.dims() {
+            Strided::coalesce(&mut v);
+        }
+        let n = v[0].numel();
+        self.launch1d(K::Unary, n, &mut kargs![code, s, v[0], v[1], n])
+    }
+
+    /// `a`, `b` already expanded to `out`'s shape (zero strides where broadcast).
+    pub fn binary(&self, op: BinaryCode, a: &Strided, b: &Strided, out: &Strided) -> R {
+        same_numel("binary", a, out)?;
+        same_numel("binary", b, out)?;
+        let (code, alpha) = op.code();
+        let mut v = [*a, *b, *out];
+        if a.dims() == out.dims() && b.dims() == out.dims() {
+            Strided::coalesce(&mut v);
+        }
+        let n = v[2].numel();
+        self.launch1d(K::Binary, n, &mut kargs![code, alpha, v[0], v[1], v[2], n])
+    }
+
+    /// `out = mask ? value : x` (mask expanded to x's shape).
+    pub fn masked_fill(&self, x: &Strided, mask: &Strided, value: f64, out: &Strided) -> R {
+        same_numel("masked_fill", x, out)?;
+        same_numel("masked_fill", mask, out)?;
+        let mut v = [*x, *mask, *out];
+        if x.dims() == out.dims() && mask.dims() == out.dims() {
+            Strided::coalesce(&mut v);
+        }
+        let n = v[2].numel();
+        self.launch1d(K::MaskedFill, n, &mut kargs![v[0], v[1], value, v[2], n])
+    }
+
+    /// Reduce `x` over `dims`; `out` has x's shape with those dims set to 1.
+    pub fn reduce(&self, op: ReduceCode, x: &Strided, dims: &[usize], out: &Strided) -> R {
+        let nd = x.ndim as usize;
+        if dims.iter().any(|&d| d >= nd) || out.ndim as usize != nd {
+            return Err(CudaError::Invalid(format!(
+                "reduce: dims {dims:?} of a {nd}-d tensor into {:?}",
+                out.dims()
+            )));
+        }
+        let mut xk = *x;
+        let mut xr = Strided::none();
+        xr.ptr = x.ptr;
+        xr.dtype = x.dtype;
+        let (mut kk, mut rr) = (0usize, 0usize);
+        let mut ok = *out;
+        ok.ndim = 0;
+        for d in 0..nd {
+            if dims.contains(&d) {
+                xr.shape[rr] = x.shape[d];
+                xr.strides[rr] = x.strides[d];
+                rr += 1;
+            } else {
+                xk.shape[kk] = x.shape[d];
+                xk.strides[kk] = x.strides[d];
+                ok.shape[kk] = out.shape[d];
+                ok.strides[kk] = out.strides[d];
+                kk += 1;
+            }
+        }
+        xk.ndim = kk as i32;
+        xr.ndim = rr as i32;
+        ok.ndim = kk as i32;
+        for t in [&mut xk, &mut ok] {
+            for d in t.ndim as usize..super::MAX_DIMS {
+                t.shape[d] = 1;
+                t.strides[d] = 0;
+            }
+        }
+        {
+            let mut v = [xk, ok];
+            Strided::coalesce(&mut v);
+            xk = v[0];
+            ok = v[1];
+            let mut r = [xr];
+            Strided::coalesce(&mut r);
+            xr = r[0];
+            xr.offset = 0;
+        }
+        let nout = ok.numel();
+        let nred = xr.numel();
+        let code = op as i32;
+        if nred >= 128 || nout < (self.sm_count() as i64) * 64 {
+            let grid = (nout.clamp(1, 65535 * 8)) as u32;
+            let block = row_block(nred);
+            self.launch(
+                K::ReduceBlock,
+                (grid, 1, 1),
+                (block, 1, 1),
+                &mut kargs![code, xk, xr, ok, nout, nred],
+            )
+        } else {
+            self.launch1d(
+                K::ReduceThread,
+                nout,
+                &mut kargs![code, xk, xr, ok, nout, nred],
+            )
+        }
+    }
+
+    /// `out` (contiguous NCHW) `+= bias[c]`.
+    pub fn bias_nchw(&self, out: &Strided, bias: &Strided) -> R {
+        need_dims("conv2d bias", out, 4)?;
+        let (c, hw) = (out.shape[1], out.shape[2] * out.shape[3]);
+        let n = out.numel();
+        self.launch1d(K::BiasNchw, n, &mut kargs![*out, *bias, c, hw, n])
+    }
+
+    /// Max pooling; `out` and `idx` contiguous `[N, C, OH, OW]`, `idx` i64 flat in the plane.
+    #[allow(clippy::too_many_arguments)]
+    pub fn max_pool2d(
+        &self,
+        x: &Strided,
+        out: &Strided,
+        idx: &Strided,
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+    ) -> R {
+        need_dims("max_pool2d", x, 4)?;
+        need_dims("max_pool2d", out, 4)?;
+        let (c, h, w) = (x.shape[1], x.shape[2], x.shape[3]);
+        let (oh, ow) = (out.shape[2], out.shape[3]);
+        let n = out.numel();
+        let i = |v: usize| v as i32;
+        self.launch1d(
+            K::MaxPool2d,
+            n,
+            &mut kargs![
+                *x,
+                *out,
+                *idx,
+                c,
+                h,
+                w,
+                oh,
+                ow,
+                i(kernel[0]),
+                i(kernel[1]),
+                i(stride[0]),
+                i(stride[1]),
+                i(padding[0]),
+                i(padding[1]),
+                i(dilation[0]),
+                i(dilation[1]),
+                n
+            ],
+        )
+    }
+
+    /// `gx` (zero-filled, contiguous) gets `gy` scattered to the saved argmax positions.
+    pub fn max_pool2d_backward(&self, gy: &Strided, idx: &Strided, gx: &Strided) -> R {
+        need_dims("max_pool2d_backward", gx, 4)?;
+        need_dims("max_pool2d_backward", gy, 4)?;
+        let hw = gx.shape[2] * gx.shape[3];
+        let ohw = gy.shape[2] * gy.shape[3];
+        let n = gy.numel();
+        let err = self.err_ptr();
+        self.launch1d(
+            K::MaxPool2dBwd,
+            n,
+            &mut kargs![*gy, *idx, *gx, hw, ohw, n, err],
+        )
+    }
+
+    pub fn adaptive_avg_pool2d(&self, x: &Strided, out: &Strided) -> R {
+        need_dims("adaptive_avg_pool2d", x, 4)?;
+        need_dims("adaptive_avg_pool2d", out, 4)?;
+        let (c, h, w) = (x.shape[1], x.shape[2], x.shape[3]);
+        let (oh, ow) = (out.shape[2], out.shape[3]);
+        let n = out.numel();
+        self.launch1d(K::AdaptiveAvg, n, &mut kargs![*x, *out, c, h, w, oh, ow, n])
+    }
+
+    pub fn adaptive_avg_pool2d_backward(&self, gy: &Strided, gx: &Strided) -> R {
+        need_dims("adaptive_avg_pool2d_backward", gx, 4)?;
+        need_dims("adaptive_avg_pool2d_backward", gy, 4)?;
+        let (c, h, w) = (gx.shape[1], gx.shape[2], gx.shape[3]);
+        let (oh, ow) = (gy.shape[2], gy.shape[3]);
+        let n = gx.numel();
+        self.launch1d(
+            K::AdaptiveAvgBwd,
+            n,
+            &mut kargs![*gy, *gx, c, h, w, oh, ow, n],
+        )
+    }
+
+    fn nc_hw(x: &Strided) -> (i64, i64, i64) {
+        let n = x.shape[0];
+        let c = if x.ndim > 1 { x.shape[1] } else { 1 };
+        let hw = x.numel() / (n * c).max(1);
+        (n, c, hw)
+    }
+
+    /// Training batch norm over `[N, C, ...]`: batch statistics, running stats updated in
+    /// place, `out` contiguous.
+    #[allow(clippy::too_many_arguments)]
+    pub fn batch_norm_train(
+        &self,
+        x: &Strided,
+        w: &Strided,
+        b: &Strided,
+        rm: &Strided,
+        rv: &Strided,
+        momentum: f64,
+        eps: f64,
+        out: &Strided,
+        save_mean: &Strided,
+        save_invstd: &Strided,
+    ) -> R {
+        let (n, c, hw) = Self::nc_hw(x);
+        let block = row_block(n * hw).max(256);
+        self.launch(
+            K::BnTrain,
+            (c as u32, 1, 1),
+            (block, 1, 1),
+            &mut kargs![
+                *x,
+                *w,
+                *b,
+                *rm,
+                *rv,
+                momentum,
+                eps,
+                *out,
+                *save_mean,
+                *save_invstd,
+                n,
+                c,
+                hw
+            ],
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn batch_norm_eval(
+        &self,
+        x: &Strided,
+        w: &Strided,
+        b: &Strided,
+        rm: &Strided,
+        rv: &Strided,
+        eps: f64,
+        out: &Strided,
+    ) -> R {
+        let (n, c, hw) = Self::nc_hw(x);
+        let planes = n * c;
+        if x.is_contiguous() && out.is_contiguous() && planes > 0 && planes < i32::MAX as i64 {
+            let block = row_block(hw).min(256);
+            return self.launch(
+                K::BnEvalPlanes,
+                (planes as u32, 1, 1),
+                (block, 1, 1),
+                &mut kargs![*x, *w, *b, *rm, *rv, eps, *out, c, hw],
+            );
+        }
+        let total = x.numel();
+        self.launch1d(
+            K::BnEval,
+            total,
+            &mut kargs![*x, *w, *b, *rm, *rv, eps, *out, c, hw, total],
+        )
+    }
+
+    /// Batch-norm backward. Train: `mean`/`inv` are the saved batch stats; eval: the running
+    /// mean and running variance. Absent outputs are [`Strided::none`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn batch_norm_backward(
+        &self,
+        gy: &Strided,
+        x: &Strided,
+        w: &Strided,
+        mean: &Strided,
+        inv: &Strided,
+        train: bool,
+        eps: f64,
+        gx: &Strided,
+        gw: &Strided,
+        gb: &Strided,
+    ) -> R {
+        let (n, c, hw) = Self::nc_hw(x);
+        let block = row_block(n * hw).max(256);
+        let tr = train as i32;
+        self.launch(
+            K::BnBwd,
+            (c as u32, 1, 1),
+            (block, 1, 1),
+            &mut kargs![*gy, *x, *w, *mean, *inv, tr, eps, *gx, *gw, *gb, n, c, hw],
+        )
+    }
+
+    /// Layer norm over rows of `x.numel() / rows` elements.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_norm(
+        &self,
+        x: &Strided,
+        w: &Strided,
+        b: &Strided,
+        eps: f64,
+        out: &Strided,
+        mean: &Strided,
+        rstd: &Strided,
+    ) -> R {
+        let rows = mean.numel();
+        let d = x.numel() / rows.max(1);
+        let mut v = [*x];
+        Strided::coalesce(&mut v);
+        let grid = rows.clamp(1, 1 << 20) as u32;
+        self.launch(
+            K::Ln,
+            (grid, 1, 1),
+            (row_block(d), 1, 1),
+            &mut kargs![v[0], *w, *b, eps, *out, *mean, *rstd, rows, d],
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_norm_backward(
+        &self,
+        gy: &Strided,
+        x: &Strided,
+        w: &Strided,
+        mean: &Strided,
+        rstd: &Strided,
+        gx: &Strided,
+        gw: &Strided,
+        gb: &Strided,
+    ) -> R {
+        let rows = mean.numel();
+        let d = x.numel() / rows.max(1);
+        let mut v = [*gy, *x];
+        if gy.dims() == x.dims() {
+            Strided::coalesce(&mut v);
+        }
+        if gx.ptr != 0 {
+            let grid = rows.clamp(1, 1 << 20) as u32;
+            self.launch(
+                K::LnBwdGx,
+                (grid, 1, 1),
+                (row_block(d), 1, 1),
+                &mut kargs![v[0], v[1], *w, *mean, *rstd, *gx, rows, d],
+            )?;
+        }
+        if gw.ptr != 0 || gb.ptr != 0 {
+            let grid = (d.max(1) as u64).div_ceil(32) as u32;
+            self.launch(
+                K::LnBwdGwb,
+                (grid, 1, 1),
+                (32, 8, 1),
+                &mut kargs![v[0], v[1], *mean, *rstd, *gw, *gb, rows, d],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Softmax (or log-softmax) over `dim` of `x`.
+    pub fn softmax(&self, x: &Strided, dim: usize, log: bool, out: &Strided) -> R {
+        let (outer, d, inner) = split_at_dim(x, dim)?;
+        let lg = log as i32;
+        let mut v = [*x, *out];
+        Strided::coalesce(&mut v);
+        if inner == 1 {
+            let rows = outer;
+            let grid = rows.clamp(1, 1 << 20) as u32;
+            self.launch(
+                K::SoftmaxRows,
+                (grid, 1, 1),
+                (row_block(d), 1, 1),
+                &mut kargs![v[0], v[1], lg, rows, d],
+            )
+        } else {
+            self.launch1d(
+                K::SoftmaxCols,
+                outer * inner,
+                &mut kargs![v[0], v[1], lg, outer, d, inner],
+            )
+        }
+    }
+
+    pub fn softmax_backward(
+        &self,
+        gy: &Strided,
+        y: &Strided,
+        dim: usize,
+        log: bool,
+        gx: &Strided,
+    ) -> R {
+        let (outer, d, inner) = split_at_dim(y, dim)?;
+        let lg = log as i32;
+        let mut v = [*gy, *y, *gx];
+        if gy.dims() == y.dims() && gx.dims() == y.dims() {
+            Strided::coalesce(&mut v);
+        }
+        if inner == 1 {
+            let grid = outer.clamp(1, 1 << 20) as u32;
+            self.launch(
+                K::SoftmaxBwdRows,
+                (grid, 1, 1),
+                (row_block(d), 1, 1),
+                &mut kargs![v[0], v[1], v[2], lg, outer, d],
+            )
+        } else {
+            self.launch1d(
+                K::SoftmaxBwdCols,
+                outer * inner,
+                &mut kargs![v[0], v[1], v[2], lg, outer, d, inner],
+            )
+        }
+    }
+
+    /// `out[i, :] = w[idx[i], :]`; `out` contiguous `[len(idx), D]`.
+    pub fn embedding(&self, w: &Strided, idx: &Strided, out: &Strided) -> R {
+        need_dims("embedding", w, 2)?;
+        let (vocab, d) = (w.shape[0], w.shape[1]);
+        let n = idx.numel() * d;
+        let err = self.err_ptr();
+        self.launch1d(
+            K::Embedding,
+            n,
+            &mut kargs![*w, *idx, *out, vocab, d, n, err],
+        )
+    }
+
+    /// `gw` (zero-filled, contiguous) accumulates rows of `gy`.
+    pub fn embedding_backward(
+        &self,
+        gy: &Strided,
+        idx: &Strided,
+        gw: &Strided,
+        padding_idx: Option<i64>,
+    ) -> R {
+        need_dims("embedding_backward", gw, 2)?;
+        let (vocab, d) = (gw.shape[0], gw.shape[1]);
+        let n = idx.numel() * d;
+        let (pad, has) = (padding_idx.unwrap_or(0), padding_idx.is_some() as i32);
+        let err = self.err_ptr();
+        self.launch1d(
+            K::EmbeddingBwd,
+            n,
+            &mut kargs![*gy, *idx, *gw, vocab, d, pad, has, n, err],
+        )
+    }
+
+    /// Keep with probability 1-p (the cpu backend's generator), scale by 1/(1-p).
+    pub fn dropout(&self, x: &Strided, p: f64, seed: u64, out: &Strided, mask: &Strided) -> R {
+        let n = x.numel();
+        self.launch1d(K::Dropout, n, &mut kargs![*x, p, seed, *out, *mask, n])
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn nll_loss(
+        &self,
+        logp: &Strided,
+        target: &Strided,
+        mean: bool,
+        ignore_index: i64,
+        out: &Strided,
+        total_weight: &Strided,
+    ) -> R {
+        need_dims("nll_loss", logp, 2)?;
+        let (n, c) = (logp.shape[0], logp.shape[1]);
+        let m = mean as i32;
+        let err = self.err_ptr();
+        self.launch(
+            K::Nll,
+            (1, 1, 1),
+            (256, 1, 1),
+            &mut kargs![
+                *logp,
+                *target,
+                m,
+                ignore_index,
+                *out,
+                *total_weight,
+                n,
+                c,
+                err
+            ],
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn nll_loss_backward(
+        &self,
+        gy: &Strided,
+        target: &Strided,
+        total_weight: &Strided,
+        mean: bool,
+        ignore_index: i64,
+        gx: &Strided,
+    ) -> R {
+        need_dims("nll_loss_backward", gx, 2)?;
+        let (n, c) = (gx.shape[0], gx.shape[1]);
+        let m = mean as i32;
+        let err = self.err_ptr();
+        self.launch1d(
+            K::NllBwd,
+            n,
+            &mut kargs![*gy, *target, *total_weight, m, ignore_index, *gx, n, c, err],
+        )
+    }
+
+    /// Host data (already in `dt`'s byte layout) into a contiguous view.
+    pub fn upload(&self, out: &Strided, bytes: &[u8]) -> R {
+        if !out.is_contiguous() {
+            return Err(CudaError::Invalid(
+                "upload needs a contiguous destination".into(),
+            ));
+        }
+        self.write(out.addr(), bytes)
+    }
+
+    /// The elements of `x` in logical order, as raw bytes of its dtype (synchronises).
+    pub fn download(&self, x: &Strided) -> Result<Vec<u8>, CudaError> {
+        let es = x.dt().size();
+        let n = x.numel().max(0) as usize;
+        if n == 0 {
+            self.synchronize()?;
+            return Ok(Vec::new());
+        }
+        if x.is_contiguous() {
+            let mut buf = vec![0u8; n * es];
+            self.read(x.addr(), &mut buf)?;
+            return Ok(buf);
+        }
+        // A strided view: fetch the span it covers and gather on the host.
+        let span: i64 = (0..x.ndim as usize)
+            .map(|d| (x.shape[d] - 1).max(0) * x.strides[d])
+            .sum::<i64>()
+            + 1;
+        let mut raw = vec![0u8; span as usize * es];
+        self.read(x.addr(), &mut raw)?;
+        let mut out = Vec::with_capacity(n * es);
+        let nd = x.ndim as usize;
+        let mut idx = vec![0i64; nd];
+        for _ in 0..n {
+            let off: i64 = (0..nd).map(|d| idx[d] * x.strides[d]).sum();
+            let at = off as usize * es;
+            out.extend_from_slice(&raw[at..at + es]);
+            for d in (0..nd).rev() {
+                idx[d] += 1;
+                if idx[d] < x.shape[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn split_at_dim(x: &Strided, dim: usize) -> Result<(i64, i64, i64), CudaError> {
+    let nd = x.ndim as usize;
+    if dim >= nd {
+        return Err(CudaError::Invalid(format!(
+            "softmax: dim {dim} of a {nd}-d tensor"
+        )));
+    }
+    let outer: i64 = x.shape[..dim].iter().product();
+    let inner: i64 = x.shape[dim + 1..nd].iter().product();
+    Ok((outer, x.shape[dim], inner))
+}
+
+/// Bytes of `data` converted to `dt` (host-side, for [`Gpu::upload`]). Integer conversions
+/// follow Rust's `as` (truncating, saturating), floats round to nearest even.
+pub fn encode(data: &[f64], dt: Dt) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() * dt.size());
+    for &v in data {
+        match dt {
+            Dt::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
+            Dt::F16 => out.extend_from_slice(&half::f16::from_f64(v).to_bits().to_le_bytes()),
+            Dt::BF16 => out.extend_from_slice(&half::bf16::from_f64(v).to_bits().to_le_bytes()),
+            Dt::I64 => out.extend_from_slice(&(v as i64).to_le_bytes()),
+            Dt::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
+            Dt::U8 => out.push(v as u8),
+            Dt::Bool => out.push((v != 0.0) as u8),
+        }
+    }
+    out
+}
+
+/// The inverse of [`encode`]: raw bytes of `dt` as f64.
+pub fn decode(bytes: &[u8], dt: Dt) -> Vec<f64> {
+    let es = dt.size();
+    bytes
+        .chunks_exact(es)
+        .map(|c| match dt {
+            Dt::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64,
+            Dt::F16 => half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64(),
+            Dt::BF16 => half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f64(),
+            Dt::I64 => i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f64,
+            Dt::I32 => i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64,
+            Dt::U8 => c[0] as f64,
+            Dt::Bool => (c[0] != 0) as u8 as f64,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encode_decode_round_trip() {
+        let data = [0.0, 1.5, -2.25, 3.0];
+        for dt in [Dt::F32, Dt::F16, Dt::BF16, Dt::I64, Dt::I32] {
+            let back = decode(&encode(&data, dt), dt);
+            let want: Vec<f64> = if dt.is_float() {
+                data.to_vec()
+            } else {
+                data.iter().map(|v| v.trunc()).collect()
+            };
+            assert_eq!(back, want, "{dt:?}");
+        }
+        assert_eq!(decode(&encode(&[0.0, 2.0], Dt::Bool), Dt::Bool), [0.0, 1.0]);
+    }
+}

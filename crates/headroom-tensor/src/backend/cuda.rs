@@ -1,0 +1,511 @@
+//! The cuda backend: every kernel of the [`Backend`] trait on a real GPU.
+//!
+//! Design note: this file only translates. A [`TRef`] becomes a headroom-cuda [`Strided`]
+//! view (pointer, offset, shape, strides, dtype), each op code becomes the kernel's code, and
+//! the call goes to headroom-cuda's [`Gpu`], which queues it on the device's one stream:
+//! elementwise, reduction, norm, softmax, pooling, embedding and loss kernels compiled by
+//! NVRTC, GEMMs through cuBLAS (with the handle workspaces the op layer allocated, see
+//! [`Backend::bind_blas_workspace`]), convolutions through cuDNN (with the per-call workspace
+//! the op layer allocated from [`CudnnWorkspace`]'s answer). Kernels run asynchronously;
+//! only reads back to the host synchronise, and that is where a kernel's index error
+//! surfaces, as on PyTorch's CUDA.
+
+use std::sync::Arc;
+
+use headroom_cuda::compute::{
+    decode, encode, BinaryCode, ConvArgs, ConvPass as CudaPass, ConvSpec, ReduceCode, UnaryCode,
+};
+use headroom_cuda::{CudaError, Dt, Gpu, Strided};
+
+use super::*;
+use crate::device::{ConvPass, ConvWorkspaceQuery, WorkspacePolicy};
+use crate::error::TensorError;
+
+pub struct CudaBackend {
+    gpu: Arc<Gpu>,
+}
+
+impl CudaBackend {
+    pub fn new(gpu: Arc<Gpu>) -> CudaBackend {
+        CudaBackend { gpu }
+    }
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+}
+
+impl From<CudaError> for TensorError {
+    fn from(e: CudaError) -> Self {
+        match e {
+            CudaError::DeviceAssert { op, index } => TensorError::IndexOutOfRange {
+                op,
+                msg: format!("index {index} is out of bounds (reported by a CUDA kernel)"),
+            },
+            CudaError::OutOfMemory { call } => {
+                TensorError::oom(format!("CUDA out of memory in {call}"))
+            }
+            other => TensorError::Cuda(other.to_string()),
+        }
+    }
+}
+
+pub(crate) fn dt(d: DType) -> Dt {
+    match d {
+        DType::F32 => Dt::F32,
+        DType::F16 => Dt::F16,
+        DType::BF16 => Dt::BF16,
+        DType::I64 => Dt::I64,
+        DType::I32 => Dt::I32,
+        DType::U8 => Dt::U8,
+        DType::Bool => Dt::Bool,
+    }
+}
+
+fn st(r: TRef) -> Result<Strided> {
+    Ok(Strided::new(
+        r.ptr,
+        dt(r.dtype),
+        &r.layout.shape,
+        &r.layout.strides,
+        r.layout.offset,
+    )?)
+}
+
+fn opt(r: Option<TRef>) -> Result<Strided> {
+    match r {
+        Some(r) => st(r),
+        None => Ok(Strided::none()),
+    }
+}
+
+fn unary_code(op: UnaryOp) -> UnaryCode {
+    match op {
+        UnaryOp::Neg => UnaryCode::Neg,
+        UnaryOp::Exp => UnaryCode::Exp,
+        UnaryOp::Log => UnaryCode::Log,
+        UnaryOp::Sqrt => UnaryCode::Sqrt,
+        UnaryOp::Rsqrt => UnaryCode::Rsqrt,
+        UnaryOp::Tanh => UnaryCode::Tanh,
+        UnaryOp::Sigmoid => UnaryCode::Sigmoid,
+        UnaryOp::Relu => UnaryCode::Relu,
+        UnaryOp::Gelu { tanh: false } => UnaryCode::Gelu,
+        UnaryOp::Gelu { tanh: true } => UnaryCode::GeluTanh,
+        UnaryOp::Abs => UnaryCode::Abs,
+        UnaryOp::Square => UnaryCode::Square,
+        UnaryOp::AddScalar(s) => UnaryCode::AddScalar(s),
+        UnaryOp::MulScalar(s) => UnaryCode::MulScalar(s),
+        UnaryOp::PowScalar(s) => UnaryCode::PowScalar(s),
+    }
+}
+
+fn binary_code(op: BinaryOp) -> BinaryCode {
+    match op {
+        BinaryOp::Add { alpha } => BinaryCode::Add(alpha),
+        BinaryOp::Sub => BinaryCode::Sub,
+        BinaryOp::Mul => BinaryCode::Mul,
+        BinaryOp::Div => BinaryCode::Div,
+        BinaryOp::Maximum => BinaryCode::Maximum,
+        BinaryOp::ThresholdBackward => BinaryCode::ThresholdBackward,
+        BinaryOp::GeluBackward { tanh: false } => BinaryCode::GeluBackward,
+        BinaryOp::GeluBackward { tanh: true } => BinaryCode::GeluTanhBackward,
+        BinaryOp::TanhBackward => BinaryCode::TanhBackward,
+        BinaryOp::SigmoidBackward => BinaryCode::SigmoidBackward,
+    }
+}
+
+fn conv_args(x: &Strided, w: &Strided, y: &Strided, ws: Workspace) -> ConvArgs {
+    ConvArgs {
+        x: x.addr(),
+        w: w.addr(),
+        y: y.addr(),
+        workspace: ws.ptr,
+        workspace_size: ws.size,
+    }
+}
+
+fn spec(x: &Strided, w: &Strided, y: &Strided, p: &Conv2dParams) -> Result<ConvSpec> {
+    Ok(ConvSpec::of(
+        x, w, y, p.padding, p.stride, p.dilation, p.groups,
+    )?)
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn fill(&self, out: TRef, value: f64) -> Result<()> {
+        Ok(self.gpu.fill(&st(out)?, value)?)
+    }
+    fn arange(&self, out: TRef, start: f64, step: f64) -> Result<()> {
+        Ok(self.gpu.arange(&st(out)?, start, step)?)
+    }
+    fn uniform(&self, out: TRef, low: f64, high: f64, seed: u64) -> Result<()> {
+        Ok(self.gpu.uniform(&st(out)?, low, high, seed)?)
+    }
+    fn normal(&self, out: TRef, mean: f64, std: f64, seed: u64) -> Result<()> {
+        Ok(self.gpu.normal(&st(out)?, mean, std, seed)?)
+    }
+    fn write_f64(&self, out: TRef, data: &[f64]) -> Result<()> {
+        let o = st(out)?;
+        let n = o.numel().max(0) as usize;
+        let mut v: Vec<f64> = data.iter().copied().take(n).collect();
+        v.resize(n, 0.0);
+        if o.is_contiguous() {
+            return Ok(self.gpu.upload(&o, &encode(&v, o.dt()))?);
+        }
+        Err(TensorError::invalid(
+            "write_f64",
+            "host data can only be written to a contiguous CUDA tensor",
+        ))
+    }
+    fn read_f64(&self, x: TRef) -> Result<Vec<f64>> {
+        let s = st(x)?;
+        let bytes = self.gpu.download(&s)?;
+        Ok(decode(&bytes, s.dt()))
+    }
+    fn copy(&self, src: TRef, dst: TRef) -> Result<()> {
+        Ok(self.gpu.copy(&st(src)?, &st(dst)?)?)
+    }
+    fn unary(&self, op: UnaryOp, x: TRef, out: TRef) -> Result<()> {
+        Ok(self.gpu.unary(unary_code(op), &st(x)?, &st(out)?)?)
+    }
+    fn binary(&self, op: BinaryOp, a: TRef, b: TRef, out: TRef) -> Result<()> {
+        Ok(self
+            .gpu
+            .binary(binary_code(op), &st(a)?, &st(b)?, &st(out)?)?)
+    }
+    fn reduce(&self, op: ReduceOp, x: TRef, dims: &[usize], out: TRef) -> Result<()> {
+        let code = match op {
+            ReduceOp::Sum => ReduceCode::Sum,
+            ReduceOp::Mean => ReduceCode::Mean,
+            ReduceOp::Max => ReduceCode::Max,
+            ReduceOp::Min => ReduceCode::Min,
+        };
+        Ok(self.gpu.reduce(code, &st(x)?, dims, &st(out)?)?)
+    }
+    fn masked_fill(&self, x: TRef, mask: TRef, value: f64, out: TRef) -> Result<()> {
+        Ok(self
+            .gpu
+            .masked_fill(&st(x)?, &st(mask)?, value, &st(out)?)?)
+    }
+    fn matmul(&self, a: TRef, b: TRef, out: TRef, accumulate: bool) -> Result<()> {
+        // PyTorch's handles are per thread; backward runs on autograd's device thread.
+        let which = crate::autograd::in_backward() as usize;
+        Ok(self
+            .gpu
+            .matmul(&st(a)?, &st(b)?, &st(out)?, accumulate, which)?)
+    }
+    fn conv2d(
+        &self,
+        x: TRef,
+        w: TRef,
+        bias: Option<TRef>,
+        out: TRef,
+        p: &Conv2dParams,
+        ws: Workspace,
+    ) -> Result<()> {
+        let (xs, wsd, ys) = (st(x)?, st(w)?, st(out)?);
+        let sp = spec(&xs, &wsd, &ys, p)?;
+        self.gpu
+            .conv(CudaPass::Forward, &sp, &conv_args(&xs, &wsd, &ys, ws))?;
+        if let Some(b) = bias {
+            self.gpu.bias_nchw(&ys, &st(b)?)?;
+        }
+        Ok(())
+    }
+    fn conv2d_backward_input(
+        &self,
+        gy: TRef,
+        w: TRef,
+        gx: TRef,
+        p: &Conv2dParams,
+        ws: Workspace,
+    ) -> Result<()> {
+        let (gys, wsd, gxs) = (st(gy)?, st(w)?, st(gx)?);
+        let sp = spec(&gxs, &wsd, &gys, p)?;
+        Ok(self.gpu.conv(
+            CudaPass::BackwardData,
+            &sp,
+            &conv_args(&gxs, &wsd, &gys, ws),
+        )?)
+    }
+    fn conv2d_backward_weight(
+        &self,
+        gy: TRef,
+        x: TRef,
+        gw: TRef,
+        p: &Conv2dParams,
+        ws: Workspace,
+    ) -> Result<()> {
+        let (gys, xs, gws) = (st(gy)?, st(x)?, st(gw)?);
+        let sp = spec(&xs, &gws, &gys, p)?;
+        Ok(self.gpu.conv(
+            CudaPass::BackwardFilter,
+            &sp,
+            &conv_args(&xs, &gws, &gys, ws),
+        )?)
+    }
+    fn max_pool2d(&self, x: TRef, out: TRef, indices: TRef, p: &Pool2dParams) -> Result<()> {
+        Ok(self.gpu.max_pool2d(
+            &st(x)?,
+            &st(out)?,
+            &st(indices)?,
+            p.kernel,
+            p.stride,
+            p.padding,
+            p.dilation,
+        )?)
+    }
+    fn max_pool2d_backward(&self, gy: TRef, indices: TRef, gx: TRef) -> Result<()> {
+        Ok(self
+            .gpu
+            .max_pool2d_backward(&st(gy)?, &st(indices)?, &st(gx)?)?)
+    }
+    fn adaptive_avg_pool2d(&self, x: TRef, out: TRef) -> Result<()> {
+        Ok(self.gpu.adaptive_avg_pool2d(&st(x)?, &st(out)?)?)
+    }
+    fn adaptive_avg_pool2d_backward(&self, gy: TRef, gx: TRef) -> Result<()> {
+        Ok(self.gpu.adaptive_avg_pool2d_backward(&st(gy)?, &st(gx)?)?)
+    }
+    fn batch_norm_train(
+        &self,
+        x: TRef,
+        weight: Option<TRef>,
+        bias: Option<TRef>,
+        running_mean: Option<TRef>,
+        running_var: Option<TRef>,
+        momentum: f64,
+        eps: f64,
+        out: TRef,
+        save_mean: TRef,
+        save_invstd: TRef,
+    ) -> Result<()> {
+        Ok(self.gpu.batch_norm_train(
+            &st(x)?,
+            &opt(weight)?,
+            &opt(bias)?,
+            &opt(running_mean)?,
+            &opt(running_var)?,
+            momentum,
+            eps,
+            &st(out)?,
+            &st(save_mean)?,
+            &st(save_invstd)?,
+        )?)
+    }
+    fn batch_norm_eval(
+        &self,
+        x: TRef,
+        weight: Option<TRef>,
+        bias: Option<TRef>,
+        running_mean: TRef,
+        running_var: TRef,
+        eps: f64,
+        out: TRef,
+    ) -> Result<()> {
+        Ok(self.gpu.batch_norm_eval(
+            &st(x)?,
+            &opt(weight)?,
+            &opt(bias)?,
+            &st(running_mean)?,
+            &st(running_var)?,
+            eps,
+            &st(out)?,
+        )?)
+    }
+    fn batch_norm_backward(
+        &self,
+        gy: TRef,
+        x: TRef,
+        weight: Option<TRef>,
+        mean: TRef,
+        invstd: TRef,
+        train: bool,
+        eps: f64,
+        gx: Option<TRef>,
+        gw: Option<TRef>,
+        gb: Option<TRef>,
+    ) -> Result<()> {
+        Ok(self.gpu.batch_norm_backward(
+            &st(gy)?,
+            &st(x)?,
+            &opt(weight)?,
+            &st(mean)?,
+            &st(invstd)?,
+            train,
+            eps,
+            &opt(gx)?,
+            &opt(gw)?,
+            &opt(gb)?,
+        )?)
+    }
+    fn layer_norm(
+        &self,
+        x: TRef,
+        weight: Option<TRef>,
+        bias: Option<TRef>,
+        eps: f64,
+        out: TRef,
+        mean: TRef,
+        rstd: TRef,
+    ) -> Result<()> {
+        Ok(self.gpu.layer_norm(
+            &st(x)?,
+            &opt(weight)?,
+            &opt(bias)?,
+            eps,
+            &st(out)?,
+            &st(mean)?,
+            &st(rstd)?,
+        )?)
+    }
+    fn layer_norm_backward(
+        &self,
+        gy: TRef,
+        x: TRef,
+        weight: Option<TRef>,
+        mean: TRef,
+        rstd: TRef,
+        gx: Option<TRef>,
+        gw: Option<TRef>,
+        gb: Option<TRef>,
+    ) -> Result<()> {
+        Ok(self.gpu.layer_norm_backward(
+            &st(gy)?,
+            &st(x)?,
+            &opt(weight)?,
+            &st(mean)?,
+            &st(rstd)?,
+            &opt(gx)?,
+            &opt(gw)?,
+            &opt(gb)?,
+        )?)
+    }
+    fn softmax(&self, x: TRef, dim: usize, log: bool, out: TRef) -> Result<()> {
+        Ok(self.gpu.softmax(&st(x)?, dim, log, &st(out)?)?)
+    }
+    fn softmax_backward(&self, gy: TRef, y: TRef, dim: usize, log: bool, gx: TRef) -> Result<()> {
+        Ok(self
+            .gpu
+            .softmax_backward(&st(gy)?, &st(y)?, dim, log, &st(gx)?)?)
+    }
+    fn embedding(&self, weight: TRef, idx: TRef, out: TRef) -> Result<()> {
+        Ok(self.gpu.embedding(&st(weight)?, &st(idx)?, &st(out)?)?)
+    }
+    fn embedding_backward(
+        &self,
+        gy: TRef,
+        idx: TRef,
+        gw: TRef,
+        padding_idx: Option<i64>,
+    ) -> Result<()> {
+        Ok(self
+            .gpu
+            .embedding_backward(&st(gy)?, &st(idx)?, &st(gw)?, padding_idx)?)
+    }
+    fn dropout(&self, x: TRef, p: f64, seed: u64, out: TRef, mask: TRef) -> Result<()> {
+        Ok(self.gpu.dropout(&st(x)?, p, seed, &st(out)?, &st(mask)?)?)
+    }
+    fn nll_loss(
+        &self,
+        logp: TRef,
+        target: TRef,
+        mean: bool,
+        ignore_index: i64,
+        out: TRef,
+        total_weight: TRef,
+    ) -> Result<()> {
+        Ok(self.gpu.nll_loss(
+            &st(logp)?,
+            &st(target)?,
+            mean,
+            ignore_index,
+            &st(out)?,
+            &st(total_weight)?,
+        )?)
+    }
+    fn nll_loss_backward(
+        &self,
+        gy: TRef,
+        target: TRef,
+        total_weight: TRef,
+        mean: bool,
+        ignore_index: i64,
+        gx: TRef,
+    ) -> Result<()> {
+        Ok(self.gpu.nll_loss_backward(
+            &st(gy)?,
+            &st(target)?,
+            &st(total_weight)?,
+            mean,
+            ignore_index,
+            &st(gx)?,
+        )?)
+    }
+    fn bind_blas_workspace(&self, thread: usize, ptr: u64, size: u64) -> Result<()> {
+        Ok(self.gpu.bind_blas_workspace(thread, ptr, size)?)
+    }
+    fn synchronize(&self) -> Result<()> {
+        Ok(self.gpu.synchronize()?)
+    }
+}
+
+/// The library workspaces of a real GPU: each convolution's size is what cuDNN's chosen
+/// algorithm asks for, and the cuBLAS handle sizes are PyTorch's on this architecture.
+pub struct CudnnWorkspace {
+    gpu: Arc<Gpu>,
+    blas_handle: u64,
+    blas_device: u64,
+}
+
+impl CudnnWorkspace {
+    pub fn new(gpu: Arc<Gpu>) -> CudnnWorkspace {
+        // PyTorch's default CUBLAS_WORKSPACE_CONFIG is :4096:8 (32 MiB) from Hopper on and
+        // :4096:2:16:8 (4 MiB + 16 KiB·8) before; the cuBLASLt workspace is 1 MiB.
+        let blas_handle = if gpu.arch().0 >= 9 {
+            32 << 20
+        } else {
+            (4096 << 10) * 2 + (16 << 10) * 8
+        };
+        CudnnWorkspace {
+            gpu,
+            blas_handle,
+            blas_device: 1 << 20,
+        }
+    }
+}
+
+impl WorkspacePolicy for CudnnWorkspace {
+    fn conv2d(&self, q: &ConvWorkspaceQuery) -> u64 {
+        let to = |a: [usize; 4]| [a[0] as i64, a[1] as i64, a[2] as i64, a[3] as i64];
+        let (x, y) = (to(q.input), to(q.output));
+        let contig = |s: [i64; 4]| [s[1] * s[2] * s[3], s[2] * s[3], s[3], 1];
+        let spec = ConvSpec {
+            dtype: dt(q.dtype),
+            x,
+            x_strides: contig(x),
+            w: to(q.weight),
+            y,
+            y_strides: contig(y),
+            padding: [q.padding[0] as i64, q.padding[1] as i64],
+            stride: [q.stride[0] as i64, q.stride[1] as i64],
+            dilation: [q.dilation[0] as i64, q.dilation[1] as i64],
+            groups: q.groups as i64,
+        };
+        let pass = match q.pass {
+            ConvPass::Forward => CudaPass::Forward,
+            ConvPass::BackwardInput => CudaPass::BackwardData,
+            ConvPass::BackwardWeight => CudaPass::BackwardFilter,
+        };
+        // A query cuDNN cannot answer gets no workspace; the run then picks an algorithm
+        // that needs none, or reports the same error.
+        self.gpu.conv_workspace(pass, &spec).unwrap_or(0)
+    }
+    fn blas_handle(&self) -> u64 {
+        self.blas_handle
+    }
+    fn blas_device(&self) -> u64 {
+        self.blas_device
+    }
+}

@@ -26,33 +26,38 @@ pub enum Membership {
     Unmapped,
 }
 
+/// Field order is chosen, not left to the compiler (`repr(C)`): the first 64 bytes hold
+/// everything a cache hit reads and writes (the best-fit key, tree links, segment links,
+/// the free test), so walking the tree touches one cache line per block.
 #[derive(Clone, Debug)]
+#[repr(C)]
 pub struct Block {
     pub ptr: u64,
     pub size: u64,
+    pub stream: StreamId,
     /// Unrounded size of the last allocation this block object served (stale when free).
     pub requested: u64,
-    pub stream: StreamId,
+    // Intrusive treap links (see pool.rs). `prio` is fixed per slot.
+    pub(crate) left: BlockId,
+    pub(crate) right: BlockId,
+    pub(crate) parent: BlockId,
+    pub(crate) prio: u32,
+    pub prev: BlockId,
+    pub next: BlockId,
+    /// Index of the owning expandable segment, or `NIL`.
+    pub expandable: u32,
+    pub event_count: u32,
     pub pool: PoolKind,
     pub allocated: bool,
     pub mapped: bool,
-    pub prev: BlockId,
-    pub next: BlockId,
-    pub event_count: u32,
-    /// Other streams recorded with `record_stream` since the block was handed out.
-    pub stream_uses: Vec<StreamId>,
-    /// Pool GC clock when the block was last inserted into the pool.
-    pub gc_count_base: u64,
-    /// Index of the owning expandable segment, or `NIL`.
-    pub expandable: u32,
-    pub context: Option<Arc<[Frame]>>,
-    pub segment_context: Option<Arc<[Frame]>>,
-    // Intrusive treap links (see pool.rs).
-    pub(crate) left: BlockId,
-    pub(crate) right: BlockId,
-    pub(crate) prio: u32,
     pub(crate) member: Membership,
     pub(crate) live: bool,
+    /// Pool GC clock when the block was last inserted into the pool.
+    pub gc_count_base: u64,
+    /// Other streams recorded with `record_stream` since the block was handed out.
+    pub stream_uses: Vec<StreamId>,
+    pub context: Option<Arc<[Frame]>>,
+    pub segment_context: Option<Arc<[Frame]>>,
 }
 
 impl Block {
@@ -68,65 +73,106 @@ impl Block {
     }
 }
 
-/// Slab of blocks.
-#[derive(Default)]
+/// Slab of blocks, with an intrusive free list of slots (threaded through `next`).
 pub struct Arena {
     slots: Vec<Block>,
-    free: Vec<BlockId>,
+    free_head: BlockId,
+    /// xorshift32 state: each new slot draws its treap priority once, for good.
+    prio: u32,
+}
+
+impl Default for Arena {
+    fn default() -> Self {
+        Self::with_capacity(0)
+    }
 }
 
 impl Arena {
     pub fn with_capacity(n: usize) -> Self {
         Arena {
             slots: Vec::with_capacity(n),
-            free: Vec::with_capacity(n),
+            free_head: NIL,
+            prio: 0x9E37_79B9,
         }
     }
 
     /// A fresh block, as PyTorch's `Block(device, stream, size, pool, ptr)`: requested 0,
-    /// unallocated, mapped, unlinked. A reused slot keeps its `stream_uses` buffer.
+    /// unallocated, mapped, unlinked. A reused slot keeps its `stream_uses` buffer and its
+    /// treap priority.
+    #[inline]
     pub fn alloc(&mut self, ptr: u64, size: u64, stream: StreamId, pool: PoolKind) -> BlockId {
-        let fresh = |stream_uses: Vec<StreamId>| Block {
+        let id = self.free_head;
+        if id == NIL {
+            return self.push(ptr, size, stream, pool);
+        }
+        let b = &mut self.slots[id as usize];
+        debug_assert!(!b.live && b.context.is_none() && b.segment_context.is_none());
+        self.free_head = b.next;
+        // Field by field: a released slot already holds no contexts (see `release`), so
+        // there is nothing to drop, and its links are rewritten here.
+        b.ptr = ptr;
+        b.size = size;
+        b.stream = stream;
+        b.requested = 0;
+        b.left = NIL;
+        b.right = NIL;
+        b.parent = NIL;
+        b.prev = NIL;
+        b.next = NIL;
+        b.expandable = NIL;
+        b.event_count = 0;
+        b.pool = pool;
+        b.allocated = false;
+        b.mapped = true;
+        b.member = Membership::None;
+        b.live = true;
+        b.gc_count_base = 0;
+        b.stream_uses.clear();
+        id
+    }
+
+    #[cold]
+    fn push(&mut self, ptr: u64, size: u64, stream: StreamId, pool: PoolKind) -> BlockId {
+        let mut x = self.prio;
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        self.prio = x;
+        self.slots.push(Block {
             ptr,
             size,
-            requested: 0,
             stream,
+            requested: 0,
+            left: NIL,
+            right: NIL,
+            parent: NIL,
+            prio: x,
+            prev: NIL,
+            next: NIL,
+            expandable: NIL,
+            event_count: 0,
             pool,
             allocated: false,
             mapped: true,
-            prev: NIL,
-            next: NIL,
-            event_count: 0,
-            stream_uses,
-            gc_count_base: 0,
-            expandable: NIL,
-            context: None,
-            segment_context: None,
-            left: NIL,
-            right: NIL,
-            prio: 0,
             member: Membership::None,
             live: true,
-        };
-        if let Some(id) = self.free.pop() {
-            let slot = &mut self.slots[id as usize];
-            let mut uses = std::mem::take(&mut slot.stream_uses);
-            uses.clear();
-            *slot = fresh(uses);
-            id
-        } else {
-            self.slots.push(fresh(Vec::new()));
-            (self.slots.len() - 1) as BlockId
-        }
+            gc_count_base: 0,
+            stream_uses: Vec::new(),
+            context: None,
+            segment_context: None,
+        });
+        (self.slots.len() - 1) as BlockId
     }
 
+    #[inline]
     pub fn release(&mut self, id: BlockId) {
         let b = &mut self.slots[id as usize];
         debug_assert!(b.live && b.member == Membership::None);
         b.live = false;
         b.context = None;
         b.segment_context = None;
-        self.free.push(id);
+        b.next = self.free_head;
+        self.free_head = id;
     }
 
     #[inline]

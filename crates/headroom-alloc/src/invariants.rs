@@ -111,6 +111,14 @@ pub(crate) fn check<D: Device>(st: &State<D>) -> Result<(), String> {
         + st.small.unmapped.len()
         + st.large.blocks.len()
         + st.large.unmapped.len();
+    for t in [
+        &st.small.blocks,
+        &st.small.unmapped,
+        &st.large.blocks,
+        &st.large.unmapped,
+    ] {
+        t.check(a)?;
+    }
     if in_sets != free_in_sets {
         return Err(format!(
             "pool sets hold {in_sets} blocks, {free_in_sets} free blocks exist"

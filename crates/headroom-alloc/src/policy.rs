@@ -20,7 +20,7 @@ use crate::event::{AllocEvent, PoolKind, StreamId};
 use crate::expandable::ExpandableSegment;
 use crate::history::History;
 use crate::oom::{AllocError, OutOfMemoryError};
-use crate::pool::{BlockPool, Prio};
+use crate::pool::BlockPool;
 use crate::ptrmap::PtrMap;
 use crate::snapshot::Frame;
 use crate::stats::DeviceStats;
@@ -69,7 +69,6 @@ pub(crate) struct State<D: Device> {
     pub history: History,
     pub observers: Vec<(usize, Box<dyn Observer>)>,
     pub next_observer: usize,
-    pub prio: Prio,
 }
 
 /// `round_size`: the block size a request of `n` bytes is rounded to.
@@ -148,7 +147,6 @@ impl<D: Device> State<D> {
             history: History::default(),
             observers: Vec::new(),
             next_observer: 0,
-            prio: Prio::default(),
         }
     }
 
@@ -189,13 +187,12 @@ impl<D: Device> State<D> {
     /// Insert a free block into its pool's `blocks` set, stamping its GC age base.
     #[inline]
     pub fn insert_free(&mut self, id: BlockId) {
-        let p = self.prio.next();
         let kind = self.arena.get(id).pool;
         let pool = match kind {
             PoolKind::Small => &mut self.small,
             PoolKind::Large => &mut self.large,
         };
-        pool.blocks.insert(&mut self.arena, id, p);
+        pool.blocks.insert(&mut self.arena, id);
         let base = pool.get_free_blocks_call_count;
         self.arena.get_mut(id).gc_count_base = base;
     }
@@ -248,13 +245,12 @@ impl<D: Device> State<D> {
     }
 
     pub fn insert_unmapped(&mut self, id: BlockId) {
-        let p = self.prio.next();
         let kind = self.arena.get(id).pool;
         let pool = match kind {
             PoolKind::Small => &mut self.small,
             PoolKind::Large => &mut self.large,
         };
-        pool.unmapped.insert(&mut self.arena, id, p);
+        pool.unmapped.insert(&mut self.arena, id);
     }
 
     // ----- malloc -------------------------------------------------------------------------

@@ -4,8 +4,12 @@
 //! address) and searches with `lower_bound`: best fit within a stream, ties to the lowest
 //! address. A `BTreeSet` would allocate and free nodes as the set grows and shrinks, so a
 //! cache hit could touch the host allocator. The treap's links live inside the blocks
-//! themselves, so insert and remove never allocate. Priorities come from a fixed xorshift
-//! sequence, which keeps every run bit-for-bit deterministic.
+//! themselves, so insert and remove never allocate. Each arena slot draws its priority once
+//! from a fixed xorshift sequence, which keeps every run bit-for-bit deterministic (the
+//! tree's shape is never observable anyway: only its in-order sequence is). Parent links
+//! make `remove` start at the block itself, as erasing through a `std::set` iterator does,
+//! instead of searching for it from the root; insert, split and merge are loops, not
+//! recursion.
 
 use crate::block::{Arena, BlockId, Membership, NIL};
 use crate::event::StreamId;
@@ -18,6 +22,9 @@ pub struct Tree {
     root: BlockId,
     len: usize,
     kind: Membership,
+    /// `!0` for the blocks set, `0` for the unmapped set: the key's size is `size & mask`,
+    /// so computing a key needs no branch on the set's kind.
+    size_mask: u64,
 }
 
 impl Tree {
@@ -26,6 +33,7 @@ impl Tree {
             root: NIL,
             len: 0,
             kind,
+            size_mask: if kind == Membership::Unmapped { 0 } else { !0 },
         }
     }
 
@@ -33,63 +41,107 @@ impl Tree {
         self.len
     }
 
-    #[inline]
+    #[inline(always)]
     fn key(&self, a: &Arena, id: BlockId) -> Key {
         let b = a.get(id);
-        match self.kind {
-            Membership::Unmapped => (b.stream, 0, b.ptr),
-            _ => (b.stream, b.size, b.ptr),
+        (b.stream, b.size & self.size_mask, b.ptr)
+    }
+
+    /// Split subtree `t` into (< key, >= key). Parent links inside each part are kept;
+    /// the parts' roots get parent `NIL`.
+    #[inline]
+    fn split(&self, a: &mut Arena, mut t: BlockId, key: Key) -> (BlockId, BlockId) {
+        // `l_tail` is the node of the left part whose right child comes next, `r_tail` the
+        // node of the right part whose left child comes next.
+        let (mut l_root, mut r_root) = (NIL, NIL);
+        let (mut l_tail, mut r_tail) = (NIL, NIL);
+        while t != NIL {
+            if self.key(a, t) < key {
+                if l_tail == NIL {
+                    l_root = t;
+                    a.get_mut(t).parent = NIL;
+                } else {
+                    a.get_mut(l_tail).right = t;
+                    a.get_mut(t).parent = l_tail;
+                }
+                l_tail = t;
+                t = a.get(t).right;
+            } else {
+                if r_tail == NIL {
+                    r_root = t;
+                    a.get_mut(t).parent = NIL;
+                } else {
+                    a.get_mut(r_tail).left = t;
+                    a.get_mut(t).parent = r_tail;
+                }
+                r_tail = t;
+                t = a.get(t).left;
+            }
+        }
+        if l_tail != NIL {
+            a.get_mut(l_tail).right = NIL;
+        }
+        if r_tail != NIL {
+            a.get_mut(r_tail).left = NIL;
+        }
+        (l_root, r_root)
+    }
+
+    /// Merge two subtrees where every key of `l` is below every key of `r`; the result's
+    /// root gets parent `NIL`.
+    #[inline]
+    fn merge(a: &mut Arena, mut l: BlockId, mut r: BlockId) -> BlockId {
+        // Built top-down: each step places the higher-priority of the two roots under
+        // `hook` (as its left child if `hook_left`) and continues down that root's inner
+        // spine (an `l` root's right side, an `r` root's left side).
+        let mut root = NIL;
+        let mut hook = NIL;
+        let mut hook_left = false;
+        loop {
+            if l == NIL || r == NIL {
+                let x = if l == NIL { r } else { l };
+                Self::attach(a, &mut root, hook, hook_left, x);
+                return root;
+            }
+            if a.get(l).prio > a.get(r).prio {
+                let x = l;
+                Self::attach(a, &mut root, hook, hook_left, x);
+                l = a.get(x).right;
+                hook = x;
+                hook_left = false;
+            } else {
+                let x = r;
+                Self::attach(a, &mut root, hook, hook_left, x);
+                r = a.get(x).left;
+                hook = x;
+                hook_left = true;
+            }
         }
     }
 
-    /// Split subtree `t` into (< key, >= key).
-    fn split(&self, a: &mut Arena, t: BlockId, key: Key) -> (BlockId, BlockId) {
-        if t == NIL {
-            return (NIL, NIL);
-        }
-        if self.key(a, t) < key {
-            let r = a.get(t).right;
-            let (l2, r2) = self.split(a, r, key);
-            a.get_mut(t).right = l2;
-            (t, r2)
+    /// Make `x` (maybe `NIL`) the child of `hook` on the side `left`, or the root if `hook`
+    /// is `NIL`.
+    #[inline(always)]
+    fn attach(a: &mut Arena, root: &mut BlockId, hook: BlockId, left: bool, x: BlockId) {
+        if hook == NIL {
+            *root = x;
+        } else if left {
+            a.get_mut(hook).left = x;
         } else {
-            let l = a.get(t).left;
-            let (l2, r2) = self.split(a, l, key);
-            a.get_mut(t).left = r2;
-            (l2, t)
+            a.get_mut(hook).right = x;
+        }
+        if x != NIL {
+            a.get_mut(x).parent = hook;
         }
     }
 
-    /// Merge two subtrees where every key of `l` is below every key of `r`.
-    fn merge(a: &mut Arena, l: BlockId, r: BlockId) -> BlockId {
-        if l == NIL {
-            return r;
-        }
-        if r == NIL {
-            return l;
-        }
-        if a.get(l).prio > a.get(r).prio {
-            let lr = a.get(l).right;
-            let m = Self::merge(a, lr, r);
-            a.get_mut(l).right = m;
-            l
-        } else {
-            let rl = a.get(r).left;
-            let m = Self::merge(a, l, rl);
-            a.get_mut(r).left = m;
-            r
-        }
-    }
-
-    pub fn insert(&mut self, a: &mut Arena, id: BlockId, prio: u32) {
+    pub fn insert(&mut self, a: &mut Arena, id: BlockId) {
         debug_assert_eq!(a.get(id).member, Membership::None);
-        {
+        let prio = {
             let b = a.get_mut(id);
-            b.left = NIL;
-            b.right = NIL;
-            b.prio = prio;
             b.member = self.kind;
-        }
+            b.prio
+        };
         let key = self.key(a, id);
         // Descend while the path's priorities beat ours, then split there: one pass, no rotations.
         let mut parent = NIL;
@@ -109,6 +161,13 @@ impl Tree {
             let b = a.get_mut(id);
             b.left = l;
             b.right = r;
+            b.parent = parent;
+        }
+        if l != NIL {
+            a.get_mut(l).parent = id;
+        }
+        if r != NIL {
+            a.get_mut(r).parent = id;
         }
         if parent == NIL {
             self.root = id;
@@ -122,28 +181,18 @@ impl Tree {
 
     pub fn remove(&mut self, a: &mut Arena, id: BlockId) {
         debug_assert_eq!(a.get(id).member, self.kind);
-        let key = self.key(a, id);
-        let mut parent = NIL;
-        let mut went_left = false;
-        let mut cur = self.root;
-        while cur != id {
-            debug_assert!(cur != NIL, "block not in tree");
-            if cur == NIL {
-                return;
-            }
-            parent = cur;
-            went_left = key < self.key(a, cur);
-            cur = if went_left {
-                a.get(cur).left
-            } else {
-                a.get(cur).right
-            };
-        }
-        let (l, r) = (a.get(id).left, a.get(id).right);
+        let (l, r, parent) = {
+            let b = a.get(id);
+            (b.left, b.right, b.parent)
+        };
         let m = Self::merge(a, l, r);
+        if m != NIL {
+            a.get_mut(m).parent = parent;
+        }
         if parent == NIL {
+            debug_assert_eq!(self.root, id);
             self.root = m;
-        } else if went_left {
+        } else if a.get(parent).left == id {
             a.get_mut(parent).left = m;
         } else {
             a.get_mut(parent).right = m;
@@ -151,6 +200,7 @@ impl Tree {
         let b = a.get_mut(id);
         b.left = NIL;
         b.right = NIL;
+        b.parent = NIL;
         b.member = Membership::None;
         self.len -= 1;
     }
@@ -219,6 +269,41 @@ impl Tree {
         Some(cur)
     }
 
+    /// Every structural property of the treap, recomputed: links are symmetric, the root has
+    /// no parent, priorities are heap-ordered, keys strictly increase in order, every node is
+    /// a member of this set, and `len` is right. For invariant checks; O(n).
+    pub fn check(&self, a: &Arena) -> Result<(), String> {
+        if self.root != NIL && a.get(self.root).parent != NIL {
+            return Err(format!("{:?} tree: root {} has a parent", self.kind, self.root));
+        }
+        let ids = self.to_vec(a);
+        if ids.len() != self.len {
+            return Err(format!(
+                "{:?} tree: {} nodes, len {}",
+                self.kind,
+                ids.len(),
+                self.len
+            ));
+        }
+        for w in ids.windows(2) {
+            if self.key(a, w[0]) >= self.key(a, w[1]) {
+                return Err(format!("{:?} tree: keys out of order", self.kind));
+            }
+        }
+        for &id in &ids {
+            let b = a.get(id);
+            if b.member != self.kind {
+                return Err(format!("{:?} tree: block {id} is {:?}", self.kind, b.member));
+            }
+            for c in [b.left, b.right] {
+                if c != NIL && (a.get(c).parent != id || a.get(c).prio > b.prio) {
+                    return Err(format!("{:?} tree: bad link {id} -> {c}", self.kind));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// In-order ids. Allocates; for release paths and checks, never the hot path.
     pub fn to_vec(self, a: &Arena) -> Vec<BlockId> {
         let mut out = Vec::with_capacity(self.len);
@@ -256,28 +341,6 @@ impl BlockPool {
     }
 }
 
-/// xorshift32: the treap's priority sequence.
-#[derive(Clone, Copy, Debug)]
-pub struct Prio(u32);
-
-impl Default for Prio {
-    fn default() -> Self {
-        Prio(0x9E37_79B9)
-    }
-}
-
-impl Prio {
-    #[inline]
-    pub fn next(&mut self) -> u32 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        self.0 = x;
-        x
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,12 +355,11 @@ mod tests {
             let mut t = Tree::new(Membership::Blocks);
             let mut model: BTreeSet<(u64, u64, u64)> = BTreeSet::new();
             let mut ids = std::collections::HashMap::new();
-            let mut prio = Prio::default();
             for (i, (stream, size, ins)) in ops.into_iter().enumerate() {
                 let key = (stream, size * 512, i as u64);
                 if ins || model.is_empty() {
                     let id = a.alloc(key.2, key.1, key.0, PoolKind::Large);
-                    t.insert(&mut a, id, prio.next());
+                    t.insert(&mut a, id);
                     model.insert(key);
                     ids.insert(key, id);
                 } else {
@@ -308,6 +370,7 @@ mod tests {
                     a.release(id);
                 }
                 prop_assert_eq!(t.len(), model.len());
+                prop_assert_eq!(t.check(&a), Ok(()));
                 let probe = (stream, size * 512, 0);
                 let got = t.lower_bound(&a, probe).map(|id| { let b = a.get(id); (b.stream, b.size, b.ptr) });
                 prop_assert_eq!(got, model.range(probe..).next().copied());

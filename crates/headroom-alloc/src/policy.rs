@@ -72,6 +72,7 @@ pub(crate) struct State<D: Device> {
 }
 
 /// `round_size`: the block size a request of `n` bytes is rounded to.
+#[inline]
 pub fn round_size(config: &AllocatorConfig, n: u64) -> u64 {
     if n < MIN_BLOCK_SIZE {
         return MIN_BLOCK_SIZE;
@@ -175,17 +176,43 @@ impl<D: Device> State<D> {
     #[inline(always)]
     pub fn emit(&mut self, ev: AllocEvent, ctx: Option<&Arc<[Frame]>>) {
         self.stats.observe(&ev);
+        if self.has_listeners() {
+            self.notify(&ev, ctx);
+        }
+    }
+
+    /// As [`emit`](Self::emit), with the stack of block `id` (cloned only if someone
+    /// listens).
+    #[inline(always)]
+    fn emit_with_block_context(&mut self, ev: AllocEvent, id: BlockId) {
+        self.stats.observe(&ev);
+        if self.has_listeners() {
+            let ctx = self.arena.get(id).context.clone();
+            self.notify(&ev, ctx.as_ref());
+        }
+    }
+
+    /// Whether anything beyond the stats sees events: the history or an observer.
+    #[inline(always)]
+    fn has_listeners(&self) -> bool {
+        self.history.enabled() || !self.observers.is_empty()
+    }
+
+    /// The history and the observers, in that order (after the stats). Out of line, so
+    /// the hot paths carry only the stats' cell updates.
+    #[inline(never)]
+    fn notify(&mut self, ev: &AllocEvent, ctx: Option<&Arc<[Frame]>>) {
         if self.history.enabled() {
             let t = self.device.now_us();
-            self.history.record(&ev, t, ctx);
+            self.history.record(ev, t, ctx);
         }
         for (_, o) in self.observers.iter_mut() {
-            o.on_event(&ev);
+            o.on_event(ev);
         }
     }
 
     /// Insert a free block into its pool's `blocks` set, stamping its GC age base.
-    #[inline]
+    #[inline(always)]
     pub fn insert_free(&mut self, id: BlockId) {
         let kind = self.arena.get(id).pool;
         let pool = match kind {
@@ -197,7 +224,7 @@ impl<D: Device> State<D> {
         self.arena.get_mut(id).gc_count_base = base;
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn remove_free(&mut self, id: BlockId) {
         let kind = self.arena.get(id).pool;
         let member = self.arena.get(id).member;
@@ -262,20 +289,7 @@ impl<D: Device> State<D> {
         ctx: Option<Arc<[Frame]>>,
     ) -> Result<Allocation, AllocError> {
         if n >= ONE_EB {
-            let (free, total) = self.device.mem_get_info();
-            return Err(AllocError::OutOfMemory(Box::new(OutOfMemoryError {
-                device: self.device.index(),
-                requested: n,
-                alloc_size: n,
-                total,
-                free,
-                allowed: self.allowed_memory_maximum,
-                allocated: 0,
-                reserved: 0,
-                private_pools: 0,
-                proc_info: String::new(),
-                exceeds_1eb: true,
-            })));
+            return Err(self.exceeds_one_eb(n));
         }
         if n == 0 {
             // PyTorch never sends zero-byte requests to the allocator: a null pointer.
@@ -284,27 +298,60 @@ impl<D: Device> State<D> {
         self.process_events();
         let s = round_size(&self.config, n);
         let kind = pool_for(s);
-        let alloc_size = allocation_size(&self.config, s);
-
-        let mut found = self.get_free_block(kind, stream, s);
-        if found.is_none() {
-            if self.gc_enabled() {
-                self.garbage_collect_cached_blocks();
-            }
-            found = self.alloc_block(kind, stream, s, alloc_size, false, ctx.as_ref())?;
-            if found.is_none() && self.release_available_cached_blocks(kind, stream, s) {
-                found = self.alloc_block(kind, stream, s, alloc_size, false, ctx.as_ref())?;
-            }
-            if found.is_none() {
-                self.release_cached_blocks();
-                found = self.alloc_block(kind, stream, s, alloc_size, true, ctx.as_ref())?;
-            }
-        }
-        let Some(block) = found else {
-            return Err(self.out_of_memory(n, s, alloc_size, stream));
+        let block = match self.get_free_block(kind, stream, s) {
+            Some(b) => b,
+            None => self.malloc_miss(kind, stream, s, n, ctx.as_ref())?,
         };
         let split = self.should_split(block, s);
         Ok(self.alloc_found_block(block, stream, s, n, split, ctx))
+    }
+
+    /// The cache had no block: GC, a new segment, then the fallback chain, then OOM. Out of
+    /// line, so the cache-hit path stays small.
+    #[cold]
+    #[inline(never)]
+    fn malloc_miss(
+        &mut self,
+        kind: PoolKind,
+        stream: StreamId,
+        s: u64,
+        n: u64,
+        ctx: Option<&Arc<[Frame]>>,
+    ) -> Result<BlockId, AllocError> {
+        let alloc_size = allocation_size(&self.config, s);
+        if self.gc_enabled() {
+            self.garbage_collect_cached_blocks();
+        }
+        let mut found = self.alloc_block(kind, stream, s, alloc_size, false, ctx)?;
+        if found.is_none() && self.release_available_cached_blocks(kind, stream, s) {
+            found = self.alloc_block(kind, stream, s, alloc_size, false, ctx)?;
+        }
+        if found.is_none() {
+            self.release_cached_blocks();
+            found = self.alloc_block(kind, stream, s, alloc_size, true, ctx)?;
+        }
+        match found {
+            Some(block) => Ok(block),
+            None => Err(self.out_of_memory(n, s, alloc_size, stream)),
+        }
+    }
+
+    #[cold]
+    fn exceeds_one_eb(&self, n: u64) -> AllocError {
+        let (free, total) = self.device.mem_get_info();
+        AllocError::OutOfMemory(Box::new(OutOfMemoryError {
+            device: self.device.index(),
+            requested: n,
+            alloc_size: n,
+            total,
+            free,
+            allowed: self.allowed_memory_maximum,
+            allocated: 0,
+            reserved: 0,
+            private_pools: 0,
+            proc_info: String::new(),
+            exceeds_1eb: true,
+        }))
     }
 
     pub fn gc_enabled(&self) -> bool {
@@ -533,8 +580,7 @@ impl<D: Device> State<D> {
         };
         self.active.insert(ptr, client);
         let oversize = size >= self.max_split();
-        let ctx = self.arena.get(client).context.clone();
-        self.emit(
+        self.emit_with_block_context(
             AllocEvent::Alloc {
                 pool: kind,
                 ptr,
@@ -543,7 +589,7 @@ impl<D: Device> State<D> {
                 stream,
                 oversize,
             },
-            ctx.as_ref(),
+            client,
         );
         Allocation { ptr, size }
     }
@@ -570,8 +616,7 @@ impl<D: Device> State<D> {
             )
         };
         let oversize = size >= self.max_split();
-        let ctx = self.arena.get(id).context.clone();
-        self.emit(
+        self.emit_with_block_context(
             AllocEvent::FreeRequested {
                 pool: kind,
                 ptr,
@@ -580,7 +625,7 @@ impl<D: Device> State<D> {
                 stream,
                 oversize,
             },
-            ctx.as_ref(),
+            id,
         );
         if has_uses {
             self.insert_events(id);
@@ -591,6 +636,7 @@ impl<D: Device> State<D> {
     }
 
     /// `free_block`: the free completes; merge with free neighbours and cache.
+    #[inline(always)]
     pub(crate) fn free_block(&mut self, id: BlockId) {
         let (kind, ptr, size, requested, stream) = {
             let b = self.arena.get(id);
@@ -642,6 +688,7 @@ impl<D: Device> State<D> {
 
     /// Absorb `src` into `dst` if it is free and in the same mapped state; returns the bytes
     /// absorbed (0 if no merge). `dst` must not be in any pool set.
+    #[inline(always)]
     pub(crate) fn try_merge_blocks(&mut self, dst: BlockId, src: BlockId) -> u64 {
         if src == NIL {
             return 0;
@@ -712,10 +759,15 @@ impl<D: Device> State<D> {
     }
 
     /// `process_events`: complete frees whose events finished (start of every malloc).
+    #[inline(always)]
     pub(crate) fn process_events(&mut self) {
-        if self.outstanding_events == 0 {
-            return;
+        if self.outstanding_events != 0 {
+            self.process_pending_events();
         }
+    }
+
+    #[inline(never)]
+    fn process_pending_events(&mut self) {
         for q in 0..self.stream_events.len() {
             while let Some(&(ev, id)) = self.stream_events[q].1.front() {
                 if !self.device.query_event(ev) {

@@ -135,6 +135,7 @@ impl Tree {
         }
     }
 
+    #[inline(always)]
     pub fn insert(&mut self, a: &mut Arena, id: BlockId) {
         debug_assert_eq!(a.get(id).member, Membership::None);
         let prio = {
@@ -179,6 +180,7 @@ impl Tree {
         self.len += 1;
     }
 
+    #[inline(always)]
     pub fn remove(&mut self, a: &mut Arena, id: BlockId) {
         debug_assert_eq!(a.get(id).member, self.kind);
         let (l, r, parent) = {

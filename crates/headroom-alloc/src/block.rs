@@ -164,7 +164,7 @@ impl Arena {
         (self.slots.len() - 1) as BlockId
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn release(&mut self, id: BlockId) {
         let b = &mut self.slots[id as usize];
         debug_assert!(b.live && b.member == Membership::None);

@@ -177,7 +177,7 @@ impl<D: Device> State<D> {
     pub fn emit(&mut self, ev: AllocEvent, ctx: Option<&Arc<[Frame]>>) {
         self.stats.observe(&ev);
         if self.has_listeners() {
-            self.notify(&ev, ctx);
+            self.notify(ev, ctx);
         }
     }
 
@@ -188,7 +188,7 @@ impl<D: Device> State<D> {
         self.stats.observe(&ev);
         if self.has_listeners() {
             let ctx = self.arena.get(id).context.clone();
-            self.notify(&ev, ctx.as_ref());
+            self.notify(ev, ctx.as_ref());
         }
     }
 
@@ -199,15 +199,16 @@ impl<D: Device> State<D> {
     }
 
     /// The history and the observers, in that order (after the stats). Out of line, so
-    /// the hot paths carry only the stats' cell updates.
+    /// the hot paths carry only the stats' cell updates; the event is taken by value so
+    /// that it is built in memory only on this path.
     #[inline(never)]
-    fn notify(&mut self, ev: &AllocEvent, ctx: Option<&Arc<[Frame]>>) {
+    fn notify(&mut self, ev: AllocEvent, ctx: Option<&Arc<[Frame]>>) {
         if self.history.enabled() {
             let t = self.device.now_us();
-            self.history.record(ev, t, ctx);
+            self.history.record(&ev, t, ctx);
         }
         for (_, o) in self.observers.iter_mut() {
-            o.on_event(ev);
+            o.on_event(&ev);
         }
     }
 
@@ -660,12 +661,16 @@ impl<D: Device> State<D> {
             let b = self.arena.get(id);
             (b.prev, b.next)
         };
-        for cand in [prev, next] {
-            let sub = self.try_merge_blocks(id, cand);
-            if sub > 0 {
-                net_blocks -= 1;
-                net_bytes -= sub as i64;
-            }
+        // Previous neighbour first, then next, as PyTorch does.
+        let sub = self.try_merge_blocks(id, prev);
+        if sub > 0 {
+            net_blocks -= 1;
+            net_bytes -= sub as i64;
+        }
+        let sub = self.try_merge_blocks(id, next);
+        if sub > 0 {
+            net_blocks -= 1;
+            net_bytes -= sub as i64;
         }
         self.insert_free(id);
         let b = self.arena.get(id);

@@ -89,7 +89,7 @@ impl Tree {
 
     /// Merge two subtrees where every key of `l` is below every key of `r`; the result's
     /// root gets parent `NIL`.
-    #[inline]
+    #[inline(always)]
     fn merge(a: &mut Arena, mut l: BlockId, mut r: BlockId) -> BlockId {
         // Built top-down: each step places the higher-priority of the two roots under
         // `hook` (as its left child if `hook_left`) and continues down that root's inner

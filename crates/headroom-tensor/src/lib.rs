@@ -66,6 +66,7 @@
 //! view+inplace rebase); two threads writing one tensor is a data race, as in PyTorch.
 
 pub mod autograd;
+pub mod bench;
 pub mod backend;
 pub mod caching;
 pub mod cuda;

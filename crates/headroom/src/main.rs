@@ -1,5 +1,6 @@
 //! `headroom`: the command line. Thin: it parses arguments, calls the libraries, prints.
 
+mod bench_models_cmd;
 mod claims_cmd;
 mod loadtest_cmd;
 mod predict_cmd;
@@ -47,6 +48,8 @@ enum Command {
 enum BenchCommand {
     /// ns per malloc+free pair, on the cases PyTorch's own figures use.
     Alloc(replay_cmd::BenchAllocArgs),
+    /// ResNet-50 and GPT-2 on a GPU: ms and peak memory per case, beside PyTorch's.
+    Models(Box<bench_models_cmd::BenchModelsArgs>),
 }
 
 /// Errors the user caused (bad input) exit 2, like clap's own usage errors.
@@ -67,6 +70,7 @@ fn main() -> ExitCode {
         Command::Summary(a) => replay_cmd::summary(a),
         Command::Predict(a) => predict_cmd::predict(a),
         Command::Bench(BenchCommand::Alloc(a)) => replay_cmd::bench_alloc(a),
+        Command::Bench(BenchCommand::Models(a)) => bench_models_cmd::bench_models(*a),
     };
     match result {
         Ok(code) => code,

@@ -610,8 +610,12 @@ impl Gpu {
         f(g.as_mut().expect("created above"))
     }
 
-    /// Timing: a recorded event pair around `f`, in milliseconds of GPU time.
-    pub fn time_ms(&self, f: impl FnOnce() -> Result<(), CudaError>) -> Result<f32, CudaError> {
+    /// Timing: a recorded event pair around `f`, in milliseconds of GPU time (what PyTorch's
+    /// `torch.cuda.Event(enable_timing=True)` pairs measure).
+    pub fn time_ms<E: From<CudaError>>(
+        &self,
+        f: impl FnOnce() -> Result<(), E>,
+    ) -> Result<f32, E> {
         self.bind()?;
         let mut a: sys::CUevent = std::ptr::null_mut();
         let mut b: sys::CUevent = std::ptr::null_mut();
@@ -621,23 +625,19 @@ impl Gpu {
         if let Err(e) = check("cuEventCreate", unsafe { sys::cuEventCreate(&mut b, 0) }) {
             // SAFETY: a was created above.
             unsafe { sys::cuEventDestroy_v2(a) };
-            return Err(e);
+            return Err(e.into());
         }
-        let run = || -> Result<f32, CudaError> {
+        let run = || -> Result<f32, E> {
             // SAFETY: live events and our stream.
-            check("cuEventRecord", unsafe {
-                sys::cuEventRecord(a, self.stream)
-            })?;
+            check("cuEventRecord", unsafe { sys::cuEventRecord(a, self.stream) })?;
             f()?;
             // SAFETY: as above.
-            check("cuEventRecord", unsafe {
-                sys::cuEventRecord(b, self.stream)
-            })?;
+            check("cuEventRecord", unsafe { sys::cuEventRecord(b, self.stream) })?;
             // SAFETY: as above.
             check("cuEventSynchronize", unsafe { sys::cuEventSynchronize(b) })?;
             let mut ms = 0f32;
             // SAFETY: both events recorded and complete.
-            check("cuEventElapsedTime_v2", unsafe {
+            check("cuEventElapsedTime", unsafe {
                 sys::cuEventElapsedTime_v2(&mut ms, a, b)
             })?;
             Ok(ms)

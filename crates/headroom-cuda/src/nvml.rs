@@ -56,10 +56,27 @@ fn device<'a>(n: &'a Nvml, pci_bus_id: &str) -> Option<nvml_wrapper::Device<'a>>
 
 /// Sample NVML for the device with this PCI bus id (`CudaDevice::pci_bus_id`).
 pub fn memory(pci_bus_id: &str) -> Option<NvmlMemory> {
+    memory_for_pid(NvmlDeviceRef::Pci(pci_bus_id), None)
+}
+
+/// A device as NVML finds it: by PCI bus id, or by NVML index (`nvidia-smi`'s numbering,
+/// which `CUDA_VISIBLE_DEVICES` does not change).
+#[derive(Clone, Copy, Debug)]
+pub enum NvmlDeviceRef<'a> {
+    Pci(&'a str),
+    Index(u32),
+}
+
+/// Like [`memory`], for a device found either way, with `process_used` attributed to `pid`
+/// (this process when `None`): a load client samples the service's process this way.
+pub fn memory_for_pid(dev: NvmlDeviceRef<'_>, pid: Option<u32>) -> Option<NvmlMemory> {
     let n = nvml()?;
-    let d = device(n, pci_bus_id)?;
+    let d = match dev {
+        NvmlDeviceRef::Pci(id) => device(n, id)?,
+        NvmlDeviceRef::Index(i) => n.device_by_index(i).ok()?,
+    };
     let info = d.memory_info().ok()?;
-    let me = std::process::id();
+    let me = pid.unwrap_or_else(std::process::id);
     let processes: Vec<(u32, Option<u64>)> = d
         .running_compute_processes()
         .unwrap_or_default()

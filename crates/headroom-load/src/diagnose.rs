@@ -44,6 +44,17 @@ pub fn what_if(r: &RunResult, own_conf: &str, configs: &[String]) -> Vec<WhatIfR
     let Some(snap) = r.snapshot.as_ref() else {
         return Vec::new();
     };
+    what_if_snapshot(snap, r.capacity_bytes, own_conf, configs)
+}
+
+/// Replays `snap`'s first device trace under `own_conf` and each of `configs`, on a device
+/// of `capacity` bytes (`headroom http` replays the snapshot a probe served).
+pub fn what_if_snapshot(
+    snap: &headroom_alloc::Snapshot,
+    capacity: u64,
+    own_conf: &str,
+    configs: &[String],
+) -> Vec<WhatIfRow> {
     if snap.device_traces.iter().all(|t| t.is_empty()) {
         return Vec::new();
     }
@@ -61,7 +72,7 @@ pub fn what_if(r: &RunResult, own_conf: &str, configs: &[String]) -> Vec<WhatIfR
         };
         let opts = ReplayOptions {
             config,
-            capacity: r.capacity_bytes,
+            capacity,
             stop_at_oom: false,
             record_history: false,
         };
@@ -119,7 +130,8 @@ impl Default for Rules {
 }
 
 impl Rules {
-    fn floor(&self, capacity: u64) -> u64 {
+    /// The smallest byte figure that matters on a device of `capacity` bytes.
+    pub fn floor(&self, capacity: u64) -> u64 {
         ((capacity as f64 * self.capacity_share) as u64).max(self.min_bytes)
     }
 }

@@ -33,6 +33,10 @@ pub enum LoadError {
     /// A worker thread could not be started.
     #[error("could not start a thread: {0}")]
     Thread(String),
+    /// `headroom http`: the target or the metrics URL cannot be used (not a URL, the host
+    /// does not resolve, nothing listens). Checked before the run, so nothing is written.
+    #[error("{0}")]
+    Http(String),
 }
 
 pub type Result<T> = std::result::Result<T, LoadError>;

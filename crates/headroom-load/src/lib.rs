@@ -21,6 +21,8 @@ pub mod claims;
 pub mod devices;
 pub mod diagnose;
 pub mod error;
+pub mod http;
+pub mod memsource;
 pub mod report;
 pub mod results;
 pub mod runner;
@@ -31,6 +33,7 @@ pub mod timeline;
 
 pub use devices::{AllocatorProbe, DeviceProvider, Interleave, RunDevice};
 pub use error::{LoadError, Result};
+pub use memsource::{FnSource, MemoryReading, MemorySource, NvmlDevice, NvmlSource};
 pub use results::*;
 pub use runner::{
     parse_duration, parse_stages, run, DeviceChoice, LoadConfig, LoadPlan, RampStep, Stage,

@@ -37,9 +37,32 @@
 //!   what_if: [WhatIfRow],          // the run's own trace replayed under other alloc configs
 //!   thresholds: [ThresholdResult], // k6-style gates; any `passed: false` => exit 99
 //!   final_memory_stats: { "allocated_bytes.all.current": i64, ... }, // torch.cuda.memory_stats()
-//!   final_memory_summary: "..."    // torch.cuda.memory_summary()
+//!   final_memory_summary: "...",   // torch.cuda.memory_summary()
+//!   memory_sources: [MemorySourceInfo], // optional: NVML, a scraped endpoint (absent = none)
+//!   http: HttpResult                // optional: `headroom http` runs only (absent for loadtest)
 //! }
 //! ```
+//!
+//! Added in place, all optional (absent in older files and read back as absent), so version
+//! 1 readers are unaffected:
+//! - `MemorySample.process_used_bytes` / `overhead_bytes`: NVML's bytes of the process on
+//!   the device, and that minus the allocator's reserved bytes (the CUDA context and library
+//!   workspaces: "context + library overhead"); `Peaks.process_used_bytes`,
+//!   `Peaks.overhead_bytes`, `Peaks.device_used_bytes`: their maxima.
+//! - `memory_sources`, `http` (see [`HttpResult`]): what `headroom http` measures. An HTTP
+//!   run fills the common fields this way: `scenario.kind` is `"http"` and `scenario.name`
+//!   the URL; `device` is `"service"`; `capacity_bytes` is what the memory sources say the
+//!   service may use (0 = unknown); `baseline_bytes` is allocated memory before the first
+//!   request; `requests.ok` counts 1xx–3xx answers, `requests.other_errors` 4xx, 5xx other
+//!   than 503, and transport errors, and 503s (load shedding) are counted apart in
+//!   `http.shed`; `requests.oom` is 0 and `errors.oom` the OOMs the service itself reported
+//!   during the run (its metrics' OOM counter); `latency` is over the ok answers, corrected
+//!   for coordinated omission (`http.latency_correction` says how); `stages[].concurrency`
+//!   is the stage's workers (closed model) or the most requests in flight (open model);
+//!   `timeline` samples come from the memory sources at `--metrics-interval`, with
+//!   `concurrency` the requests in flight, and only the series in `http.memory_series` are
+//!   measured (the others read 0); `final_memory_stats` is the probe's last
+//!   `torch.cuda.memory_stats()`, summed over devices.
 //!
 //! Each type below documents its own fields; the doc comment of a field is its schema entry.
 
@@ -96,6 +119,13 @@ pub struct RunResult {
     pub final_memory_stats: BTreeMap<String, i64>,
     /// `torch.cuda.memory_summary()` at the end of the run.
     pub final_memory_summary: String,
+    /// Memory sources besides the allocator's own stats, and how they did. Empty (absent in
+    /// the JSON) when there were none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memory_sources: Vec<MemorySourceInfo>,
+    /// `headroom http` only: the HTTP side of the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpResult>,
     /// The allocator's snapshot at the end of the run (segments + event history), for
     /// `headroom_trace::write_snapshot_file` → memory_viz. Not in the JSON.
     #[serde(skip)]
@@ -343,6 +373,14 @@ pub struct MemorySample {
     /// Device memory in use per the driver (`total - mem_get_info().free`), where there is a
     /// device that reports it; `null` otherwise.
     pub device_used_bytes: Option<u64>,
+    /// Bytes the process holds on the device per NVML (the allocator's reserved memory plus
+    /// the CUDA context and library workspaces). Absent without an NVML source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_used_bytes: Option<u64>,
+    /// `process_used_bytes − reserved_bytes` (floored at 0): the CUDA context and library
+    /// workspaces, "context + library overhead". Absent without both figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead_bytes: Option<u64>,
     /// Category breakdown at `t_s`. Periodic samples read it without the allocator lock, so
     /// it may lag `allocated_bytes` by the in-flight op.
     pub categories: CategoryBytes,
@@ -375,6 +413,15 @@ pub struct Peaks {
     /// Bytes of those segments.
     #[serde(default)]
     pub fragmented_segment_bytes: u64,
+    /// Most bytes the process held on the device per NVML (absent without NVML).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_used_bytes: Option<u64>,
+    /// Most "context + library overhead" (`process used − reserved`) seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead_bytes: Option<u64>,
+    /// Most device memory in use (all processes) seen by any source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_used_bytes: Option<u64>,
 }
 
 /// The allocator's state at an OOM, as PyTorch would show it.
@@ -481,6 +528,9 @@ pub enum FindingId {
     Fragmentation,
     /// Reserved − allocated held by the cache at the end of the run.
     CacheHeld,
+    /// The service ran out of memory (`headroom http` with a probe: the allocator state at
+    /// the OOM, from the probe's OOM snapshot).
+    OutOfMemory,
 }
 
 impl FindingId {
@@ -491,6 +541,7 @@ impl FindingId {
             FindingId::Leak => "leak",
             FindingId::Fragmentation => "fragmentation",
             FindingId::CacheHeld => "cache_held",
+            FindingId::OutOfMemory => "out_of_memory",
         }
     }
 }
@@ -576,6 +627,165 @@ pub struct Progress {
     pub reserved_bytes: u64,
     pub peak_allocated_bytes: u64,
     pub capacity_bytes: u64,
+    /// `headroom http`: 503 answers so far (load shedding).
+    #[serde(default)]
+    pub shed: u64,
+    /// `headroom http`, open model: the stage's target rate (1/s).
+    #[serde(default)]
+    pub rate_per_s: Option<f64>,
+    /// `headroom http`: requests in flight now.
+    #[serde(default)]
+    pub in_flight: usize,
+}
+
+/// A memory source of the run (NVML, a Prometheus endpoint, the probe) and how it did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemorySourceInfo {
+    /// `"nvml:0"`, `"prometheus http://127.0.0.1:9400/metrics"`.
+    pub name: String,
+    /// `"nvml"`, `"prometheus"`, `"probe"` (a Prometheus endpoint that is a
+    /// `headroom_probe.py`), `"fake"`.
+    pub kind: String,
+    /// `"ok"` (sampled), `"absent"` (not there, e.g. NVML without a GPU: the run went on
+    /// without it), `"failing"` (there, but no sample succeeded).
+    pub status: String,
+    /// Why absent or failing; empty when ok.
+    pub note: String,
+    /// Successful samples.
+    pub samples: u64,
+    /// Failed samples (a scrape that timed out or did not parse).
+    pub failures: u64,
+    /// The series it gave: `"allocated"`, `"reserved"`, `"process_used"`, `"device_used"`,
+    /// `"capacity"`, ...
+    pub series: Vec<String>,
+    /// For scraped endpoints: which metric filled which series, `"allocated ←
+    /// headroom_memory_allocated_bytes (headroom serve)"`.
+    pub mapped: Vec<String>,
+}
+
+/// The HTTP side of a `headroom http` run. See the module docs for how the common fields
+/// are filled.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct HttpResult {
+    pub url: String,
+    pub method: String,
+    /// `"closed"` (`-c` workers, each sends when its last answer is in) or `"open"` (`-q`:
+    /// requests are sent on a schedule, whatever the answers do).
+    pub model: String,
+    /// Open model: `"constant"` or `"poisson"` inter-arrival times.
+    pub arrival: Option<String>,
+    /// Open model: the most connections (requests in flight) the client opens.
+    pub max_connections: Option<usize>,
+    /// Where request bodies came from, in words.
+    pub body: String,
+    pub timeout_ms: f64,
+    /// How `latency` is corrected for coordinated omission: `"intended_send_time"` (open
+    /// model: each request's latency runs from when the schedule meant to send it) or
+    /// `"expected_interval"` (closed model: HdrHistogram's correction with each stage's
+    /// median latency as the expected interval between a worker's requests).
+    pub latency_correction: String,
+    /// Answers by status code (`"200"`, `"503"`, ...).
+    pub status_codes: BTreeMap<String, u64>,
+    /// 503 answers: load the service shed. Not failures of the client, not in
+    /// `requests.ok` nor `requests.other_errors`.
+    pub shed: u64,
+    /// Latency of the 503 answers (measured as `latency` is).
+    pub shed_latency: LatencyStats,
+    /// Latency of the ok answers as each request itself took (send to last byte), without
+    /// the coordinated-omission correction.
+    pub latency_uncorrected: LatencyStats,
+    /// Open model: requests the schedule meant to send but that never got a connection
+    /// before the run ended (the client's connection limit was the bottleneck).
+    pub dropped: u64,
+    /// Requests still in flight when the run ended and the grace period ran out.
+    pub aborted: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub connections_opened: u64,
+    /// Per stage, beside `stages`.
+    pub stages: Vec<HttpStageResult>,
+    /// Open model: one row per distinct rate, ascending (the open-model `by_concurrency`).
+    pub by_rate: Vec<RateResult>,
+    /// Answers by class over time.
+    pub status_timeline: Vec<StatusBucket>,
+    /// The timeline series the memory sources measured (`"allocated"`, `"reserved"`,
+    /// `"device_used"`, `"process_used"`, `"overhead"`, ...); the others read 0.
+    pub memory_series: Vec<String>,
+    /// OOMs the service reported during the run (its metrics' OOM counter), when a source
+    /// exports one.
+    pub service_ooms: Option<u64>,
+    /// The `headroom_probe.py` endpoint, when the metrics URL is one.
+    pub probe: Option<ProbeResult>,
+}
+
+/// One stage of an HTTP run, beside its [`StageResult`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct HttpStageResult {
+    pub index: usize,
+    /// Closed model: workers.
+    pub concurrency: Option<usize>,
+    /// Open model: the target rate.
+    pub rate_per_s: Option<f64>,
+    /// Most requests in flight during the stage.
+    pub peak_in_flight: usize,
+    pub shed: u64,
+    pub status_codes: BTreeMap<String, u64>,
+    pub latency_uncorrected: LatencyStats,
+    pub shed_latency: LatencyStats,
+    /// Closed model: the expected interval the correction used (the stage's median).
+    pub correction_interval_ms: Option<f64>,
+}
+
+/// One open-model rate level, all stages at that rate merged.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RateResult {
+    pub rate_per_s: f64,
+    pub requests: RequestSummary,
+    pub shed: u64,
+    pub latency: LatencyStats,
+    pub throughput: Throughput,
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+}
+
+/// Answers by class in one time bucket (by completion time).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatusBucket {
+    /// Start of the bucket, seconds since the run started.
+    pub t_s: f64,
+    pub width_s: f64,
+    /// 1xx–3xx.
+    pub ok: u64,
+    /// 503.
+    pub shed: u64,
+    /// 4xx.
+    pub client_error: u64,
+    /// 5xx other than 503.
+    pub server_error: u64,
+    /// No answer: connect errors, timeouts, closed connections.
+    pub transport_error: u64,
+    /// Mean latency of the ok answers in the bucket (as `latency` measures it).
+    pub mean_latency_ms: Option<f64>,
+}
+
+/// What `headroom http` got from a `headroom_probe.py` endpoint.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ProbeResult {
+    /// The probe's base URL.
+    pub url: String,
+    /// `GET /snapshot` at the end of the run worked and headroom-trace read it.
+    pub snapshot_fetched: bool,
+    pub snapshot_segments: usize,
+    /// Entries of the snapshot's device trace (0 when the service records no history).
+    pub trace_entries: usize,
+    /// OOMs the probe's OOM observer counted (over the service's life).
+    pub ooms: u64,
+    /// The OOM snapshot (`GET /oom_snapshot`) was fetched and read.
+    pub oom_snapshot_fetched: bool,
+    /// The service's allocator config, from the snapshot's `allocator_settings`.
+    pub alloc_conf: String,
+    /// Anything that did not work, in words.
+    pub notes: Vec<String>,
 }
 
 /// `headroom claims`: the five claims of ground-truth.md re-run on Headroom's runtime.

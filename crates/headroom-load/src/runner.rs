@@ -148,6 +148,10 @@ pub struct LoadConfig {
     pub thresholds: Vec<Threshold>,
     /// Entries of allocator history kept for the snapshot (ring buffer).
     pub history_entries: usize,
+    /// Memory seen from outside the allocator (NVML on a CUDA device), sampled with every
+    /// periodic timeline sample: the process's bytes on the device and the context +
+    /// library overhead beside the allocator's numbers. `None`: the allocator's view only.
+    pub memory_source: Option<Arc<dyn crate::memsource::MemorySource>>,
 }
 
 /// The default capacity of `headroom loadtest`: a small simulated card, so the default
@@ -179,6 +183,7 @@ impl Default for LoadConfig {
             what_if: DEFAULT_WHAT_IF.iter().map(|s| s.to_string()).collect(),
             thresholds: Vec::new(),
             history_entries: 400_000,
+            memory_source: None,
         }
     }
 }
@@ -411,6 +416,7 @@ fn error_kind(e: &TensorError) -> &'static str {
         TensorError::Alloc(_) => "alloc",
         TensorError::InvalidArgument { .. } => "invalid_argument",
         TensorError::IndexOutOfRange { .. } => "index",
+        TensorError::Cuda(_) => "cuda",
     }
 }
 
@@ -830,6 +836,7 @@ pub fn run(
             dev.device.clone(),
         )));
     let sampler_stop = AtomicBool::new(false);
+    let ext_source = SourceTally::new(cfg.memory_source.clone());
     let used = |d: &RunDevice| {
         if d.has_device_usage {
             let (free, total) = d.probe.mem_get_info();
@@ -843,13 +850,20 @@ pub fn run(
             let timeline = &timeline;
             let dev = &dev;
             let sampler_stop = &sampler_stop;
+            let ext_source = &ext_source;
             let period = cfg.sample_period;
             std::thread::Builder::new()
                 .name("headroom-sampler".into())
                 .spawn_scoped(scope, move || {
                     let mut next = Instant::now();
                     while !sampler_stop.load(Ordering::Relaxed) {
-                        timeline.sample_now(&dev.probe.stats(), &dev.device, used(dev));
+                        let ext = ext_source.sample();
+                        timeline.sample_now_with(
+                            &dev.probe.stats(),
+                            &dev.device,
+                            used(dev),
+                            ext.as_ref(),
+                        );
                         next += period;
                         let now = Instant::now();
                         if next > now {
@@ -887,13 +901,15 @@ pub fn run(
         r
     });
     // One last sample after the load: what stays allocated and cached at rest.
-    timeline.sample_now(&dev.probe.stats(), &dev.device, used(&dev));
+    let ext = ext_source.sample();
+    timeline.sample_now_with(&dev.probe.stats(), &dev.device, used(&dev), ext.as_ref());
     dev.probe.remove_observer(obs_id);
     let outcome = outcome?;
 
     let stats = dev.probe.stats();
     let snapshot = dev.probe.snapshot();
     let mut result = aggregate(cfg, &dev, &workload, baseline, &timeline, outcome, &stats);
+    result.memory_sources = ext_source.info().into_iter().collect();
     result.final_memory_stats = stats.memory_stats();
     result.final_memory_summary = dev.probe.memory_summary();
     result.snapshot = Some(snapshot);
@@ -1032,7 +1048,11 @@ fn aggregate(
         alloc_retries: stats.num_alloc_retries,
         fragmented_segment_allocs: frag.0,
         fragmented_segment_bytes: frag.1,
+        ..Default::default()
     };
+    let timeline_samples = timeline.sorted_samples();
+    let mut peaks = peaks;
+    crate::memsource::fill_peaks(&mut peaks, &timeline_samples);
     RunResult {
         schema_version: SCHEMA_VERSION,
         headroom_version: env!("CARGO_PKG_VERSION").into(),
@@ -1050,7 +1070,7 @@ fn aggregate(
         errors,
         stages,
         by_concurrency,
-        timeline: timeline.sorted_samples(),
+        timeline: timeline_samples,
         peaks,
         ooms: out.oom_records,
         oom_search: None,
@@ -1061,6 +1081,62 @@ fn aggregate(
         final_memory_summary: String::new(),
         snapshot: None,
         oom_snapshot: out.oom_snapshot,
+        memory_sources: Vec::new(),
+        http: None,
+    }
+}
+
+/// An optional outside memory source with its tally (samples, failures, series seen), for
+/// the sampler thread; a failing source is warned about once and the run goes on.
+struct SourceTally {
+    source: Option<Arc<dyn crate::memsource::MemorySource>>,
+    tally: Mutex<MemorySourceInfo>,
+}
+
+impl SourceTally {
+    fn new(source: Option<Arc<dyn crate::memsource::MemorySource>>) -> SourceTally {
+        let info = source
+            .as_ref()
+            .map(|s| MemorySourceInfo {
+                name: s.name(),
+                kind: s.kind().into(),
+                ..Default::default()
+            })
+            .unwrap_or_default();
+        SourceTally {
+            source,
+            tally: Mutex::new(info),
+        }
+    }
+    fn sample(&self) -> Option<crate::memsource::MemoryReading> {
+        let s = self.source.as_ref()?;
+        let r = s.sample();
+        let mut t = self.tally.lock();
+        match r {
+            Ok(r) => {
+                t.samples += 1;
+                for name in r.series() {
+                    if !t.series.iter().any(|x| x == name) {
+                        t.series.push(name.into());
+                    }
+                }
+                Some(r)
+            }
+            Err(e) => {
+                if t.failures == 0 {
+                    warn!(source = %s.name(), error = %e, "memory source failed");
+                    t.note = e;
+                }
+                t.failures += 1;
+                None
+            }
+        }
+    }
+    fn info(&self) -> Option<MemorySourceInfo> {
+        self.source.as_ref()?;
+        let mut t = self.tally.lock().clone();
+        t.status = if t.samples > 0 { "ok" } else { "failing" }.into();
+        Some(t)
     }
 }
 

@@ -26,6 +26,7 @@ use parking_lot::Mutex;
 use headroom_alloc::{AllocEvent, DeviceStats, Observer, PoolKind};
 use headroom_tensor::{CategoryBreakdown, Device, MemoryCategory};
 
+use crate::memsource::MemoryReading;
 use crate::results::{CategoryBytes, LatencyStats, MemorySample, SampleKind};
 
 /// Hard cap on timeline length, so a long run at a high sample rate stays plottable.
@@ -90,7 +91,18 @@ impl Timeline {
     }
     /// A periodic sample from the allocator's own stats (takes the allocator lock).
     pub fn sample_now(&self, stats: &DeviceStats, device: &Device, used: Option<u64>) {
-        let s = sample_from(
+        self.sample_now_with(stats, device, used, None);
+    }
+    /// A periodic sample with a reading of an outside memory source (NVML) joined to it:
+    /// the process's bytes on the device and, from them, the context + library overhead.
+    pub fn sample_now_with(
+        &self,
+        stats: &DeviceStats,
+        device: &Device,
+        used: Option<u64>,
+        ext: Option<&MemoryReading>,
+    ) {
+        let mut s = sample_from(
             stats,
             self.t(),
             SampleKind::Periodic,
@@ -98,6 +110,9 @@ impl Timeline {
             category_bytes(&device.memory_by_category()),
             used,
         );
+        if let Some(e) = ext {
+            join_reading(&mut s, e);
+        }
         self.push(s);
     }
     /// Samples sorted by time (observer and sampler interleave).
@@ -105,6 +120,16 @@ impl Timeline {
         let mut v = self.samples.lock().clone();
         v.sort_by(|a, b| a.t_s.total_cmp(&b.t_s));
         v
+    }
+}
+
+/// Joins an outside reading to an allocator sample: the process figure, the overhead over
+/// the allocator's reserved bytes, and device used where the device itself said nothing.
+pub fn join_reading(s: &mut MemorySample, e: &MemoryReading) {
+    s.process_used_bytes = e.process_used;
+    s.overhead_bytes = e.process_used.map(|p| p.saturating_sub(s.reserved_bytes));
+    if s.device_used_bytes.is_none() {
+        s.device_used_bytes = e.device_used;
     }
 }
 
@@ -127,6 +152,8 @@ fn sample_from(
         active_bytes: g(&st.active_bytes),
         inactive_split_bytes: g(&st.inactive_split_bytes),
         device_used_bytes,
+        process_used_bytes: None,
+        overhead_bytes: None,
         categories,
     }
 }

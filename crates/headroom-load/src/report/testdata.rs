@@ -37,6 +37,9 @@ pub fn synthetic() -> RunResult {
                 active_bytes: alloc + MIB / 8,
                 inactive_split_bytes: reserved - alloc - MIB,
                 device_used_bytes: Some(reserved + 16 * MIB),
+                // NVML: the process holds reserved plus a context of ~10 MiB.
+                process_used_bytes: Some(reserved + 10 * MIB),
+                overhead_bytes: Some(10 * MIB),
                 categories: CategoryBytes {
                     parameter: base,
                     activation: (alloc - base) / 2,
@@ -92,6 +95,8 @@ pub fn synthetic() -> RunResult {
         active_bytes: 90 * MIB,
         inactive_split_bytes: 6 * MIB,
         device_used_bytes: Some(116 * MIB),
+        process_used_bytes: Some(110 * MIB),
+        overhead_bytes: Some(10 * MIB),
         categories: CategoryBytes {
             parameter: base,
             activation: 30 * MIB,
@@ -305,6 +310,9 @@ pub fn synthetic() -> RunResult {
                 ..Default::default()
             },
             alloc_retries: 2,
+            process_used_bytes: Some(110 * MIB),
+            overhead_bytes: Some(10 * MIB),
+            device_used_bytes: Some(116 * MIB),
             ..Default::default()
         },
         ooms: vec![OomRecord {
@@ -334,5 +342,18 @@ pub fn synthetic() -> RunResult {
         final_memory_summary: "|===========|\n| PyTorch CUDA memory summary |".into(),
         snapshot: None,
         oom_snapshot: None,
+        memory_sources: vec![MemorySourceInfo {
+            name: "nvml:0000:01:00.0".into(),
+            kind: "nvml".into(),
+            status: "ok".into(),
+            samples: 400,
+            series: vec![
+                "process_used".into(),
+                "device_used".into(),
+                "capacity".into(),
+            ],
+            ..Default::default()
+        }],
+        http: None,
     }
 }

@@ -65,39 +65,37 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     pub fn stats(&self) -> DeviceStats {
-        self.state.lock().stats.clone()
+        self.state.lock().stats.get()
     }
 
     /// `torch.cuda.memory_stats()`.
     pub fn memory_stats(&self) -> BTreeMap<String, i64> {
-        self.state.lock().stats.memory_stats()
+        self.state.lock().stats.get().memory_stats()
     }
 
     pub fn memory_allocated(&self) -> u64 {
-        self.state.lock().stats.allocated_bytes.all().current as u64
+        self.state.lock().stats.allocated_bytes().all().current as u64
     }
     pub fn max_memory_allocated(&self) -> u64 {
-        self.state.lock().stats.allocated_bytes.all().peak as u64
+        self.state.lock().stats.allocated_bytes().all().peak as u64
     }
     pub fn memory_reserved(&self) -> u64 {
-        self.state.lock().stats.reserved_bytes.all().current as u64
+        self.state.lock().stats.reserved_bytes().all().current as u64
     }
     pub fn max_memory_reserved(&self) -> u64 {
-        self.state.lock().stats.reserved_bytes.all().peak as u64
+        self.state.lock().stats.reserved_bytes().all().peak as u64
     }
     pub fn reset_peak_memory_stats(&self) {
         self.state.lock().stats.reset_peak();
     }
     pub fn reset_accumulated_memory_stats(&self) {
-        let mut st = self.state.lock();
-        st.stats.reset_accumulated();
-        st.stats_at_accumulated_reset = st.stats.clone();
+        self.state.lock().stats.reset_accumulated();
     }
 
     /// `torch.cuda.memory_summary(abbreviated)`.
     pub fn memory_summary(&self, abbreviated: bool) -> String {
         let st = self.state.lock();
-        crate::summary::memory_summary(&st.stats, st.device.index(), abbreviated)
+        crate::summary::memory_summary(&st.stats.get(), st.device.index(), abbreviated)
     }
 
     /// `torch.cuda.mem_get_info()`: the device's (free, total).

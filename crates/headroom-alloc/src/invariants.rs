@@ -153,8 +153,8 @@ pub(crate) fn check<D: Device>(st: &State<D>) -> Result<(), String> {
         ));
     }
 
-    let s = &st.stats;
-    let base = &st.stats_at_accumulated_reset;
+    let s = &st.stats.get();
+    let base = st.stats.at_reset();
     let cmp = |name: &str,
                arr: &crate::stats::StatArray,
                base: &crate::stats::StatArray,

@@ -23,7 +23,7 @@ use crate::oom::{AllocError, OutOfMemoryError};
 use crate::pool::BlockPool;
 use crate::ptrmap::PtrMap;
 use crate::snapshot::Frame;
-use crate::stats::DeviceStats;
+use crate::stats::LiveStats;
 
 pub const MIN_BLOCK_SIZE: u64 = 512;
 pub const SMALL_SIZE: u64 = 1 << 20;
@@ -62,10 +62,8 @@ pub(crate) struct State<D: Device> {
     pub stream_events: Vec<(StreamId, VecDeque<(EventId, BlockId)>)>,
     pub outstanding_events: usize,
     pub expandable: Vec<Option<ExpandableSegment>>,
-    pub stats: DeviceStats,
-    /// The stats as they were at the last `reset_accumulated_memory_stats()` (zeros before
-    /// any): from then on `allocated - freed` of a cell counts from that cell's `current`.
-    pub stats_at_accumulated_reset: DeviceStats,
+    /// The statistics (read them through `LiveStats::get`: `freed` is derived on read).
+    pub stats: LiveStats,
     pub history: History,
     pub observers: Vec<(usize, Box<dyn Observer>)>,
     pub next_observer: usize,
@@ -129,7 +127,7 @@ impl<D: Device> State<D> {
         }
         let total = device.total_memory();
         let allowed = fraction_limit(config.per_process_memory_fraction, total);
-        let stats = DeviceStats::new(max_split_stat(&config));
+        let stats = LiveStats::new(max_split_stat(&config));
         State {
             device,
             config,
@@ -144,7 +142,6 @@ impl<D: Device> State<D> {
             outstanding_events: 0,
             expandable: Vec::new(),
             stats,
-            stats_at_accumulated_reset: DeviceStats::default(),
             history: History::default(),
             observers: Vec::new(),
             next_observer: 0,
@@ -376,8 +373,8 @@ impl<D: Device> State<D> {
             total,
             free,
             allowed: self.allowed_memory_maximum,
-            allocated: self.stats.allocated_bytes.all().current.max(0) as u64,
-            reserved: self.stats.reserved_bytes.all().current.max(0) as u64,
+            allocated: self.stats.allocated_bytes().all().current.max(0) as u64,
+            reserved: self.stats.reserved_bytes().all().current.max(0) as u64,
             private_pools: 0,
             proc_info: self.device.process_memory_info(),
             exceeds_1eb: false,

@@ -10,6 +10,14 @@ allocator must be chosen before CUDA first allocates. Workloads (the same in eve
                          workload), 10 steps
   gpt2_varlen_infer      a GPT-2 (124M) written in plain torch, no_grad, bs4, sequence length
                          drawn per step from U[32, 1024] with a fixed seed, 40 steps
+  gpt2_varlen_serve      the same model as a dynamically batching server sees it: per step a
+                         batch of 1, 2, 4, 8 or 16 sequences of one length drawn from
+                         U[16, 1024] (fixed seed), full logits, next token per sequence,
+                         60 steps
+MODE native-record runs native with memory history recording on and writes each workload's
+snapshot to HEADROOM_RECORD_DIR (`<workload>.pickle`), for `headroom replay --recommend`;
+its timings are not comparable (recording costs time) and are reported apart.
+CONF overrides the allocator config of the headroom modes (HEADROOM_ALLOC_CONF).
 Each writes one JSON line: peak allocated/reserved (from the allocator in use), median step
 time. In headroom modes the script also checks the headroom_torch API and prints
 "N passed, M failed" for those checks. Between workloads the cache is emptied and peaks reset.
@@ -30,10 +38,13 @@ OUT = sys.argv[2] if len(sys.argv) > 2 else "/tmp/workloads.jsonl"
 QUICK = "--quick" in sys.argv
 HEADROOM = MODE.startswith("headroom")
 CONF = "expandable_segments:True" if MODE.endswith("expandable") else ""
+if MODE == "headroom-recommended":
+    CONF = os.environ.get("HEADROOM_ALLOC_CONF", "")
+RECORD = os.environ.get("HEADROOM_RECORD_DIR", "/tmp") if MODE == "native-record" else None
 
 if MODE == "native-expandable":
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-elif MODE == "native":
+elif MODE in ("native", "native-record"):
     os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
 
 import torch  # noqa: E402
@@ -160,6 +171,26 @@ class GPT2(nn.Module):
         for b in self.blocks:
             x = b(x)
         return self.ln_f(x) @ self.wte.weight.t()
+
+
+def wl_gpt2_varlen_serve():
+    import random
+
+    model = GPT2().cuda().eval()
+    rng = random.Random(4321)
+    steps = 20 if QUICK else 60
+    shapes = [(rng.choice([1, 2, 4, 8, 16]), rng.randint(16, 1024)) for _ in range(steps)]
+    times = []
+    with torch.no_grad():
+        for bs, t in shapes:
+            idx = torch.randint(0, 50257, (bs, t), device="cuda")
+            times.append(timed(lambda: model(idx)[:, -1].argmax(-1)))
+            del idx
+    pa, pr = stats()
+    del model
+    return dict(workload="gpt2_varlen_serve", peak_allocated=pa, peak_reserved=pr,
+                step_ms=statistics.mean(times[3:]), unit="ms per step (mean)",
+                shapes=[min(shapes), max(shapes)])
 
 
 def wl_gpt2_varlen():
@@ -319,12 +350,24 @@ def checks():
 
 def main():
     torch.backends.cudnn.benchmark = False
-    for wl in (wl_resnet_infer, wl_resnet_train, wl_gpt2_varlen):
+    for wl in (wl_resnet_infer, wl_resnet_train, wl_gpt2_varlen, wl_gpt2_varlen_serve):
         reset()
+        recording = RECORD and hr is None
+        if recording:
+            torch.cuda.memory._record_memory_history(max_entries=2_000_000, context=None,
+                                                     stacks="python")
         try:
             emit(wl())
         except Exception as e:  # noqa: BLE001
             emit(dict(workload=wl.__name__, error=repr(e)))
+        if recording:
+            import pickle
+
+            snap = torch.cuda.memory._snapshot()
+            torch.cuda.memory._record_memory_history(enabled=None)
+            name = wl.__name__[3:]
+            with open(os.path.join(RECORD, f"{name}.pickle"), "wb") as f:
+                pickle.dump(snap, f)
     reset()
     try:
         emit(dict(workload="python_pair_ns", ns=python_pair_ns()))

@@ -38,6 +38,34 @@ pub struct ReplayArgs {
     /// Write the replay's allocations as an RMM-style CSV log here.
     #[arg(long, value_name = "PATH")]
     rmm_out: Option<PathBuf>,
+    /// Replay under the snapshot's own config and a set of candidate configs (or the
+    /// `--alloc-conf` list), and recommend the one with the lowest peak reserved that does
+    /// not OOM.
+    #[arg(long)]
+    recommend: bool,
+}
+
+/// Configs `--recommend` tries besides the snapshot's own: the knobs of
+/// pytorch-allocator.md that change how much a workload reserves.
+pub const CANDIDATE_CONFS: &[&str] = &[
+    "",
+    "expandable_segments:True",
+    "max_split_size_mb:128",
+    "max_split_size_mb:512",
+    "roundup_power2_divisions:4",
+    "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]",
+    "expandable_segments:True,roundup_power2_divisions:4",
+];
+
+/// The row `--recommend` picks: no OOM, then the lowest peak reserved, then the earliest
+/// (simplest) config. `None` when every config OOMs.
+pub fn recommended(results: &[(String, ReplayResult)]) -> Option<usize> {
+    results
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, r))| r.num_ooms == 0)
+        .min_by_key(|(i, (_, r))| (r.peak_reserved_bytes, *i))
+        .map(|(i, _)| i)
 }
 
 #[derive(Args)]
@@ -102,15 +130,33 @@ fn label(conf: &AllocatorConfig) -> String {
 pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
     let snap = load_trace(&a.snapshot)?;
     let capacity = parse_capacity(a.capacity.as_deref())?;
-    let configs: Vec<AllocatorConfig> = if a.alloc_conf.is_empty() {
-        vec![AllocatorConfig::from_settings(&snap.allocator_settings)
-            .context("the snapshot's allocator_settings")?]
+    let own = AllocatorConfig::from_settings(&snap.allocator_settings)
+        .context("the snapshot's allocator_settings")?;
+    let mut configs: Vec<AllocatorConfig> = if a.alloc_conf.is_empty() {
+        vec![own.clone()]
     } else {
         a.alloc_conf
             .iter()
             .map(|c| parse_conf(c))
             .collect::<Result<_, _>>()?
     };
+    if a.recommend {
+        if !a.alloc_conf.is_empty() {
+            configs.insert(0, own);
+        } else {
+            for c in CANDIDATE_CONFS {
+                configs.push(parse_conf(c)?);
+            }
+        }
+        // The same config twice (the snapshot's own is usually the default) is one row.
+        let mut seen = Vec::new();
+        configs.retain(|c| {
+            let l = label(c);
+            let new = !seen.contains(&l);
+            seen.push(l);
+            new
+        });
+    }
     let bar = (a.min_capacity && !a.json).then(|| {
         let pb = indicatif::ProgressBar::new_spinner();
         pb.set_message("searching for the minimum capacity");
@@ -148,14 +194,23 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
             write_atomic(p, csv.as_bytes())?;
         }
     }
+    let pick = if a.recommend {
+        recommended(&results)
+    } else {
+        None
+    };
     if a.json {
         let arr: Vec<serde_json::Value> = results
             .iter()
-            .map(|(l, r)| {
+            .enumerate()
+            .map(|(i, (l, r))| {
                 let mut v = serde_json::to_value(r).unwrap_or_default();
                 if let Some(o) = v.as_object_mut() {
                     o.insert("alloc_conf".into(), serde_json::Value::String(l.clone()));
                     o.insert("snapshot".into(), a.snapshot.display().to_string().into());
+                    if a.recommend {
+                        o.insert("recommended".into(), (pick == Some(i)).into());
+                    }
                 }
                 v
             })
@@ -163,6 +218,22 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
         println!("{}", serde_json::to_string_pretty(&arr).unwrap_or_default());
     } else {
         print_table(&a.snapshot, capacity, &results);
+        if a.recommend {
+            match pick {
+                Some(i) => {
+                    let (l, r) = &results[i];
+                    let base = results[0].1.peak_reserved_bytes.max(1);
+                    println!(
+                        "\nrecommended: PYTORCH_CUDA_ALLOC_CONF={} (peak reserved {}, {:.1}% below the snapshot's own config {})",
+                        if l == "default" { "\"\"" } else { l.as_str() },
+                        human_bytes(r.peak_reserved_bytes),
+                        100.0 * (1.0 - r.peak_reserved_bytes as f64 / base as f64),
+                        results[0].0
+                    );
+                }
+                None => println!("\nno config runs this trace without an OOM on this device"),
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -144,3 +144,36 @@ fn summary_prints_pytorch_table() {
     assert_eq!(code, 0);
     assert_eq!(out.lines().count(), 29);
 }
+
+#[test]
+fn replay_recommend_picks_the_lowest_reserved_config_that_fits() {
+    let t = trace("resnet50_infer_nograd__default.pickle");
+    let (code, out, err) = run(&["replay", t.to_str().unwrap(), "--recommend", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let arr = v.as_array().expect("array");
+    assert!(
+        arr.len() >= 5,
+        "candidate configs were replayed: {}",
+        arr.len()
+    );
+    let picked: Vec<&serde_json::Value> = arr.iter().filter(|o| o["recommended"] == true).collect();
+    assert_eq!(picked.len(), 1);
+    let best = picked[0]["peak_reserved_bytes"].as_u64().unwrap();
+    for o in arr {
+        if o["num_ooms"] == 0 {
+            assert!(o["peak_reserved_bytes"].as_u64().unwrap() >= best);
+        }
+    }
+    // This trace's recorded expandable run reserved 968884224 bytes (ground-truth.md); the
+    // recommendation must be at least that good, and the snapshot's own config is first.
+    assert!(best <= 968_884_224, "{best}");
+    assert_eq!(arr[0]["alloc_conf"], "default");
+    // The table form names it.
+    let (code, out, _) = run(&["replay", t.to_str().unwrap(), "--recommend"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("recommended: PYTORCH_CUDA_ALLOC_CONF="),
+        "{out}"
+    );
+}

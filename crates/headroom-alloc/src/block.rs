@@ -109,14 +109,13 @@ impl Arena {
         debug_assert!(!b.live && b.context.is_none() && b.segment_context.is_none());
         self.free_head = b.next;
         // Field by field: a released slot already holds no contexts (see `release`), so
-        // there is nothing to drop, and its links are rewritten here.
+        // there is nothing to drop. Its treap links are stale and stay so: they are read
+        // only while the block is in a set, and inserting it writes them. `gc_count_base`
+        // likewise is read only for blocks in a set and is stamped by `insert_free`.
         b.ptr = ptr;
         b.size = size;
         b.stream = stream;
         b.requested = 0;
-        b.left = NIL;
-        b.right = NIL;
-        b.parent = NIL;
         b.prev = NIL;
         b.next = NIL;
         b.expandable = NIL;
@@ -126,7 +125,6 @@ impl Arena {
         b.mapped = true;
         b.member = Membership::None;
         b.live = true;
-        b.gc_count_base = 0;
         b.stream_uses.clear();
         id
     }

@@ -107,10 +107,10 @@ pub(crate) fn check<D: Device>(st: &State<D>) -> Result<(), String> {
     if st.active.len() != allocation[0] as usize {
         return Err("pointer map holds blocks that are not allocated".into());
     }
-    let in_sets = st.small.blocks.len()
-        + st.small.unmapped.len()
-        + st.large.blocks.len()
-        + st.large.unmapped.len();
+    let in_sets = st.small.blocks.len(a)
+        + st.small.unmapped.len(a)
+        + st.large.blocks.len(a)
+        + st.large.unmapped.len(a);
     for t in [
         &st.small.blocks,
         &st.small.unmapped,

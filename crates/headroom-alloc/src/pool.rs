@@ -20,7 +20,6 @@ pub type Key = (StreamId, u64, u64);
 #[derive(Clone, Copy, Debug)]
 pub struct Tree {
     root: BlockId,
-    len: usize,
     kind: Membership,
     /// `!0` for the blocks set, `0` for the unmapped set: the key's size is `size & mask`,
     /// so computing a key needs no branch on the set's kind.
@@ -31,14 +30,14 @@ impl Tree {
     pub fn new(kind: Membership) -> Self {
         Tree {
             root: NIL,
-            len: 0,
             kind,
             size_mask: if kind == Membership::Unmapped { 0 } else { !0 },
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.len
+    /// Number of blocks in the set: O(n), for checks (the hot path keeps no count).
+    pub fn len(&self, a: &Arena) -> usize {
+        self.to_vec(a).len()
     }
 
     #[inline(always)]
@@ -177,7 +176,6 @@ impl Tree {
         } else {
             a.get_mut(parent).right = id;
         }
-        self.len += 1;
     }
 
     #[inline(always)]
@@ -199,12 +197,9 @@ impl Tree {
         } else {
             a.get_mut(parent).right = m;
         }
-        let b = a.get_mut(id);
-        b.left = NIL;
-        b.right = NIL;
-        b.parent = NIL;
-        b.member = Membership::None;
-        self.len -= 1;
+        // The removed block's own links are left stale: only members' links are ever
+        // read, and `insert` rewrites all three.
+        a.get_mut(id).member = Membership::None;
     }
 
     /// Smallest element whose key satisfies `pred`, which must be false then true in key
@@ -273,20 +268,12 @@ impl Tree {
 
     /// Every structural property of the treap, recomputed: links are symmetric, the root has
     /// no parent, priorities are heap-ordered, keys strictly increase in order, every node is
-    /// a member of this set, and `len` is right. For invariant checks; O(n).
+    /// a member of this set. For invariant checks; O(n).
     pub fn check(&self, a: &Arena) -> Result<(), String> {
         if self.root != NIL && a.get(self.root).parent != NIL {
             return Err(format!("{:?} tree: root {} has a parent", self.kind, self.root));
         }
         let ids = self.to_vec(a);
-        if ids.len() != self.len {
-            return Err(format!(
-                "{:?} tree: {} nodes, len {}",
-                self.kind,
-                ids.len(),
-                self.len
-            ));
-        }
         for w in ids.windows(2) {
             if self.key(a, w[0]) >= self.key(a, w[1]) {
                 return Err(format!("{:?} tree: keys out of order", self.kind));
@@ -308,7 +295,7 @@ impl Tree {
 
     /// In-order ids. Allocates; for release paths and checks, never the hot path.
     pub fn to_vec(self, a: &Arena) -> Vec<BlockId> {
-        let mut out = Vec::with_capacity(self.len);
+        let mut out = Vec::new();
         let mut stack = Vec::new();
         let mut cur = self.root;
         while cur != NIL || !stack.is_empty() {
@@ -371,7 +358,7 @@ mod tests {
                     t.remove(&mut a, id);
                     a.release(id);
                 }
-                prop_assert_eq!(t.len(), model.len());
+                prop_assert_eq!(t.len(&a), model.len());
                 prop_assert_eq!(t.check(&a), Ok(()));
                 let probe = (stream, size * 512, 0);
                 let got = t.lower_bound(&a, probe).map(|id| { let b = a.get(id); (b.stream, b.size, b.ptr) });

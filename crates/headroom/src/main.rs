@@ -5,6 +5,7 @@ mod claims_cmd;
 mod loadtest_cmd;
 mod predict_cmd;
 mod replay_cmd;
+mod serve_cmd;
 
 use std::process::ExitCode;
 
@@ -39,6 +40,10 @@ enum Command {
     Summary(replay_cmd::SummaryArgs),
     /// Predict a model workload's peak memory on the meta device (no GPU needed).
     Predict(predict_cmd::PredictArgs),
+    /// Serve a model over HTTP (POST /v1/infer, GET /metrics, GET /healthz) with dynamic
+    /// batching and admission control: requests whose predicted memory or latency does not
+    /// fit get 503 + Retry-After instead of an OOM.
+    Serve(Box<serve_cmd::ServeArgs>),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -69,6 +74,7 @@ fn main() -> ExitCode {
         Command::Replay(a) => replay_cmd::replay(a),
         Command::Summary(a) => replay_cmd::summary(a),
         Command::Predict(a) => predict_cmd::predict(a),
+        Command::Serve(a) => serve_cmd::serve(*a),
         Command::Bench(BenchCommand::Alloc(a)) => replay_cmd::bench_alloc(a),
         Command::Bench(BenchCommand::Models(a)) => bench_models_cmd::bench_models(*a),
     };

@@ -1,0 +1,410 @@
+//! The HTTP surface: `POST /v1/infer`, `GET /metrics`, `GET /healthz`.
+//!
+//! Design note: handlers only parse, admit and wait; compute happens on the scheduler's
+//! threads, and anything that could take more than a few microseconds of CPU on the async
+//! executor (decoding a large body, a meta-device prediction on a cache miss) goes
+//! through `spawn_blocking`. The body is read by hand under `--max-body` (a declared
+//! `Content-Length` over the limit is refused before a byte is read), so an oversized body
+//! gets 413 with the same JSON error shape as every other error. A handler whose client
+//! disconnects is dropped by hyper; its [`Ticket`](crate::scheduler::Ticket) drops with it
+//! and takes the request out of the queue.
+//!
+//! `POST /v1/infer` request formats:
+//! - `Content-Type: application/json` (or none): `{"inputs": X, "top_k": K, "return_logits":
+//!   bool}`; `X` is token ids for GPT-2 (`[ids]` or `[[ids], ...]`), a nested numeric
+//!   array for the MLP (`[F]`, `[N, F]`) and ResNets (`[3, H, W]`, `[N, 3, H, W]`), or for
+//!   any model `{"shape": [...], "data": [flat values]}`.
+//! - `Content-Type: application/octet-stream`: the raw little-endian, row-major values;
+//!   `X-Shape: N,3,224,224` (comma-separated dims, brackets and spaces allowed), `X-Dtype:
+//!   float32|int64|int32` (default `int64` for token models, `float32` otherwise),
+//!   optional `X-Top-K: K` and `X-Return-Logits: true`.
+//!
+//! An optional `X-Request-Id` (up to 128 visible ASCII characters) names the request;
+//! otherwise the server numbers it. Every `/v1/infer` answer carries `X-Request-Id`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde::Serialize;
+
+use headroom_load::AllocatorProbe;
+
+use crate::config::ServeConfig;
+use crate::error::ApiError;
+use crate::metrics::{MemoryView, Metrics, SchedView};
+use crate::model::{BatchKey, Input, Predictor, SampleOutput, ServedModel};
+use crate::scheduler::Scheduler;
+
+/// Bodies larger than this are decoded off the async executor.
+const INLINE_DECODE_BYTES: usize = 64 << 10;
+
+/// Everything the handlers share.
+pub struct App {
+    pub cfg: ServeConfig,
+    pub model: Arc<ServedModel>,
+    pub predictor: Arc<Predictor>,
+    pub sched: Arc<Scheduler>,
+    pub metrics: Arc<Metrics>,
+    pub probe: Arc<dyn AllocatorProbe>,
+    pub capacity: u64,
+    pub device_name: String,
+    next_id: AtomicU64,
+    next_ticket: AtomicU64,
+    pub(crate) draining: AtomicBool,
+}
+
+impl App {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        cfg: ServeConfig,
+        model: Arc<ServedModel>,
+        predictor: Arc<Predictor>,
+        sched: Arc<Scheduler>,
+        metrics: Arc<Metrics>,
+        probe: Arc<dyn AllocatorProbe>,
+        capacity: u64,
+        device_name: String,
+    ) -> App {
+        App {
+            cfg,
+            model,
+            predictor,
+            sched,
+            metrics,
+            probe,
+            capacity,
+            device_name,
+            next_id: AtomicU64::new(1),
+            next_ticket: AtomicU64::new(1),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    /// The Prometheus exposition of everything now.
+    pub fn render_metrics(&self) -> String {
+        let (committed, ..) = self.sched.ledger();
+        let (queue_depth, queue_samples, running) = self.sched.depth();
+        let cost = self.sched.cost_model();
+        let mem = MemoryView {
+            allocated: self.model.device().memory_allocated(),
+            reserved: self.model.device().memory_reserved(),
+            capacity: self.capacity,
+            stats: self.probe.memory_stats(),
+        };
+        let sched = SchedView {
+            queue_depth,
+            queue_samples,
+            running,
+            committed,
+            limit: self.cfg.limit_bytes(),
+            cost_fixed_s: cost.alpha,
+            cost_per_unit_s: cost.beta,
+        };
+        self.metrics.render(&mem, &sched)
+    }
+}
+
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/infer", post(infer))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .fallback(not_found)
+        .with_state(app)
+}
+
+async fn not_found() -> Response {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no such endpoint (POST /v1/infer, GET /metrics, GET /healthz)",
+    )
+    .into_response()
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let body = app.render_metrics();
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
+#[derive(Serialize)]
+struct Health {
+    status: &'static str,
+    model: String,
+    device: String,
+    capacity_bytes: u64,
+    allocated_bytes: u64,
+    reserved_bytes: u64,
+    limit_bytes: u64,
+    queue_depth: usize,
+}
+
+/// 200 while serving, 503 while draining (so a balancer stops sending).
+async fn healthz(State(app): State<Arc<App>>) -> Response {
+    let draining = app.draining.load(Ordering::Relaxed);
+    let h = Health {
+        status: if draining { "draining" } else { "ok" },
+        model: app.model.name(),
+        device: app.device_name.clone(),
+        capacity_bytes: app.capacity,
+        allocated_bytes: app.model.device().memory_allocated(),
+        reserved_bytes: app.model.device().memory_reserved(),
+        limit_bytes: app.cfg.limit_bytes(),
+        queue_depth: app.sched.depth().0,
+    };
+    let code = if draining {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    (code, Json(h)).into_response()
+}
+
+/// The JSON answer of a successful inference.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct InferResponse {
+    pub id: String,
+    pub model: String,
+    pub outputs: Vec<SampleOutput>,
+    /// Arrival to the start of its batch.
+    pub queue_ms: f64,
+    /// The batch's compute.
+    pub compute_ms: f64,
+    /// Samples in the batch it ran in.
+    pub batch_size: usize,
+    /// Requests in that batch.
+    pub batch_requests: usize,
+    /// Token models: the length its sequences were padded to.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub padded_len: Option<usize>,
+}
+
+async fn infer(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    let arrived = Instant::now();
+    let id = request_id(&headers)
+        .unwrap_or_else(|| format!("req-{}", app.next_id.fetch_add(1, Ordering::Relaxed)));
+    let mut resp = match infer_inner(&app, &headers, body, &id).await {
+        Ok(r) => {
+            app.metrics
+                .observe_duration(arrived.elapsed().as_secs_f64());
+            Json(r).into_response()
+        }
+        Err(e) => e.into_response(),
+    };
+    app.metrics.count_response(resp.status().as_u16());
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    resp
+}
+
+fn request_id(h: &HeaderMap) -> Option<String> {
+    let v = h.get("x-request-id")?.to_str().ok()?.trim();
+    (!v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .then(|| v.to_string())
+}
+
+enum Format {
+    Json,
+    Binary,
+}
+
+async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let limit = app.cfg.max_body;
+    let too_big = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body is over the {limit}-byte limit (--max-body)"),
+        )
+    };
+    if let Some(n) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        if n > limit as u64 {
+            return Err(too_big());
+        }
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_big()),
+        Err(e) => Err(ApiError::bad_request(format!(
+            "could not read the request body: {e}"
+        ))),
+    }
+}
+
+fn content_format(headers: &HeaderMap) -> Result<Format, ApiError> {
+    let Some(ct) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(Format::Json);
+    };
+    let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
+    let essence = ct.split(';').next().unwrap_or("").trim();
+    match essence {
+        "application/json" | "" => Ok(Format::Json),
+        "application/octet-stream" => Ok(Format::Binary),
+        other => Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!(
+                "content type {other:?} is not supported (application/json or \
+                 application/octet-stream with X-Shape and X-Dtype)"
+            ),
+        )),
+    }
+}
+
+/// `X-Shape: 2,3,32,32` (also `[2, 3, 32, 32]` or `2x3x32x32`).
+pub fn parse_shape(s: &str) -> Option<Vec<usize>> {
+    let t = s.trim().trim_start_matches('[').trim_end_matches(']');
+    if t.trim().is_empty() {
+        return None;
+    }
+    t.split([',', 'x'])
+        .map(|d| d.trim().parse::<usize>().ok())
+        .collect()
+}
+
+fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
+    match h.get(name) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .map(|s| Some(s.trim()))
+            .map_err(|_| ApiError::bad_request(format!("header {name} is not ASCII"))),
+    }
+}
+
+fn decode(app: &App, headers: &HeaderMap, fmt: Format, body: &[u8]) -> Result<Input, ApiError> {
+    let max = app.cfg.max_batch;
+    match fmt {
+        Format::Json => app.model.decode_json(body, max),
+        Format::Binary => {
+            let shape_s = header_str(headers, "x-shape")?.ok_or_else(|| {
+                ApiError::bad_request("a binary body needs an X-Shape header (e.g. 1,3,224,224)")
+            })?;
+            let shape = parse_shape(shape_s).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "X-Shape {shape_s:?} is not a comma-separated list of dimensions"
+                ))
+            })?;
+            let default_dtype = match app.model.family() {
+                crate::model::Family::Lm { .. } => "int64",
+                _ => "float32",
+            };
+            let dtype = header_str(headers, "x-dtype")?
+                .map(|s| s.to_ascii_lowercase())
+                .unwrap_or_else(|| default_dtype.to_string());
+            let top_k = match header_str(headers, "x-top-k")? {
+                None => None,
+                Some(s) => Some(s.parse::<usize>().map_err(|_| {
+                    ApiError::bad_request(format!("X-Top-K {s:?} is not a whole number"))
+                })?),
+            };
+            let return_logits = match header_str(headers, "x-return-logits")? {
+                None => false,
+                Some(s) => match s.to_ascii_lowercase().as_str() {
+                    "true" | "1" | "yes" => true,
+                    "false" | "0" | "no" => false,
+                    _ => {
+                        return Err(ApiError::bad_request(format!(
+                            "X-Return-Logits {s:?} is not true or false"
+                        )))
+                    }
+                },
+            };
+            app.model
+                .decode_binary(&shape, &dtype, body, top_k, return_logits, max)
+        }
+    }
+}
+
+async fn infer_inner(
+    app: &Arc<App>,
+    headers: &HeaderMap,
+    body: Body,
+    id: &str,
+) -> Result<InferResponse, ApiError> {
+    let fmt = content_format(headers)?;
+    let body = read_body(app, headers, body).await?;
+    let input = if body.len() <= INLINE_DECODE_BYTES {
+        decode(app, headers, fmt, &body)?
+    } else {
+        let a = app.clone();
+        let h = headers.clone();
+        tokio::task::spawn_blocking(move || decode(&a, &h, fmt, &body))
+            .await
+            .map_err(|e| ApiError::internal(format!("decoder failed: {e}")))??
+    };
+    let pred = predict(app, input.key, input.samples).await?;
+    let key = input.key;
+    let ticket_id = app.next_ticket.fetch_add(1, Ordering::Relaxed);
+    let (ticket, rx) = app.sched.submit(ticket_id, input, pred)?;
+    let done = rx
+        .await
+        .map_err(|_| ApiError::internal("the request was dropped by the scheduler"))??;
+    ticket.complete();
+    Ok(InferResponse {
+        id: id.to_string(),
+        model: app.model.name(),
+        outputs: done.outputs,
+        queue_ms: done.queue_s * 1e3,
+        compute_ms: done.compute_s * 1e3,
+        batch_size: done.batch_samples,
+        batch_requests: done.batch_requests,
+        padded_len: match key {
+            BatchKey::Tokens { len } => Some(len),
+            _ => None,
+        },
+    })
+}
+
+/// A request's predicted peak; on the first request of a new shape, also predicts every
+/// batch size of that shape the scheduler may form (so dispatch never waits on the twin).
+async fn predict(app: &Arc<App>, key: BatchKey, samples: usize) -> Result<u64, ApiError> {
+    if let Some(p) = app.predictor.cached(key, samples) {
+        return Ok(p);
+    }
+    let pred = app.predictor.clone();
+    let max = app.cfg.max_batch;
+    tokio::task::spawn_blocking(move || {
+        let own = pred.predict(key, samples)?;
+        for n in 1..=max {
+            pred.predict(key, n)?;
+        }
+        Ok::<u64, headroom_tensor::TensorError>(own)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("predictor failed: {e}")))?
+    .map_err(|e| ApiError::unprocessable(format!("this input cannot run on the model: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_parse_in_three_spellings() {
+        assert_eq!(parse_shape("2,3,32,32"), Some(vec![2, 3, 32, 32]));
+        assert_eq!(parse_shape("[2, 3, 32, 32]"), Some(vec![2, 3, 32, 32]));
+        assert_eq!(parse_shape("2x3"), Some(vec![2, 3]));
+        assert_eq!(parse_shape(""), None);
+        assert_eq!(parse_shape("2,,3"), None);
+        assert_eq!(parse_shape("a,b"), None);
+    }
+}

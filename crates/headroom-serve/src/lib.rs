@@ -1,0 +1,256 @@
+//! # headroom-serve
+//!
+//! An inference server that knows its memory and sheds load instead of dying: it serves a
+//! Headroom model (GPT-2, ResNet, MLP; cpu now, cuda when its backend lands) over HTTP,
+//! batches requests dynamically, and admits a request only if the memory the meta device
+//! predicts for its input still fits under the capacity minus a margin, and if it can
+//! finish within its latency target. Everything else gets `503` with `Retry-After`, so the
+//! process never runs out of memory and the requests it admits stay fast.
+//!
+//! Endpoints: `POST /v1/infer` (JSON or a binary tensor; formats in [`http`]),
+//! `GET /metrics` (Prometheus text: allocator stats, admission, batching, latency; names
+//! in [`metrics`]), `GET /healthz`. Graceful shutdown: [`ServerHandle::shutdown`] stops
+//! accepting, drains queued and running requests (bounded by `drain_timeout`), and joins
+//! the compute threads.
+//!
+//! Main types:
+//! - [`ServeConfig`]: model, device, capacity, allocator config, margin, batching and
+//!   queue limits, address; [`start`] builds the model, calibrates, binds and serves.
+//! - [`ServerHandle`]: the bound address, the shared [`App`], `shutdown()`.
+//! - [`scheduler::Scheduler`]: the admission ledger, the batch queue and the compute
+//!   threads (design note there); [`model::ServedModel`] runs batches and
+//!   [`model::Predictor`] predicts their memory on the meta twin.
+//! - [`device::open_device`]: the one place that opens a device kind.
+//!
+//! ```
+//! use headroom_serve::{start, ServeConfig};
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let cfg = ServeConfig {
+//!     model: "mlp-tiny".parse().unwrap(),
+//!     addr: "127.0.0.1:0".parse().unwrap(), // port 0: any free port
+//!     ..ServeConfig::default()
+//! };
+//! let server = start(cfg).await?;
+//! println!("listening on {}", server.url());
+//! // POST {"inputs": [[0.1, ...64 values]]} to {url}/v1/infer ...
+//! let report = server.shutdown().await;
+//! assert!(report.drained);
+//! # Ok::<(), headroom_serve::ServeError>(())
+//! # }).unwrap();
+//! ```
+
+pub mod config;
+pub mod device;
+pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod model;
+pub mod scheduler;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+pub use config::{parse_duration, Margin, ServeConfig, ServeDevice};
+pub use device::{open_device, OpenedDevice};
+pub use error::{ApiError, Reject, ServeError};
+pub use http::{App, InferResponse};
+pub use metrics::Metrics;
+pub use model::{BatchKey, Family, Input, Predictor, SampleOutput, ServedModel};
+pub use scheduler::{LatencyTarget, SchedConfig, Scheduler};
+
+/// A running server.
+pub struct ServerHandle {
+    addr: SocketAddr,
+    app: Arc<App>,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// How a shutdown went.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ShutdownReport {
+    /// Every queued and running request was answered within the drain timeout.
+    pub drained: bool,
+    pub elapsed: Duration,
+}
+
+/// The batch key calibration and the start-up fit check use: the smallest input.
+fn reference_key(f: Family) -> BatchKey {
+    match f {
+        Family::Lm { n_positions, .. } => BatchKey::Tokens {
+            len: model::bucket(1, n_positions),
+        },
+        Family::Image { .. } => BatchKey::Image {
+            h: model::MIN_IMAGE_SIDE,
+            w: model::MIN_IMAGE_SIDE,
+        },
+        Family::Mlp { .. } => BatchKey::Rows,
+    }
+}
+
+/// Opens the device, builds the model and its twin, checks the smallest request fits,
+/// calibrates the compute-time model and starts the compute threads.
+fn build_app(cfg: ServeConfig) -> Result<Arc<App>, ServeError> {
+    let dev = open_device(cfg.device, cfg.capacity, &cfg.alloc_conf)?;
+    let model_err = |source| ServeError::Model {
+        model: cfg.model.name(),
+        source,
+    };
+    let model = Arc::new(ServedModel::load(&cfg.model, &dev.run.device).map_err(model_err)?);
+    let predictor = Arc::new(Predictor::new(&cfg.model, &dev.twin).map_err(model_err)?);
+    let key = reference_key(model.family());
+    let limit = cfg.limit_bytes();
+    let base = model.device().memory_allocated();
+    let mut fits = 0;
+    for n in 1..=cfg.max_batch {
+        let p = predictor.predict(key, n).map_err(model_err)?;
+        if base + p <= limit {
+            fits = n;
+        }
+    }
+    if fits == 0 {
+        let p = predictor.cached(key, 1).unwrap_or(0);
+        return Err(ServeError::Config(format!(
+            "model {} holds {base} bytes and its smallest request needs {p} more, over \
+             --capacity minus --margin ({limit} bytes)",
+            cfg.model.name()
+        )));
+    }
+    let metrics = Arc::new(Metrics::new());
+    let sched = Scheduler::new(
+        SchedConfig {
+            max_batch: cfg.max_batch,
+            max_wait: cfg.max_wait,
+            max_queue: cfg.max_queue,
+            latency: cfg.latency,
+            limit_bytes: limit,
+            workers: cfg.workers,
+        },
+        model.clone(),
+        predictor.clone(),
+        dev.run.probe.clone(),
+        metrics.clone(),
+    );
+    sched.calibrate(key, fits.min(4)).map_err(model_err)?;
+    sched.spawn_workers().map_err(ServeError::Thread)?;
+    Ok(Arc::new(App::new(
+        cfg,
+        model,
+        predictor,
+        sched,
+        metrics,
+        dev.run.probe.clone(),
+        dev.capacity,
+        dev.run.name.clone(),
+    )))
+}
+
+/// Binds `cfg.addr`, builds everything and serves until [`ServerHandle::shutdown`].
+pub async fn start(cfg: ServeConfig) -> Result<ServerHandle, ServeError> {
+    cfg.validate()?;
+    let bind = cfg.addr;
+    let listener = TcpListener::bind(bind)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: bind.to_string(),
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| ServeError::Bind {
+        addr: bind.to_string(),
+        source,
+    })?;
+    let app = tokio::task::spawn_blocking(move || build_app(cfg))
+        .await
+        .map_err(|e| ServeError::Config(format!("start-up failed: {e}")))??;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let router = http::router(app.clone());
+    let task = tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    Ok(ServerHandle {
+        addr,
+        app,
+        stop: Some(stop),
+        task,
+    })
+}
+
+impl ServerHandle {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+    pub fn app(&self) -> &Arc<App> {
+        &self.app
+    }
+
+    /// Graceful shutdown: stop accepting connections and admitting requests, let queued
+    /// and running requests finish (batches no longer wait to fill), close idle
+    /// connections; after `drain_timeout`, answer what is still queued with 503 and stop.
+    /// Then join the compute threads.
+    pub async fn shutdown(mut self) -> ShutdownReport {
+        let t0 = Instant::now();
+        self.app.draining.store(true, Ordering::Relaxed);
+        self.app.sched.drain();
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let timeout = self.app.cfg.drain_timeout;
+        let drained = match tokio::time::timeout(timeout, &mut self.task).await {
+            Ok(_) => true,
+            Err(_) => {
+                self.app.sched.abort_queued();
+                // The 503s are on their way; give connections a moment to flush them.
+                if tokio::time::timeout(Duration::from_secs(1), &mut self.task)
+                    .await
+                    .is_err()
+                {
+                    self.task.abort();
+                }
+                false
+            }
+        };
+        let sched = self.app.sched.clone();
+        let _ = tokio::task::spawn_blocking(move || sched.close_and_join()).await;
+        ShutdownReport {
+            drained,
+            elapsed: t0.elapsed(),
+        }
+    }
+}
+
+/// Resolves on the first SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

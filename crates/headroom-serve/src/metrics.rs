@@ -1,0 +1,468 @@
+//! Counters and histograms, and their Prometheus text exposition (`GET /metrics`).
+//!
+//! Design note: the memory figures are read from the allocator at scrape time, not
+//! mirrored, so `/metrics` shows exactly what `memory_stats()` says at that moment, with
+//! PyTorch's names (`headroom_memory_stats{key="allocated_bytes.all.current"}` is
+//! `torch.cuda.memory_stats()["allocated_bytes.all.current"]`). Everything the server
+//! counts itself lives here behind atomics or one short lock; a scrape never waits on a
+//! running batch. Histograms are Prometheus-style (cumulative `_bucket{le}`, `_sum`,
+//! `_count`) with fixed buckets, so a scraper can compute quantiles over any window.
+//!
+//! The exported names (the `headroom http` client maps them, so they are part of the API):
+//!
+//! | name | type | what |
+//! | --- | --- | --- |
+//! | `headroom_memory_allocated_bytes` | gauge | `memory_allocated()` |
+//! | `headroom_memory_reserved_bytes` | gauge | `memory_reserved()` |
+//! | `headroom_memory_capacity_bytes` | gauge | the device's capacity (simulated on cpu) |
+//! | `headroom_max_memory_allocated_bytes` | gauge | `max_memory_allocated()` |
+//! | `headroom_max_memory_reserved_bytes` | gauge | `max_memory_reserved()` |
+//! | `headroom_num_ooms_total` | counter | the allocator's `num_ooms` |
+//! | `headroom_memory_stats{key}` | gauge | every `memory_stats()` key |
+//! | `headroom_admission_limit_bytes` | gauge | capacity − margin |
+//! | `headroom_admission_committed_bytes` | gauge | what the memory ledger holds now |
+//! | `headroom_requests_total{code}` | counter | `/v1/infer` answers by HTTP status |
+//! | `headroom_admission_rejections_total{reason}` | counter | 503s by reason |
+//! | `headroom_requests_cancelled_total` | counter | clients gone before their batch ran |
+//! | `headroom_queue_depth` | gauge | requests waiting |
+//! | `headroom_queue_samples` | gauge | samples waiting |
+//! | `headroom_batches_running` | gauge | batches on the compute threads |
+//! | `headroom_batches_total` | counter | batches run |
+//! | `headroom_batch_size` | histogram | samples per batch |
+//! | `headroom_request_queue_seconds` | histogram | arrival to batch start |
+//! | `headroom_request_compute_seconds` | histogram | the batch's compute |
+//! | `headroom_request_duration_seconds` | histogram | arrival to answer, 200s only |
+//! | `headroom_batch_predicted_peak_bytes{slot}` | gauge | last batches (slot 0 newest) |
+//! | `headroom_batch_actual_peak_bytes{slot}` | gauge | the same batches, measured (NaN when it overlapped another batch) |
+//! | `headroom_batch_samples{slot}` | gauge | the same batches' sizes |
+//! | `headroom_prediction_underestimates_total` | counter | batches that peaked above their prediction |
+//! | `headroom_compute_model_seconds{term}` | gauge | fitted compute time: `fixed` per batch, `per_unit` per token/pixel/row |
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::error::Reject;
+use crate::model::BatchKey;
+
+/// How many recent batches `headroom_batch_*_peak_bytes` show.
+pub const RECENT_BATCHES: usize = 8;
+
+/// Latency buckets, seconds.
+pub const LATENCY_BUCKETS: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+/// Batch-size buckets, samples.
+pub const BATCH_BUCKETS: [f64; 11] = [
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+];
+
+#[derive(Debug, Clone)]
+pub struct Histogram {
+    bounds: Vec<f64>,
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    pub fn new(bounds: &[f64]) -> Histogram {
+        Histogram {
+            bounds: bounds.to_vec(),
+            counts: vec![0; bounds.len()],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+    pub fn observe(&mut self, v: f64) {
+        if let Some(i) = self.bounds.iter().position(|&b| v <= b) {
+            self.counts[i] += 1;
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        let mut cum = 0;
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            cum += c;
+            let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {cum}", fmt_f(*b));
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum {}", fmt_f(self.sum));
+        let _ = writeln!(out, "{name}_count {}", self.count);
+    }
+}
+
+/// One finished batch, for the predicted-vs-actual gauges.
+#[derive(Debug, Clone)]
+pub struct BatchRecord {
+    pub seq: u64,
+    pub key: BatchKey,
+    pub samples: usize,
+    pub requests: usize,
+    pub predicted_bytes: u64,
+    /// Peak allocated above the batch's start, when no other batch overlapped it.
+    pub actual_bytes: Option<u64>,
+    pub compute_s: f64,
+    pub ok: bool,
+}
+
+struct Hists {
+    batch_size: Histogram,
+    queue: Histogram,
+    compute: Histogram,
+    duration: Histogram,
+}
+
+/// What the server counts.
+pub struct Metrics {
+    pub cancelled: AtomicU64,
+    by_code: Mutex<BTreeMap<u16, u64>>,
+    rejections: [AtomicU64; Reject::ALL.len()],
+    hists: Mutex<Hists>,
+    recent: Mutex<VecDeque<BatchRecord>>,
+    batches: AtomicU64,
+    underestimates: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+/// The allocator's figures at scrape time.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryView {
+    pub allocated: u64,
+    pub reserved: u64,
+    pub capacity: u64,
+    pub stats: BTreeMap<String, i64>,
+}
+
+/// The scheduler's figures at scrape time.
+#[derive(Debug, Clone, Default)]
+pub struct SchedView {
+    pub queue_depth: usize,
+    pub queue_samples: usize,
+    pub running: usize,
+    pub committed: u64,
+    pub limit: u64,
+    pub cost_fixed_s: f64,
+    pub cost_per_unit_s: f64,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        Metrics {
+            cancelled: AtomicU64::new(0),
+            by_code: Mutex::new(BTreeMap::new()),
+            rejections: Default::default(),
+            hists: Mutex::new(Hists {
+                batch_size: Histogram::new(&BATCH_BUCKETS),
+                queue: Histogram::new(&LATENCY_BUCKETS),
+                compute: Histogram::new(&LATENCY_BUCKETS),
+                duration: Histogram::new(&LATENCY_BUCKETS),
+            }),
+            recent: Mutex::new(VecDeque::new()),
+            batches: AtomicU64::new(0),
+            underestimates: AtomicU64::new(0),
+        }
+    }
+    /// A `/v1/infer` answer with this status.
+    pub fn count_response(&self, code: u16) {
+        *self.by_code.lock().entry(code).or_default() += 1;
+    }
+    pub fn reject(&self, r: Reject) {
+        if let Some(i) = Reject::ALL.iter().position(|&x| x == r) {
+            self.rejections[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    pub fn rejections(&self, r: Reject) -> u64 {
+        Reject::ALL
+            .iter()
+            .position(|&x| x == r)
+            .map_or(0, |i| self.rejections[i].load(Ordering::Relaxed))
+    }
+    pub fn responses(&self, code: u16) -> u64 {
+        self.by_code.lock().get(&code).copied().unwrap_or(0)
+    }
+    pub fn observe_request(&self, queue_s: f64, compute_s: f64) {
+        let mut h = self.hists.lock();
+        h.queue.observe(queue_s);
+        h.compute.observe(compute_s);
+    }
+    pub fn observe_duration(&self, s: f64) {
+        self.hists.lock().duration.observe(s);
+    }
+    pub fn record_batch(&self, b: BatchRecord) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.hists.lock().batch_size.observe(b.samples as f64);
+        if b.actual_bytes.is_some_and(|a| a > b.predicted_bytes) {
+            self.underestimates.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                predicted = b.predicted_bytes,
+                actual = b.actual_bytes,
+                key = %b.key,
+                samples = b.samples,
+                "a batch peaked above its predicted memory"
+            );
+        }
+        let mut r = self.recent.lock();
+        r.push_front(b);
+        r.truncate(RECENT_BATCHES);
+    }
+    /// The last batches, newest first.
+    pub fn recent_batches(&self) -> Vec<BatchRecord> {
+        self.recent.lock().iter().cloned().collect()
+    }
+    pub fn batches(&self) -> u64 {
+        self.batches.load(Ordering::Relaxed)
+    }
+
+    /// The Prometheus text exposition (format 0.0.4).
+    pub fn render(&self, mem: &MemoryView, sched: &SchedView) -> String {
+        let mut o = String::with_capacity(16 * 1024);
+        let stat = |k: &str| mem.stats.get(k).copied().unwrap_or(0).max(0) as u64;
+        gauge(
+            &mut o,
+            "headroom_memory_allocated_bytes",
+            "Bytes in allocated blocks now (torch.cuda.memory_allocated).",
+            mem.allocated,
+        );
+        gauge(
+            &mut o,
+            "headroom_memory_reserved_bytes",
+            "Bytes the caching allocator holds from the device now (torch.cuda.memory_reserved).",
+            mem.reserved,
+        );
+        gauge(
+            &mut o,
+            "headroom_memory_capacity_bytes",
+            "The device's memory capacity (simulated on cpu).",
+            mem.capacity,
+        );
+        gauge(
+            &mut o,
+            "headroom_max_memory_allocated_bytes",
+            "Peak allocated bytes since start (torch.cuda.max_memory_allocated).",
+            stat("allocated_bytes.all.peak"),
+        );
+        gauge(
+            &mut o,
+            "headroom_max_memory_reserved_bytes",
+            "Peak reserved bytes since start (torch.cuda.max_memory_reserved).",
+            stat("reserved_bytes.all.peak"),
+        );
+        let _ = writeln!(
+            o,
+            "# HELP headroom_num_ooms_total Out-of-memory errors the allocator raised (memory_stats num_ooms).\n\
+             # TYPE headroom_num_ooms_total counter\nheadroom_num_ooms_total {}",
+            stat("num_ooms")
+        );
+        let _ = writeln!(
+            o,
+            "# HELP headroom_memory_stats The allocator's memory_stats(), one series per key.\n\
+             # TYPE headroom_memory_stats gauge"
+        );
+        for (k, v) in &mem.stats {
+            let _ = writeln!(o, "headroom_memory_stats{{key=\"{}\"}} {v}", escape(k));
+        }
+        gauge(
+            &mut o,
+            "headroom_admission_limit_bytes",
+            "Capacity minus margin: what admitted work may add up to.",
+            sched.limit,
+        );
+        gauge(
+            &mut o,
+            "headroom_admission_committed_bytes",
+            "max(allocated, idle base + running predictions) + queued predictions.",
+            sched.committed,
+        );
+        let _ = writeln!(
+            o,
+            "# HELP headroom_requests_total Answers to POST /v1/infer by HTTP status.\n\
+             # TYPE headroom_requests_total counter"
+        );
+        {
+            let by_code = self.by_code.lock();
+            if by_code.is_empty() {
+                let _ = writeln!(o, "headroom_requests_total{{code=\"200\"}} 0");
+            }
+            for (c, n) in by_code.iter() {
+                let _ = writeln!(o, "headroom_requests_total{{code=\"{c}\"}} {n}");
+            }
+        }
+        let _ = writeln!(
+            o,
+            "# HELP headroom_admission_rejections_total Requests answered 503 by reason.\n\
+             # TYPE headroom_admission_rejections_total counter"
+        );
+        for (i, r) in Reject::ALL.iter().enumerate() {
+            let _ = writeln!(
+                o,
+                "headroom_admission_rejections_total{{reason=\"{}\"}} {}",
+                r.label(),
+                self.rejections[i].load(Ordering::Relaxed)
+            );
+        }
+        counter(
+            &mut o,
+            "headroom_requests_cancelled_total",
+            "Requests whose client went away before their batch ran (never computed).",
+            self.cancelled.load(Ordering::Relaxed),
+        );
+        gauge(
+            &mut o,
+            "headroom_queue_depth",
+            "Requests waiting for a batch.",
+            sched.queue_depth as u64,
+        );
+        gauge(
+            &mut o,
+            "headroom_queue_samples",
+            "Samples waiting for a batch.",
+            sched.queue_samples as u64,
+        );
+        gauge(
+            &mut o,
+            "headroom_batches_running",
+            "Batches on the compute threads now.",
+            sched.running as u64,
+        );
+        counter(
+            &mut o,
+            "headroom_batches_total",
+            "Batches run.",
+            self.batches(),
+        );
+        {
+            let h = self.hists.lock();
+            h.batch_size
+                .render(&mut o, "headroom_batch_size", "Samples per batch.");
+            h.queue.render(
+                &mut o,
+                "headroom_request_queue_seconds",
+                "Time from arrival to the start of the request's batch.",
+            );
+            h.compute.render(
+                &mut o,
+                "headroom_request_compute_seconds",
+                "Compute time of the request's batch.",
+            );
+            h.duration.render(
+                &mut o,
+                "headroom_request_duration_seconds",
+                "Time from arrival to answer inside the server, successful requests.",
+            );
+        }
+        let recent = self.recent_batches();
+        let _ = writeln!(
+            o,
+            "# HELP headroom_batch_predicted_peak_bytes Predicted peak above base of the last batches (slot 0 newest).\n\
+             # TYPE headroom_batch_predicted_peak_bytes gauge"
+        );
+        for (i, b) in recent.iter().enumerate() {
+            let _ = writeln!(
+                o,
+                "headroom_batch_predicted_peak_bytes{{slot=\"{i}\"}} {}",
+                b.predicted_bytes
+            );
+        }
+        let _ = writeln!(
+            o,
+            "# HELP headroom_batch_actual_peak_bytes Measured peak above base of the same batches (NaN: overlapped another batch).\n\
+             # TYPE headroom_batch_actual_peak_bytes gauge"
+        );
+        for (i, b) in recent.iter().enumerate() {
+            let v = b.actual_bytes.map_or("NaN".to_string(), |a| a.to_string());
+            let _ = writeln!(o, "headroom_batch_actual_peak_bytes{{slot=\"{i}\"}} {v}");
+        }
+        let _ = writeln!(
+            o,
+            "# HELP headroom_batch_samples Samples in the same batches.\n# TYPE headroom_batch_samples gauge"
+        );
+        for (i, b) in recent.iter().enumerate() {
+            let _ = writeln!(o, "headroom_batch_samples{{slot=\"{i}\"}} {}", b.samples);
+        }
+        counter(
+            &mut o,
+            "headroom_prediction_underestimates_total",
+            "Batches that peaked above their predicted memory.",
+            self.underestimates.load(Ordering::Relaxed),
+        );
+        let _ = writeln!(
+            o,
+            "# HELP headroom_compute_model_seconds Fitted batch compute time: fixed per batch, per_unit per token, pixel or row.\n\
+             # TYPE headroom_compute_model_seconds gauge\n\
+             headroom_compute_model_seconds{{term=\"fixed\"}} {}\n\
+             headroom_compute_model_seconds{{term=\"per_unit\"}} {}",
+            fmt_f(sched.cost_fixed_s),
+            fmt_f(sched.cost_per_unit_s)
+        );
+        o
+    }
+}
+
+fn gauge(o: &mut String, name: &str, help: &str, v: u64) {
+    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+}
+
+fn counter(o: &mut String, name: &str, help: &str, v: u64) {
+    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+}
+
+/// A float as Prometheus writes it (shortest round-trip form).
+fn fmt_f(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Label-value escaping of the text format.
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_is_cumulative_with_inf() {
+        let mut h = Histogram::new(&[1.0, 2.0]);
+        for v in [0.5, 1.5, 1.5, 3.0] {
+            h.observe(v);
+        }
+        let mut o = String::new();
+        h.render(&mut o, "x", "help");
+        assert!(o.contains("x_bucket{le=\"1\"} 1\n"), "{o}");
+        assert!(o.contains("x_bucket{le=\"2\"} 3\n"), "{o}");
+        assert!(o.contains("x_bucket{le=\"+Inf\"} 4\n"), "{o}");
+        assert!(
+            o.contains("x_sum 6.5\n") && o.contains("x_count 4\n"),
+            "{o}"
+        );
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

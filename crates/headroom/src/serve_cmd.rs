@@ -1,0 +1,263 @@
+//! `headroom serve`: serve a model over HTTP with memory-aware admission control.
+//!
+//! Thin: parse and check every flag (a bad one exits 2 with one line, before anything is
+//! built or bound), start `headroom_serve`, print the bound address on one line of stdout
+//! (`listening on http://HOST:PORT`, so scripts using `--port 0` can find it), then wait for
+//! SIGINT or SIGTERM and shut down gracefully: exit 0 once drained. A second signal during
+//! the drain stops at once (exit 130).
+
+use std::io::Write;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+
+use anyhow::{anyhow, Context};
+use clap::Args;
+use headroom_alloc::size::{human_bytes, parse_size};
+use headroom_alloc::AllocatorConfig;
+use headroom_load::ModelSpec;
+use headroom_serve::{parse_duration, LatencyTarget, Margin, ServeConfig, ServeDevice};
+
+use crate::UserError;
+
+/// Exit code when a second signal cut the drain short.
+const EXIT_INTERRUPTED: u8 = 130;
+
+#[derive(Args, Debug)]
+#[command(after_help = "Endpoints:\n  \
+    POST /v1/infer   {\"inputs\": ...} as JSON, or a raw tensor (application/octet-stream\n                   \
+    with X-Shape: N,3,224,224 and X-Dtype: float32|int64|int32)\n  \
+    GET  /metrics    Prometheus text: memory_stats(), admission, batching, latency\n  \
+    GET  /healthz    {\"status\": \"ok\", \"model\", \"device\", \"capacity_bytes\", ...}\n\n\
+    Examples:\n  \
+    headroom serve --model gpt2-tiny --port 0\n  \
+    headroom serve --model resnet18 --capacity 2GiB --margin 256MiB --max-batch 16\n  \
+    curl -s localhost:8000/v1/infer -d '{\"inputs\": [[464, 2068, 7586]]}'")]
+pub struct ServeArgs {
+    /// mlp, mlp-small, mlp-tiny, resnet18, resnet50, gpt2, gpt2-small or gpt2-tiny.
+    #[arg(long, default_value = "gpt2-small")]
+    model: String,
+    /// cpu (real compute under --capacity) or cuda.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Device capacity, e.g. 256MiB, 6GiB (on cpu: the simulated GPU the caching allocator
+    /// manages). Default: 128MiB.
+    #[arg(long, value_name = "SIZE")]
+    capacity: Option<String>,
+    /// Allocator config in PYTORCH_CUDA_ALLOC_CONF syntax.
+    #[arg(long = "alloc-conf", value_name = "CONF")]
+    alloc_conf: Option<String>,
+    /// Memory kept free below the capacity: bytes (256MiB) or a percentage (10%).
+    #[arg(long, default_value = "10%")]
+    margin: String,
+    /// Most samples (sequences, images, rows) per batch, and per request.
+    #[arg(long = "max-batch", default_value_t = 8)]
+    max_batch: usize,
+    /// Longest a batch waits to fill after its first request arrived (0: never waits).
+    #[arg(long = "max-wait", default_value = "5ms", value_name = "DURATION")]
+    max_wait: String,
+    /// Most requests waiting for a batch; more are answered 503.
+    #[arg(long = "max-queue", default_value_t = 128)]
+    max_queue: usize,
+    /// Latency target of admitted requests: auto (1.5x the predicted unloaded latency of
+    /// each request), off, or a duration. Requests predicted to miss it get 503.
+    #[arg(
+        long = "max-latency",
+        default_value = "auto",
+        value_name = "auto|off|DURATION"
+    )]
+    max_latency: String,
+    /// Largest request body.
+    #[arg(long = "max-body", default_value = "4MiB", value_name = "SIZE")]
+    max_body: String,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// 0: any free port (the bound address is printed).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Compute threads (each runs one batch at a time).
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// How long a shutdown waits for queued and running requests.
+    #[arg(long = "drain-timeout", default_value = "30s", value_name = "DURATION")]
+    drain_timeout: String,
+}
+
+fn duration(flag: &str, s: &str) -> Result<std::time::Duration, UserError> {
+    parse_duration(s)
+        .with_context(|| format!("bad {flag} {s:?}"))
+        .map_err(UserError)
+}
+
+/// Everything the user typed, checked.
+fn config(a: &ServeArgs) -> Result<ServeConfig, UserError> {
+    let model: ModelSpec = a.model.parse().map_err(|e| anyhow!("bad --model: {e}"))?;
+    let device: ServeDevice = a.device.parse().map_err(|e| anyhow!("bad --device: {e}"))?;
+    let capacity = match &a.capacity {
+        None => headroom_serve::config::DEFAULT_CAPACITY,
+        Some(c) => parse_size(c).with_context(|| format!("bad --capacity {c:?}"))?,
+    };
+    let alloc_conf = match a.alloc_conf.as_deref().map(str::trim) {
+        None | Some("") | Some("default") => AllocatorConfig::default(),
+        Some(c) => AllocatorConfig::parse(c).with_context(|| format!("bad --alloc-conf {c:?}"))?,
+    };
+    let margin: Margin = a.margin.parse().map_err(|e| anyhow!("bad --margin: {e}"))?;
+    let latency: LatencyTarget = a
+        .max_latency
+        .parse()
+        .map_err(|e| anyhow!("bad --max-latency: {e}"))?;
+    let max_body =
+        parse_size(&a.max_body).with_context(|| format!("bad --max-body {:?}", a.max_body))?;
+    let addr: SocketAddr = (a.host.as_str(), a.port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut it| it.next())
+        .ok_or_else(|| {
+            anyhow!(
+                "bad --host {:?}: not an address this machine resolves",
+                a.host
+            )
+        })?;
+    let cfg = ServeConfig {
+        model,
+        device,
+        capacity,
+        alloc_conf,
+        margin,
+        max_batch: a.max_batch,
+        max_wait: duration("--max-wait", &a.max_wait)?,
+        max_queue: a.max_queue,
+        latency,
+        max_body: usize::try_from(max_body).unwrap_or(usize::MAX),
+        workers: a.workers,
+        addr,
+        drain_timeout: duration("--drain-timeout", &a.drain_timeout)?,
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+pub fn serve(a: ServeArgs) -> Result<ExitCode, UserError> {
+    let cfg = config(&a)?;
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .clamp(1, 4);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("headroom-http")
+        .enable_all()
+        .build()
+        .context("could not start the async runtime")?;
+    rt.block_on(run(cfg))
+}
+
+async fn run(cfg: ServeConfig) -> Result<ExitCode, UserError> {
+    let drain = cfg.drain_timeout;
+    let server = headroom_serve::start(cfg).await?;
+    let app = server.app().clone();
+    let (_, _, _, base) = app.sched.ledger();
+    eprintln!(
+        "serving {} on {}: capacity {}, admits up to {} (model {}), max batch {}, max wait {:?}, \
+         {} worker(s)",
+        app.model.name(),
+        app.device_name,
+        human_bytes(app.capacity),
+        human_bytes(app.cfg.limit_bytes()),
+        human_bytes(base),
+        app.cfg.max_batch,
+        app.cfg.max_wait,
+        app.cfg.workers,
+    );
+    println!("listening on {}", server.url());
+    let _ = std::io::stdout().flush();
+    headroom_serve::shutdown_signal().await;
+    eprintln!("shutting down: draining queued and running requests (up to {drain:?})");
+    tokio::select! {
+        report = server.shutdown() => {
+            if report.drained {
+                eprintln!("drained in {:.0?}", report.elapsed);
+            } else {
+                eprintln!(
+                    "drain timed out after {:.0?}: requests still queued were answered 503",
+                    report.elapsed
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        _ = headroom_serve::shutdown_signal() => {
+            eprintln!("stopped before the drain finished");
+            Ok(ExitCode::from(EXIT_INTERRUPTED))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: ServeArgs,
+    }
+
+    fn cfg(args: &[&str]) -> Result<ServeConfig, String> {
+        let mut v = vec!["serve"];
+        v.extend_from_slice(args);
+        let cli = Cli::try_parse_from(v).map_err(|e| e.to_string())?;
+        config(&cli.a).map_err(|e| e.0.to_string())
+    }
+
+    #[test]
+    fn defaults_and_values() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(c.capacity, 128 << 20);
+        assert_eq!(c.max_wait, std::time::Duration::from_millis(5));
+        assert_eq!(c.addr.port(), 8000);
+        let c = cfg(&[
+            "--model",
+            "mlp-tiny",
+            "--capacity",
+            "1GiB",
+            "--margin",
+            "64MiB",
+            "--max-wait",
+            "0",
+            "--port",
+            "0",
+            "--alloc-conf",
+            "expandable_segments:True",
+            "--max-latency",
+            "20ms",
+        ])
+        .unwrap();
+        assert_eq!(c.limit_bytes(), (1 << 30) - (64 << 20));
+        assert!(c.max_wait.is_zero());
+        assert_eq!(
+            c.latency,
+            LatencyTarget::Fixed(std::time::Duration::from_millis(20))
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        for (args, says) in [
+            (&["--model", "bert"][..], "--model"),
+            (&["--device", "tpu"], "--device"),
+            (&["--capacity", "0"], "--capacity"),
+            (&["--capacity", "lots"], "--capacity"),
+            (&["--alloc-conf", "bogus:1"], "--alloc-conf"),
+            (&["--margin", "150%"], "--margin"),
+            (&["--max-batch", "0"], "--max-batch"),
+            (&["--max-wait", "soon"], "--max-wait"),
+            (&["--max-latency", "fast"], "--max-latency"),
+            (&["--max-body", "0"], "--max-body"),
+            (&["--workers", "0"], "--workers"),
+            (&["--host", "no such host.invalid"], "--host"),
+        ] {
+            let e = cfg(args).unwrap_err();
+            assert!(e.contains(says), "{args:?}: {e}");
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! `headroom serve` as a user runs it: one-line errors with exit 2, the bound address on
+//! stdout, real answers, and SIGTERM draining to exit 0.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_headroom"))
+}
+
+#[test]
+fn bad_arguments_exit_2_with_one_line() {
+    for args in [
+        &["--model", "bert"][..],
+        &["--device", "tpu"],
+        &["--device", "cuda"],
+        &["--capacity", "0"],
+        &["--alloc-conf", "bogus:1"],
+        &["--margin", "100%"],
+        &["--max-batch", "0"],
+        &["--max-wait", "soon"],
+        &["--max-latency", "fast"],
+        &["--workers", "0"],
+        &["--model", "gpt2-small", "--capacity", "1MiB"],
+    ] {
+        let out = bin()
+            .arg("serve")
+            .args(args)
+            .args(["--port", "0"])
+            .output()
+            .expect("run headroom");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?} printed to stdout");
+    }
+}
+
+struct Killed(Child);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn http(addr: &str, req: &str) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read the answer");
+    out
+}
+
+#[test]
+fn serves_on_port_0_and_drains_on_sigterm() {
+    let child = bin()
+        .args([
+            "serve",
+            "--model",
+            "gpt2-tiny",
+            "--port",
+            "0",
+            "--max-wait",
+            "1ms",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn headroom serve");
+    let mut child = Killed(child);
+    let stdout = child.0.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the listening line within 60 s");
+    let url = line
+        .trim()
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    let health = http(
+        &url,
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    assert!(health.contains("\"model\":\"gpt2-tiny\""), "{health}");
+    let body = r#"{"inputs": [1, 2, 3]}"#;
+    let answer = http(
+        &url,
+        &format!(
+            "POST /v1/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: \
+             application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"next_token\""), "{answer}");
+    let pid = child.0.id().to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(killed.success());
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+    let mut err = String::new();
+    child
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(
+        err.contains("shutting down") && err.contains("drained"),
+        "{err}"
+    );
+    assert!(
+        TcpStream::connect(&url).is_err(),
+        "still listening after exit"
+    );
+}

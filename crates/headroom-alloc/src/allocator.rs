@@ -74,16 +74,16 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     pub fn memory_allocated(&self) -> u64 {
-        self.state.lock().stats.allocated_bytes().all().current as u64
+        self.state.lock().stats.allocated_bytes_all().current as u64
     }
     pub fn max_memory_allocated(&self) -> u64 {
-        self.state.lock().stats.allocated_bytes().all().peak as u64
+        self.state.lock().stats.allocated_bytes_all().peak as u64
     }
     pub fn memory_reserved(&self) -> u64 {
-        self.state.lock().stats.reserved_bytes().all().current as u64
+        self.state.lock().stats.reserved_bytes_all().current as u64
     }
     pub fn max_memory_reserved(&self) -> u64 {
-        self.state.lock().stats.reserved_bytes().all().peak as u64
+        self.state.lock().stats.reserved_bytes_all().peak as u64
     }
     pub fn reset_peak_memory_stats(&self) {
         self.state.lock().stats.reset_peak();

@@ -803,6 +803,7 @@ impl AllocatorConfig {
 
     /// Divisions for a request of `size` bytes (spec 3.2): entry `floor(log2(size)) − 20`,
     /// clamped to `[0, 15]`; sub-MiB sizes (and 0, which never reaches rounding) use entry 0.
+    #[inline]
     pub fn divisions_for(&self, size: u64) -> u64 {
         let idx = if size == 0 {
             0

@@ -37,9 +37,8 @@ pub struct Block {
     pub stream: StreamId,
     /// Unrounded size of the last allocation this block object served (stale when free).
     pub requested: u64,
-    // Intrusive treap links (see pool.rs). `prio` is fixed per slot.
-    pub(crate) left: BlockId,
-    pub(crate) right: BlockId,
+    // Intrusive treap links (see pool.rs): children [left, right]. `prio` is fixed per slot.
+    pub(crate) kids: [BlockId; 2],
     pub(crate) parent: BlockId,
     pub(crate) prio: u32,
     pub prev: BlockId,
@@ -141,8 +140,7 @@ impl Arena {
             size,
             stream,
             requested: 0,
-            left: NIL,
-            right: NIL,
+            kids: [NIL; 2],
             parent: NIL,
             prio: x,
             prev: NIL,

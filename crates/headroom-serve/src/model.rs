@@ -672,7 +672,13 @@ fn json_floats(v: &Value) -> Result<(Vec<usize>, Vec<f32>), ApiError> {
                 "\"inputs\" must be a nested numeric array or {\"shape\": [...], \"data\": [...]}",
             )),
         };
-    Ok((shape, data.into_iter().map(|x| x as f32).collect()))
+    let data: Vec<f32> = data.into_iter().map(|x| x as f32).collect();
+    if let Some(i) = data.iter().position(|x| !x.is_finite()) {
+        return Err(ApiError::unprocessable(format!(
+            "value {i} of \"inputs\" does not fit a float32"
+        )));
+    }
+    Ok((shape, data))
 }
 
 fn flatten(v: &Value, shape: &[usize], depth: usize, out: &mut Vec<f64>) -> Result<(), ApiError> {
@@ -837,5 +843,59 @@ mod tests {
         }
         let v: Value = serde_json::from_str(r#"{"shape": [2, 2], "data": [1, 2, 3]}"#).unwrap();
         assert!(json_floats(&v).unwrap_err().message.contains("needs 4"));
+    }
+
+    use headroom_alloc::AllocatorConfig;
+    use headroom_load::RunDevice;
+    use proptest::prelude::*;
+
+    fn lm() -> ServedModel {
+        let d = RunDevice::cpu(1 << 30, &AllocatorConfig::default()).device;
+        ServedModel::load(&"gpt2-tiny".parse().unwrap(), &d).unwrap()
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            (-100i64..100).prop_map(|n| Value::from(n)),
+            any::<f64>()
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            "[a-z]{0,4}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 64, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map("[a-z]{1,6}", inner, 0..3)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// Any body is an input or a 400/422, never a panic, and an accepted input is one
+        /// the model can batch: within the context, the vocabulary and --max-batch.
+        #[test]
+        fn any_body_decodes_or_is_a_client_error(
+            inputs in json_value(),
+            raw in prop::collection::vec(any::<u8>(), 0..64),
+        ) {
+            let m = lm();
+            for body in [serde_json::to_vec(&serde_json::json!({"inputs": inputs})).unwrap(), raw] {
+                match m.decode_json(&body, 4) {
+                    Ok(inp) => {
+                        prop_assert!(inp.samples >= 1 && inp.samples <= 4);
+                        let BatchKey::Tokens { len } = inp.key else { panic!("key") };
+                        let InputData::Tokens(seqs) = &inp.data else { panic!("data") };
+                        for s in seqs {
+                            prop_assert!(!s.is_empty() && s.len() <= len && len <= 32);
+                            prop_assert!(s.iter().all(|&t| (0..50).contains(&t)));
+                        }
+                    }
+                    Err(e) => prop_assert!([400, 422].contains(&e.status.as_u16()), "{}", e.message),
+                }
+            }
+        }
     }
 }

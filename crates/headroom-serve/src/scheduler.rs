@@ -9,7 +9,8 @@
 //!   batch the batch's. A request is admitted only if
 //!   `max(allocated_now, idle_base + Σ running) + Σ queued + its peak <= capacity − margin`.
 //!   `idle_base` is what the allocator holds with nothing running (weights, workspaces),
-//!   re-read whenever the last batch finishes. Taking the max with `allocated_now` instead
+//!   re-read whenever no batch is running (so memory that was taken outside the ledger and
+//!   given back stops counting at once). Taking the max with `allocated_now` instead
 //!   of adding them keeps a running batch from being counted twice (once in what it has
 //!   allocated, once in its prediction) while still seeing memory that no prediction
 //!   explains (a leak, a prediction that was too low). Peaks of concurrent batches are
@@ -198,6 +199,9 @@ struct State {
     running: Vec<RunningBatch>,
     running_pred: u64,
     idle_base: u64,
+    /// Allocated with the model loaded and warm, nothing running: what a request can never
+    /// share the device with.
+    model_base: u64,
     cost: CostModel,
     draining: bool,
     closed: bool,
@@ -282,6 +286,7 @@ impl Scheduler {
                 running: Vec::new(),
                 running_pred: 0,
                 idle_base,
+                model_base: idle_base,
                 cost: CostModel::new(),
                 draining: false,
                 closed: false,
@@ -323,6 +328,7 @@ impl Scheduler {
         }
         let mut st = self.st.lock();
         st.idle_base = self.model.device().memory_allocated();
+        st.model_base = st.idle_base;
         Ok(())
     }
 
@@ -346,10 +352,19 @@ impl Scheduler {
 
     /// The memory admission ledger: `(committed, queued, running, idle_base)` bytes.
     pub fn ledger(&self) -> (u64, u64, u64, u64) {
-        let st = self.st.lock();
-        let alloc = self.model.device().memory_allocated();
-        let committed = alloc.max(st.idle_base + st.running_pred) + st.queued_pred;
+        let mut st = self.st.lock();
+        let committed = self.committed(&mut st);
         (committed, st.queued_pred, st.running_pred, st.idle_base)
+    }
+
+    /// `max(allocated, idle_base + Σ running) + Σ queued`, re-reading `idle_base` when
+    /// nothing runs.
+    fn committed(&self, st: &mut State) -> u64 {
+        let alloc = self.model.device().memory_allocated();
+        if st.running.is_empty() {
+            st.idle_base = alloc;
+        }
+        alloc.max(st.idle_base + st.running_pred) + st.queued_pred
     }
 
     /// `(requests, samples)` waiting, and batches running.
@@ -461,11 +476,11 @@ impl Scheduler {
                 "the server is shutting down",
             ));
         }
-        if st.idle_base.saturating_add(pred) > self.cfg.limit_bytes {
+        if st.model_base.saturating_add(pred) > self.cfg.limit_bytes {
             return Err(ApiError::unprocessable(format!(
                 "this input needs {} bytes at its peak (predicted on the meta device) on top \
                  of the model's {}; the server admits at most {} in all (capacity − margin)",
-                pred, st.idle_base, self.cfg.limit_bytes
+                pred, st.model_base, self.cfg.limit_bytes
             )));
         }
         if st.queue.len() >= self.cfg.max_queue {
@@ -495,8 +510,7 @@ impl Scheduler {
                 ));
             }
         }
-        let alloc = self.model.device().memory_allocated();
-        let committed = alloc.max(st.idle_base + st.running_pred) + st.queued_pred;
+        let committed = self.committed(&mut st);
         if committed.saturating_add(pred) > self.cfg.limit_bytes {
             let ra = self.retry_after(&st, now);
             return Err(ApiError::shed(
@@ -628,8 +642,7 @@ impl Scheduler {
                 .sum();
             // Waiting to fill is pointless when memory admits no further request of this
             // key until something finishes: the batch goes with what it has.
-            let alloc = self.model.device().memory_allocated();
-            let committed = alloc.max(st.idle_base + st.running_pred) + st.queued_pred;
+            let committed = self.committed(st);
             let smallest = self.predictor.cached(key, 1).unwrap_or(0);
             let cannot_grow = committed.saturating_add(smallest) > self.cfg.limit_bytes
                 || st.queue.len() >= self.cfg.max_queue;
@@ -644,7 +657,7 @@ impl Scheduler {
     /// Takes up to `max_batch` samples of `key`, oldest first, while the batch still fits
     /// the memory limit and its oldest member's latency target.
     fn take_batch(&self, st: &mut State, key: BatchKey, now: Instant) -> Batch {
-        let alloc = self.model.device().memory_allocated();
+        let committed = self.committed(st);
         let mut picked: Vec<usize> = Vec::new();
         let mut samples = 0;
         let mut member_pred = 0u64;
@@ -663,7 +676,6 @@ impl Scheduler {
                 .cached(key, n)
                 .unwrap_or(member_pred + e.pred);
             if !picked.is_empty() {
-                let committed = alloc.max(st.idle_base + st.running_pred) + st.queued_pred;
                 let extra = p.saturating_sub(member_pred + e.pred);
                 if committed.saturating_add(extra) > self.cfg.limit_bytes {
                     break;
@@ -818,4 +830,38 @@ struct Batch {
     pred: u64,
     entries: Vec<Entry>,
     alone: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cost_model_fits_a_line_and_follows_a_change() {
+        let mut c = CostModel::new();
+        for _ in 0..5 {
+            c.observe(8.0, 0.002 + 8.0 * 0.0001);
+            c.observe(64.0, 0.002 + 64.0 * 0.0001);
+        }
+        assert!((c.alpha - 0.002).abs() < 1e-9 && (c.beta - 0.0001).abs() < 1e-9);
+        assert!((c.secs(100) - 0.012).abs() < 1e-9);
+        // The machine gets twice as slow: the fit follows within a few dozen batches.
+        for _ in 0..40 {
+            c.observe(8.0, 2.0 * (0.002 + 8.0 * 0.0001));
+            c.observe(64.0, 2.0 * (0.002 + 64.0 * 0.0001));
+        }
+        assert!((c.secs(100) / 0.024 - 1.0).abs() < 0.02, "{c:?}");
+    }
+
+    #[test]
+    fn cost_model_never_goes_negative() {
+        let mut c = CostModel::new();
+        // One size only: all of it is per unit.
+        c.observe(10.0, 0.01);
+        assert_eq!((c.alpha, c.beta), (0.0, 0.001));
+        // Noise that makes bigger batches look faster.
+        c.observe(100.0, 0.001);
+        assert!(c.alpha >= 0.0 && c.beta >= 0.0, "{c:?}");
+        assert!(c.secs(1) >= 0.0);
+    }
 }

@@ -821,3 +821,46 @@ async fn admitted_requests_wait_no_longer_than_the_latency_target() {
     good_lm_request(addr).await;
     h.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oom_the_prediction_missed_is_a_503_and_the_server_keeps_serving() {
+    let mut c = cfg("gpt2-tiny");
+    c.capacity = 16 << 20;
+    c.max_wait = Duration::from_millis(300);
+    c.latency = LatencyTarget::Off;
+    let (h, addr) = serve(c).await;
+    good_lm_request(addr).await;
+    let req = tokio::spawn(async move { post_json(addr, &json!({"inputs": [4, 5, 6]})).await });
+    let t0 = Instant::now();
+    while h.app().sched.depth().0 == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "request never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // Admitted and queued; now something outside the ledger takes every free byte of the
+    // device (cached blocks included), as a misprediction or a leak would.
+    let dev = h.app().model.device().clone();
+    dev.empty_cache();
+    let mut hog = Vec::new();
+    let mut size = 16usize << 20;
+    while size >= 512 {
+        match Tensor::empty(&[size], DType::U8, &dev) {
+            Ok(t) => hog.push(t),
+            Err(_) => size /= 2,
+        }
+    }
+    let r = req.await.unwrap();
+    assert_error(&r, 503, "ran out of device memory");
+    assert!(r.header("retry-after").is_some());
+    drop(hog);
+    good_lm_request(addr).await;
+    let m = get(addr, "/metrics").await.text();
+    assert_eq!(
+        metric(&m, "headroom_admission_rejections_total{reason=\"oom\"}"),
+        Some(1.0)
+    );
+    assert!(metric(&m, "headroom_num_ooms_total").unwrap() >= 1.0);
+    h.shutdown().await;
+}

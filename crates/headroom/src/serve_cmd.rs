@@ -31,7 +31,8 @@ const EXIT_INTERRUPTED: u8 = 130;
     Examples:\n  \
     headroom serve --model gpt2-tiny --port 0\n  \
     headroom serve --model resnet18 --capacity 2GiB --margin 256MiB --max-batch 16\n  \
-    curl -s localhost:8000/v1/infer -d '{\"inputs\": [[464, 2068, 7586]]}'")]
+    curl -s localhost:8000/v1/infer -H 'Content-Type: application/json' \\\n      \
+    -d '{\"inputs\": [[464, 2068, 1586]]}'")]
 pub struct ServeArgs {
     /// mlp, mlp-small, mlp-tiny, resnet18, resnet50, gpt2, gpt2-small or gpt2-tiny.
     #[arg(long, default_value = "gpt2-small")]

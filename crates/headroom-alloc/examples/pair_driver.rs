@@ -79,14 +79,20 @@ fn main() {
             warm_single(&mut a, n, 5_000);
             let t = std::time::Instant::now();
             measured_single(&mut a, n, pairs);
-            println!("{:.1} ns/pair", t.elapsed().as_nanos() as f64 / pairs as f64);
+            println!(
+                "{:.1} ns/pair",
+                t.elapsed().as_nanos() as f64 / pairs as f64
+            );
         }
         "mixed" => {
             let mut set = MixedSet::new(&mut a, n as usize, 20_000, SEED).unwrap();
             warm_mixed(&mut set, &mut a, 5_000.max(4 * n));
             let t = std::time::Instant::now();
             measured_mixed(&mut set, &mut a, pairs);
-            println!("{:.1} ns/pair", t.elapsed().as_nanos() as f64 / pairs as f64);
+            println!(
+                "{:.1} ns/pair",
+                t.elapsed().as_nanos() as f64 / pairs as f64
+            );
             set.release(&mut a).unwrap();
         }
         _ => {

@@ -275,7 +275,10 @@ impl Tree {
     /// a member of this set. For invariant checks; O(n).
     pub fn check(&self, a: &Arena) -> Result<(), String> {
         if self.root != NIL && a.get(self.root).parent != NIL {
-            return Err(format!("{:?} tree: root {} has a parent", self.kind, self.root));
+            return Err(format!(
+                "{:?} tree: root {} has a parent",
+                self.kind, self.root
+            ));
         }
         let ids = self.to_vec(a);
         for w in ids.windows(2) {
@@ -286,7 +289,10 @@ impl Tree {
         for &id in &ids {
             let b = a.get(id);
             if b.member != self.kind {
-                return Err(format!("{:?} tree: block {id} is {:?}", self.kind, b.member));
+                return Err(format!(
+                    "{:?} tree: block {id} is {:?}",
+                    self.kind, b.member
+                ));
             }
             for c in b.kids {
                 if c != NIL && (a.get(c).parent != id || a.get(c).prio > b.prio) {

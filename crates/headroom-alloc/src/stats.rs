@@ -222,7 +222,8 @@ impl DeviceStats {
                 self.allocated_bytes.increase::<LAZY>(pool, b);
                 self.active.increase::<LAZY>(pool, 1);
                 self.active_bytes.increase::<LAZY>(pool, b);
-                self.requested_bytes.increase::<LAZY>(pool, requested as i64);
+                self.requested_bytes
+                    .increase::<LAZY>(pool, requested as i64);
                 if oversize {
                     self.oversize_allocations.increase(1);
                 }
@@ -234,7 +235,8 @@ impl DeviceStats {
                 ..
             } => {
                 self.allocation.decrease::<LAZY>(pool, 1);
-                self.allocated_bytes.decrease::<LAZY>(pool, block_size as i64);
+                self.allocated_bytes
+                    .decrease::<LAZY>(pool, block_size as i64);
                 if oversize {
                     self.oversize_allocations.decrease_by::<LAZY>(1);
                 }
@@ -247,7 +249,8 @@ impl DeviceStats {
             } => {
                 self.active.decrease::<LAZY>(pool, 1);
                 self.active_bytes.decrease::<LAZY>(pool, block_size as i64);
-                self.requested_bytes.decrease::<LAZY>(pool, requested as i64);
+                self.requested_bytes
+                    .decrease::<LAZY>(pool, requested as i64);
             }
             AllocEvent::InactiveSplit {
                 pool,
@@ -504,17 +507,67 @@ mod tests {
             rng % n
         };
         for i in 0..5000 {
-            let pool = if next(2) == 0 { PoolKind::Small } else { PoolKind::Large };
+            let pool = if next(2) == 0 {
+                PoolKind::Small
+            } else {
+                PoolKind::Large
+            };
             let size = 512 * (1 + next(4096));
             let ev = match next(9) {
-                0 => E::Alloc { pool, ptr: 0, block_size: size, requested: size - next(512), stream: 0, oversize: next(3) == 0 },
-                1 => E::FreeRequested { pool, ptr: 0, block_size: size, requested: size, stream: 0, oversize: next(3) == 0 },
-                2 => E::FreeCompleted { pool, ptr: 0, block_size: size, requested: size - 1, stream: 0 },
-                3 => E::InactiveSplit { pool, blocks: next(3) as i64 - 1, bytes: size as i64 - 2 * next(size) as i64 },
-                4 => E::SegmentAlloc { pool, ptr: 0, size, stream: 0, oversize: next(2) == 0 },
-                5 => E::SegmentFree { pool, ptr: 0, size, stream: 0, oversize: next(2) == 0 },
-                6 => E::SegmentMap { pool, ptr: 0, size, stream: 0 },
-                7 => E::SegmentUnmap { pool, ptr: 0, size, stream: 0 },
+                0 => E::Alloc {
+                    pool,
+                    ptr: 0,
+                    block_size: size,
+                    requested: size - next(512),
+                    stream: 0,
+                    oversize: next(3) == 0,
+                },
+                1 => E::FreeRequested {
+                    pool,
+                    ptr: 0,
+                    block_size: size,
+                    requested: size,
+                    stream: 0,
+                    oversize: next(3) == 0,
+                },
+                2 => E::FreeCompleted {
+                    pool,
+                    ptr: 0,
+                    block_size: size,
+                    requested: size - 1,
+                    stream: 0,
+                },
+                3 => E::InactiveSplit {
+                    pool,
+                    blocks: next(3) as i64 - 1,
+                    bytes: size as i64 - 2 * next(size) as i64,
+                },
+                4 => E::SegmentAlloc {
+                    pool,
+                    ptr: 0,
+                    size,
+                    stream: 0,
+                    oversize: next(2) == 0,
+                },
+                5 => E::SegmentFree {
+                    pool,
+                    ptr: 0,
+                    size,
+                    stream: 0,
+                    oversize: next(2) == 0,
+                },
+                6 => E::SegmentMap {
+                    pool,
+                    ptr: 0,
+                    size,
+                    stream: 0,
+                },
+                7 => E::SegmentUnmap {
+                    pool,
+                    ptr: 0,
+                    size,
+                    stream: 0,
+                },
                 _ => E::AllocRetry,
             };
             eager.observe(&ev);

@@ -1,28 +1,41 @@
 #!/usr/bin/env bash
-# Headroom on a real GPU: the CUDA device's tests, the allocator benchmark against PyTorch's
-# C++ allocator, and PyTorch workloads under headroom_torch against PyTorch's native allocator.
+# Headroom on a real GPU: the GPU tests, the allocator benchmark against PyTorch's C++
+# allocator, ResNet-50 and GPT-2 against PyTorch eager, and PyTorch workloads under
+# headroom_torch against PyTorch's native allocator.
 #
 #   scripts/gpu-check.sh build   # here (no GPU needed): release builds, copied into devcarry/
-#   scripts/gpu-check.sh gpu     # on the GPU machine, in the repo root, with devcarry/ present
+#   scripts/gpu-check.sh gpu [--quick] [--only tests,alloc,models,workloads,probe]
+#                                # on the GPU machine, in the repo root, with devcarry/ present
 #
 # The two halves are one workflow: build here, then send the tree with devcarry/ carried to
 # the GPU machine and run the `gpu` half there in one call (the device tool's `run`, with
-# carry ["devcarry"] and command `bash scripts/gpu-check.sh gpu`). `gpu --quick` shortens the
-# workloads. Everything printed comes from this script; results also land in $OUT when set.
+# carry ["devcarry"] and command `bash scripts/gpu-check.sh gpu`). Everything printed comes
+# from this script; results also land in $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 CARRY=$ROOT/devcarry
 MODE=${1:-build}
-QUICK=${2:-}
+shift || true
+QUICK=""
+ONLY="tests,alloc,models,workloads,probe"
+while [ $# -gt 0 ]; do
+  case "$1" in
+  --quick) QUICK="--quick" ;;
+  --only) ONLY=$2; shift ;;
+  esac
+  shift
+done
+want() { [[ ",$ONLY," == *",$1,"* ]]; }
 
 build() {
   set -e
   local target=${CARGO_TARGET_DIR:-$ROOT/target}
-  cargo build --release -p headroom-torch
+  cargo build --release -p headroom -p headroom-torch
   cargo build --release -p headroom-cuda --example cuda_bench
   local tests
-  tests=$(cargo test --release -p headroom-cuda --no-run --message-format=json 2>/dev/null |
+  tests=$( (cargo test --release -p headroom-cuda --no-run --message-format=json 2>/dev/null
+    cargo test --release -p headroom-tensor --test cuda --no-run --message-format=json 2>/dev/null) |
     python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -32,7 +45,7 @@ for line in sys.stdin:
         print(m["target"]["name"] + "=" + m["executable"])')
   mkdir -p "$CARRY"
   rm -f "$CARRY"/*
-  cp "$target/release/libheadroom_torch.so" "$CARRY/"
+  cp "$target/release/libheadroom_torch.so" "$target/release/headroom" "$CARRY/"
   cp "$target/release/examples/cuda_bench" "$CARRY/"
   for t in $tests; do cp "${t#*=}" "$CARRY/test-${t%%=*}"; done
   strip --strip-debug "$CARRY"/* 2>/dev/null || true
@@ -46,53 +59,104 @@ gpu() {
   local R=${OUT:-/tmp/headroom-gpu}
   mkdir -p "$R"
   export PYTHONUNBUFFERED=1
+  # The CUDA libraries PyTorch uses (pip's nvidia-* wheels) are where Headroom looks too.
+  HEADROOM_PYTHON_SITE=$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null)
+  export HEADROOM_PYTHON_SITE
+  export HEADROOM_CACHE_DIR=/tmp/headroom-cache
+  local T0=$SECONDS
   echo "== machine =="
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -2
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())' 2>&1
 
-  echo "== GPU tests (crates/headroom-cuda/tests) =="
-  : >"$R/tests.log"
-  for t in "$CARRY"/test-*; do
-    echo "-- ${t##*/}"
-    "$t" --test-threads=1 --nocapture 2>&1 | tee -a "$R/tests.log" | grep -E "^test |test result|SKIP|device 0:|panicked" || true
-  done
-
-  echo "== allocator benchmark =="
-  local TORCH_DIR CUDA_INC SHIM=""
-  TORCH_DIR=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))' 2>/dev/null)
-  for d in "$(dirname "$(command -v nvcc 2>/dev/null || echo /x/x)")/../include" /usr/local/cuda/include \
-    "$TORCH_DIR/../nvidia/cu13/include" "$TORCH_DIR/../nvidia/cuda_runtime/include"; do
-    if [ -f "$d/cuda_runtime_api.h" ]; then CUDA_INC=$d; break; fi
-  done
-  local ABI
-  ABI=$(python3 -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))' 2>/dev/null || echo 1)
-  if [ -n "${CUDA_INC:-}" ] && g++ -O2 -std=c++17 -shared -fPIC -D_GLIBCXX_USE_CXX11_ABI="$ABI" \
-    "$CARRY/torch_raw_shim.cpp" -I"$TORCH_DIR/include" -I"$CUDA_INC" -L"$TORCH_DIR/lib" \
-    -lc10_cuda -lc10 -Wl,-rpath,"$TORCH_DIR/lib" -o /tmp/libtorch_raw_shim.so 2>"$R/shim.log"; then
-    SHIM="--torch-shim /tmp/libtorch_raw_shim.so"
-    echo "torch raw_alloc shim built (libc10_cuda from $TORCH_DIR/lib)"
-  else
-    echo "torch raw_alloc shim NOT built (see shim.log); the C++ column will be empty"
-    tail -5 "$R/shim.log" 2>/dev/null
+  if want tests; then
+    echo "== GPU tests (crates/headroom-cuda/tests, crates/headroom-tensor/tests/cuda.rs) =="
+    : >"$R/tests.log"
+    for t in "$CARRY"/test-*; do
+      echo "-- ${t##*/}"
+      "$t" --test-threads=1 --nocapture 2>&1 | tee -a "$R/tests.log" |
+        grep -E "^test |test result|SKIP|device 0:|panicked|FAILED|cpu .* vs cuda" || true
+    done
+    echo "   ($((SECONDS - T0)) s)"
   fi
-  # shellcheck disable=SC2086
-  "$CARRY/cuda_bench" $SHIM --json "$R/bench.json" 2>&1 | tee "$R/bench.txt"
 
-  echo "== PyTorch workloads: native allocator vs headroom_torch =="
-  : >"$R/workloads.jsonl"
-  export HEADROOM_TORCH_LIB=$CARRY/libheadroom_torch.so
-  for m in native native-expandable headroom headroom-expandable; do
-    echo "-- $m"
-    python3 scripts/torch_workloads.py "$m" "$R/workloads.jsonl" $QUICK 2>&1 | tee -a "$R/workloads.log" |
+  if want alloc; then
+    echo "== allocator benchmark =="
+    local TORCH_DIR CUDA_INC SHIM=""
+    TORCH_DIR=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))' 2>/dev/null)
+    for d in "$(dirname "$(command -v nvcc 2>/dev/null || echo /x/x)")/../include" /usr/local/cuda/include \
+      "$TORCH_DIR/../nvidia/cu13/include" "$TORCH_DIR/../nvidia/cuda_runtime/include"; do
+      if [ -f "$d/cuda_runtime_api.h" ]; then CUDA_INC=$d; break; fi
+    done
+    local ABI
+    ABI=$(python3 -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))' 2>/dev/null || echo 1)
+    if [ -n "${CUDA_INC:-}" ] && g++ -O2 -std=c++17 -shared -fPIC -D_GLIBCXX_USE_CXX11_ABI="$ABI" \
+      "$CARRY/torch_raw_shim.cpp" -I"$TORCH_DIR/include" -I"$CUDA_INC" -L"$TORCH_DIR/lib" \
+      -lc10_cuda -lc10 -Wl,-rpath,"$TORCH_DIR/lib" -o /tmp/libtorch_raw_shim.so 2>"$R/shim.log"; then
+      SHIM="--torch-shim /tmp/libtorch_raw_shim.so"
+      echo "torch raw_alloc shim built (libc10_cuda from $TORCH_DIR/lib)"
+    else
+      echo "torch raw_alloc shim NOT built (see shim.log); the C++ column will be empty"
+      tail -5 "$R/shim.log" 2>/dev/null
+    fi
+    # shellcheck disable=SC2086
+    "$CARRY/cuda_bench" $SHIM --json "$R/bench.json" 2>&1 | tee "$R/bench.txt"
+    echo "   ($((SECONDS - T0)) s)"
+  fi
+
+  if want models; then
+    echo "== ResNet-50 and GPT-2: PyTorch eager, then Headroom (headroom bench models) =="
+    local ITERS=20
+    [ -n "$QUICK" ] && ITERS=10
+    python3 scripts/torch_models_bench.py "$R/torch_models.jsonl" $QUICK --iters $ITERS --warmup 3 2>&1 |
       grep -vE '^\{' || true
-  done
+    # shellcheck disable=SC2086
+    "$CARRY/headroom" bench models $QUICK --iters $ITERS --warmup 3 \
+      --reference "$R/torch_models.jsonl" --json "$R/models.jsonl" 2>&1 | tee "$R/models.txt"
+    echo "   ($((SECONDS - T0)) s)"
+  fi
+
+  if want workloads; then
+    echo "== PyTorch workloads: native allocator vs headroom_torch =="
+    : >"$R/workloads.jsonl"
+    export HEADROOM_TORCH_LIB=$CARRY/libheadroom_torch.so
+    export HEADROOM_RECORD_DIR=/tmp/headroom-traces
+    mkdir -p "$HEADROOM_RECORD_DIR"
+    for m in native native-record native-expandable headroom headroom-expandable; do
+      echo "-- $m"
+      python3 scripts/torch_workloads.py "$m" "$R/workloads.jsonl" $QUICK 2>&1 | tee -a "$R/workloads.log" |
+        grep -vE '^\{' || true
+    done
+    echo "-- Headroom's recommendation from the native trace of the serving loop"
+    "$CARRY/headroom" replay "$HEADROOM_RECORD_DIR/gpt2_varlen_serve.pickle" --recommend 2>&1 |
+      tee "$R/recommend.txt"
+    HEADROOM_ALLOC_CONF=$("$CARRY/headroom" replay "$HEADROOM_RECORD_DIR/gpt2_varlen_serve.pickle" \
+      --recommend --json 2>/dev/null | python3 -c '
+import json, sys
+rows = json.load(sys.stdin)
+print(next((r["alloc_conf"] for r in rows if r.get("recommended")), "default").replace("default", ""))')
+    export HEADROOM_ALLOC_CONF
+    echo "-- headroom-recommended (PYTORCH_CUDA_ALLOC_CONF=$HEADROOM_ALLOC_CONF)"
+    python3 scripts/torch_workloads.py headroom-recommended "$R/workloads.jsonl" $QUICK 2>&1 |
+      tee -a "$R/workloads.log" | grep -vE '^\{' || true
+    echo "   ($((SECONDS - T0)) s)"
+  fi
+
+  if want probe && [ -f python/headroom_probe.py ]; then
+    echo "== headroom_probe.py against a real PyTorch service =="
+    if [ -f scripts/probe_check.py ]; then
+      python3 scripts/probe_check.py "$CARRY/headroom" "$R" 2>&1 | tee "$R/probe.txt"
+    else
+      echo "(no scripts/probe_check.py)"
+    fi
+  fi
 
   echo "== report =="
   python3 scripts/gpu_report.py "$R" | tee "$R/report.txt"
+  echo "total $((SECONDS - T0)) s"
 }
 
 case "$MODE" in
 build) build ;;
 gpu) gpu ;;
-*) echo "usage: $0 build | gpu [--quick]" >&2; exit 2 ;;
+*) echo "usage: $0 build | gpu [--quick] [--only tests,alloc,models,workloads,probe]" >&2; exit 2 ;;
 esac

@@ -3,7 +3,8 @@
     python3 scripts/gpu_report.py RESULTS_DIR
 
 Reads tests.log (the GPU test binaries' output), bench.json (crates/headroom-cuda/examples/
-cuda_bench.rs) and workloads.jsonl (scripts/torch_workloads.py), and prints one report.
+cuda_bench.rs), models.jsonl (`headroom bench models`, with PyTorch's figures beside) and
+workloads.jsonl (scripts/torch_workloads.py), and prints one report.
 """
 import json
 import os
@@ -38,7 +39,7 @@ def main():
             tp += int(m.group(1))
             tf += int(m.group(2))
         ts = text.count("SKIP")
-    print("  crates/headroom-cuda tests: %d passed, %d failed (%d SKIP lines)" % (tp, tf, ts))
+    print("  GPU test binaries: %d passed, %d failed (%d SKIP lines)" % (tp, tf, ts))
     wl = load_jsonl(os.path.join(r, "workloads.jsonl"))
     for rec in wl:
         if rec.get("workload") == "checks":
@@ -83,12 +84,15 @@ def main():
         if "peak_reserved" in rec or ("error" in rec and rec.get("workload") not in ("checks",)):
             by.setdefault(rec["workload"], {})[rec["mode"]] = rec
     names = {"native": "native default", "native-expandable": "native expandable",
-             "headroom": "headroom default", "headroom-expandable": "headroom expandable"}
+             "native-record": "native (recording)",
+             "headroom": "headroom default", "headroom-expandable": "headroom expandable",
+             "headroom-recommended": "headroom recommended"}
     for w, modes in by.items():
         if w == "python_pair_ns":
             continue
         nat = modes.get("native", {})
-        for m in ["native", "native-expandable", "headroom", "headroom-expandable"]:
+        for m in ["native", "native-expandable", "headroom", "headroom-expandable",
+                  "headroom-recommended"]:
             rec = modes.get(m)
             if rec is None:
                 continue
@@ -104,6 +108,35 @@ def main():
     units = {rec["workload"]: rec.get("unit") for rec in wl if rec.get("unit")}
     for w, u in units.items():
         print("  step ms of %s: %s" % (w, u))
+    rec_path = os.path.join(r, "recommend.txt")
+    if os.path.exists(rec_path):
+        with open(rec_path) as f:
+            for line in f:
+                if line.startswith("recommended:"):
+                    print("  " + line.strip() + " (headroom replay --recommend on the native trace)")
+    print()
+
+    models = load_jsonl(os.path.join(r, "models.jsonl"))
+    if models:
+        print("Models on the GPU: Headroom vs PyTorch eager (median ms of CUDA-event timings, peak memory)")
+        print("  %-28s %9s %9s %7s %11s %11s %7s %11s" % (
+            "case", "hr ms", "torch ms", "t/hr", "hr alloc", "torch alloc", "hr/t", "predicted"))
+        for m in models:
+            tms, ta = m.get("torch_ms"), m.get("torch_peak_allocated")
+            print("  %-28s %9.3f %9s %7s %9.1f Mi %9s Mi %7s %9s Mi" % (
+                m["case"], m["ms"], "-" if tms is None else "%.3f" % tms,
+                "-" if tms is None else "%.2fx" % (tms / m["ms"]),
+                m["peak_allocated"] / MIB, "-" if ta is None else "%.1f" % (ta / MIB),
+                "-" if not ta else "%.3f" % (m["peak_allocated"] / ta),
+                "-" if m.get("predicted_peak_allocated") is None
+                else "%.1f" % (m["predicted_peak_allocated"] / MIB)))
+        print("  t/hr above 1: Headroom faster; hr/t below 1: Headroom's peak smaller; predicted: the")
+        print("  meta device's peak for the case (no GPU).")
+        torch_only = [t for t in load_jsonl(os.path.join(r, "torch_models.jsonl"))
+                      if "(sdpa)" in t.get("case", "") and "ms" in t]
+        for t in torch_only:
+            print("  torch reference %-30s %9.3f ms %9.1f MiB" % (t["case"], t["ms"],
+                                                                  t["peak_allocated"] / MIB))
 
 
 if __name__ == "__main__":

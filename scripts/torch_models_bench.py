@@ -1,6 +1,6 @@
 """PyTorch's side of `headroom bench models`: the same cases, measured the same way.
 
-    python3 scripts/torch_models_bench.py OUT.jsonl [--quick] [--iters N] [--warmup N]
+    python3 scripts/torch_models_bench.py OUT.jsonl [--quick] [--iters N] [--warmup N] [--case S]...
 
 Cases (names shared with crates/headroom-tensor/src/bench.rs):
   resnet50 {fp32,bf16} bs{1,8,32,128} {infer,infer+graph}   torchvision ResNet-50, eval, no_grad
@@ -123,6 +123,9 @@ def cases():
     return v
 
 
+FILTERS = [sys.argv[i + 1] for i, a in enumerate(sys.argv[:-1]) if a == "--case"]
+
+
 def name(model, dt, bs, seq, mode):
     return f"resnet50 {dt} bs{bs} {mode}" if model == "resnet50" else f"gpt2 {dt} {bs}x{seq} {mode}"
 
@@ -200,6 +203,10 @@ def main():
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}", flush=True)
     with open(OUT, "w") as f:
         for c in cases():
+            names = [name(*x) for x in cases()]
+            if FILTERS and not any((name(*c) == f) if f in names else (f in name(*c))
+                                   for f in FILTERS):
+                continue
             try:
                 rec = run(*c)
             except Exception as e:  # noqa: BLE001 - report and go on

@@ -111,6 +111,7 @@ const SYMBOLS: &[&str] = &[
 pub const COMPUTE_SYMBOLS: &[&str] = &[
     "cuModuleLoadData",
     "cuModuleGetFunction",
+    "cuFuncGetParamInfo",
     "cuModuleUnload",
     "cuLaunchKernel",
     "cuMemcpyHtoDAsync_v2",

@@ -81,6 +81,8 @@ pub struct CudaRuntime {
     /// The caching allocator (stats, snapshot, `memory_summary`, observers).
     pub allocator: Arc<CudaAllocator>,
     pub gpu: Arc<Gpu>,
+    /// The backend, for its host-side profile.
+    pub backend: Arc<CudaBackend>,
     storage: Arc<CudaStorage>,
 }
 
@@ -96,16 +98,18 @@ impl Device {
             alloc: alloc.clone(),
             stream: AtomicU64::new(gpu.stream_id()),
         });
+        let backend = Arc::new(CudaBackend::new(gpu.clone()));
         let device = Device::with_backend(
             DeviceKind::Cuda(ordinal.max(0) as u32),
             storage.clone(),
-            Arc::new(CudaBackend::new(gpu.clone())),
+            backend.clone(),
         );
         device.set_workspace_policy(Arc::new(CudnnWorkspace::new(gpu.clone())));
         Ok(CudaRuntime {
             device,
             allocator: alloc,
             gpu,
+            backend,
             storage,
         })
     }

@@ -41,6 +41,10 @@ pub struct BenchModelsArgs {
     /// Skip the meta-device prediction column.
     #[arg(long)]
     no_predict: bool,
+    /// After each case, the host time spent per backend method (calls and microseconds,
+    /// warm-up included): where a launch-bound case spends its time.
+    #[arg(long)]
+    profile: bool,
 }
 
 fn load_reference(p: &PathBuf) -> Result<Vec<Value>, UserError> {
@@ -67,9 +71,19 @@ pub fn bench_models(a: BenchModelsArgs) -> Result<ExitCode, UserError> {
         Some(p) => load_reference(p)?,
         None => Vec::new(),
     };
-    let cases: Vec<_> = standard_cases(a.quick)
-        .into_iter()
-        .filter(|c| a.cases.is_empty() || a.cases.iter().any(|s| c.name().contains(s.as_str())))
+    let all = standard_cases(a.quick);
+    // A filter that is a whole case name selects that case alone; otherwise a substring.
+    let matches = |name: &str, f: &str| {
+        if all.iter().any(|c| c.name() == f) {
+            name == f
+        } else {
+            name.contains(f)
+        }
+    };
+    let cases: Vec<_> = all
+        .iter()
+        .filter(|c| a.cases.is_empty() || a.cases.iter().any(|s| matches(&c.name(), s)))
+        .copied()
         .collect();
     if cases.is_empty() {
         return Err(UserError(anyhow::anyhow!(
@@ -114,6 +128,7 @@ pub fn bench_models(a: BenchModelsArgs) -> Result<ExitCode, UserError> {
     let mut failed = 0;
     for c in &cases {
         pb.set_message(c.name());
+        rt.backend.profile().enable(a.profile);
         let r: Result<BenchResult, _> = run_case(&rt, c, a.warmup, a.iters).map(|mut r| {
             if !a.no_predict && c.mode != headroom_tensor::bench::BenchMode::InferGraph {
                 r.predicted_peak_allocated = predict_case(c).ok();
@@ -151,6 +166,19 @@ pub fn bench_models(a: BenchModelsArgs) -> Result<ExitCode, UserError> {
                 .unwrap_or_else(|| "-".into()),
         );
         pb.suspend(|| println!("{line}"));
+        if a.profile {
+            let iters = (a.iters + a.warmup) as f64;
+            for (what, n, ns) in rt.backend.profile().take().into_iter().take(10) {
+                pb.suspend(|| {
+                    println!(
+                        "    host {what:<28} {:>8.1} calls/iter {:>9.1} us/iter {:>7.2} us/call",
+                        n as f64 / iters,
+                        ns as f64 / 1e3 / iters,
+                        ns as f64 / 1e3 / n.max(1) as f64
+                    )
+                });
+            }
+        }
         if let Some(f) = out_file.as_mut() {
             use std::io::Write;
             let rec = json!({

@@ -167,6 +167,50 @@ __device__ __forceinline__ i64 toff(const T& t, i64 i) {
     }
     return o + i * t.st[0];
 }
+// Offsets of logical index i in two or three views of one shape (the host coalesced them
+// together): the index is decomposed once, not once per view. `small` says every index fits
+// in 32 bits, where division is several times cheaper than 64-bit division.
+__device__ __forceinline__ void toff3(const T& a, const T& b, const T& c, i64 i, bool small, i64& oa, i64& ob,
+                                      i64& oc) {
+    oa = a.off;
+    ob = b.off;
+    oc = c.off;
+    if (small) {
+        u32 u = (u32)i;
+#pragma unroll 1
+        for (int d = a.nd - 1; d > 0; --d) {
+            u32 s = (u32)a.shape[d];
+            u32 q = u / s;
+            i64 r = (i64)(u - q * s);
+            oa += r * a.st[d];
+            ob += r * b.st[d];
+            oc += r * c.st[d];
+            u = q;
+        }
+        if (a.nd > 0) {
+            oa += (i64)u * a.st[0];
+            ob += (i64)u * b.st[0];
+            oc += (i64)u * c.st[0];
+        }
+        return;
+    }
+#pragma unroll 1
+    for (int d = a.nd - 1; d > 0; --d) {
+        i64 s = a.shape[d];
+        i64 q = i / s;
+        i64 r = i - q * s;
+        oa += r * a.st[d];
+        ob += r * b.st[d];
+        oc += r * c.st[d];
+        i = q;
+    }
+    if (a.nd > 0) {
+        oa += i * a.st[0];
+        ob += i * b.st[0];
+        oc += i * c.st[0];
+    }
+}
+
 // Offset of (batch b, channel c, flat inner index j) in an [N, C, ...] tensor.
 __device__ __forceinline__ i64 off_bcj(const T& t, i64 b, i64 c, i64 j) {
     i64 o = t.off + b * t.st[0] + c * t.st[1];
@@ -285,11 +329,17 @@ extern "C" __global__ void k_normal(T out, double mean, double sd, u64 seed, i64
     }
 }
 
-extern "C" __global__ void k_copy(T src, T dst, i64 n) {
+extern "C" __global__ void k_copy(T src, T dst, i64 n, int flags) {
     bool ff = is_float_dt(src.dt) && is_float_dt(dst.dt);
     bool ii = !is_float_dt(src.dt) && !is_float_dt(dst.dt);
     LOOP(i, n) {
-        i64 a = toff(src, i), b = toff(dst, i);
+        i64 a, b, unused;
+        if (flags & 2) {
+            toff3(src, dst, dst, i, flags & 1, a, b, unused);
+        } else {
+            a = toff(src, i);
+            b = toff(dst, i);
+        }
         if (ff) stf(dst, b, ldf(src, a));
         else if (ii) sti(dst, b, ldi(src, a));
         else std_(dst, b, ldd(src, a));
@@ -339,7 +389,7 @@ __device__ __forceinline__ float unary_f(int op, float v, double s) {
     }
 }
 
-extern "C" __global__ void k_unary(int op, double s, T x, T out, i64 n) {
+extern "C" __global__ void k_unary(int op, double s, T x, T out, i64 n, int flags) {
     if (x.nd == 1 && out.nd == 1 && x.st[0] == 1 && out.st[0] == 1 && x.dt == out.dt) {
         if (x.dt == DT_F32) {
             const float* xp = ((const float*)x.p) + x.off;
@@ -353,6 +403,14 @@ extern "C" __global__ void k_unary(int op, double s, T x, T out, i64 n) {
             LOOP(i, n) { op_[i] = f2bf(unary_f(op, bf2f(xp[i]), s)); }
             return;
         }
+    }
+    if (flags & 2) {
+        LOOP(i, n) {
+            i64 ox, oo, unused;
+            toff3(x, out, out, i, flags & 1, ox, oo, unused);
+            stf(out, oo, unary_f(op, ldf(x, ox), s));
+        }
+        return;
     }
     LOOP(i, n) { stf(out, toff(out, i), unary_f(op, ldf(x, toff(x, i)), s)); }
 }
@@ -372,7 +430,7 @@ __device__ __forceinline__ float binary_f(int op, float a, float b, double alpha
     }
 }
 
-extern "C" __global__ void k_binary(int op, double alpha, T a, T b, T out, i64 n) {
+extern "C" __global__ void k_binary(int op, double alpha, T a, T b, T out, i64 n, int flags) {
     if (a.nd == 1 && b.nd == 1 && out.nd == 1 && a.st[0] == 1 && b.st[0] == 1 && out.st[0] == 1 &&
         a.dt == out.dt && b.dt == out.dt) {
         if (a.dt == DT_F32) {
@@ -390,6 +448,14 @@ extern "C" __global__ void k_binary(int op, double alpha, T a, T b, T out, i64 n
             return;
         }
     }
+    if (flags & 2) {
+        LOOP(i, n) {
+            i64 oa, ob, oo;
+            toff3(a, b, out, i, flags & 1, oa, ob, oo);
+            stf(out, oo, binary_f(op, ldf(a, oa), ldf(b, ob), alpha));
+        }
+        return;
+    }
     LOOP(i, n) {
         float va = ldf(a, toff(a, i));
         float vb = ldf(b, toff(b, i));
@@ -397,7 +463,15 @@ extern "C" __global__ void k_binary(int op, double alpha, T a, T b, T out, i64 n
     }
 }
 
-extern "C" __global__ void k_masked_fill(T x, T m, double v, T out, i64 n) {
+extern "C" __global__ void k_masked_fill(T x, T m, double v, T out, i64 n, int flags) {
+    if (flags & 2) {
+        LOOP(i, n) {
+            i64 ox, om, oo;
+            toff3(x, m, out, i, flags & 1, ox, om, oo);
+            stf(out, oo, ldf(m, om) != 0.f ? (float)v : ldf(x, ox));
+        }
+        return;
+    }
     LOOP(i, n) {
         float mv = ldf(m, toff(m, i));
         stf(out, toff(out, i), mv != 0.f ? (float)v : ldf(x, toff(x, i)));

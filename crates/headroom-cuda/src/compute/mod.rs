@@ -294,6 +294,9 @@ pub struct Gpu {
     stream: sys::CUstream,
     module: sys::CUmodule,
     funcs: Vec<sys::CUfunction>,
+    /// Each kernel's parameter count, checked at every launch: a wrapper that passes too few
+    /// arguments would otherwise make the driver read past the argument array.
+    nparams: Vec<usize>,
     /// 16 bytes of device memory: [code: i32, pad, index: i64] of the first kernel assert.
     err: u64,
     arch: (i32, i32),
@@ -362,6 +365,7 @@ impl Gpu {
             stream: std::ptr::null_mut(),
             module: std::ptr::null_mut(),
             funcs: Vec::new(),
+            nparams: Vec::new(),
             err: 0,
             arch,
             sm_count,
@@ -393,6 +397,18 @@ impl Gpu {
                 sys::cuModuleGetFunction(&mut f, g.module, cname.as_ptr())
             })?;
             g.funcs.push(f);
+            // The parameter count: cuFuncGetParamInfo answers for indices below it only.
+            let mut count = 0usize;
+            loop {
+                let (mut off, mut size) = (0usize, 0usize);
+                // SAFETY: f is a live function; out-pointers.
+                let rc = unsafe { sys::cuFuncGetParamInfo(f, count, &mut off, &mut size) };
+                if rc != sys::CUresult::CUDA_SUCCESS || count > 64 {
+                    break;
+                }
+                count += 1;
+            }
+            g.nparams.push(count);
         }
         // SAFETY: context current; out-pointer. Freed in Drop.
         check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut g.err, 16) })?;
@@ -463,6 +479,14 @@ impl Gpu {
     ) -> Result<(), CudaError> {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
+        }
+        if args.len() != self.nparams[k as usize] {
+            return Err(CudaError::Invalid(format!(
+                "{}: {} arguments for {} parameters (a bug in Headroom's launch wrapper)",
+                KERNEL_NAMES[k as usize].1,
+                args.len(),
+                self.nparams[k as usize]
+            )));
         }
         self.bind()?;
         let f = self.funcs[k as usize];
@@ -612,10 +636,7 @@ impl Gpu {
 
     /// Timing: a recorded event pair around `f`, in milliseconds of GPU time (what PyTorch's
     /// `torch.cuda.Event(enable_timing=True)` pairs measure).
-    pub fn time_ms<E: From<CudaError>>(
-        &self,
-        f: impl FnOnce() -> Result<(), E>,
-    ) -> Result<f32, E> {
+    pub fn time_ms<E: From<CudaError>>(&self, f: impl FnOnce() -> Result<(), E>) -> Result<f32, E> {
         self.bind()?;
         let mut a: sys::CUevent = std::ptr::null_mut();
         let mut b: sys::CUevent = std::ptr::null_mut();
@@ -629,10 +650,14 @@ impl Gpu {
         }
         let run = || -> Result<f32, E> {
             // SAFETY: live events and our stream.
-            check("cuEventRecord", unsafe { sys::cuEventRecord(a, self.stream) })?;
+            check("cuEventRecord", unsafe {
+                sys::cuEventRecord(a, self.stream)
+            })?;
             f()?;
             // SAFETY: as above.
-            check("cuEventRecord", unsafe { sys::cuEventRecord(b, self.stream) })?;
+            check("cuEventRecord", unsafe {
+                sys::cuEventRecord(b, self.stream)
+            })?;
             // SAFETY: as above.
             check("cuEventSynchronize", unsafe { sys::cuEventSynchronize(b) })?;
             let mut ms = 0f32;

@@ -96,6 +96,20 @@ pub enum ReduceCode {
 
 const BLOCK: u32 = 256;
 
+/// Flags of the elementwise kernels: bit 0, every logical index fits in 32 bits; bit 1, the
+/// views share one shape (coalesced together), so the index is decomposed once for all.
+fn flags(views: &[Strided]) -> i32 {
+    let n = views.first().map(|v| v.numel()).unwrap_or(0);
+    let small = n < i32::MAX as i64
+        && views
+            .iter()
+            .all(|v| v.dims().iter().all(|&d| d < i32::MAX as i64));
+    let same = views
+        .windows(2)
+        .all(|w| w[0].ndim == w[1].ndim && w[0].dims() == w[1].dims());
+    small as i32 | ((same as i32) << 1)
+}
+
 fn same_numel(op: &str, a: &Strided, b: &Strided) -> R {
     if a.numel() != b.numel() {
         return Err(CudaError::Invalid(format!(
@@ -172,7 +186,8 @@ impl Gpu {
             return self.copy_bytes(v[1].addr(), v[0].addr(), bytes);
         }
         let n = v[0].numel();
-        self.launch1d(K::Copy, n, &mut kargs![v[0], v[1], n])
+        let f = flags(&v);
+        self.launch1d(K::Copy, n, &mut kargs![v[0], v[1], n, f])
     }
 
     pub fn unary(&self, op: UnaryCode, x: &Strided, out: &Strided) -> R {
@@ -183,7 +198,8 @@ impl Gpu {
             Strided::coalesce(&mut v);
         }
         let n = v[0].numel();
-        self.launch1d(K::Unary, n, &mut kargs![code, s, v[0], v[1], n])
+        let f = flags(&v);
+        self.launch1d(K::Unary, n, &mut kargs![code, s, v[0], v[1], n, f])
     }
 
     /// `a`, `b` already expanded to `out`'s shape (zero strides where broadcast).
@@ -196,7 +212,12 @@ impl Gpu {
             Strided::coalesce(&mut v);
         }
         let n = v[2].numel();
-        self.launch1d(K::Binary, n, &mut kargs![code, alpha, v[0], v[1], v[2], n])
+        let f = flags(&v);
+        self.launch1d(
+            K::Binary,
+            n,
+            &mut kargs![code, alpha, v[0], v[1], v[2], n, f],
+        )
     }
 
     /// `out = mask ? value : x` (mask expanded to x's shape).
@@ -208,7 +229,8 @@ impl Gpu {
             Strided::coalesce(&mut v);
         }
         let n = v[2].numel();
-        self.launch1d(K::MaskedFill, n, &mut kargs![v[0], v[1], value, v[2], n])
+        let f = flags(&v);
+        self.launch1d(K::MaskedFill, n, &mut kargs![v[0], v[1], value, v[2], n, f])
     }
 
     /// Reduce `x` over `dims`; `out` has x's shape with those dims set to 1.
@@ -782,6 +804,69 @@ pub fn decode(bytes: &[u8], dt: Dt) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Top-level comma-separated items of `s` (which starts right after an opening bracket),
+    /// up to the matching closing bracket.
+    fn count_items(s: &str) -> usize {
+        let (mut depth, mut items, mut any) = (0i32, 0usize, false);
+        for ch in s.chars() {
+            match ch {
+                '(' | '[' | '{' => depth += 1,
+                ')' | ']' | '}' if depth == 0 => break,
+                ')' | ']' | '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    items += 1;
+                    any = false;
+                    continue;
+                }
+                c if !c.is_whitespace() => any = true,
+                _ => {}
+            }
+            if ch != ',' && !ch.is_whitespace() {
+                any = true;
+            }
+        }
+        items + any as usize
+    }
+
+    /// Every launch in this file passes as many arguments as its kernel in kernels.cu has
+    /// parameters (a mismatch makes the driver read past the argument array). The GPU checks
+    /// this at run time too; this catches it on any machine.
+    #[test]
+    fn every_launch_matches_its_kernel_signature() {
+        let cu = super::super::nvrtc::SOURCE;
+        let params = |kernel: &str| -> usize {
+            let at = cu
+                .find(&format!("void {kernel}("))
+                .unwrap_or_else(|| panic!("{kernel} not in kernels.cu"));
+            count_items(&cu[at + kernel.len() + 6..])
+        };
+        let src = include_str!("ops.rs");
+        let src = &src[..src.find("#[cfg(test)]").unwrap_or(src.len())];
+        let mut checked = 0;
+        let mut rest = src;
+        while let Some(i) = rest.find("K::") {
+            let after = &rest[i + 3..];
+            let ident: String = after.chars().take_while(|c| c.is_alphanumeric()).collect();
+            let Some(j) = after.find("kargs![") else {
+                break;
+            };
+            let (k, name) = super::super::KERNEL_NAMES
+                .iter()
+                .find(|(k, _)| format!("{k:?}") == ident)
+                .unwrap_or_else(|| panic!("K::{ident} not in KERNEL_NAMES"));
+            let _ = k;
+            let args = count_items(&after[j + 7..]);
+            assert_eq!(
+                args,
+                params(name),
+                "K::{ident} ({name}) launched with {args} arguments"
+            );
+            checked += 1;
+            rest = &after[j + 7..];
+        }
+        assert!(checked >= 25, "only {checked} launches found");
+    }
 
     #[test]
     fn encode_decode_round_trip() {

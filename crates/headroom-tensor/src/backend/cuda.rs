@@ -23,14 +23,60 @@ use crate::error::TensorError;
 
 pub struct CudaBackend {
     gpu: Arc<Gpu>,
+    profile: HostProfile,
 }
 
 impl CudaBackend {
     pub fn new(gpu: Arc<Gpu>) -> CudaBackend {
-        CudaBackend { gpu }
+        CudaBackend {
+            gpu,
+            profile: HostProfile::default(),
+        }
     }
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.gpu
+    }
+    /// The host-side profile of this backend's calls (off until enabled).
+    pub fn profile(&self) -> &HostProfile {
+        &self.profile
+    }
+}
+
+/// Host time spent inside each backend method (argument translation, library calls,
+/// launches), for finding what makes a launch-bound forward slow. Off by default: then each
+/// call pays one relaxed atomic load.
+#[derive(Default)]
+pub struct HostProfile {
+    on: std::sync::atomic::AtomicBool,
+    table: parking_lot::Mutex<std::collections::BTreeMap<&'static str, (u64, u64)>>,
+}
+
+impl HostProfile {
+    pub fn enable(&self, on: bool) {
+        self.on.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+    /// (method, calls, total ns), by total time, and clears the table.
+    pub fn take(&self) -> Vec<(&'static str, u64, u64)> {
+        let mut v: Vec<_> = std::mem::take(&mut *self.table.lock())
+            .into_iter()
+            .map(|(k, (n, ns))| (k, n, ns))
+            .collect();
+        v.sort_by(|a, b| b.2.cmp(&a.2));
+        v
+    }
+    #[inline]
+    fn time<R>(&self, what: &'static str, f: impl FnOnce() -> R) -> R {
+        if !self.on.load(std::sync::atomic::Ordering::Relaxed) {
+            return f();
+        }
+        let t = std::time::Instant::now();
+        let r = f();
+        let ns = t.elapsed().as_nanos() as u64;
+        let mut g = self.table.lock();
+        let e = g.entry(what).or_insert((0, 0));
+        e.0 += 1;
+        e.1 += ns;
+        r
     }
 }
 
@@ -135,66 +181,87 @@ impl Backend for CudaBackend {
     }
 
     fn fill(&self, out: TRef, value: f64) -> Result<()> {
-        Ok(self.gpu.fill(&st(out)?, value)?)
+        self.profile
+            .time("fill", || Ok(self.gpu.fill(&st(out)?, value)?))
     }
     fn arange(&self, out: TRef, start: f64, step: f64) -> Result<()> {
-        Ok(self.gpu.arange(&st(out)?, start, step)?)
+        self.profile
+            .time("arange", || Ok(self.gpu.arange(&st(out)?, start, step)?))
     }
     fn uniform(&self, out: TRef, low: f64, high: f64, seed: u64) -> Result<()> {
-        Ok(self.gpu.uniform(&st(out)?, low, high, seed)?)
+        self.profile.time("uniform", || {
+            Ok(self.gpu.uniform(&st(out)?, low, high, seed)?)
+        })
     }
     fn normal(&self, out: TRef, mean: f64, std: f64, seed: u64) -> Result<()> {
-        Ok(self.gpu.normal(&st(out)?, mean, std, seed)?)
+        self.profile.time("normal", || {
+            Ok(self.gpu.normal(&st(out)?, mean, std, seed)?)
+        })
     }
     fn write_f64(&self, out: TRef, data: &[f64]) -> Result<()> {
-        let o = st(out)?;
-        let n = o.numel().max(0) as usize;
-        let mut v: Vec<f64> = data.iter().copied().take(n).collect();
-        v.resize(n, 0.0);
-        if o.is_contiguous() {
-            return Ok(self.gpu.upload(&o, &encode(&v, o.dt()))?);
-        }
-        Err(TensorError::invalid(
-            "write_f64",
-            "host data can only be written to a contiguous CUDA tensor",
-        ))
+        self.profile.time("write_f64", || {
+            let o = st(out)?;
+            let n = o.numel().max(0) as usize;
+            let mut v: Vec<f64> = data.iter().copied().take(n).collect();
+            v.resize(n, 0.0);
+            if o.is_contiguous() {
+                return Ok(self.gpu.upload(&o, &encode(&v, o.dt()))?);
+            }
+            Err(TensorError::invalid(
+                "write_f64",
+                "host data can only be written to a contiguous CUDA tensor",
+            ))
+        })
     }
     fn read_f64(&self, x: TRef) -> Result<Vec<f64>> {
-        let s = st(x)?;
-        let bytes = self.gpu.download(&s)?;
-        Ok(decode(&bytes, s.dt()))
+        self.profile.time("read_f64", || {
+            let s = st(x)?;
+            let bytes = self.gpu.download(&s)?;
+            Ok(decode(&bytes, s.dt()))
+        })
     }
     fn copy(&self, src: TRef, dst: TRef) -> Result<()> {
-        Ok(self.gpu.copy(&st(src)?, &st(dst)?)?)
+        self.profile
+            .time("copy", || Ok(self.gpu.copy(&st(src)?, &st(dst)?)?))
     }
     fn unary(&self, op: UnaryOp, x: TRef, out: TRef) -> Result<()> {
-        Ok(self.gpu.unary(unary_code(op), &st(x)?, &st(out)?)?)
+        self.profile.time("unary", || {
+            Ok(self.gpu.unary(unary_code(op), &st(x)?, &st(out)?)?)
+        })
     }
     fn binary(&self, op: BinaryOp, a: TRef, b: TRef, out: TRef) -> Result<()> {
-        Ok(self
-            .gpu
-            .binary(binary_code(op), &st(a)?, &st(b)?, &st(out)?)?)
+        self.profile.time("binary", || {
+            Ok(self
+                .gpu
+                .binary(binary_code(op), &st(a)?, &st(b)?, &st(out)?)?)
+        })
     }
     fn reduce(&self, op: ReduceOp, x: TRef, dims: &[usize], out: TRef) -> Result<()> {
-        let code = match op {
-            ReduceOp::Sum => ReduceCode::Sum,
-            ReduceOp::Mean => ReduceCode::Mean,
-            ReduceOp::Max => ReduceCode::Max,
-            ReduceOp::Min => ReduceCode::Min,
-        };
-        Ok(self.gpu.reduce(code, &st(x)?, dims, &st(out)?)?)
+        self.profile.time("reduce", || {
+            let code = match op {
+                ReduceOp::Sum => ReduceCode::Sum,
+                ReduceOp::Mean => ReduceCode::Mean,
+                ReduceOp::Max => ReduceCode::Max,
+                ReduceOp::Min => ReduceCode::Min,
+            };
+            Ok(self.gpu.reduce(code, &st(x)?, dims, &st(out)?)?)
+        })
     }
     fn masked_fill(&self, x: TRef, mask: TRef, value: f64, out: TRef) -> Result<()> {
-        Ok(self
-            .gpu
-            .masked_fill(&st(x)?, &st(mask)?, value, &st(out)?)?)
+        self.profile.time("masked_fill", || {
+            Ok(self
+                .gpu
+                .masked_fill(&st(x)?, &st(mask)?, value, &st(out)?)?)
+        })
     }
     fn matmul(&self, a: TRef, b: TRef, out: TRef, accumulate: bool) -> Result<()> {
-        // PyTorch's handles are per thread; backward runs on autograd's device thread.
-        let which = crate::autograd::in_backward() as usize;
-        Ok(self
-            .gpu
-            .matmul(&st(a)?, &st(b)?, &st(out)?, accumulate, which)?)
+        self.profile.time("matmul", || {
+            // PyTorch's handles are per thread; backward runs on autograd's device thread.
+            let which = crate::autograd::in_backward() as usize;
+            Ok(self
+                .gpu
+                .matmul(&st(a)?, &st(b)?, &st(out)?, accumulate, which)?)
+        })
     }
     fn conv2d(
         &self,
@@ -205,14 +272,16 @@ impl Backend for CudaBackend {
         p: &Conv2dParams,
         ws: Workspace,
     ) -> Result<()> {
-        let (xs, wsd, ys) = (st(x)?, st(w)?, st(out)?);
-        let sp = spec(&xs, &wsd, &ys, p)?;
-        self.gpu
-            .conv(CudaPass::Forward, &sp, &conv_args(&xs, &wsd, &ys, ws))?;
-        if let Some(b) = bias {
-            self.gpu.bias_nchw(&ys, &st(b)?)?;
-        }
-        Ok(())
+        self.profile.time("conv2d", || {
+            let (xs, wsd, ys) = (st(x)?, st(w)?, st(out)?);
+            let sp = spec(&xs, &wsd, &ys, p)?;
+            self.gpu
+                .conv(CudaPass::Forward, &sp, &conv_args(&xs, &wsd, &ys, ws))?;
+            if let Some(b) = bias {
+                self.gpu.bias_nchw(&ys, &st(b)?)?;
+            }
+            Ok(())
+        })
     }
     fn conv2d_backward_input(
         &self,
@@ -222,13 +291,15 @@ impl Backend for CudaBackend {
         p: &Conv2dParams,
         ws: Workspace,
     ) -> Result<()> {
-        let (gys, wsd, gxs) = (st(gy)?, st(w)?, st(gx)?);
-        let sp = spec(&gxs, &wsd, &gys, p)?;
-        Ok(self.gpu.conv(
-            CudaPass::BackwardData,
-            &sp,
-            &conv_args(&gxs, &wsd, &gys, ws),
-        )?)
+        self.profile.time("conv2d_backward_input", || {
+            let (gys, wsd, gxs) = (st(gy)?, st(w)?, st(gx)?);
+            let sp = spec(&gxs, &wsd, &gys, p)?;
+            Ok(self.gpu.conv(
+                CudaPass::BackwardData,
+                &sp,
+                &conv_args(&gxs, &wsd, &gys, ws),
+            )?)
+        })
     }
     fn conv2d_backward_weight(
         &self,
@@ -238,35 +309,45 @@ impl Backend for CudaBackend {
         p: &Conv2dParams,
         ws: Workspace,
     ) -> Result<()> {
-        let (gys, xs, gws) = (st(gy)?, st(x)?, st(gw)?);
-        let sp = spec(&xs, &gws, &gys, p)?;
-        Ok(self.gpu.conv(
-            CudaPass::BackwardFilter,
-            &sp,
-            &conv_args(&xs, &gws, &gys, ws),
-        )?)
+        self.profile.time("conv2d_backward_weight", || {
+            let (gys, xs, gws) = (st(gy)?, st(x)?, st(gw)?);
+            let sp = spec(&xs, &gws, &gys, p)?;
+            Ok(self.gpu.conv(
+                CudaPass::BackwardFilter,
+                &sp,
+                &conv_args(&xs, &gws, &gys, ws),
+            )?)
+        })
     }
     fn max_pool2d(&self, x: TRef, out: TRef, indices: TRef, p: &Pool2dParams) -> Result<()> {
-        Ok(self.gpu.max_pool2d(
-            &st(x)?,
-            &st(out)?,
-            &st(indices)?,
-            p.kernel,
-            p.stride,
-            p.padding,
-            p.dilation,
-        )?)
+        self.profile.time("max_pool2d", || {
+            Ok(self.gpu.max_pool2d(
+                &st(x)?,
+                &st(out)?,
+                &st(indices)?,
+                p.kernel,
+                p.stride,
+                p.padding,
+                p.dilation,
+            )?)
+        })
     }
     fn max_pool2d_backward(&self, gy: TRef, indices: TRef, gx: TRef) -> Result<()> {
-        Ok(self
-            .gpu
-            .max_pool2d_backward(&st(gy)?, &st(indices)?, &st(gx)?)?)
+        self.profile.time("max_pool2d_backward", || {
+            Ok(self
+                .gpu
+                .max_pool2d_backward(&st(gy)?, &st(indices)?, &st(gx)?)?)
+        })
     }
     fn adaptive_avg_pool2d(&self, x: TRef, out: TRef) -> Result<()> {
-        Ok(self.gpu.adaptive_avg_pool2d(&st(x)?, &st(out)?)?)
+        self.profile.time("adaptive_avg_pool2d", || {
+            Ok(self.gpu.adaptive_avg_pool2d(&st(x)?, &st(out)?)?)
+        })
     }
     fn adaptive_avg_pool2d_backward(&self, gy: TRef, gx: TRef) -> Result<()> {
-        Ok(self.gpu.adaptive_avg_pool2d_backward(&st(gy)?, &st(gx)?)?)
+        self.profile.time("adaptive_avg_pool2d_backward", || {
+            Ok(self.gpu.adaptive_avg_pool2d_backward(&st(gy)?, &st(gx)?)?)
+        })
     }
     fn batch_norm_train(
         &self,
@@ -281,18 +362,20 @@ impl Backend for CudaBackend {
         save_mean: TRef,
         save_invstd: TRef,
     ) -> Result<()> {
-        Ok(self.gpu.batch_norm_train(
-            &st(x)?,
-            &opt(weight)?,
-            &opt(bias)?,
-            &opt(running_mean)?,
-            &opt(running_var)?,
-            momentum,
-            eps,
-            &st(out)?,
-            &st(save_mean)?,
-            &st(save_invstd)?,
-        )?)
+        self.profile.time("batch_norm_train", || {
+            Ok(self.gpu.batch_norm_train(
+                &st(x)?,
+                &opt(weight)?,
+                &opt(bias)?,
+                &opt(running_mean)?,
+                &opt(running_var)?,
+                momentum,
+                eps,
+                &st(out)?,
+                &st(save_mean)?,
+                &st(save_invstd)?,
+            )?)
+        })
     }
     fn batch_norm_eval(
         &self,
@@ -304,15 +387,17 @@ impl Backend for CudaBackend {
         eps: f64,
         out: TRef,
     ) -> Result<()> {
-        Ok(self.gpu.batch_norm_eval(
-            &st(x)?,
-            &opt(weight)?,
-            &opt(bias)?,
-            &st(running_mean)?,
-            &st(running_var)?,
-            eps,
-            &st(out)?,
-        )?)
+        self.profile.time("batch_norm_eval", || {
+            Ok(self.gpu.batch_norm_eval(
+                &st(x)?,
+                &opt(weight)?,
+                &opt(bias)?,
+                &st(running_mean)?,
+                &st(running_var)?,
+                eps,
+                &st(out)?,
+            )?)
+        })
     }
     fn batch_norm_backward(
         &self,
@@ -327,18 +412,20 @@ impl Backend for CudaBackend {
         gw: Option<TRef>,
         gb: Option<TRef>,
     ) -> Result<()> {
-        Ok(self.gpu.batch_norm_backward(
-            &st(gy)?,
-            &st(x)?,
-            &opt(weight)?,
-            &st(mean)?,
-            &st(invstd)?,
-            train,
-            eps,
-            &opt(gx)?,
-            &opt(gw)?,
-            &opt(gb)?,
-        )?)
+        self.profile.time("batch_norm_backward", || {
+            Ok(self.gpu.batch_norm_backward(
+                &st(gy)?,
+                &st(x)?,
+                &opt(weight)?,
+                &st(mean)?,
+                &st(invstd)?,
+                train,
+                eps,
+                &opt(gx)?,
+                &opt(gw)?,
+                &opt(gb)?,
+            )?)
+        })
     }
     fn layer_norm(
         &self,
@@ -350,15 +437,17 @@ impl Backend for CudaBackend {
         mean: TRef,
         rstd: TRef,
     ) -> Result<()> {
-        Ok(self.gpu.layer_norm(
-            &st(x)?,
-            &opt(weight)?,
-            &opt(bias)?,
-            eps,
-            &st(out)?,
-            &st(mean)?,
-            &st(rstd)?,
-        )?)
+        self.profile.time("layer_norm", || {
+            Ok(self.gpu.layer_norm(
+                &st(x)?,
+                &opt(weight)?,
+                &opt(bias)?,
+                eps,
+                &st(out)?,
+                &st(mean)?,
+                &st(rstd)?,
+            )?)
+        })
     }
     fn layer_norm_backward(
         &self,
@@ -371,27 +460,35 @@ impl Backend for CudaBackend {
         gw: Option<TRef>,
         gb: Option<TRef>,
     ) -> Result<()> {
-        Ok(self.gpu.layer_norm_backward(
-            &st(gy)?,
-            &st(x)?,
-            &opt(weight)?,
-            &st(mean)?,
-            &st(rstd)?,
-            &opt(gx)?,
-            &opt(gw)?,
-            &opt(gb)?,
-        )?)
+        self.profile.time("layer_norm_backward", || {
+            Ok(self.gpu.layer_norm_backward(
+                &st(gy)?,
+                &st(x)?,
+                &opt(weight)?,
+                &st(mean)?,
+                &st(rstd)?,
+                &opt(gx)?,
+                &opt(gw)?,
+                &opt(gb)?,
+            )?)
+        })
     }
     fn softmax(&self, x: TRef, dim: usize, log: bool, out: TRef) -> Result<()> {
-        Ok(self.gpu.softmax(&st(x)?, dim, log, &st(out)?)?)
+        self.profile.time("softmax", || {
+            Ok(self.gpu.softmax(&st(x)?, dim, log, &st(out)?)?)
+        })
     }
     fn softmax_backward(&self, gy: TRef, y: TRef, dim: usize, log: bool, gx: TRef) -> Result<()> {
-        Ok(self
-            .gpu
-            .softmax_backward(&st(gy)?, &st(y)?, dim, log, &st(gx)?)?)
+        self.profile.time("softmax_backward", || {
+            Ok(self
+                .gpu
+                .softmax_backward(&st(gy)?, &st(y)?, dim, log, &st(gx)?)?)
+        })
     }
     fn embedding(&self, weight: TRef, idx: TRef, out: TRef) -> Result<()> {
-        Ok(self.gpu.embedding(&st(weight)?, &st(idx)?, &st(out)?)?)
+        self.profile.time("embedding", || {
+            Ok(self.gpu.embedding(&st(weight)?, &st(idx)?, &st(out)?)?)
+        })
     }
     fn embedding_backward(
         &self,
@@ -400,12 +497,16 @@ impl Backend for CudaBackend {
         gw: TRef,
         padding_idx: Option<i64>,
     ) -> Result<()> {
-        Ok(self
-            .gpu
-            .embedding_backward(&st(gy)?, &st(idx)?, &st(gw)?, padding_idx)?)
+        self.profile.time("embedding_backward", || {
+            Ok(self
+                .gpu
+                .embedding_backward(&st(gy)?, &st(idx)?, &st(gw)?, padding_idx)?)
+        })
     }
     fn dropout(&self, x: TRef, p: f64, seed: u64, out: TRef, mask: TRef) -> Result<()> {
-        Ok(self.gpu.dropout(&st(x)?, p, seed, &st(out)?, &st(mask)?)?)
+        self.profile.time("dropout", || {
+            Ok(self.gpu.dropout(&st(x)?, p, seed, &st(out)?, &st(mask)?)?)
+        })
     }
     fn nll_loss(
         &self,
@@ -416,14 +517,16 @@ impl Backend for CudaBackend {
         out: TRef,
         total_weight: TRef,
     ) -> Result<()> {
-        Ok(self.gpu.nll_loss(
-            &st(logp)?,
-            &st(target)?,
-            mean,
-            ignore_index,
-            &st(out)?,
-            &st(total_weight)?,
-        )?)
+        self.profile.time("nll_loss", || {
+            Ok(self.gpu.nll_loss(
+                &st(logp)?,
+                &st(target)?,
+                mean,
+                ignore_index,
+                &st(out)?,
+                &st(total_weight)?,
+            )?)
+        })
     }
     fn nll_loss_backward(
         &self,
@@ -434,20 +537,25 @@ impl Backend for CudaBackend {
         ignore_index: i64,
         gx: TRef,
     ) -> Result<()> {
-        Ok(self.gpu.nll_loss_backward(
-            &st(gy)?,
-            &st(target)?,
-            &st(total_weight)?,
-            mean,
-            ignore_index,
-            &st(gx)?,
-        )?)
+        self.profile.time("nll_loss_backward", || {
+            Ok(self.gpu.nll_loss_backward(
+                &st(gy)?,
+                &st(target)?,
+                &st(total_weight)?,
+                mean,
+                ignore_index,
+                &st(gx)?,
+            )?)
+        })
     }
     fn bind_blas_workspace(&self, thread: usize, ptr: u64, size: u64) -> Result<()> {
-        Ok(self.gpu.bind_blas_workspace(thread, ptr, size)?)
+        self.profile.time("bind_blas_workspace", || {
+            Ok(self.gpu.bind_blas_workspace(thread, ptr, size)?)
+        })
     }
     fn synchronize(&self) -> Result<()> {
-        Ok(self.gpu.synchronize()?)
+        self.profile
+            .time("synchronize", || Ok(self.gpu.synchronize()?))
     }
 }
 

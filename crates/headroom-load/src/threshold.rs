@@ -33,8 +33,11 @@ impl Unit {
     }
 }
 
-/// Metrics a threshold may name, with their unit.
-pub const METRICS: [(&str, Unit); 16] = [
+/// Metrics a threshold may name, with their unit. `shed`, `shed_rate` and `dropped` are
+/// `headroom http`'s (503 answers, their share of all requests, open-model requests that
+/// never got a connection); `peak_process_used`, `peak_overhead` and `peak_device_used`
+/// need a memory source (NVML) that reports them.
+pub const METRICS: [(&str, Unit); 22] = [
     ("peak_reserved", Unit::Bytes),
     ("peak_allocated", Unit::Bytes),
     ("peak_above_base", Unit::Bytes),
@@ -51,6 +54,12 @@ pub const METRICS: [(&str, Unit); 16] = [
     ("findings", Unit::Count),
     ("safe_concurrency", Unit::Count),
     ("reserved_over_allocated", Unit::Ratio),
+    ("shed", Unit::Count),
+    ("shed_rate", Unit::Ratio),
+    ("dropped", Unit::Count),
+    ("peak_process_used", Unit::Bytes),
+    ("peak_overhead", Unit::Bytes),
+    ("peak_device_used", Unit::Bytes),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -188,6 +197,8 @@ pub fn parse_thresholds<S: AsRef<str>>(v: &[S]) -> Result<Vec<Threshold>> {
 /// The measured value of `metric` in its base unit, if the run has it.
 pub fn metric_value(r: &RunResult, metric: &str) -> Option<f64> {
     let has_lat = r.latency.count > 0;
+    // 503s are load shed by the service: neither ok nor an error of the run.
+    let shed = r.http.as_ref().map(|h| h.shed).unwrap_or(0);
     Some(match metric {
         "peak_reserved" => r.peaks.reserved_bytes as f64,
         "peak_allocated" => r.peaks.allocated_bytes as f64,
@@ -201,8 +212,14 @@ pub fn metric_value(r: &RunResult, metric: &str) -> Option<f64> {
         "oom_count" => r.errors.oom as f64,
         "errors" => (r.errors.oom + r.errors.by_kind.values().sum::<u64>()) as f64,
         "error_rate" if r.requests.total > 0 => {
-            (r.requests.total - r.requests.ok) as f64 / r.requests.total as f64
+            r.requests.total.saturating_sub(r.requests.ok + shed) as f64 / r.requests.total as f64
         }
+        "shed" => shed as f64,
+        "shed_rate" if r.requests.total > 0 => shed as f64 / r.requests.total as f64,
+        "dropped" => r.http.as_ref().map(|h| h.dropped).unwrap_or(0) as f64,
+        "peak_process_used" => r.peaks.process_used_bytes? as f64,
+        "peak_overhead" => r.peaks.overhead_bytes? as f64,
+        "peak_device_used" => r.peaks.device_used_bytes? as f64,
         "rps" => r.throughput.requests_per_s,
         "findings" => r.findings.len() as f64,
         "safe_concurrency" => r.oom_search.as_ref()?.verified_safe_load? as f64,

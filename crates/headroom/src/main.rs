@@ -2,6 +2,7 @@
 
 mod bench_models_cmd;
 mod claims_cmd;
+mod http_cmd;
 mod loadtest_cmd;
 mod predict_cmd;
 mod replay_cmd;
@@ -44,6 +45,10 @@ enum Command {
     /// batching and admission control: requests whose predicted memory or latency does not
     /// fit get 503 + Retry-After instead of an OOM.
     Serve(Box<serve_cmd::ServeArgs>),
+    /// Load any HTTP endpoint (closed -c or open -q model, stages, thresholds) with the
+    /// service's memory on the same timeline (NVML, --metrics-url, the probe); write
+    /// report.html and results.json.
+    Http(Box<http_cmd::HttpArgs>),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -55,6 +60,9 @@ enum BenchCommand {
     Alloc(replay_cmd::BenchAllocArgs),
     /// ResNet-50 and GPT-2 on a GPU: ms and peak memory per case, beside PyTorch's.
     Models(Box<bench_models_cmd::BenchModelsArgs>),
+    /// Headroom's HTTP client against wrk or oha on the same loopback target: req/s of
+    /// each and the ratio.
+    Http(http_cmd::BenchHttpArgs),
 }
 
 /// Errors the user caused (bad input) exit 2, like clap's own usage errors.
@@ -75,6 +83,8 @@ fn main() -> ExitCode {
         Command::Summary(a) => replay_cmd::summary(a),
         Command::Predict(a) => predict_cmd::predict(a),
         Command::Serve(a) => serve_cmd::serve(*a),
+        Command::Http(a) => http_cmd::http(*a),
+        Command::Bench(BenchCommand::Http(a)) => http_cmd::bench_http(a),
         Command::Bench(BenchCommand::Alloc(a)) => replay_cmd::bench_alloc(a),
         Command::Bench(BenchCommand::Models(a)) => bench_models_cmd::bench_models(*a),
     };

@@ -11,11 +11,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::html::PLOT_IDS;
-use super::testdata::synthetic;
+use super::http::HTTP_PLOT_IDS;
+use super::testdata::{synthetic, synthetic_http};
 use super::write_html;
+use crate::results::RunResult;
 
 const W: u32 = 1280;
-const H: u32 = 4000;
 
 fn find_chromium() -> Option<PathBuf> {
     if let Ok(p) = std::env::var("HEADROOM_CHROMIUM") {
@@ -110,6 +111,18 @@ fn page_errors(stderr: &str) -> Vec<&str> {
 
 #[test]
 fn report_opens_in_headless_chromium_with_every_plot() {
+    in_chromium("loadtest", &synthetic(), &PLOT_IDS, 4000);
+}
+
+#[test]
+fn http_report_opens_in_headless_chromium_with_every_plot() {
+    in_chromium("http", &synthetic_http(true), &HTTP_PLOT_IDS, 2600);
+}
+
+/// Opens `r`'s report in Chromium and checks its DOM (`ids` are its plots), console and a
+/// `W`×`H` screenshot.
+#[allow(non_snake_case)]
+fn in_chromium(name: &str, r: &RunResult, ids: &[&str], H: u32) {
     let Some(bin) = find_chromium() else {
         println!(
             "SKIPPED: no Chromium found on PATH (install Debian's `chromium`, as .ci/run does, \
@@ -117,11 +130,11 @@ fn report_opens_in_headless_chromium_with_every_plot() {
         );
         return;
     };
-    let dir = std::env::temp_dir().join(format!("headroom-browser-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("headroom-browser-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let report = dir.join("report.html");
-    write_html(&report, &synthetic()).unwrap();
+    write_html(&report, r).unwrap();
     let url = format!("file://{}", report.display());
     let limit = Duration::from_secs(120);
 
@@ -134,7 +147,7 @@ fn report_opens_in_headless_chromium_with_every_plot() {
         "chromium --dump-dom failed: {}",
         dom.stderr
     );
-    for id in PLOT_IDS {
+    for id in ids {
         let at = dom
             .stdout
             .find(&format!("id=\"{id}\""))

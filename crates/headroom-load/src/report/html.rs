@@ -35,7 +35,7 @@ pub fn esc(s: &str) -> String {
     o
 }
 
-const CSS: &str = r#"
+pub(super) const CSS: &str = r#"
 :root { --fg:#1d2330; --muted:#5b6475; --line:#dde2ea; --bg:#f6f8fb; --ok:#1a7f37; --bad:#c62828; --warn:#b26a00; }
 * { box-sizing: border-box; }
 body { margin:0; font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif; color:var(--fg); background:var(--bg); }
@@ -66,8 +66,11 @@ details { margin:6px 0; } summary { cursor:pointer; color:var(--muted); }
 footer { margin-top:40px; color:var(--muted); font-size:12px; }
 "#;
 
-/// Renders the whole report.
+/// Renders the whole report (an HTTP run gets its own page, [`super::http::render_http_html`]).
 pub fn render_html(r: &RunResult) -> String {
+    if r.http.is_some() {
+        return super::http::render_http_html(r);
+    }
     let mut h = String::with_capacity(256 * 1024);
     let title = format!("Headroom load test: {}", r.scenario.name);
     let _ = write!(
@@ -90,8 +93,11 @@ pub fn render_html(r: &RunResult) -> String {
         &plots::timeline_svg(r),
         "Allocated (live tensors), reserved (held by the caching allocator), active, \
          inactive_split (free bytes inside split segments) and device used, sampled every \
-         period and at every new peak; each stage is a band, OOMs are red crosses.",
+         period and at every new peak; with NVML, the bytes the process holds on the device \
+         and the context + library overhead (process used − reserved: the CUDA context and \
+         library workspaces); each stage is a band, OOMs are red crosses.",
     );
+    memory_sources_section(&mut h, r);
     figure(
         &mut h,
         PLOT_IDS[1],
@@ -151,7 +157,7 @@ pub fn render_html(r: &RunResult) -> String {
     h
 }
 
-fn figure(h: &mut String, id: &str, svg: &str, caption: &str) {
+pub(super) fn figure(h: &mut String, id: &str, svg: &str, caption: &str) {
     let _ = writeln!(
         h,
         "<figure class=\"plot\" id=\"{id}\">\n{svg}\n<figcaption>{}</figcaption>\n</figure>",
@@ -159,7 +165,7 @@ fn figure(h: &mut String, id: &str, svg: &str, caption: &str) {
     );
 }
 
-fn stop_text(s: StopReason) -> &'static str {
+pub(super) fn stop_text(s: StopReason) -> &'static str {
     match s {
         StopReason::Completed => "completed",
         StopReason::Cancelled => "cancelled (Ctrl-C): partial results",
@@ -215,7 +221,7 @@ fn badges(h: &mut String, r: &RunResult) {
     h.push_str("</div>\n");
 }
 
-fn kv(h: &mut String, rows: &[(&str, String)]) {
+pub(super) fn kv(h: &mut String, rows: &[(&str, String)]) {
     h.push_str("<table class=\"kv\">\n");
     for (k, v) in rows {
         let _ = writeln!(h, "<tr><th>{}</th><td>{}</td></tr>", esc(k), esc(v));
@@ -263,7 +269,7 @@ fn stages_text(l: &LoadInfo) -> String {
     s
 }
 
-fn trim_float(x: f64) -> String {
+pub(super) fn trim_float(x: f64) -> String {
     let s = format!("{x:.3}");
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
@@ -357,6 +363,19 @@ fn summary_section(h: &mut String, r: &RunResult) {
             ),
         ),
     ]);
+    if let Some(p) = r.peaks.process_used_bytes {
+        rows.push((
+            "peak process used (NVML) / context + library overhead",
+            format!(
+                "{} / {}",
+                fmt_bytes(p),
+                r.peaks
+                    .overhead_bytes
+                    .map(fmt_bytes)
+                    .unwrap_or_else(|| "—".into())
+            ),
+        ));
+    }
     if !r.errors.by_kind.is_empty() {
         rows.push((
             "errors by kind",
@@ -369,6 +388,39 @@ fn summary_section(h: &mut String, r: &RunResult) {
         ));
     }
     kv(h, &rows);
+}
+
+/// The memory sources besides the allocator (NVML, a scraped endpoint) and how they did.
+pub(super) fn memory_sources_section(h: &mut String, r: &RunResult) {
+    if r.memory_sources.is_empty() {
+        return;
+    }
+    h.push_str(
+        "<table><tr><th>memory source</th><th>status</th><th class=\"num\">samples</th>\
+         <th class=\"num\">failures</th><th>series</th><th>note</th></tr>\n",
+    );
+    for m in &r.memory_sources {
+        let note = if m.mapped.is_empty() {
+            m.note.clone()
+        } else if m.note.is_empty() {
+            m.mapped.join("; ")
+        } else {
+            format!("{} ({})", m.note, m.mapped.join("; "))
+        };
+        let _ = writeln!(
+            h,
+            "<tr><td>{}</td><td class=\"{}\">{}</td><td class=\"num\">{}</td>\
+             <td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&m.name),
+            if m.status == "ok" { "pass" } else { "" },
+            esc(&m.status),
+            m.samples,
+            m.failures,
+            esc(&m.series.join(", ")),
+            esc(&note)
+        );
+    }
+    h.push_str("</table>\n");
 }
 
 fn stages_section(h: &mut String, r: &RunResult) {
@@ -535,7 +587,7 @@ fn categories_table(h: &mut String, r: &RunResult) {
     );
 }
 
-fn findings_section(h: &mut String, r: &RunResult) {
+pub(super) fn findings_section(h: &mut String, r: &RunResult) {
     h.push_str("<h2 id=\"findings\">Findings</h2>\n");
     if r.findings.is_empty() {
         h.push_str(
@@ -592,7 +644,7 @@ fn findings_section(h: &mut String, r: &RunResult) {
     }
 }
 
-fn what_if_section(h: &mut String, r: &RunResult) {
+pub(super) fn what_if_section(h: &mut String, r: &RunResult) {
     h.push_str("<h2 id=\"what-if\">What if: the run's trace under other allocator configs</h2>\n");
     if r.what_if.is_empty() {
         h.push_str("<p>No replay (skipped or cancelled).</p>\n");
@@ -629,7 +681,7 @@ fn what_if_section(h: &mut String, r: &RunResult) {
     h.push_str("</table>\n");
 }
 
-fn thresholds_section(h: &mut String, r: &RunResult) {
+pub(super) fn thresholds_section(h: &mut String, r: &RunResult) {
     h.push_str("<h2 id=\"thresholds\">Thresholds</h2>\n");
     if r.thresholds.is_empty() {
         h.push_str(
@@ -655,7 +707,7 @@ fn thresholds_section(h: &mut String, r: &RunResult) {
     h.push_str("</table>\n");
 }
 
-fn ooms_section(h: &mut String, r: &RunResult) {
+pub(super) fn ooms_section(h: &mut String, r: &RunResult) {
     if r.ooms.is_empty() {
         return;
     }

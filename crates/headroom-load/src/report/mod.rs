@@ -8,6 +8,7 @@
 //! `results.json` behind.
 
 pub mod html;
+pub mod http;
 pub mod plots;
 pub mod terminal;
 

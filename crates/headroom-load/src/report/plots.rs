@@ -12,7 +12,7 @@ use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::results::{CategoryBytes, MemorySample, RunResult, SampleKind};
+use crate::results::{CategoryBytes, LatencyStats, MemorySample, RunResult, SampleKind};
 
 /// Width and height of every plot, in SVG pixels.
 pub const WIDTH: u32 = 1000;
@@ -30,6 +30,8 @@ const C_CAP: RGBColor = RGBColor(214, 39, 40);
 const C_FIT: RGBColor = RGBColor(23, 190, 207);
 const C_BUDGET: RGBColor = RGBColor(230, 130, 130);
 const C_SAFE: RGBColor = RGBColor(44, 160, 44);
+const C_PROCESS: RGBColor = RGBColor(140, 86, 75);
+const C_OVERHEAD: RGBColor = RGBColor(227, 119, 194);
 const C_P: [RGBColor; 4] = [
     RGBColor(31, 119, 180),
     RGBColor(44, 160, 44),
@@ -201,14 +203,27 @@ fn draw_legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
 /// there is a device), the capacity, OOMs as red crosses, and each stage as a band.
 pub fn timeline_svg(r: &RunResult) -> String {
     let title = "Memory timeline";
+    // An HTTP run draws only what its memory sources measured; a loadtest has them all.
+    let measured = |name: &str| {
+        r.http
+            .as_ref()
+            .is_none_or(|h| h.memory_series.iter().any(|s| s == name))
+    };
     if r.timeline.is_empty() {
         return message_svg(
             title,
-            "No memory samples were taken (the run ended before the first).",
+            if r.http.is_some() {
+                "No memory source: pass --metrics-url (headroom serve, headroom_probe.py, DCGM, \
+                 Triton) or run beside the GPU for NVML."
+            } else {
+                "No memory samples were taken (the run ended before the first)."
+            },
         );
     }
     let samples = decimate(&r.timeline, MAX_POINTS, |s| s.allocated_bytes);
     let has_device = samples.iter().any(|s| s.device_used_bytes.is_some());
+    let has_process = samples.iter().any(|s| s.process_used_bytes.is_some());
+    let has_overhead = samples.iter().any(|s| s.overhead_bytes.is_some());
     let data_max = samples
         .iter()
         .map(|s| {
@@ -216,6 +231,7 @@ pub fn timeline_svg(r: &RunResult) -> String {
                 .max(s.allocated_bytes)
                 .max(s.active_bytes)
                 .max(s.device_used_bytes.unwrap_or(0))
+                .max(s.process_used_bytes.unwrap_or(0))
         })
         .max()
         .unwrap_or(0)
@@ -285,9 +301,18 @@ pub fn timeline_svg(r: &RunResult) -> String {
                     RGBColor(150, 150, 150).stroke_width(1),
                 )))
                 .map_err(err)?;
+            let load = match r
+                .http
+                .as_ref()
+                .and_then(|h| h.stages.get(i))
+                .and_then(|h| h.rate_per_s)
+            {
+                Some(q) => format!("q={q}/s"),
+                None => format!("c={}", st.concurrency),
+            };
             chart
                 .draw_series(std::iter::once(Text::new(
-                    format!("stage {} · c={}", i + 1, st.concurrency),
+                    format!("stage {} · {load}", i + 1),
                     (a + t_end * 0.004, y_max * 0.985),
                     (FONT, 13).into_font().color(&RGBColor(80, 80, 80)),
                 )))
@@ -302,6 +327,9 @@ pub fn timeline_svg(r: &RunResult) -> String {
             ("allocated", C_ALLOC, |s| s.allocated_bytes, 2),
         ];
         for (name, color, get, w) in series {
+            if !measured(name) {
+                continue;
+            }
             chart
                 .draw_series(LineSeries::new(
                     samples.iter().map(|s| (s.t_s, sc.v(get(s)))),
@@ -311,16 +339,46 @@ pub fn timeline_svg(r: &RunResult) -> String {
                 .label(name)
                 .legend(legend_line(color));
         }
-        chart
-            .draw_series(DashedLineSeries::new(
-                samples.iter().map(|s| (s.t_s, sc.v(s.active_bytes))),
-                3,
-                3,
-                C_ACTIVE.stroke_width(1),
-            ))
-            .map_err(err)?
-            .label("active")
-            .legend(legend_line(C_ACTIVE));
+        if measured("active") {
+            chart
+                .draw_series(DashedLineSeries::new(
+                    samples.iter().map(|s| (s.t_s, sc.v(s.active_bytes))),
+                    3,
+                    3,
+                    C_ACTIVE.stroke_width(1),
+                ))
+                .map_err(err)?
+                .label("active")
+                .legend(legend_line(C_ACTIVE));
+        }
+        // NVML beside the allocator: what the process holds on the device, and the part
+        // of it that is not the allocator's (CUDA context, cuBLAS/cuDNN workspaces).
+        if has_process {
+            chart
+                .draw_series(LineSeries::new(
+                    samples
+                        .iter()
+                        .filter_map(|s| s.process_used_bytes.map(|d| (s.t_s, sc.v(d)))),
+                    C_PROCESS.stroke_width(2),
+                ))
+                .map_err(err)?
+                .label("process used (NVML)")
+                .legend(legend_line(C_PROCESS));
+        }
+        if has_overhead {
+            chart
+                .draw_series(DashedLineSeries::new(
+                    samples
+                        .iter()
+                        .filter_map(|s| s.overhead_bytes.map(|d| (s.t_s, sc.v(d)))),
+                    5,
+                    3,
+                    C_OVERHEAD.stroke_width(2),
+                ))
+                .map_err(err)?
+                .label("context + library overhead")
+                .legend(legend_line(C_OVERHEAD));
+        }
         if has_device {
             chart
                 .draw_series(DashedLineSeries::new(
@@ -375,22 +433,44 @@ pub fn timeline_svg(r: &RunResult) -> String {
     })
 }
 
-/// Latency percentiles (p50, p90, p99, p99.9) against concurrency.
+/// Latency percentiles (p50, p90, p99, p99.9) against concurrency, or against the request
+/// rate for an open-model HTTP run.
 pub fn latency_svg(r: &RunResult) -> String {
-    let title = "Latency percentiles against concurrency";
-    let rows: Vec<_> = r
+    if let Some(h) = r.http.as_ref().filter(|h| h.model == "open") {
+        let rows: Vec<(f64, LatencyStats)> = h
+            .by_rate
+            .iter()
+            .filter(|x| x.latency.count > 0)
+            .map(|x| (x.rate_per_s, x.latency))
+            .collect();
+        return latency_plot(
+            "Latency percentiles against the request rate",
+            "target request rate (1/s)",
+            &rows,
+        );
+    }
+    let rows: Vec<(f64, LatencyStats)> = r
         .by_concurrency
         .iter()
         .filter(|c| c.latency.count > 0)
+        .map(|c| (c.concurrency as f64, c.latency))
         .collect();
+    latency_plot(
+        "Latency percentiles against concurrency",
+        "concurrent workers",
+        &rows,
+    )
+}
+
+fn latency_plot(title: &str, x_desc: &str, rows: &[(f64, LatencyStats)]) -> String {
     if rows.is_empty() {
         return message_svg(
             title,
             "No request succeeded, so there is no latency to show.",
         );
     }
-    let x_max = rows.iter().map(|c| c.concurrency).max().unwrap_or(1) as f64;
-    let x_min = rows.iter().map(|c| c.concurrency).min().unwrap_or(1) as f64;
+    let x_max = rows.iter().map(|c| c.0).fold(f64::MIN, f64::max);
+    let x_min = rows.iter().map(|c| c.0).fold(f64::MAX, f64::min);
     let (x0, x1) = if x_max - x_min < 1.0 {
         ((x_min - 1.0).max(0.0), x_max + 1.0)
     } else {
@@ -399,7 +479,7 @@ pub fn latency_svg(r: &RunResult) -> String {
     };
     let y_max = rows
         .iter()
-        .map(|c| c.latency.p999_ms.max(c.latency.p99_ms))
+        .map(|c| c.1.p999_ms.max(c.1.p99_ms))
         .fold(0.0f64, f64::max)
         .max(1e-3)
         * 1.12;
@@ -413,14 +493,14 @@ pub fn latency_svg(r: &RunResult) -> String {
             .map_err(err)?;
         chart
             .configure_mesh()
-            .x_desc("concurrent workers")
+            .x_desc(x_desc)
             .y_desc("latency (ms)")
             .light_line_style(RGBColor(243, 243, 243))
             .label_style((FONT, 14))
             .axis_desc_style((FONT, 15))
             .draw()
             .map_err(err)?;
-        type Get = fn(&crate::results::LatencyStats) -> f64;
+        type Get = fn(&LatencyStats) -> f64;
         let ps: [(&str, Get); 4] = [
             ("p50", |l| l.p50_ms),
             ("p90", |l| l.p90_ms),
@@ -431,7 +511,7 @@ pub fn latency_svg(r: &RunResult) -> String {
             let c = C_P[k];
             let pts: Vec<(f64, f64)> = rows
                 .iter()
-                .map(|row| (row.concurrency as f64, get(&row.latency)))
+                .map(|row| (row.0, get(&row.1)))
                 .collect();
             chart
                 .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
@@ -909,6 +989,101 @@ pub fn categories_over_time_svg(r: &RunResult) -> String {
     })
 }
 
+/// `headroom http`: answers over time by class (requests per second, stacked), with the
+/// stages marked: load shed with 503 shows as the orange band growing under overload.
+pub fn status_svg(r: &RunResult) -> String {
+    let title = "Answers over time";
+    let Some(h) = r.http.as_ref() else {
+        return message_svg(title, "Not an HTTP run.");
+    };
+    let b = &h.status_timeline;
+    if b.iter().all(|x| {
+        x.ok + x.shed + x.client_error + x.server_error + x.transport_error == 0
+    }) {
+        return message_svg(title, "No request finished.");
+    }
+    type Get = fn(&crate::results::StatusBucket) -> u64;
+    let classes: [(&str, RGBColor, Get); 5] = [
+        ("ok (1xx-3xx)", RGBColor(44, 160, 44), |x| x.ok),
+        ("shed (503)", RGBColor(255, 127, 14), |x| x.shed),
+        ("4xx", RGBColor(148, 103, 189), |x| x.client_error),
+        ("5xx (not 503)", RGBColor(214, 39, 40), |x| x.server_error),
+        ("no answer (errors)", RGBColor(60, 60, 60), |x| x.transport_error),
+    ];
+    let rate = |x: &crate::results::StatusBucket, upto: usize| {
+        let n: u64 = classes[..=upto].iter().map(|c| (c.2)(x)).sum();
+        n as f64 / x.width_s.max(1e-9)
+    };
+    let y_max = b.iter().map(|x| rate(x, 4)).fold(0.0, f64::max).max(1.0) * 1.15;
+    let t_end = b
+        .last()
+        .map(|x| x.t_s + x.width_s)
+        .unwrap_or(1.0)
+        .max(r.stages.last().map(|s| s.end_s).unwrap_or(0.0))
+        .max(1e-3);
+    render(title, |root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption(title, (FONT, 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0f64..t_end, 0f64..y_max)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("time since the first request (s)")
+            .y_desc("answers per second")
+            .light_line_style(RGBColor(243, 243, 243))
+            .label_style((FONT, 14))
+            .axis_desc_style((FONT, 15))
+            .draw()
+            .map_err(err)?;
+        for (i, st) in r.stages.iter().enumerate() {
+            let a = st.start_s.max(0.0);
+            chart
+                .draw_series(std::iter::once(DashedPathElement::new(
+                    vec![(a, 0.0), (a, y_max)],
+                    4,
+                    4,
+                    RGBColor(150, 150, 150).stroke_width(1),
+                )))
+                .map_err(err)?;
+            let load = match h.stages.get(i).and_then(|x| x.rate_per_s) {
+                Some(q) => format!("q={q}/s"),
+                None => format!("c={}", st.concurrency),
+            };
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    format!("stage {} · {load}", i + 1),
+                    (a + t_end * 0.004, y_max * 0.985),
+                    (FONT, 13).into_font().color(&RGBColor(80, 80, 80)),
+                )))
+                .map_err(err)?;
+        }
+        // Stacked: each class's top drawn from the top layer down, so each area covers the
+        // next; a step per bucket.
+        for k in (0..classes.len()).rev() {
+            let (name, c, _) = classes[k];
+            if b.iter().all(|x| (classes[k].2)(x) == 0) {
+                continue;
+            }
+            let mut pts = Vec::with_capacity(b.len() * 2);
+            for x in b {
+                let y = rate(x, k);
+                pts.push((x.t_s, y));
+                pts.push((x.t_s + x.width_s, y));
+            }
+            chart
+                .draw_series(AreaSeries::new(pts, 0.0, c.mix(0.8).filled()).border_style(c))
+                .map_err(err)?
+                .label(name)
+                .legend(legend_box(c));
+        }
+        draw_legend(&mut chart, SeriesLabelPosition::UpperRight, 18)?;
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -947,6 +1122,8 @@ mod tests {
             "device used",
             "capacity",
             "stage 2",
+            "process used (NVML)",
+            "context + library overhead",
         ] {
             assert!(t.contains(k), "timeline lacks {k}");
         }

@@ -7,7 +7,7 @@ use super::{fmt_bytes, fmt_ms, fmt_signed_bytes, fmt_value};
 use crate::results::*;
 
 /// Pads each column to its widest cell; `right[i]` aligns column `i` to the right.
-fn table(out: &mut String, header: &[&str], rows: &[Vec<String>], right: &[bool]) {
+pub(super) fn table(out: &mut String, header: &[&str], rows: &[Vec<String>], right: &[bool]) {
     let n = header.len();
     let mut w: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for r in rows {
@@ -46,8 +46,12 @@ fn table(out: &mut String, header: &[&str], rows: &[Vec<String>], right: &[bool]
     }
 }
 
-/// The summary printed at the end of `headroom loadtest`.
+/// The summary printed at the end of `headroom loadtest` (and of `headroom http`, whose
+/// own layout is [`super::http::http_summary_table`]).
 pub fn summary_table(r: &RunResult) -> String {
+    if r.http.is_some() {
+        return super::http::http_summary_table(r);
+    }
     let mut o = String::new();
     let sc = &r.scenario;
     let _ = writeln!(o, "headroom loadtest: {}", sc.description);

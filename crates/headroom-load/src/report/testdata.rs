@@ -357,3 +357,150 @@ pub fn synthetic() -> RunResult {
         http: None,
     }
 }
+
+/// A synthetic `headroom http` run: two stages (closed c=4 then c=16, or open 100/s then
+/// 200/s), 503s under the heavier stage, memory from an endpoint (allocated, reserved,
+/// capacity), and a URL that would break HTML unescaped.
+pub fn synthetic_http(open: bool) -> RunResult {
+    let mut r = synthetic();
+    let url = "http://127.0.0.1:8000/generate?q=<b>".to_string();
+    let cap = 1u64 << 30;
+    r.scenario = ScenarioInfo {
+        name: url.clone(),
+        kind: "http".into(),
+        input: "template \"{\\\"p\\\": \\\"{{tokens 16..64}}\\\"}\"".into(),
+        description: format!("POST {url} — two stages"),
+        ..Default::default()
+    };
+    r.device = "service".into();
+    r.capacity_bytes = cap;
+    r.oom_search = None;
+    r.what_if.clear();
+    r.findings.truncate(1);
+    r.ooms.clear();
+    r.final_memory_summary.clear();
+    let loads: [(usize, f64); 2] = [(4, 100.0), (16, 200.0)];
+    r.stages.truncate(2);
+    let mut http_stages = Vec::new();
+    let mut timeline = Vec::new();
+    let mut status = Vec::new();
+    for (i, st) in r.stages.iter_mut().enumerate() {
+        st.index = i;
+        st.start_s = i as f64 * 2.0;
+        st.end_s = st.start_s + 2.0;
+        st.concurrency = loads[i].0;
+        http_stages.push(HttpStageResult {
+            index: i,
+            concurrency: (!open).then_some(loads[i].0),
+            rate_per_s: open.then_some(loads[i].1),
+            peak_in_flight: loads[i].0,
+            shed: if i == 1 { 40 } else { 0 },
+            status_codes: [("200".to_string(), st.requests.ok)].into_iter().collect(),
+            latency_uncorrected: st.latency,
+            shed_latency: LatencyStats::default(),
+            correction_interval_ms: (!open).then_some(st.latency.p50_ms),
+        });
+        for k in 0..40 {
+            let t = st.start_s + k as f64 * 0.05;
+            let alloc = (200 << 20) + (loads[i].0 as u64) * (20 << 20) + (k % 7) * (1 << 20);
+            timeline.push(MemorySample {
+                t_s: t,
+                kind: SampleKind::Periodic,
+                stage: i,
+                concurrency: loads[i].0,
+                allocated_bytes: alloc,
+                reserved_bytes: alloc + (64 << 20),
+                active_bytes: 0,
+                inactive_split_bytes: 0,
+                device_used_bytes: None,
+                process_used_bytes: None,
+                overhead_bytes: None,
+                categories: CategoryBytes::default(),
+            });
+        }
+        for k in 0..20 {
+            status.push(StatusBucket {
+                t_s: st.start_s + k as f64 * 0.1,
+                width_s: 0.1,
+                ok: 30,
+                shed: if i == 1 { 2 } else { 0 },
+                client_error: 0,
+                server_error: u64::from(k == 5),
+                transport_error: 0,
+                mean_latency_ms: Some(20.0),
+            });
+        }
+    }
+    r.timeline = timeline;
+    r.by_concurrency.truncate(2);
+    for (c, l) in r.by_concurrency.iter_mut().zip(loads) {
+        c.concurrency = l.0;
+    }
+    let by_rate = if open {
+        r.by_concurrency
+            .iter()
+            .zip(loads)
+            .map(|(c, l)| RateResult {
+                rate_per_s: l.1,
+                requests: c.requests,
+                shed: 0,
+                latency: c.latency,
+                throughput: c.throughput,
+                peak_allocated_bytes: c.peak_allocated_bytes,
+                peak_reserved_bytes: c.peak_reserved_bytes,
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if open {
+        r.by_concurrency.clear();
+    }
+    r.peaks = Peaks {
+        allocated_bytes: 540 << 20,
+        reserved_bytes: 604 << 20,
+        ..Default::default()
+    };
+    r.memory_sources = vec![MemorySourceInfo {
+        name: "prometheus http://127.0.0.1:8000/metrics".into(),
+        kind: "prometheus".into(),
+        status: "ok".into(),
+        samples: 80,
+        series: vec!["allocated".into(), "reserved".into(), "capacity".into()],
+        mapped: vec!["allocated ← headroom_memory_allocated_bytes (headroom serve)".into()],
+        ..Default::default()
+    }];
+    r.http = Some(HttpResult {
+        url,
+        method: "POST".into(),
+        model: if open { "open" } else { "closed" }.into(),
+        arrival: open.then(|| "poisson".into()),
+        max_connections: open.then_some(256),
+        body: "template".into(),
+        timeout_ms: 30_000.0,
+        latency_correction: if open {
+            "intended_send_time"
+        } else {
+            "expected_interval"
+        }
+        .into(),
+        status_codes: [("200".to_string(), 1200u64), ("503".to_string(), 40)]
+            .into_iter()
+            .collect(),
+        shed: 40,
+        shed_latency: r.latency,
+        latency_uncorrected: r.latency,
+        dropped: 0,
+        aborted: 0,
+        bytes_sent: 1 << 20,
+        bytes_received: 2 << 20,
+        connections_opened: 16,
+        stages: http_stages,
+        by_rate,
+        status_timeline: status,
+        memory_series: vec!["allocated".into(), "reserved".into(), "capacity".into()],
+        service_ooms: Some(0),
+        probe: None,
+    });
+    r
+}

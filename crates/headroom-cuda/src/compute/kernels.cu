@@ -154,6 +154,33 @@ __device__ __forceinline__ void atomic_addf(const T& t, i64 o, float v) {
     } while (assumed != old);
 }
 
+// 16-byte vector access for contiguous fast paths: 4 f32 or 8 bf16 per load and store,
+// the way PyTorch's vectorized elementwise kernels move memory.
+__device__ __forceinline__ bool aligned16(const void* p) { return (((size_t)p) & 15) == 0; }
+__device__ __forceinline__ void unpack_bf16x8(uint4 u, float* f) {
+    u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        f[2 * k] = bf2f((u16)(w[k] & 0xffffu));
+        f[2 * k + 1] = bf2f((u16)(w[k] >> 16));
+    }
+}
+__device__ __forceinline__ uint4 pack_bf16x8(const float* f) {
+    u32 w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = (u32)f2bf(f[2 * k]) | ((u32)f2bf(f[2 * k + 1]) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+__device__ __forceinline__ void unpack_f32x4(uint4 u, float* f) {
+    f[0] = __uint_as_float(u.x);
+    f[1] = __uint_as_float(u.y);
+    f[2] = __uint_as_float(u.z);
+    f[3] = __uint_as_float(u.w);
+}
+__device__ __forceinline__ uint4 pack_f32x4(const float* f) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+}
+
 // Element offset of logical (row-major) index i.
 __device__ __forceinline__ i64 toff(const T& t, i64 i) {
     if (t.nd <= 1) return t.off + (t.nd == 1 ? i * t.st[0] : 0);
@@ -394,13 +421,29 @@ extern "C" __global__ void k_unary(int op, double s, T x, T out, i64 n, int flag
         if (x.dt == DT_F32) {
             const float* xp = ((const float*)x.p) + x.off;
             float* op_ = ((float*)out.p) + out.off;
-            LOOP(i, n) { op_[i] = unary_f(op, xp[i], s); }
+            i64 nv = (aligned16(xp) && aligned16(op_)) ? n / 4 : 0;
+            LOOP(v, nv) {
+                float f[4];
+                unpack_f32x4(((const uint4*)xp)[v], f);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) f[k] = unary_f(op, f[k], s);
+                ((uint4*)op_)[v] = pack_f32x4(f);
+            }
+            LOOP(j, n - nv * 4) { op_[nv * 4 + j] = unary_f(op, xp[nv * 4 + j], s); }
             return;
         }
         if (x.dt == DT_BF16) {
             const u16* xp = ((const u16*)x.p) + x.off;
             u16* op_ = ((u16*)out.p) + out.off;
-            LOOP(i, n) { op_[i] = f2bf(unary_f(op, bf2f(xp[i]), s)); }
+            i64 nv = (aligned16(xp) && aligned16(op_)) ? n / 8 : 0;
+            LOOP(v, nv) {
+                float f[8];
+                unpack_bf16x8(((const uint4*)xp)[v], f);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) f[k] = unary_f(op, f[k], s);
+                ((uint4*)op_)[v] = pack_bf16x8(f);
+            }
+            LOOP(j, n - nv * 8) { op_[nv * 8 + j] = f2bf(unary_f(op, bf2f(xp[nv * 8 + j]), s)); }
             return;
         }
     }
@@ -437,14 +480,34 @@ extern "C" __global__ void k_binary(int op, double alpha, T a, T b, T out, i64 n
             const float* ap = ((const float*)a.p) + a.off;
             const float* bp = ((const float*)b.p) + b.off;
             float* op_ = ((float*)out.p) + out.off;
-            LOOP(i, n) { op_[i] = binary_f(op, ap[i], bp[i], alpha); }
+            i64 nv = (aligned16(ap) && aligned16(bp) && aligned16(op_)) ? n / 4 : 0;
+            LOOP(v, nv) {
+                float fa[4], fb[4];
+                unpack_f32x4(((const uint4*)ap)[v], fa);
+                unpack_f32x4(((const uint4*)bp)[v], fb);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) fa[k] = binary_f(op, fa[k], fb[k], alpha);
+                ((uint4*)op_)[v] = pack_f32x4(fa);
+            }
+            LOOP(j, n - nv * 4) { op_[nv * 4 + j] = binary_f(op, ap[nv * 4 + j], bp[nv * 4 + j], alpha); }
             return;
         }
         if (a.dt == DT_BF16) {
             const u16* ap = ((const u16*)a.p) + a.off;
             const u16* bp = ((const u16*)b.p) + b.off;
             u16* op_ = ((u16*)out.p) + out.off;
-            LOOP(i, n) { op_[i] = f2bf(binary_f(op, bf2f(ap[i]), bf2f(bp[i]), alpha)); }
+            i64 nv = (aligned16(ap) && aligned16(bp) && aligned16(op_)) ? n / 8 : 0;
+            LOOP(v, nv) {
+                float fa[8], fb[8];
+                unpack_bf16x8(((const uint4*)ap)[v], fa);
+                unpack_bf16x8(((const uint4*)bp)[v], fb);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) fa[k] = binary_f(op, fa[k], fb[k], alpha);
+                ((uint4*)op_)[v] = pack_bf16x8(fa);
+            }
+            LOOP(j, n - nv * 8) {
+                op_[nv * 8 + j] = f2bf(binary_f(op, bf2f(ap[nv * 8 + j]), bf2f(bp[nv * 8 + j]), alpha));
+            }
             return;
         }
     }
@@ -534,11 +597,26 @@ extern "C" __global__ void k_bias_nchw(T out, T bias, i64 C, i64 HW, i64 n) {
 
 extern "C" __global__ void k_maxpool2d(T x, T out, T idx, i64 C, i64 H, i64 W, i64 OH, i64 OW, int kh, int kw,
                                        int sh, int sw, int ph, int pw, int dh, int dw, i64 n) {
+    bool small = n < 0x7fffffffLL;
     LOOP(i, n) {
-        i64 ox = i % OW, t = i / OW;
-        i64 oy = t % OH;
-        t /= OH;
-        i64 c = t % C, b = t / C;
+        i64 ox, oy, c, b;
+        if (small) {
+            u32 u = (u32)i, ow_ = (u32)OW, oh_ = (u32)OH, c_ = (u32)C;
+            u32 t = u / ow_;
+            ox = u - t * ow_;
+            u32 t2 = t / oh_;
+            oy = t - t2 * oh_;
+            u32 t3 = t2 / c_;
+            c = t2 - t3 * c_;
+            b = t3;
+        } else {
+            ox = i % OW;
+            i64 t = i / OW;
+            oy = t % OH;
+            t /= OH;
+            c = t % C;
+            b = t / C;
+        }
         float best = -f_inf();
         i64 bi = -1;
         for (int a = 0; a < kh; ++a) {
@@ -664,17 +742,37 @@ extern "C" __global__ void k_bn_eval_planes(T x, T w, T b, T rm, T rv, double ep
     float sc = opt_ld(w, c, 1.f) / sqrtf(ldf(rv, toff(rv, c)) + (float)eps);
     float shf = opt_ld(b, c, 0.f) - ldf(rm, toff(rm, c)) * sc;
     i64 base = pl * HW;
+    int tid = threadIdx.x, nt = blockDim.x;
     if (x.dt == DT_F32 && out.dt == DT_F32) {
         const float* xp = ((const float*)x.p) + x.off + base;
         float* op_ = ((float*)out.p) + out.off + base;
-        for (i64 j = threadIdx.x; j < HW; j += blockDim.x) op_[j] = xp[j] * sc + shf;
+        if ((HW & 3) == 0 && aligned16(xp) && aligned16(op_)) {
+            for (i64 v = tid; v < HW / 4; v += nt) {
+                float f[4];
+                unpack_f32x4(((const uint4*)xp)[v], f);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) f[k] = f[k] * sc + shf;
+                ((uint4*)op_)[v] = pack_f32x4(f);
+            }
+            return;
+        }
+        for (i64 j = tid; j < HW; j += nt) op_[j] = xp[j] * sc + shf;
     } else if (x.dt == DT_BF16 && out.dt == DT_BF16) {
         const u16* xp = ((const u16*)x.p) + x.off + base;
         u16* op_ = ((u16*)out.p) + out.off + base;
-        for (i64 j = threadIdx.x; j < HW; j += blockDim.x) op_[j] = f2bf(bf2f(xp[j]) * sc + shf);
+        if ((HW & 7) == 0 && aligned16(xp) && aligned16(op_)) {
+            for (i64 v = tid; v < HW / 8; v += nt) {
+                float f[8];
+                unpack_bf16x8(((const uint4*)xp)[v], f);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) f[k] = f[k] * sc + shf;
+                ((uint4*)op_)[v] = pack_bf16x8(f);
+            }
+            return;
+        }
+        for (i64 j = tid; j < HW; j += nt) op_[j] = f2bf(bf2f(xp[j]) * sc + shf);
     } else {
-        for (i64 j = threadIdx.x; j < HW; j += blockDim.x)
-            stf(out, out.off + base + j, ldf(x, x.off + base + j) * sc + shf);
+        for (i64 j = tid; j < HW; j += nt) stf(out, out.off + base + j, ldf(x, x.off + base + j) * sc + shf);
     }
 }
 
@@ -733,22 +831,59 @@ extern "C" __global__ void k_bn_bwd(T gy, T x, T w, T mean_t, T inv_t, int train
 
 extern "C" __global__ void k_ln(T x, T w, T b, double eps, T out, T mean_t, T rstd_t, i64 rows, i64 D) {
     __shared__ double sh[32];
+    // Up to 8 values per thread stay in registers: one read of x.
+    bool cached = D <= 8 * (i64)blockDim.x;
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        float v[8];
         double s = 0.0;
-        for (i64 i = threadIdx.x; i < D; i += blockDim.x) s += (double)ldf(x, toff(x, r * D + i));
+        if (cached) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                i64 i = threadIdx.x + (i64)k * blockDim.x;
+                v[k] = i < D ? ldf(x, toff(x, r * D + i)) : 0.f;
+                s += (double)v[k];
+            }
+        } else {
+            for (i64 i = threadIdx.x; i < D; i += blockDim.x) s += (double)ldf(x, toff(x, r * D + i));
+        }
         double m = block_sum(s, sh) / (double)D;
         double q = 0.0;
-        for (i64 i = threadIdx.x; i < D; i += blockDim.x) {
-            double d = (double)ldf(x, toff(x, r * D + i)) - m;
-            q += d * d;
+        if (cached) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                i64 i = threadIdx.x + (i64)k * blockDim.x;
+                if (i < D) {
+                    double d = (double)v[k] - m;
+                    q += d * d;
+                }
+            }
+        } else {
+            for (i64 i = threadIdx.x; i < D; i += blockDim.x) {
+                double d = (double)ldf(x, toff(x, r * D + i)) - m;
+                q += d * d;
+            }
         }
         double var = block_sum(q, sh) / (double)D;
         double is = 1.0 / sqrt(var + eps);
-        for (i64 i = threadIdx.x; i < D; i += blockDim.x) {
-            float v = (float)(((double)ldf(x, toff(x, r * D + i)) - m) * is);
-            if (w.p) v *= ldf(w, toff(w, i));
-            if (b.p) v += ldf(b, toff(b, i));
-            stf(out, out.off + r * D + i, v);
+        float mf = (float)m, isf = (float)is;
+        if (cached) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                i64 i = threadIdx.x + (i64)k * blockDim.x;
+                if (i < D) {
+                    float o = (v[k] - mf) * isf;
+                    if (w.p) o *= ldf(w, toff(w, i));
+                    if (b.p) o += ldf(b, toff(b, i));
+                    stf(out, out.off + r * D + i, o);
+                }
+            }
+        } else {
+            for (i64 i = threadIdx.x; i < D; i += blockDim.x) {
+                float o = (float)(((double)ldf(x, toff(x, r * D + i)) - m) * is);
+                if (w.p) o *= ldf(w, toff(w, i));
+                if (b.p) o += ldf(b, toff(b, i));
+                stf(out, out.off + r * D + i, o);
+            }
         }
         if (threadIdx.x == 0) {
             std_(mean_t, toff(mean_t, r), m);
@@ -811,6 +946,38 @@ extern "C" __global__ void k_ln_bwd_gwb(T gy, T x, T mean_t, T rstd_t, T gw, T g
 // ---------------------------------------------------------------------------------------
 // Softmax over one dim of an [outer, dim, inner] tensor (x, y, outputs contiguous in the
 // logical sense; strides come from the descriptors).
+
+// Rows of at most 1024: one warp per row, the row held in registers (read once).
+extern "C" __global__ void k_softmax_warp(T x, T out, int lg, i64 rows, i64 D) {
+    int lane = threadIdx.x & 31;
+    i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    float v[32];
+    float mx = -f_inf();
+#pragma unroll
+    for (int k = 0; k < 32; ++k) {
+        i64 j = lane + 32 * k;
+        v[k] = j < D ? ldf(x, x.off + r * D + j) : -f_inf();
+        mx = pick(2, mx, v[k]);
+    }
+    for (int o = 16; o > 0; o >>= 1) mx = pick(2, mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < 32; ++k) {
+        i64 j = lane + 32 * k;
+        if (j < D) {
+            v[k] = v[k] - mx;
+            sum += expf(v[k]);
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    float ls = logf(sum), inv = 1.f / sum;
+#pragma unroll
+    for (int k = 0; k < 32; ++k) {
+        i64 j = lane + 32 * k;
+        if (j < D) stf(out, out.off + r * D + j, lg ? v[k] - ls : expf(v[k]) * inv);
+    }
+}
 
 extern "C" __global__ void k_softmax_rows(T x, T out, int lg, i64 rows, i64 D) {
     __shared__ float shf[32];

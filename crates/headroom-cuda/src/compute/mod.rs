@@ -231,6 +231,7 @@ pub(crate) enum K {
     Dropout,
     Nll,
     NllBwd,
+    SoftmaxWarp,
 }
 
 const KERNEL_NAMES: &[(K, &str)] = &[
@@ -265,6 +266,7 @@ const KERNEL_NAMES: &[(K, &str)] = &[
     (K::Dropout, "k_dropout"),
     (K::Nll, "k_nll"),
     (K::NllBwd, "k_nll_bwd"),
+    (K::SoftmaxWarp, "k_softmax_warp"),
 ];
 
 /// Codes a kernel writes to the error word, and the op each stands for.
@@ -388,8 +390,7 @@ impl Gpu {
         check("cuModuleLoadData", unsafe {
             sys::cuModuleLoadData(&mut g.module, cubin.as_ptr() as *const c_void)
         })?;
-        for (i, (k, name)) in KERNEL_NAMES.iter().enumerate() {
-            debug_assert_eq!(*k as usize, i, "KERNEL_NAMES out of order");
+        for (_, name) in KERNEL_NAMES.iter() {
             let cname = std::ffi::CString::new(*name).unwrap_or_default();
             let mut f: sys::CUfunction = std::ptr::null_mut();
             // SAFETY: module loaded; name is a C string.
@@ -757,6 +758,17 @@ mod tests {
         Strided::coalesce(&mut v);
         assert_eq!(v[0].dims(), &[2, 12]);
         assert_eq!(&v[1].strides[..2], &[0, 1]);
+    }
+
+    #[test]
+    fn kernel_table_is_in_enum_order_and_every_kernel_is_in_the_source() {
+        for (i, (k, name)) in KERNEL_NAMES.iter().enumerate() {
+            assert_eq!(*k as usize, i, "{name} is out of order");
+            assert!(
+                nvrtc::SOURCE.contains(&format!("__global__ void {name}(")),
+                "{name} is not in kernels.cu"
+            );
+        }
     }
 
     #[test]

@@ -564,6 +564,18 @@ impl Gpu {
         let lg = log as i32;
         let mut v = [*x, *out];
         Strided::coalesce(&mut v);
+        if inner == 1 && d <= 1024 && v[0].is_contiguous() && v[1].is_contiguous() {
+            // A warp per row, the row in registers; 8 rows per block.
+            let grid = (outer.max(0) as u64).div_ceil(8);
+            if grid <= i32::MAX as u64 {
+                return self.launch(
+                    K::SoftmaxWarp,
+                    (grid as u32, 1, 1),
+                    (256, 1, 1),
+                    &mut kargs![v[0], v[1], lg, outer, d],
+                );
+            }
+        }
         if inner == 1 {
             let rows = outer;
             let grid = rows.clamp(1, 1 << 20) as u32;

@@ -46,7 +46,7 @@ const DEFAULT_CONCURRENCY: usize = 10;
     headroom http http://127.0.0.1:8000/v1/infer -q 200 --arrival poisson -z 1m \\\n      \
         -d '{\"prompt\": \"{{tokens 16..512}}\"}' --metrics-url http://127.0.0.1:8000/metrics\n  \
     headroom http http://10.0.0.5/generate --stages 4:10s,16:20s,64:20s --threshold 'p99<500ms'\n\n\
-Body templates (-d): {{seq}}, {{rand_int A B}}, {{tokens A..B}}, {{choice a,b,c}}, {{uuid}};\n\
+Body templates (-d): {{seq}}, {{rand_int A B}}, {{tokens A..B}}, {{rand_ints A..B MIN MAX}},\n{{choice a,b,c}}, {{uuid}};\n\
 \\{{ is a literal {{. Size distributions (--body-size): N, uniform:A..B, choice:a,b,c,\n\
 normal:MEAN,SD (sizes like 512, 4KiB).\n\n\
 Latency is corrected for coordinated omission: in the open model (-q) from each request's\n\

@@ -16,6 +16,7 @@
 //! | `{{seq}}` | the request's sequence number in the run (0, 1, 2, …) |
 //! | `{{rand_int A B}}` | an integer drawn uniformly from `A..=B` |
 //! | `{{tokens A..B}}`, `{{tokens N}}` | `N` words (`N` drawn from `A..=B`), space-separated: a prompt of about that many tokens |
+//! | `{{rand_ints A..B MIN MAX}}`, `{{rand_ints N MIN MAX}}` | `N` integers from `MIN..=MAX`, comma-separated: token ids (`[{{rand_ints 16..512 0 50256}}]`) |
 //! | `{{choice a,b,c}}` | one of the comma-separated alternatives |
 //! | `{{uuid}}` | a random version-4 UUID |
 //!
@@ -201,6 +202,8 @@ enum Piece {
     Seq,
     RandInt(i64, i64),
     Tokens(u64, u64),
+    /// (count lo, count hi, min, max).
+    Ints(u64, u64, i64, i64),
     Choice(Vec<String>),
     Uuid,
 }
@@ -261,6 +264,7 @@ impl FromStr for Template {
                 Piece::Lit(l) => l.len(),
                 Piece::Seq | Piece::RandInt(..) => 20,
                 Piece::Tokens(_, hi) => *hi as usize * 7,
+                Piece::Ints(_, hi, ..) => *hi as usize * 21,
                 Piece::Choice(v) => v.iter().map(String::len).max().unwrap_or(0),
                 Piece::Uuid => 36,
             })
@@ -271,6 +275,20 @@ impl FromStr for Template {
             max_len,
         })
     }
+}
+
+/// `N` or `A..B`.
+fn count(
+    t: &str,
+    int: &dyn Fn(&str) -> std::result::Result<i64, String>,
+) -> std::result::Result<(i64, i64), String> {
+    Ok(match t.split_once("..") {
+        Some((a, b)) => (int(a.trim())?, int(b.trim())?),
+        None => {
+            let n = int(t.trim())?;
+            (n, n)
+        }
+    })
 }
 
 fn placeholder(inner: &str) -> std::result::Result<Piece, String> {
@@ -296,14 +314,23 @@ fn placeholder(inner: &str) -> std::result::Result<Piece, String> {
             }
             Ok(Piece::RandInt(a, b))
         }
-        "tokens" => {
-            let (lo, hi) = match args.split_once("..") {
-                Some((a, b)) => (int(a.trim())?, int(b.trim())?),
-                None => {
-                    let n = int(args)?;
-                    (n, n)
-                }
+        "rand_ints" => {
+            let v: Vec<&str> = args.split_whitespace().collect();
+            let [n, a, b] = v.as_slice() else {
+                return Err(format!("{{{{{inner}}}}}: expected rand_ints A..B MIN MAX"));
             };
+            let (lo, hi) = count(n, &int)?;
+            let (a, b) = (int(a)?, int(b)?);
+            if lo < 0 || lo > hi || hi > 1_000_000 || a > b {
+                return Err(format!(
+                    "{{{{{inner}}}}}: expected rand_ints A..B MIN MAX with 0 ≤ A ≤ B ≤ 1000000 \
+                     and MIN ≤ MAX"
+                ));
+            }
+            Ok(Piece::Ints(lo as u64, hi as u64, a, b))
+        }
+        "tokens" => {
+            let (lo, hi) = count(args, &int)?;
             if lo < 0 || lo > hi || hi > 1_000_000 {
                 return Err(format!(
                     "{{{{{inner}}}}}: expected tokens N or tokens A..B with 0 ≤ A ≤ B ≤ 1000000"
@@ -320,7 +347,7 @@ fn placeholder(inner: &str) -> std::result::Result<Piece, String> {
         }
         _ => Err(format!(
             "unknown placeholder {{{{{inner}}}}} (expected seq, rand_int A B, tokens A..B, \
-             choice a,b,c or uuid)"
+             rand_ints A..B MIN MAX, choice a,b,c or uuid)"
         )),
     }
 }
@@ -349,6 +376,16 @@ impl Template {
                             out.push(b' ');
                         }
                         out.extend_from_slice(WORDS[(rng.next_u64() % 64) as usize].as_bytes());
+                    }
+                }
+                Piece::Ints(lo, hi, a, b) => {
+                    let n = rng.range(*lo, *hi);
+                    let span = (*b as i128 - *a as i128) as u64;
+                    for i in 0..n {
+                        if i > 0 {
+                            out.push(b',');
+                        }
+                        push_int(&mut out, *a as i128 + rng.range(0, span) as i128);
                     }
                 }
                 Piece::Choice(v) => {
@@ -635,7 +672,7 @@ mod tests {
     #[test]
     fn template_placeholders() {
         let t: Template =
-            r#"{"id":{{seq}},"n":{{ rand_int 5 7 }},"p":"{{tokens 3..6}}","c":"{{choice a,bb}}","u":"{{uuid}}","lit":"\{{x}}"}"#
+            r#"{"id":{{seq}},"n":{{ rand_int 5 7 }},"p":"{{tokens 3..6}}","c":"{{choice a,bb}}","u":"{{uuid}}","lit":"\{{x}}","ids":[{{rand_ints 2..4 0 9}}]}"#
                 .parse()
                 .unwrap();
         let mut lens = std::collections::BTreeSet::new();
@@ -655,6 +692,9 @@ mod tests {
             assert_eq!(u.len(), 36);
             assert_eq!(&u[14..15], "4");
             assert_eq!(v["lit"], "{{x}}");
+            let ids = v["ids"].as_array().unwrap();
+            assert!((2..=4).contains(&ids.len()), "{b}");
+            assert!(ids.iter().all(|x| (0..=9).contains(&x.as_i64().unwrap())));
             // A pure function of (seed, seq).
             assert_eq!(t.render(9, seq), t.render(9, seq));
         }
@@ -676,6 +716,8 @@ mod tests {
             ("{{tokens 9..3}}", "tokens"),
             ("{{choice}}", "choice"),
             ("{{seq 3}}", "unknown placeholder"),
+            ("{{rand_ints 3 0}}", "rand_ints A..B MIN MAX"),
+            ("{{rand_ints 3 9 0}}", "MIN ≤ MAX"),
         ] {
             let e = bad.parse::<Template>().expect_err(bad).to_string();
             assert!(e.contains(what), "{bad}: {e}");

@@ -718,6 +718,8 @@ pub fn parse_selector(s: &str) -> Result<Selector, String> {
 pub const PROBE_INFO_METRIC: &str = "headroom_probe_info";
 /// The probe's per-key `torch.cuda.memory_stats()` family.
 pub const PROBE_STATS_METRIC: &str = "torch_cuda_memory_stats";
+/// `headroom serve`'s per-key `memory_stats()` family.
+pub const SERVE_STATS_METRIC: &str = "headroom_memory_stats";
 
 /// Rules from metric names to memory.
 #[derive(Debug, Clone)]
@@ -757,7 +759,8 @@ pub struct Mapped {
     pub matched: Vec<String>,
     /// The endpoint is a `headroom_probe.py` probe.
     pub is_probe: bool,
-    /// The probe's `torch.cuda.memory_stats()` keys, summed over devices.
+    /// `torch.cuda.memory_stats()` keys as the probe or `headroom serve` export them,
+    /// summed over devices.
     pub memory_stats: BTreeMap<String, i64>,
 }
 
@@ -781,6 +784,21 @@ impl MetricMap {
                 HeadroomServe,
             ),
             (NumOoms, s("headroom_num_ooms_total"), HeadroomServe),
+            (
+                MaxReserved,
+                s("headroom_max_memory_reserved_bytes"),
+                HeadroomServe,
+            ),
+            (
+                Active,
+                s(SERVE_STATS_METRIC).with("key", "active_bytes.all.current"),
+                HeadroomServe,
+            ),
+            (
+                InactiveSplit,
+                s(SERVE_STATS_METRIC).with("key", "inactive_split_bytes.all.current"),
+                HeadroomServe,
+            ),
             (Allocated, s("torch_cuda_memory_allocated_bytes"), Probe),
             (Reserved, s("torch_cuda_memory_reserved_bytes"), Probe),
             (
@@ -864,7 +882,12 @@ impl MetricMap {
             num_ooms: b(Target::NumOoms),
         };
         let mut memory_stats = BTreeMap::new();
-        for s in e.get(PROBE_STATS_METRIC) {
+        let family = if e.has(PROBE_STATS_METRIC) {
+            PROBE_STATS_METRIC
+        } else {
+            SERVE_STATS_METRIC
+        };
+        for s in e.get(family) {
             if let Some(k) = s.label("key") {
                 if s.value.is_finite() {
                     *memory_stats.entry(k.to_string()).or_insert(0i64) += s.value as i64;

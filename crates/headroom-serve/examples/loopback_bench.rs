@@ -102,6 +102,8 @@ struct StageOut {
     shed: usize,
     other: usize,
     batch_sizes: Vec<u64>,
+    /// queue_ms + compute_ms as the server saw them.
+    server_ms: Vec<f64>,
 }
 
 async fn client_loop(
@@ -137,6 +139,10 @@ async fn client_loop(
                 out.ok.push(ms);
                 if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&b) {
                     out.batch_sizes.push(v["batch_size"].as_u64().unwrap_or(0));
+                    out.server_ms.push(
+                        v["queue_ms"].as_f64().unwrap_or(0.0)
+                            + v["compute_ms"].as_f64().unwrap_or(0.0),
+                    );
                 }
             }
             (503, _) => out.shed += 1,
@@ -188,8 +194,17 @@ fn main() {
         a.model, a.safe, a.max_wait, a.max_batch, a.max_latency
     );
     println!(
-        "{:>5} {:>6} {:>6} {:>6} {:>9} {:>9} {:>9} {:>10} {:>9}",
-        "conc", "sent", "ok", "503", "p50 ms", "p99 ms", "max ms", "mean batch", "max batch"
+        "{:>5} {:>6} {:>6} {:>6} {:>9} {:>9} {:>9} {:>10} {:>9} {:>12}",
+        "conc",
+        "sent",
+        "ok",
+        "503",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "mean batch",
+        "max batch",
+        "server p99"
     );
     let client_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -217,12 +232,17 @@ fn main() {
             .flat_map(|o| o.batch_sizes.iter().copied())
             .collect();
         let mean_b = bs.iter().sum::<u64>() as f64 / bs.len().max(1) as f64;
+        let mut srv: Vec<f64> = outs
+            .iter()
+            .flat_map(|o| o.server_ms.iter().copied())
+            .collect();
+        srv.sort_by(f64::total_cmp);
         let p99 = pct(&ok, 99.0);
         if c == a.stages[0] {
             unloaded_p99 = p99;
         }
         println!(
-            "{:>5} {:>6} {:>6} {:>6} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>9}{}{}",
+            "{:>5} {:>6} {:>6} {:>6} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>9} {:>12.2}{}{}",
             c,
             ok.len() + shed + other,
             ok.len(),
@@ -232,6 +252,7 @@ fn main() {
             ok.last().copied().unwrap_or(f64::NAN),
             mean_b,
             bs.iter().max().copied().unwrap_or(0),
+            pct(&srv, 99.0),
             if other > 0 {
                 format!("  ({other} other)")
             } else {

@@ -5,14 +5,16 @@
 //! and the same library-workspace policy. On cpu the serving device is host memory under
 //! PyTorch's caching allocator, limited to `--capacity` (the simulated GPU `headroom
 //! loadtest` uses), with no library workspaces; its twin is a meta device with no
-//! workspaces either. A CUDA device would pair with [`Device::meta_caching`]'s
-//! `CudaLikeWorkspace` (cuBLAS/cuDNN workspaces) and take its capacity from the driver;
-//! until the CUDA backend is linked, [`open_device`] says so.
+//! workspaces either. On cuda the serving device is headroom-tensor's CUDA runtime, limited
+//! to `--capacity` (or the card) as `set_per_process_memory_fraction` limits PyTorch, and its
+//! twin asks the same cuDNN for its convolution workspaces and holds the same cuBLAS
+//! handle workspaces, so a prediction allocates what the GPU will.
 
 use std::sync::Arc;
 
 use headroom_alloc::{AllocatorConfig, CachingAllocator, SimDevice};
 use headroom_load::RunDevice;
+use headroom_tensor::backend::cuda::CudnnWorkspace;
 use headroom_tensor::predict::UNBOUNDED;
 use headroom_tensor::Device;
 
@@ -47,13 +49,37 @@ pub fn open_device(
                 twin,
             })
         }
-        // The CUDA backend is being written; when it lands, open it here (capacity from
-        // `--capacity` via set_per_process_memory_fraction, or the device's total) and
-        // pair it with `Device::meta_caching(UNBOUNDED, alloc_conf.clone())` as the twin.
-        ServeDevice::Cuda(_) => Err(ServeError::DeviceUnavailable {
-            device: choice.to_string(),
-            reason: "the CUDA backend is not available in this build yet (use --device cpu)".into(),
-        }),
+        ServeDevice::Cuda(i) => {
+            let unavailable = |reason: String| ServeError::DeviceUnavailable {
+                device: choice.to_string(),
+                reason,
+            };
+            let rt = Device::cuda(i as i32, alloc_conf.clone())
+                .map_err(|e| unavailable(e.to_string()))?;
+            let (_, total) = rt.allocator.mem_get_info();
+            let capacity = capacity.min(total);
+            if capacity < total {
+                rt.allocator
+                    .set_per_process_memory_fraction(capacity as f64 / total as f64)
+                    .map_err(|e| unavailable(e.to_string()))?;
+            }
+            let twin = Device::meta(Arc::new(CachingAllocator::new(
+                SimDevice::new(UNBOUNDED),
+                alloc_conf.clone(),
+            )));
+            twin.set_workspace_policy(Arc::new(CudnnWorkspace::new(rt.gpu.clone())));
+            Ok(OpenedDevice {
+                run: RunDevice {
+                    device: rt.device.clone(),
+                    probe: rt.allocator.clone(),
+                    name: choice.to_string(),
+                    has_device_usage: true,
+                    clock: None,
+                },
+                capacity,
+                twin,
+            })
+        }
     }
 }
 
@@ -62,12 +88,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cuda_is_a_clear_error_and_cpu_opens() {
-        let e = open_device(ServeDevice::Cuda(0), 1 << 30, &AllocatorConfig::default())
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
-        assert!(e.contains("CUDA backend is not available"), "{e}");
+    fn cuda_without_a_gpu_is_a_clear_error_and_cpu_opens() {
+        if let Some(why) = headroom_cuda::unavailable_reason() {
+            let e = open_device(ServeDevice::Cuda(0), 1 << 30, &AllocatorConfig::default())
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains("cuda:0 is not available"), "{e}");
+            assert!(e.contains(&why), "{e} / {why}");
+        }
         let d = open_device(ServeDevice::Cpu, 1 << 20, &AllocatorConfig::default()).unwrap();
         assert_eq!(d.capacity, 1 << 20);
         assert!(d.twin.is_meta());

@@ -898,4 +898,54 @@ mod tests {
             }
         }
     }
+
+    /// The meta twin's prediction is the serving device's measured peak, to the byte: the
+    /// same op sequence on the same allocator policy.
+    #[test]
+    fn predictions_equal_the_measured_peaks() {
+        let conf = AllocatorConfig::default();
+        for (model, key, n) in [
+            ("gpt2-tiny", BatchKey::Tokens { len: 16 }, 3),
+            ("gpt2-small", BatchKey::Tokens { len: 64 }, 2),
+            ("mlp-small", BatchKey::Rows, 5),
+            ("resnet18", BatchKey::Image { h: 32, w: 40 }, 2),
+        ] {
+            let spec: ModelSpec = model.parse().unwrap();
+            let d = crate::device::open_device(crate::ServeDevice::Cpu, 1 << 30, &conf).unwrap();
+            let m = ServedModel::load(&spec, &d.run.device).unwrap();
+            let inputs: Vec<Input> = (0..n)
+                .map(|i| {
+                    let data = match key {
+                        BatchKey::Tokens { len } => {
+                            InputData::Tokens(vec![(0..len as i64 - i as i64).collect()])
+                        }
+                        BatchKey::Image { h, w } => InputData::Floats(vec![0.25; 3 * h * w]),
+                        BatchKey::Rows => InputData::Floats(vec![0.5; 256]),
+                    };
+                    Input {
+                        key,
+                        samples: 1,
+                        data,
+                        top_k: 1,
+                        return_logits: false,
+                    }
+                })
+                .collect();
+            let refs: Vec<&Input> = inputs.iter().collect();
+            let dev = m.device();
+            // Warm once (a first run may create cached segments), then measure.
+            m.run(key, &refs).unwrap();
+            let before = dev.memory_allocated();
+            dev.reset_peak_memory_stats();
+            m.run(key, &refs).unwrap();
+            let actual = dev.max_memory_allocated() - before;
+            let p = Predictor::new(&spec, &d.twin).unwrap();
+            assert_eq!(p.predict(key, n).unwrap(), actual, "{model} {key} x{n}");
+            assert_eq!(
+                dev.memory_allocated(),
+                before,
+                "{model}: the batch left memory behind"
+            );
+        }
+    }
 }

@@ -24,9 +24,9 @@
 //!   `c = α + β·units` (units: tokens, pixels or rows) fitted online, with forgetting, to
 //!   the measured batches, and calibrated at start-up by warm-up batches. Predictions can
 //!   be wrong (a noisy neighbour, a cold cache), so the target is also enforced at
-//!   dispatch: a request that has already waited past its target is answered 503 rather
-//!   than served late, and a batch only grows while its oldest member still finishes in
-//!   time. `--max-queue` caps the number of waiting requests outright.
+//!   dispatch: a request that waited behind other work until it can no longer finish within
+//!   its target is answered 503 rather than served late, and a batch only grows while every
+//!   member still finishes in time. `--max-queue` caps the number of waiting requests outright.
 //!
 //! Batching: a free worker takes the oldest request's key and waits until `max_batch`
 //! samples of that key are queued or the oldest has waited `max_wait`, then takes up to
@@ -602,14 +602,18 @@ impl Scheduler {
     fn next_batch(&self, st: &mut parking_lot::MutexGuard<'_, State>) -> Option<Batch> {
         loop {
             let now = Instant::now();
-            // Requests that already waited past their target behind other work are answered
-            // now. One that only waited for its own batch to fill (or for a late timer) on
-            // an idle server runs: refusing it would help nobody, the worker is free.
+            // Requests that waited behind other work until they can no longer finish within
+            // their target are answered now. One that only waited for its own batch to fill
+            // (or for a late timer) on an idle server runs: refusing it would help nobody,
+            // the worker is free.
             let batch_seq = st.batch_seq;
+            let cost = st.cost.clone();
             let late = |e: &Entry| {
+                let own = cost.secs(e.input.samples as u64 * e.input.key.units_per_sample());
                 (e.behind_work || e.seq_at_arrival != batch_seq)
-                    && e.target
-                        .is_some_and(|t| now.saturating_duration_since(e.arrived) > t)
+                    && e.target.is_some_and(|t| {
+                        secs(now.saturating_duration_since(e.arrived)) + own > secs(t)
+                    })
             };
             if st.queue.iter().any(late) {
                 let (late, keep): (Vec<Entry>, Vec<Entry>) = st.queue.drain(..).partition(late);
@@ -662,7 +666,9 @@ impl Scheduler {
         let mut samples = 0;
         let mut member_pred = 0u64;
         let mut pred = 0u64;
-        let mut oldest_deadline: Option<f64> = None;
+        // The least time any member has left before its target: the batch's compute must
+        // fit in it (the head always goes, even late: the worker is free).
+        let mut min_left = f64::INFINITY;
         for (i, e) in st.queue.iter().enumerate() {
             if e.input.key != key {
                 continue;
@@ -675,19 +681,19 @@ impl Scheduler {
                 .predictor
                 .cached(key, n)
                 .unwrap_or(member_pred + e.pred);
+            let left = e.target.map_or(f64::INFINITY, |t| {
+                secs(t) - secs(now.saturating_duration_since(e.arrived))
+            });
             if !picked.is_empty() {
                 let extra = p.saturating_sub(member_pred + e.pred);
                 if committed.saturating_add(extra) > self.cfg.limit_bytes {
                     break;
                 }
-                if let Some(left) = oldest_deadline {
-                    if st.cost.secs(n as u64 * key.units_per_sample()) > left {
-                        break;
-                    }
+                if st.cost.secs(n as u64 * key.units_per_sample()) > min_left.min(left) {
+                    break;
                 }
-            } else if let Some(t) = e.target {
-                oldest_deadline = Some(secs(t) - secs(now.saturating_duration_since(e.arrived)));
             }
+            min_left = min_left.min(left);
             picked.push(i);
             samples = n;
             member_pred += e.pred;

@@ -366,6 +366,76 @@ where
     }
 }
 
+/// A real GPU (`--device cuda`, `cuda:N`): headroom-tensor's CUDA runtime, its caching
+/// allocator limited to the run's capacity the way `set_per_process_memory_fraction` limits
+/// PyTorch's.
+pub struct CudaProvider {
+    pub ordinal: i32,
+}
+
+impl CudaProvider {
+    /// `cuda` or `cuda:N`, when this machine has that GPU; otherwise why not.
+    pub fn parse(s: &str) -> Result<CudaProvider> {
+        let ordinal = match s.strip_prefix("cuda") {
+            Some("") => 0,
+            Some(rest) => rest
+                .strip_prefix(':')
+                .and_then(|n| n.parse::<i32>().ok())
+                .filter(|n| *n >= 0)
+                .ok_or_else(|| {
+                    crate::error::LoadError::Config(format!(
+                        "unknown device {s:?} (expected cuda or cuda:N)"
+                    ))
+                })?,
+            None => {
+                return Err(crate::error::LoadError::Config(format!(
+                    "unknown device {s:?}"
+                )))
+            }
+        };
+        if let Some(why) = headroom_cuda::unavailable_reason() {
+            return Err(crate::error::LoadError::DeviceUnavailable(s.into(), why));
+        }
+        let count = headroom_cuda::device_count();
+        if ordinal >= count {
+            return Err(crate::error::LoadError::DeviceUnavailable(
+                s.into(),
+                format!("this machine has {count} CUDA device(s)"),
+            ));
+        }
+        Ok(CudaProvider { ordinal })
+    }
+    /// The PCI bus id NVML knows this GPU by.
+    pub fn pci_bus_id(&self) -> Option<String> {
+        headroom_cuda::CudaDevice::new(self.ordinal)
+            .ok()
+            .map(|d| d.pci_bus_id().to_string())
+    }
+}
+
+impl DeviceProvider for CudaProvider {
+    fn name(&self) -> String {
+        format!("cuda:{}", self.ordinal)
+    }
+    fn create(&self, capacity: u64, config: &AllocatorConfig) -> Result<RunDevice> {
+        let rt = Device::cuda(self.ordinal, config.clone())
+            .map_err(|e| crate::error::LoadError::DeviceUnavailable(self.name(), e.to_string()))?;
+        let (_, total) = rt.allocator.mem_get_info();
+        if capacity < total {
+            rt.allocator
+                .set_per_process_memory_fraction(capacity as f64 / total as f64)
+                .map_err(|e| crate::error::LoadError::Config(e.to_string()))?;
+        }
+        Ok(RunDevice {
+            device: rt.device.clone(),
+            probe: rt.allocator.clone(),
+            name: self.name(),
+            has_device_usage: true,
+            clock: None,
+        })
+    }
+}
+
 impl RunDevice {
     /// The cpu device: real host memory (up to `capacity`) under PyTorch's caching policy.
     pub fn cpu(capacity: u64, config: &AllocatorConfig) -> RunDevice {

@@ -57,16 +57,15 @@ impl std::fmt::Debug for DeviceChoice {
 
 impl std::str::FromStr for DeviceChoice {
     type Err = LoadError;
-    /// `cpu` or `meta`; `cuda` gives [`LoadError::DeviceUnavailable`] until a provider is
-    /// passed as [`DeviceChoice::Custom`].
+    /// `cpu`, `meta`, or `cuda`/`cuda:N` (a [`crate::devices::CudaProvider`]; on a machine
+    /// without that GPU, [`LoadError::DeviceUnavailable`] saying why).
     fn from_str(s: &str) -> Result<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
             "cpu" => Ok(DeviceChoice::Cpu),
             "meta" => Ok(DeviceChoice::Meta),
-            d if d.starts_with("cuda") => Err(LoadError::DeviceUnavailable(
-                d.into(),
-                "no CUDA backend is linked into this build".into(),
-            )),
+            d if d.starts_with("cuda") => Ok(DeviceChoice::Custom(Arc::new(
+                crate::devices::CudaProvider::parse(d)?,
+            ))),
             d => Err(LoadError::Config(format!(
                 "unknown device {d:?} (expected cpu, meta or cuda)"
             ))),
@@ -1210,7 +1209,15 @@ mod tests {
         assert!(c.validate().is_err());
         c.alloc_conf = String::new();
         assert!(c.validate().is_ok());
-        assert!("cuda".parse::<DeviceChoice>().is_err());
+        // cuda parses where there is a GPU and says why not elsewhere.
+        match headroom_cuda::unavailable_reason() {
+            Some(_) => assert!(matches!(
+                "cuda".parse::<DeviceChoice>(),
+                Err(LoadError::DeviceUnavailable(..))
+            )),
+            None => assert!("cuda:0".parse::<DeviceChoice>().is_ok()),
+        }
+        assert!("cuda:x".parse::<DeviceChoice>().is_err());
         assert!("tpu".parse::<DeviceChoice>().is_err());
     }
 }

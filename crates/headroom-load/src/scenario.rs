@@ -794,6 +794,9 @@ impl Workload {
                     ));
                 };
                 let y = net.forward(&x, sc.mistakes.named_temporaries)?;
+                // A service answers with the result: on a GPU the request ends when its
+                // kernels have run (a no-op on cpu and meta).
+                self.device.backend().synchronize()?;
                 if sc.mistakes.keep_outputs {
                     self.kept.lock().push(y);
                 } else {
@@ -868,6 +871,7 @@ impl Workload {
                 // `zero_grad(set_to_none=True)` would, so a failed request leaves no state.
                 opt.zero_grad(true)?;
                 result?;
+                self.device.backend().synchronize()?;
                 Ok(items)
             }
         }

@@ -142,6 +142,28 @@ pub struct LoadtestArgs {
     quiet: bool,
 }
 
+/// On a real GPU: the whole card unless `--capacity` says less, and NVML's process and
+/// device figures beside the allocator's (the context and library overhead as a series).
+fn cuda_defaults(cfg: &mut LoadConfig, device: &str, whole_card: bool) {
+    let Ok(p) = headroom_load::devices::CudaProvider::parse(device.trim()) else {
+        return;
+    };
+    if whole_card {
+        if let Ok(d) = headroom_cuda::CudaDevice::new(p.ordinal) {
+            cfg.capacity = headroom_alloc::Device::total_memory(&d);
+        }
+    }
+    if let Some(bus) = p.pci_bus_id() {
+        match headroom_load::memsource::NvmlSource::open(
+            headroom_load::memsource::NvmlDevice::PciBusId(bus),
+            None,
+        ) {
+            Ok(s) => cfg.memory_source = Some(std::sync::Arc::new(s)),
+            Err(e) => tracing::warn!("no NVML series: {e}"),
+        }
+    }
+}
+
 fn le(e: LoadError) -> UserError {
     UserError(anyhow!(e.to_string()))
 }
@@ -297,6 +319,9 @@ fn config(a: &LoadtestArgs) -> Result<LoadConfig, UserError> {
         if cfg.capacity == 0 {
             return Err(anyhow!("--capacity must be more than 0 bytes").into());
         }
+    }
+    if let DeviceChoice::Custom(_) = &cfg.device {
+        cuda_defaults(&mut cfg, &a.device, a.capacity.is_none());
     }
     if let Some(c) = &a.alloc_conf {
         cfg.alloc_conf = if c == "default" {

@@ -40,7 +40,8 @@ pub struct ServeArgs {
     /// cpu (real compute under --capacity) or cuda.
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Device capacity, e.g. 256MiB, 6GiB (on cpu: the simulated GPU the caching allocator
+    /// Device capacity, e.g. 256MiB, 6GiB (on cuda: default the whole card; on cpu: the
+    /// simulated GPU the caching allocator
     /// manages). Default: 128MiB.
     #[arg(long, value_name = "SIZE")]
     capacity: Option<String>,
@@ -93,9 +94,11 @@ fn duration(flag: &str, s: &str) -> Result<std::time::Duration, UserError> {
 fn config(a: &ServeArgs) -> Result<ServeConfig, UserError> {
     let model: ModelSpec = a.model.parse().map_err(|e| anyhow!("bad --model: {e}"))?;
     let device: ServeDevice = a.device.parse().map_err(|e| anyhow!("bad --device: {e}"))?;
-    let capacity = match &a.capacity {
-        None => headroom_serve::config::DEFAULT_CAPACITY,
-        Some(c) => parse_size(c).with_context(|| format!("bad --capacity {c:?}"))?,
+    let capacity = match (&a.capacity, device) {
+        // On a GPU the default is the whole card (the device clamps to its total).
+        (None, ServeDevice::Cuda(_)) => u64::MAX,
+        (None, _) => headroom_serve::config::DEFAULT_CAPACITY,
+        (Some(c), _) => parse_size(c).with_context(|| format!("bad --capacity {c:?}"))?,
     };
     let alloc_conf = match a.alloc_conf.as_deref().map(str::trim) {
         None | Some("") | Some("default") => AllocatorConfig::default(),

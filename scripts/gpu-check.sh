@@ -18,7 +18,7 @@ CARRY=$ROOT/devcarry
 MODE=${1:-build}
 shift || true
 QUICK=""
-ONLY="tests,alloc,models,workloads,probe"
+ONLY="tests,alloc,models,workloads,probe,loadtest"
 while [ $# -gt 0 ]; do
   case "$1" in
   --quick) QUICK="--quick" ;;
@@ -139,6 +139,33 @@ print(next((r["alloc_conf"] for r in rows if r.get("recommended")), "default").r
     python3 scripts/torch_workloads.py headroom-recommended "$R/workloads.jsonl" $QUICK 2>&1 |
       tee -a "$R/workloads.log" | grep -vE '^\{' || true
     echo "   ($((SECONDS - T0)) s)"
+  fi
+
+  if want loadtest; then
+    echo "== headroom loadtest --device cuda (NVML beside the allocator) =="
+    "$CARRY/headroom" loadtest --device cuda --model resnet18 --batch 8 --stages 1:3s,4:3s --no-search \
+      --out "$R/loadtest" --json --quiet >"$R/loadtest.json" 2>"$R/loadtest.err"
+    echo "exit $?"; tail -3 "$R/loadtest.err"
+    python3 - "$R/loadtest.json" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as e:
+    print("no results:", e); sys.exit()
+tl = r.get("timeline", [])
+mib = 1 << 20
+pts = [s for s in tl if s.get("process_used_bytes")]
+print("device %s, %d requests, %d timeline samples, %d with NVML process bytes" % (
+    r.get("device"), r.get("requests", {}).get("completed", 0) if isinstance(r.get("requests"), dict) else r.get("requests"),
+    len(tl), len(pts)))
+for s in r.get("memory_sources", []):
+    print("  source %-12s %-6s %4d samples  series %s" % (s["name"], s["status"], s["samples"], ",".join(s["series"])))
+if pts:
+    last = pts[-1]
+    print("  last sample: allocated %.1f MiB, reserved %.1f MiB, NVML process %.1f MiB, overhead %.1f MiB" % (
+        last.get("allocated_bytes", 0) / mib, last.get("reserved_bytes", 0) / mib,
+        last["process_used_bytes"] / mib, (last.get("overhead_bytes") or 0) / mib))
+PY
   fi
 
   if want probe && [ -f python/headroom_probe.py ]; then

@@ -155,8 +155,8 @@ except Exception as e:
 tl = r.get("timeline", [])
 mib = 1 << 20
 pts = [s for s in tl if s.get("process_used_bytes")]
-print("device %s, %d requests, %d timeline samples, %d with NVML process bytes" % (
-    r.get("device"), r.get("requests", {}).get("completed", 0) if isinstance(r.get("requests"), dict) else r.get("requests"),
+print("device %s, %d requests ok, %d timeline samples, %d with NVML process bytes" % (
+    r.get("device"), (r.get("requests") or {}).get("ok", 0),
     len(tl), len(pts)))
 for s in r.get("memory_sources", []):
     print("  source %-12s %-6s %4d samples  series %s" % (s["name"], s["status"], s["samples"], ",".join(s["series"])))

@@ -7,7 +7,8 @@
 //!
 //! ```sh
 //! cargo run --release -p headroom-serve --example loopback_bench -- \
-//!     --model gpt2-tiny --seq 16 --safe 8 --stages 1,8,16,32 --per-client 50
+//!     --model gpt2-tiny --seq 16 --safe 8 --stages 1,8,16,32 --per-client 50 \
+//!     [--max-wait 5ms] [--max-latency auto] [--max-batch 8] [--workers 1] [--http-threads 2]
 //! ```
 
 use std::net::SocketAddr;
@@ -35,6 +36,7 @@ struct Args {
     max_latency: LatencyTarget,
     workers: usize,
     max_batch: usize,
+    http_threads: usize,
 }
 
 fn args() -> Args {
@@ -48,6 +50,7 @@ fn args() -> Args {
         max_latency: LatencyTarget::Auto,
         workers: 1,
         max_batch: 8,
+        http_threads: 2,
     };
     let v: Vec<String> = std::env::args().skip(1).collect();
     for w in v.chunks(2) {
@@ -67,6 +70,7 @@ fn args() -> Args {
             "--max-latency" => a.max_latency = val.parse().expect("--max-latency"),
             "--workers" => a.workers = val.parse().expect("--workers"),
             "--max-batch" => a.max_batch = val.parse().expect("--max-batch"),
+            "--http-threads" => a.http_threads = val.parse().expect("--http-threads"),
             o => panic!("unknown flag {o}"),
         }
     }
@@ -183,7 +187,7 @@ fn main() {
         ..ServeConfig::default()
     };
     let server_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(a.http_threads)
         .enable_all()
         .build()
         .unwrap();

@@ -858,7 +858,7 @@ mod tests {
         let leaf = prop_oneof![
             Just(Value::Null),
             any::<bool>().prop_map(Value::Bool),
-            (-100i64..100).prop_map(|n| Value::from(n)),
+            (-100i64..100).prop_map(Value::from),
             any::<f64>()
                 .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
             "[a-z]{0,4}".prop_map(Value::String),

@@ -356,7 +356,7 @@ async fn bad_inputs_get_4xx_and_the_server_keeps_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_closed_mid_request_wedges_nothing() {
     let mut c = cfg("gpt2-tiny");
-    c.max_wait = Duration::from_millis(400);
+    c.max_wait = Duration::from_secs(3);
     c.latency = LatencyTarget::Off;
     let (h, addr) = serve(c).await;
     // Half a body, then gone.
@@ -376,7 +376,7 @@ async fn a_connection_closed_mid_request_wedges_nothing() {
         .await
         .unwrap();
     drop(s);
-    // A whole request whose client leaves while it is queued (the batch waits 400 ms to
+    // A whole request whose client leaves while it is queued (the batch waits 3 s to
     // fill): it is taken out of the queue and never computed.
     let batches_before = h.app().metrics.batches();
     let mut s = TcpStream::connect(addr).await.unwrap();
@@ -404,7 +404,7 @@ async fn a_connection_closed_mid_request_wedges_nothing() {
         == 0
     {
         assert!(
-            t0.elapsed() < Duration::from_millis(350),
+            t0.elapsed() < Duration::from_secs(2),
             "the queued request of a closed connection was not cancelled"
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -413,7 +413,7 @@ async fn a_connection_closed_mid_request_wedges_nothing() {
     let (committed, queued, running, base) = h.app().sched.ledger();
     assert_eq!((queued, running), (0, 0));
     assert_eq!(committed, base);
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    // Only a request still in the queue counts as cancelled: it never ran.
     assert_eq!(
         h.app().metrics.batches(),
         batches_before,
@@ -518,7 +518,7 @@ async fn an_input_that_can_never_fit_is_422_not_503() {
 async fn concurrent_requests_form_batches() {
     let _s = SERIAL.lock().await;
     let mut c = cfg("gpt2-tiny");
-    c.max_wait = Duration::from_millis(200);
+    c.max_wait = Duration::from_secs(3);
     c.max_batch = 8;
     c.latency = LatencyTarget::Off;
     let (h, addr) = serve(c).await;
@@ -536,7 +536,10 @@ async fn concurrent_requests_form_batches() {
     }
     // Eight requests within the wait fill one batch; it leaves as soon as it is full.
     assert!(sizes.iter().all(|&s| s == 8), "batch sizes {sizes:?}");
-    assert!(t0.elapsed() < Duration::from_millis(190) || cfg!(debug_assertions));
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "the full batch waited"
+    );
     let m = get(addr, "/metrics").await.text();
     assert_eq!(metric(&m, "headroom_batch_size_count"), Some(1.0));
     assert_eq!(
@@ -826,7 +829,7 @@ async fn admitted_requests_wait_no_longer_than_the_latency_target() {
 async fn an_oom_the_prediction_missed_is_a_503_and_the_server_keeps_serving() {
     let mut c = cfg("gpt2-tiny");
     c.capacity = 16 << 20;
-    c.max_wait = Duration::from_millis(300);
+    c.max_wait = Duration::from_secs(1);
     c.latency = LatencyTarget::Off;
     let (h, addr) = serve(c).await;
     good_lm_request(addr).await;

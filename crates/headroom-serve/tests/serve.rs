@@ -699,6 +699,15 @@ async fn metrics_follow_the_text_format_and_export_the_agreed_names() {
         actual > 0.0 && actual <= pred,
         "actual {actual}, predicted {pred}"
     );
+    // The `headroom http` client's parser reads the same scrape into its memory fields.
+    let e = headroom_load::http::prometheus::parse(&text).expect("the client parses it");
+    let mapped = headroom_load::http::prometheus::MetricMap::known().apply(&e);
+    let alloc = h.app().model.device().memory_allocated();
+    assert_eq!(mapped.reading.allocated, Some(alloc));
+    assert_eq!(mapped.reading.capacity, Some(256 << 20));
+    assert_eq!(mapped.reading.num_ooms, Some(0));
+    assert!(mapped.reading.reserved.is_some() && mapped.reading.max_allocated.is_some());
+    assert_eq!(mapped.memory_stats, stats);
     let hz = get(addr, "/healthz").await;
     assert_eq!(hz.status, 200);
     let v = hz.json();

@@ -44,11 +44,11 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"] + "=" + m["executable"])')
   mkdir -p "$CARRY"
-  rm -f "$CARRY"/*
+  find "$CARRY" -maxdepth 1 -type f -delete
   cp "$target/release/libheadroom_torch.so" "$target/release/headroom" "$CARRY/"
   cp "$target/release/examples/cuda_bench" "$CARRY/"
   for t in $tests; do cp "${t#*=}" "$CARRY/test-${t%%=*}"; done
-  strip --strip-debug "$CARRY"/* 2>/dev/null || true
+  find "$CARRY" -maxdepth 1 -type f -exec strip --strip-debug {} + 2>/dev/null || true
   cp scripts/torch_raw_shim.cpp "$CARRY/"
   ls -la "$CARRY"
   du -sh "$CARRY"

@@ -297,18 +297,16 @@ pub async fn exchange(
     let mut fut = std::pin::pin!(fut);
     std::future::poll_fn(|cx| {
         // The request first (it queues itself for the I/O), then the I/O (which writes it,
-        // or reads the answer and wakes the request), then the request again if the I/O
-        // finished it.
+        // or reads the answer and hands it to the request), then the request again: what
+        // the I/O just delivered is taken in this same poll, not after a wake-up and a trip
+        // through the scheduler.
         if let Poll::Ready(r) = fut.as_mut().poll(cx) {
             return Poll::Ready(r);
         }
-        if !*closed {
-            match io.as_mut().poll(cx) {
-                Poll::Ready(_) => *closed = true,
-                Poll::Pending => return Poll::Pending,
-            }
+        if !*closed && io.as_mut().poll(cx).is_ready() {
+            // The connection ended: the request either completes now or never will.
+            *closed = true;
         }
-        // The connection ended: the request either completed just now or never will.
         fut.as_mut().poll(cx)
     })
     .await

@@ -16,6 +16,7 @@
 //! service at rest), the probe's snapshots, the replays and the findings.
 
 use std::collections::BTreeMap;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,6 +24,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use tokio::sync::{Notify, Semaphore};
+use tokio::time::Sleep;
 use tracing::{debug, info, warn};
 
 use crate::error::{LoadError, Result};
@@ -308,13 +310,17 @@ impl Ctx {
     }
 }
 
-/// Sends request `seq` on `conn` (opening one if needed) and records it.
+/// Sends request `seq` on `conn` (opening one if needed) and records it. `timer`: a
+/// worker's own timeout timer, reused request after request (moving a registered timer's
+/// deadline later is a lock-free update in tokio, where a fresh timer per request takes
+/// the timer wheel's lock twice); `None` makes a fresh one.
 async fn one_request(
     ctx: &Ctx,
     conn: &mut Option<Conn>,
     seq: u64,
     stage: usize,
     intended: Option<Instant>,
+    timer: Option<Pin<&mut Sleep>>,
 ) {
     ctx.started.fetch_add(1, Ordering::Relaxed);
     let now = ctx.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
@@ -338,7 +344,19 @@ async fn one_request(
         let c = conn.as_mut().ok_or(ErrorKind::Io)?;
         client::exchange(c, ctx.template.build(body)).await
     };
-    let res = tokio::time::timeout(ctx.timeout, work).await;
+    let res = match timer {
+        Some(mut t) => {
+            t.as_mut().reset((t_send + ctx.timeout).into());
+            tokio::select! {
+                biased;
+                r = work => Ok(r),
+                _ = t => Err(()),
+            }
+        }
+        None => tokio::time::timeout(ctx.timeout, work)
+            .await
+            .map_err(|_| ()),
+    };
     let t_done = Instant::now();
     ctx.in_flight.fetch_sub(1, Ordering::Relaxed);
     let outcome = match res {
@@ -382,6 +400,8 @@ async fn one_request(
 
 async fn closed_worker(ctx: Arc<Ctx>, i: usize) {
     let mut conn: Option<Conn> = None;
+    let timer = tokio::time::sleep(ctx.timeout);
+    tokio::pin!(timer);
     loop {
         if ctx.done.load(Ordering::Relaxed) {
             break;
@@ -404,7 +424,7 @@ async fn closed_worker(ctx: Arc<Ctx>, i: usize) {
         }
         let stage = ctx.stage.load(Ordering::Relaxed);
         let had = conn.is_some();
-        one_request(&ctx, &mut conn, seq, stage, None).await;
+        one_request(&ctx, &mut conn, seq, stage, None, Some(timer.as_mut())).await;
         if conn.is_none() && !had {
             // Could not connect: do not spin against a dead port.
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -422,7 +442,7 @@ async fn open_request(ctx: Arc<Ctx>, seq: u64, stage: usize, intended: Instant) 
         return;
     }
     let mut conn = ctx.pool.lock().pop();
-    one_request(&ctx, &mut conn, seq, stage, Some(intended)).await;
+    one_request(&ctx, &mut conn, seq, stage, Some(intended), None).await;
     if let Some(c) = conn {
         ctx.pool.lock().push(c);
     }

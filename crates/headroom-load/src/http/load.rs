@@ -15,8 +15,8 @@
 //!   runs from the moment the schedule meant to send it, so a stall is measured for every
 //!   request it delays, including the ones still waiting for a connection. Requests in
 //!   flight are bounded by the connection limit (`-c` in this model, default
-//!   [`DEFAULT_MAX_CONNECTIONS`]); a request that never got one before the end is
-//!   "dropped".
+//!   [`DEFAULT_MAX_CONNECTIONS`]); a request that never got one before the end, or that
+//!   found 100 000 others already waiting, is "dropped" (counted, not sent).
 //!
 //! Stages are k6-style and constant within a stage: `--stages 4:10s,16:20s` is 4 then 16
 //! workers; `--stages 100/s:10s,400/s:20s` is 100 then 400 requests per second. Stage

@@ -12,6 +12,7 @@
 //!   batch, includes the gaps the host leaves between kernels);
 //! - `+graph` cases capture one forward into a CUDA graph after the warm-up and time replays
 //!   (`torch.cuda.CUDAGraph` on the other side).
+//!
 //! Beside each measurement the meta device predicts the case's peak allocation (no GPU),
 //! which shows how well the prediction Headroom makes everywhere else holds on real hardware.
 

@@ -148,6 +148,7 @@ pub struct Adam {
 
 impl Adam {
     /// `torch.optim.Adam(params, lr, weight_decay)` with betas (0.9, 0.999), eps 1e-8.
+    #[allow(clippy::self_named_constructors)]
     pub fn adam(params: Vec<Tensor>, lr: f64, weight_decay: f64) -> Result<Adam> {
         Adam::new(params, lr, weight_decay, false)
     }

@@ -99,10 +99,10 @@ pub fn bench_models(a: BenchModelsArgs) -> Result<ExitCode, UserError> {
         ),
         None => None,
     };
+    let (maj, min) = rt.gpu.arch();
     println!(
-        "{} ({}), {} cases, median of {} iterations after {} warm-up",
+        "{} (sm_{maj}{min}), {} cases, median of {} iterations after {} warm-up",
         rt.gpu.name(),
-        format!("sm_{}{}", rt.gpu.arch().0, rt.gpu.arch().1),
         cases.len(),
         a.iters,
         a.warmup

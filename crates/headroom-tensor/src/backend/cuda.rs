@@ -61,7 +61,7 @@ impl HostProfile {
             .into_iter()
             .map(|(k, (n, ns))| (k, n, ns))
             .collect();
-        v.sort_by(|a, b| b.2.cmp(&a.2));
+        v.sort_by_key(|e| std::cmp::Reverse(e.2));
         v
     }
     #[inline]

@@ -11,6 +11,7 @@ use crate::layout::broadcast_shapes;
 
 /// The backward of `self + alpha * other` (`AddBackward0`), shared by `add_scaled` and
 /// `add_scaled_`: `sa`, `sb` are the input shapes the gradient is reduced back to.
+#[allow(clippy::type_complexity)]
 fn add_backward(
     sa: Vec<usize>,
     sb: Vec<usize>,

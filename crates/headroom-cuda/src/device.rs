@@ -24,7 +24,7 @@ use std::time::Instant;
 use cudarc::driver::sys;
 use headroom_alloc::{Device, DeviceError, EventId, StreamId};
 
-use crate::driver::{check, driver, error, CudaError};
+use crate::driver::{check, error, CudaError};
 
 /// An event id that is complete from the start (used when recording failed and the stream was
 /// synchronised instead).
@@ -110,21 +110,7 @@ impl CudaDevice {
     /// Open device `ordinal`: load the driver, retain the primary context, read total memory
     /// and VMM support. Fails with a typed error when there is no driver or no such device.
     pub fn new(ordinal: i32) -> Result<Self, CudaError> {
-        driver()?;
-        let count = crate::driver::device_count();
-        if count == 0 {
-            return Err(CudaError::NoDevice(
-                "the CUDA driver reports no device".into(),
-            ));
-        }
-        if ordinal < 0 || ordinal >= count {
-            return Err(CudaError::InvalidDevice { ordinal, count });
-        }
-        let mut dev: sys::CUdevice = 0;
-        // SAFETY: driver initialised; the ordinal is in range.
-        check("cuDeviceGet", unsafe {
-            sys::cuDeviceGet(&mut dev, ordinal)
-        })?;
+        let dev = crate::driver::device_handle(ordinal)?;
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: dev is a valid device handle; the context is released in Drop.
         check("cuDevicePrimaryCtxRetain", unsafe {

@@ -245,6 +245,27 @@ pub fn device_count() -> i32 {
     }
 }
 
+/// The driver's handle of device `ordinal`, after loading the driver and checking that the
+/// device exists: the first step of opening a device for allocation or for compute.
+pub fn device_handle(ordinal: i32) -> Result<sys::CUdevice, CudaError> {
+    driver()?;
+    let count = device_count();
+    if count == 0 {
+        return Err(CudaError::NoDevice(
+            "the CUDA driver reports no device".into(),
+        ));
+    }
+    if ordinal < 0 || ordinal >= count {
+        return Err(CudaError::InvalidDevice { ordinal, count });
+    }
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: driver initialised; the ordinal is in range.
+    check("cuDeviceGet", unsafe {
+        sys::cuDeviceGet(&mut dev, ordinal)
+    })?;
+    Ok(dev)
+}
+
 /// Why no GPU test can run here, or `None` when at least one device is usable.
 pub fn unavailable_reason() -> Option<String> {
     if let Err(e) = driver() {

@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use cudarc::driver::sys;
 use parking_lot::Mutex;
 
-use crate::driver::{check, driver, require_symbols, CudaError, COMPUTE_SYMBOLS};
+use crate::driver::{check, require_symbols, CudaError, COMPUTE_SYMBOLS};
 
 /// Element types, with the codes kernels.cu uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -323,23 +323,9 @@ impl Gpu {
     /// compile (or load from the cache) and load the kernels. Fails with a typed error on a
     /// machine without a driver, a device or NVRTC.
     pub fn new(ordinal: i32) -> Result<Gpu, CudaError> {
-        driver()?;
-        // SAFETY: the driver library is loaded (driver() succeeded).
+        let dev = crate::driver::device_handle(ordinal)?;
+        // SAFETY: the driver library is loaded (device_handle loaded it).
         require_symbols(unsafe { sys::culib() }, "the CUDA driver", COMPUTE_SYMBOLS)?;
-        let count = crate::driver::device_count();
-        if count == 0 {
-            return Err(CudaError::NoDevice(
-                "the CUDA driver reports no device".into(),
-            ));
-        }
-        if ordinal < 0 || ordinal >= count {
-            return Err(CudaError::InvalidDevice { ordinal, count });
-        }
-        let mut dev: sys::CUdevice = 0;
-        // SAFETY: driver initialised, ordinal in range.
-        check("cuDeviceGet", unsafe {
-            sys::cuDeviceGet(&mut dev, ordinal)
-        })?;
         let attr = |a: sys::CUdevice_attribute| -> Result<i32, CudaError> {
             let mut v = 0;
             // SAFETY: dev is valid; out-pointer.

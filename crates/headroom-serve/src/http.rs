@@ -93,7 +93,7 @@ impl App {
     pub fn render_metrics(&self) -> String {
         let (committed, ..) = self.sched.ledger();
         let (queue_depth, queue_samples, running) = self.sched.depth();
-        let cost = self.sched.cost_model();
+        let (cost, quiet) = self.sched.cost_model();
         let mem = MemoryView {
             allocated: self.model.device().memory_allocated(),
             reserved: self.model.device().memory_reserved(),
@@ -108,6 +108,8 @@ impl App {
             limit: self.cfg.limit_bytes(),
             cost_fixed_s: cost.alpha,
             cost_per_unit_s: cost.beta,
+            quiet_cost_fixed_s: quiet.alpha,
+            quiet_cost_per_unit_s: quiet.beta,
         };
         self.metrics.render(&mem, &sched)
     }

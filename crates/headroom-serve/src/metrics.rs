@@ -36,7 +36,7 @@
 //! | `headroom_batch_actual_peak_bytes{slot}` | gauge | the same batches, measured (NaN when it overlapped another batch) |
 //! | `headroom_batch_samples{slot}` | gauge | the same batches' sizes |
 //! | `headroom_prediction_underestimates_total` | counter | batches that peaked above their prediction |
-//! | `headroom_compute_model_seconds{term}` | gauge | fitted compute time: `fixed` per batch, `per_unit` per token/pixel/row |
+//! | `headroom_compute_model_seconds{fit,term}` | gauge | fitted compute time (`fit`: `live`, or `quiet` = while nothing was shed), `fixed` per batch, `per_unit` per token/pixel/row |
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
@@ -159,6 +159,8 @@ pub struct SchedView {
     pub limit: u64,
     pub cost_fixed_s: f64,
     pub cost_per_unit_s: f64,
+    pub quiet_cost_fixed_s: f64,
+    pub quiet_cost_per_unit_s: f64,
 }
 
 impl Metrics {
@@ -186,6 +188,13 @@ impl Metrics {
         if let Some(i) = Reject::ALL.iter().position(|&x| x == r) {
             self.rejections[i].fetch_add(1, Ordering::Relaxed);
         }
+    }
+    /// Every 503 so far, whatever the reason.
+    pub fn rejections_total(&self) -> u64 {
+        self.rejections
+            .iter()
+            .map(|r| r.load(Ordering::Relaxed))
+            .sum()
     }
     pub fn rejections(&self, r: Reject) -> u64 {
         Reject::ALL
@@ -403,13 +412,25 @@ impl Metrics {
         );
         let _ = writeln!(
             o,
-            "# HELP headroom_compute_model_seconds Fitted batch compute time: fixed per batch, per_unit per token, pixel or row.\n\
-             # TYPE headroom_compute_model_seconds gauge\n\
-             headroom_compute_model_seconds{{term=\"fixed\"}} {}\n\
-             headroom_compute_model_seconds{{term=\"per_unit\"}} {}",
-            fmt_f(sched.cost_fixed_s),
-            fmt_f(sched.cost_per_unit_s)
+            "# HELP headroom_compute_model_seconds Fitted batch compute time, fixed per batch and per unit (token, pixel or row): fit=\"live\" all batches, fit=\"quiet\" batches while nothing was shed (anchors the auto latency target).\n\
+             # TYPE headroom_compute_model_seconds gauge"
         );
+        for (fit, fixed, per) in [
+            ("live", sched.cost_fixed_s, sched.cost_per_unit_s),
+            (
+                "quiet",
+                sched.quiet_cost_fixed_s,
+                sched.quiet_cost_per_unit_s,
+            ),
+        ] {
+            let _ = writeln!(
+                o,
+                "headroom_compute_model_seconds{{fit=\"{fit}\",term=\"fixed\"}} {}\n\
+                 headroom_compute_model_seconds{{fit=\"{fit}\",term=\"per_unit\"}} {}",
+                fmt_f(fixed),
+                fmt_f(per)
+            );
+        }
         o
     }
 }

@@ -18,7 +18,8 @@
 //! - **Latency.** Memory alone does not bound queueing on a compute-bound server: a queue
 //!   that fits in memory can still hold seconds of work. Each request gets a latency
 //!   target (`--max-latency`, default `auto`: 1.5 × the server's own estimate of the
-//!   request's unloaded latency, `max_wait + c(its work)`), and is admitted only if the
+//!   request's unloaded latency, `max_wait + c(its work)` with `c` fitted to the batches
+//!   that ran while nothing was shed), and is admitted only if the
 //!   predicted time to finish it — time until a worker is free, plus the queued work
 //!   ahead, plus its own compute — is within the target. Compute time is a linear model
 //!   `c = α + β·units` (units: tokens, pixels or rows) fitted online, with forgetting, to
@@ -203,6 +204,11 @@ struct State {
     /// share the device with.
     model_base: u64,
     cost: CostModel,
+    /// The same fit, fed only with batches during which nothing was shed: what the server
+    /// takes when it is not overloaded. The auto latency target is anchored here, so that
+    /// contention under overload (compute slowed by the very requests being shed) cannot
+    /// raise the target along with the latency.
+    quiet_cost: CostModel,
     draining: bool,
     closed: bool,
     batch_seq: u64,
@@ -288,6 +294,7 @@ impl Scheduler {
                 idle_base,
                 model_base: idle_base,
                 cost: CostModel::new(),
+                quiet_cost: CostModel::new(),
                 draining: false,
                 closed: false,
                 batch_seq: 0,
@@ -321,10 +328,10 @@ impl Scheduler {
             let t = Instant::now();
             drop(self.model.forward_batch(key, n, None)?);
             let s = secs(t.elapsed());
-            self.st
-                .lock()
-                .cost
-                .observe((n as u64 * key.units_per_sample()) as f64, s);
+            let units = (n as u64 * key.units_per_sample()) as f64;
+            let mut st = self.st.lock();
+            st.cost.observe(units, s);
+            st.quiet_cost.observe(units, s);
         }
         let mut st = self.st.lock();
         st.idle_base = self.model.device().memory_allocated();
@@ -346,8 +353,10 @@ impl Scheduler {
         Ok(())
     }
 
-    pub fn cost_model(&self) -> CostModel {
-        self.st.lock().cost.clone()
+    /// The compute-time fits: `(live, quiet)`.
+    pub fn cost_model(&self) -> (CostModel, CostModel) {
+        let st = self.st.lock();
+        (st.cost.clone(), st.quiet_cost.clone())
     }
 
     /// The memory admission ledger: `(committed, queued, running, idle_base)` bytes.
@@ -408,15 +417,17 @@ impl Scheduler {
 
     /// The request's latency target, and its predicted latency if admitted now.
     fn latency_check(&self, st: &State, input: &Input, now: Instant) -> (Option<Duration>, f64) {
-        let own = st
-            .cost
-            .secs(input.samples as u64 * input.key.units_per_sample());
+        let units = input.samples as u64 * input.key.units_per_sample();
+        let own = st.cost.secs(units);
         let max_wait = secs(self.cfg.max_wait);
         let target = match self.cfg.latency {
             LatencyTarget::Off => None,
             LatencyTarget::Fixed(d) => Some(d),
             LatencyTarget::Auto => Some(
-                Duration::from_secs_f64(AUTO_TARGET_FACTOR * (max_wait + own)).max(MIN_AUTO_TARGET),
+                Duration::from_secs_f64(
+                    AUTO_TARGET_FACTOR * (max_wait + st.quiet_cost.secs(units)),
+                )
+                .max(MIN_AUTO_TARGET),
             ),
         };
         // The batch it joins starts when a worker is free and the work ahead is done, but
@@ -723,6 +734,7 @@ impl Scheduler {
             pred,
             entries,
             alone,
+            rejections_at_start: self.metrics.rejections_total(),
         }
     }
 
@@ -764,11 +776,14 @@ impl Scheduler {
             let mut st = self.st.lock();
             st.running_pred = st.running_pred.saturating_sub(b.pred);
             st.running.retain(|r| r.seq != b.seq);
-            if ok {
-                st.cost.observe(units as f64, secs(compute));
-            }
             // Alone from start to end: no other batch started meanwhile.
             let alone = b.alone && st.batch_seq == b.seq;
+            if ok {
+                st.cost.observe(units as f64, secs(compute));
+                if alone && self.metrics.rejections_total() == b.rejections_at_start {
+                    st.quiet_cost.observe(units as f64, secs(compute));
+                }
+            }
             if st.running.is_empty() {
                 st.idle_base = self.model.device().memory_allocated();
             }
@@ -836,6 +851,7 @@ struct Batch {
     pred: u64,
     entries: Vec<Entry>,
     alone: bool,
+    rejections_at_start: u64,
 }
 
 #[cfg(test)]

@@ -12,10 +12,16 @@
 //!   [`threshold::parse_thresholds`], `str::parse` for [`ModelSpec`], [`InputDist`],
 //!   [`DeviceChoice`], [`OptimKind`], [`AccumPattern`].
 //!
+//! - [`http::run()`]`(&HttpConfig, stop, progress) -> Result<RunResult>`: `headroom http`, load
+//!   on any HTTP endpoint (closed or open model, stages), with the service's memory (NVML, a
+//!   Prometheus endpoint, the `headroom_probe.py` probe) on the same timeline; the result is
+//!   the same [`RunResult`] with its `http` part, so reports and thresholds are shared.
+//!
 //! Modules: [`results`] (the result types and the documented JSON schema), [`scenario`]
 //! (workloads and planted mistakes), [`runner`] (closed-model load), [`timeline`]
 //! (measurement), [`search`] (OOM search), [`diagnose`] (findings and what-if),
-//! [`threshold`], [`claims`], [`devices`].
+//! [`threshold`], [`claims`], [`devices`], [`http`] (the HTTP load client), [`memsource`]
+//! (memory from outside the allocator: NVML, fakes).
 
 pub mod claims;
 pub mod devices;

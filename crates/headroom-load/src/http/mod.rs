@@ -13,7 +13,7 @@
 //! - [`prometheus`]: the text exposition format, and known metric names mapped to memory.
 //! - [`sample`]: the memory sampler (scraped endpoint, NVML) on the load's clock.
 //! - [`probe`]: snapshots from `python/headroom_probe.py`, replays, findings.
-//! - [`run`]: [`HttpConfig`] and [`run()`](run::run), the whole run.
+//! - [`mod@run`]: [`HttpConfig`] and [`run()`](run::run), the whole run.
 //! - [`server`]: a small loopback server for tests and `headroom bench http`.
 //!
 //! ```no_run

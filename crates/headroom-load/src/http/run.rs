@@ -7,7 +7,7 @@
 //! runs as tasks — one per worker in the closed model, a dispatcher plus one task per
 //! request in the open model — and the memory sampler as one more task. Everything that
 //! can be wrong with the user's input (the URL, the body, the metrics endpoint, nothing
-//! listening) is found by [`prepare`] before the clock starts, so the CLI can exit 2 with
+//! listening) is found by `prepare` before the clock starts, so the CLI can exit 2 with
 //! nothing written.
 //!
 //! The end of a run: no new request starts; requests in flight get a grace period
@@ -509,7 +509,7 @@ type Tick = (f64, MemoryReading, usize);
 ///
 /// `stop` (Ctrl-C) ends the load early; what was measured is still returned with
 /// `stop_reason: cancelled`. `progress` is called on the calling thread several times a
-/// second. Errors are only for input that cannot run (see [`prepare`]).
+/// second. Errors are only for input that cannot run (see `prepare`: a bad URL, body, metrics endpoint, or nothing listening).
 pub fn run(
     cfg: &HttpConfig,
     stop: Arc<AtomicBool>,

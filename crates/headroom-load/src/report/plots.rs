@@ -509,10 +509,7 @@ fn latency_plot(title: &str, x_desc: &str, rows: &[(f64, LatencyStats)]) -> Stri
         ];
         for (k, (name, get)) in ps.into_iter().enumerate() {
             let c = C_P[k];
-            let pts: Vec<(f64, f64)> = rows
-                .iter()
-                .map(|row| (row.0, get(&row.1)))
-                .collect();
+            let pts: Vec<(f64, f64)> = rows.iter().map(|row| (row.0, get(&row.1))).collect();
             chart
                 .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
                 .map_err(err)?
@@ -997,9 +994,9 @@ pub fn status_svg(r: &RunResult) -> String {
         return message_svg(title, "Not an HTTP run.");
     };
     let b = &h.status_timeline;
-    if b.iter().all(|x| {
-        x.ok + x.shed + x.client_error + x.server_error + x.transport_error == 0
-    }) {
+    if b.iter()
+        .all(|x| x.ok + x.shed + x.client_error + x.server_error + x.transport_error == 0)
+    {
         return message_svg(title, "No request finished.");
     }
     type Get = fn(&crate::results::StatusBucket) -> u64;
@@ -1008,7 +1005,9 @@ pub fn status_svg(r: &RunResult) -> String {
         ("shed (503)", RGBColor(255, 127, 14), |x| x.shed),
         ("4xx", RGBColor(148, 103, 189), |x| x.client_error),
         ("5xx (not 503)", RGBColor(214, 39, 40), |x| x.server_error),
-        ("no answer (errors)", RGBColor(60, 60, 60), |x| x.transport_error),
+        ("no answer (errors)", RGBColor(60, 60, 60), |x| {
+            x.transport_error
+        }),
     ];
     let rate = |x: &crate::results::StatusBucket, upto: usize| {
         let n: u64 = classes[..=upto].iter().map(|c| (c.2)(x)).sum();

@@ -14,9 +14,10 @@ allocator must be chosen before CUDA first allocates. Workloads (the same in eve
                          batch of 1, 2, 4, 8 or 16 sequences of one length drawn from
                          U[16, 1024] (fixed seed), full logits, next token per sequence,
                          60 steps
-MODE native-record runs native with memory history recording on and writes each workload's
-snapshot to HEADROOM_RECORD_DIR (`<workload>.pickle`), for `headroom replay --recommend`;
-its timings are not comparable (recording costs time) and are reported apart.
+MODE native-record (native-expandable-record) runs native (with expandable segments) and
+memory history recording on, and writes each workload's snapshot to HEADROOM_RECORD_DIR
+(`<workload>.pickle`, `<workload>__expandable.pickle`), for `headroom replay`; its timings
+are not comparable (recording costs time). `--only NAME` runs one workload.
 CONF overrides the allocator config of the headroom modes (HEADROOM_ALLOC_CONF).
 Each writes one JSON line: peak allocated/reserved (from the allocator in use), median step
 time. In headroom modes the script also checks the headroom_torch API and prints
@@ -40,9 +41,10 @@ HEADROOM = MODE.startswith("headroom")
 CONF = "expandable_segments:True" if MODE.endswith("expandable") else ""
 if MODE == "headroom-recommended":
     CONF = os.environ.get("HEADROOM_ALLOC_CONF", "")
-RECORD = os.environ.get("HEADROOM_RECORD_DIR", "/tmp") if MODE == "native-record" else None
+RECORD = os.environ.get("HEADROOM_RECORD_DIR", "/tmp") if MODE.endswith("-record") else None
+ONLY = [sys.argv[i + 1] for i, a in enumerate(sys.argv[:-1]) if a == "--only"]
 
-if MODE == "native-expandable":
+if MODE in ("native-expandable", "native-expandable-record"):
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
 elif MODE in ("native", "native-record"):
     os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
@@ -351,6 +353,8 @@ def checks():
 def main():
     torch.backends.cudnn.benchmark = False
     for wl in (wl_resnet_infer, wl_resnet_train, wl_gpt2_varlen, wl_gpt2_varlen_serve):
+        if ONLY and wl.__name__[3:] not in ONLY and wl.__name__ not in ONLY:
+            continue
         reset()
         recording = RECORD and hr is None
         if recording:
@@ -365,9 +369,11 @@ def main():
 
             snap = torch.cuda.memory._snapshot()
             torch.cuda.memory._record_memory_history(enabled=None)
-            name = wl.__name__[3:]
+            name = wl.__name__[3:] + ("__expandable" if "expandable" in MODE else "")
             with open(os.path.join(RECORD, f"{name}.pickle"), "wb") as f:
                 pickle.dump(snap, f)
+    if ONLY:
+        return
     reset()
     try:
         emit(dict(workload="python_pair_ns", ns=python_pair_ns()))

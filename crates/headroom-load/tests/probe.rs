@@ -298,6 +298,9 @@ fn headroom_http_picks_up_the_probe() {
     assert!(r.what_if.iter().all(|w| w.num_ooms == 0));
     let ids: Vec<&str> = r.findings.iter().map(|f| f.id.as_str()).collect();
     assert!(ids.contains(&"out_of_memory"), "{ids:?}");
+    // The stub's failed allocation flushed the cache and retried once, during the run.
+    assert_eq!(r.peaks.alloc_retries, 1);
+    assert!(ids.contains(&"fragmentation"), "{ids:?}");
     let oom_f = r
         .findings
         .iter()

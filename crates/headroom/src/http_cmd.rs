@@ -406,7 +406,8 @@ pub fn http(a: HttpArgs) -> Result<ExitCode, UserError> {
     });
     pb.finish_and_clear();
     let r = result.map_err(le)?;
-    if !a.quiet {
+    // The summary table says it otherwise; with --json, say once on stderr.
+    if a.json && !a.quiet {
         for m in r.memory_sources.iter().filter(|m| m.status == "absent") {
             eprintln!("note: {} is absent: {}", m.name, m.note);
         }

@@ -1164,6 +1164,7 @@ impl Aggregate<'_> {
             .iter()
             .map(|s| {
                 let l = match s.load {
+                    Load::Closed(1) => "1 worker".to_string(),
                     Load::Closed(c) => format!("{c} workers"),
                     Load::Open(r) => format!("{r}/s"),
                 };

@@ -237,9 +237,11 @@ pub fn timeline_svg(r: &RunResult) -> String {
         .unwrap_or(0)
         .max(r.peaks.reserved_bytes);
     // The capacity line is drawn when it is within reach of the data; a 140 GiB card under a
-    // 100 MiB workload would flatten every curve.
+    // 100 MiB workload would flatten every curve. A service's capacity is the reference of
+    // its whole timeline (the line its memory must stay under), so it is drawn from further.
+    let reach = if r.http.is_some() { 8.0 } else { 4.0 };
     let show_cap =
-        r.capacity_bytes > 0 && (r.capacity_bytes as f64) <= 4.0 * data_max.max(1) as f64;
+        r.capacity_bytes > 0 && (r.capacity_bytes as f64) <= reach * data_max.max(1) as f64;
     let y_max_b = if show_cap {
         data_max.max(r.capacity_bytes)
     } else {

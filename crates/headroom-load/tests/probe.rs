@@ -336,3 +336,61 @@ impl CloneWrite for ChildStdin {
         })
     }
 }
+
+#[test]
+fn python_m_headroom_probe_runs_a_script_with_the_probe_started() {
+    let Some(py) = python() else {
+        println!("SKIPPED: python3 is not on PATH");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("headroom-probe-m-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // The script sees the probe the wrapper started (start() again returns it), and its
+    // arguments as sys.argv.
+    let script = dir.join("service.py");
+    std::fs::write(
+        &script,
+        "import sys, urllib.request, headroom_probe, torch\n\
+         p = headroom_probe.start()\n\
+         torch.cuda._stub_alloc(5 << 20)\n\
+         text = urllib.request.urlopen(p.url + '/metrics').read().decode()\n\
+         print(sys.argv[1:], 'torch_cuda_memory_allocated_bytes{device=\"0\"} 5242880' in text)\n",
+    )
+    .unwrap();
+    let pythonpath = std::env::join_paths([
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/torch_stub"),
+        repo().join("python"),
+    ])
+    .unwrap();
+    let mut child = Command::new(py)
+        .args(["-m", "headroom_probe", "--port", "0", "--snapshot-dir"])
+        .arg(&dir)
+        .arg("--")
+        .arg(&script)
+        .args(["--model", "x"])
+        .env("PYTHONPATH", pythonpath)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("python -m headroom_probe did not finish");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stdout.trim(), "['--model', 'x'] True", "{stderr}");
+    assert!(
+        stderr.contains("headroom_probe: serving http://127.0.0.1:"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

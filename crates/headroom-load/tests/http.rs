@@ -517,3 +517,26 @@ fn nvml_is_absent_here_and_said_so_once() {
     }
     assert!(r.requests.ok > 0);
 }
+
+#[test]
+fn n_ends_a_last_stage_smaller_than_an_earlier_one() {
+    // Workers of the first stage idle in the second: -n must still end the run.
+    // 4 workers × 0.2 s / 10 ms: about 80 requests in the first stage, the rest after.
+    let s = slow(Duration::from_millis(10));
+    let mut c = cfg(
+        &s.url("/"),
+        vec![
+            stage(Load::Closed(4), 0.2),
+            HttpStage {
+                load: Load::Closed(1),
+                duration: None,
+            },
+        ],
+    );
+    c.max_requests = Some(120);
+    let t = Instant::now();
+    let r = go(&c);
+    assert!(t.elapsed() < Duration::from_secs(10));
+    assert_eq!(r.requests.total, 120);
+    assert_eq!(r.stages.len(), 2);
+}

@@ -612,7 +612,10 @@ async fn drive(
                 let r = sampler.read().await;
                 let t = (t0 + ctx.t()) / 2.0;
                 *latest.lock() = r;
-                out.push((t, r, ctx.in_flight.load(Ordering::Relaxed)));
+                // Bounded, as the loadtest's timeline is: a day at 10 ms stays plottable.
+                if out.len() < crate::timeline::MAX_SAMPLES {
+                    out.push((t, r, ctx.in_flight.load(Ordering::Relaxed)));
+                }
                 next += interval;
                 let now = Instant::now();
                 if next < now {
@@ -694,11 +697,15 @@ async fn drive(
                 break 'stages;
             }
             if ctx.limit_hit.load(Ordering::Relaxed) {
+                // Every request number below -n is handed out: done once none is in flight
+                // (idle workers of an earlier, larger stage do not count).
                 let all_done = if open {
                     ctx.finished.load(Ordering::Relaxed) + ctx.dropped.load(Ordering::Relaxed)
                         >= ctx.scheduled.load(Ordering::Relaxed)
                 } else {
                     ctx.live_workers.load(Ordering::Relaxed) == 0
+                        || ctx.started.load(Ordering::Relaxed)
+                            == ctx.finished.load(Ordering::Relaxed)
                 };
                 if all_done {
                     stages_run.push((i, stage_start, ctx.t()));

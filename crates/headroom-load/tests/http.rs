@@ -37,9 +37,19 @@ fn cfg(url: &str, stages: Vec<HttpStage>) -> HttpConfig {
     c
 }
 
+/// Runs `c` on its own thread: a run that does not end within 60 s fails the test instead
+/// of hanging it.
 fn go(c: &HttpConfig) -> RunResult {
     let t = Instant::now();
-    let r = http::run(c, no_stop(), |_| {}).expect("run");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let c = c.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(http::run(&c, no_stop(), |_| {}));
+    });
+    let r = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the run did not end within 60 s")
+        .expect("run");
     assert!(
         t.elapsed() < Duration::from_secs(30),
         "a run took {:?}",

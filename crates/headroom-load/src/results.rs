@@ -694,8 +694,9 @@ pub struct HttpResult {
     /// Latency of the ok answers as each request itself took (send to last byte), without
     /// the coordinated-omission correction.
     pub latency_uncorrected: LatencyStats,
-    /// Open model: requests the schedule meant to send but that never got a connection
-    /// before the run ended (the client's connection limit was the bottleneck).
+    /// Open model: requests the schedule meant to send that were never sent: still waiting
+    /// for a connection when the grace period ended (the client's connection limit was the
+    /// bottleneck) or when Ctrl-C stopped the run, or beyond 100 000 pending at once.
     pub dropped: u64,
     /// Requests still in flight when the run ended and the grace period ran out.
     pub aborted: u64,

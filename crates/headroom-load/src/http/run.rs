@@ -10,9 +10,10 @@
 //! listening) is found by `prepare` before the clock starts, so the CLI can exit 2 with
 //! nothing written.
 //!
-//! The end of a run: no new request starts; requests in flight get a grace period
-//! (`min(--timeout, 5s)`) to finish and are otherwise counted as aborted; an open-model
-//! request still waiting for a connection is dropped. Then one more memory sample (the
+//! The end of a run: no new request starts; requests in flight, and open-model requests the
+//! schedule meant to send before the end but still waiting for a connection, get a grace
+//! period (`min(--timeout, 5s)`) to finish; what is left is counted as aborted (in flight)
+//! or dropped (never sent; after Ctrl-C, at once). Then one more memory sample (the
 //! service at rest), the probe's snapshots, the replays and the findings.
 
 use std::collections::BTreeMap;
@@ -299,8 +300,10 @@ struct Ctx {
     live_workers: AtomicUsize,
     /// Open model.
     scheduled: AtomicU64,
-    /// Open model: requests waiting for a connection.
-    waiting: AtomicU64,
+    /// Open model: requests spawned and not done (waiting for a connection, or in flight).
+    pending: AtomicU64,
+    /// The stop flag was seen: requests still waiting for a connection are dropped.
+    cancelled: AtomicBool,
     dropped: AtomicU64,
     pool: Mutex<Vec<Conn>>,
     slots: Semaphore,
@@ -435,21 +438,22 @@ async fn closed_worker(ctx: Arc<Ctx>, i: usize) {
     ctx.live_workers.fetch_sub(1, Ordering::Relaxed);
 }
 
+/// One open-model request: wait for a connection slot, send. Every request the schedule
+/// meant to send before the end is sent (within the grace period), unless the run was
+/// cancelled; `pending` counts it until it is done.
 async fn open_request(ctx: Arc<Ctx>, seq: u64, stage: usize, intended: Instant) {
-    let slot = ctx.slots.acquire().await;
-    ctx.waiting.fetch_sub(1, Ordering::Relaxed);
-    let Ok(_slot) = slot else {
-        return;
-    };
-    if ctx.done.load(Ordering::Relaxed) {
-        ctx.dropped.fetch_add(1, Ordering::Relaxed);
-        return;
+    if let Ok(_slot) = ctx.slots.acquire().await {
+        if ctx.cancelled.load(Ordering::Relaxed) {
+            ctx.dropped.fetch_add(1, Ordering::Relaxed);
+        } else {
+            let mut conn = ctx.pool.lock().pop();
+            one_request(&ctx, &mut conn, seq, stage, Some(intended), None).await;
+            if let Some(c) = conn {
+                ctx.pool.lock().push(c);
+            }
+        }
     }
-    let mut conn = ctx.pool.lock().pop();
-    one_request(&ctx, &mut conn, seq, stage, Some(intended), None).await;
-    if let Some(c) = conn {
-        ctx.pool.lock().push(c);
-    }
+    ctx.pending.fetch_sub(1, Ordering::Relaxed);
 }
 
 /// The open model's schedule: every request at its intended time, stage by stage, each
@@ -485,10 +489,10 @@ async fn dispatcher(ctx: Arc<Ctx>, plan: Vec<(f64, Option<f64>)>, arrival: Arriv
             // A service that stalls for long at a high rate would otherwise pile up
             // millions of waiting requests: past a bound they are dropped (and counted), as
             // k6 drops iterations when it runs out of VUs.
-            if ctx.waiting.load(Ordering::Relaxed) >= MAX_WAITING {
+            if ctx.pending.load(Ordering::Relaxed) >= MAX_WAITING {
                 ctx.dropped.fetch_add(1, Ordering::Relaxed);
             } else {
-                ctx.waiting.fetch_add(1, Ordering::Relaxed);
+                ctx.pending.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(open_request(ctx.clone(), seq, si, next));
             }
             next += Duration::from_secs_f64(sched.gap(*rate));
@@ -497,7 +501,8 @@ async fn dispatcher(ctx: Arc<Ctx>, plan: Vec<(f64, Option<f64>)>, arrival: Arriv
     }
 }
 
-/// Open model: most requests waiting for a connection before new ones are dropped.
+/// Open model: most requests pending (waiting for a connection or in flight) before new
+/// ones are dropped.
 const MAX_WAITING: u64 = 100_000;
 
 /// A stage as it ran: (index, start_s, end_s).
@@ -586,7 +591,8 @@ async fn drive(
         connections: AtomicU64::new(0),
         live_workers: AtomicUsize::new(0),
         scheduled: AtomicU64::new(0),
-        waiting: AtomicU64::new(0),
+        pending: AtomicU64::new(0),
+        cancelled: AtomicBool::new(false),
         dropped: AtomicU64::new(0),
         pool: Mutex::new(Vec::new()),
         slots: Semaphore::new(cfg.max_connections.min(Semaphore::MAX_PERMITS)),
@@ -693,6 +699,7 @@ async fn drive(
             }
             if stop.load(Ordering::Relaxed) {
                 stop_reason = StopReason::Cancelled;
+                ctx.cancelled.store(true, Ordering::Relaxed);
                 stages_run.push((i, stage_start, ctx.t()));
                 break 'stages;
             }
@@ -725,7 +732,8 @@ async fn drive(
     // Grace: requests in flight finish or are given up.
     let grace = cfg.timeout.min(Duration::from_secs(5));
     let g0 = Instant::now();
-    while ctx.started.load(Ordering::Relaxed) > ctx.finished.load(Ordering::Relaxed)
+    while (ctx.started.load(Ordering::Relaxed) > ctx.finished.load(Ordering::Relaxed)
+        || ctx.pending.load(Ordering::Relaxed) > 0)
         && g0.elapsed() < grace
     {
         tokio::time::sleep(Duration::from_millis(2)).await;

@@ -58,9 +58,11 @@ Notes:
 - Recording history (record_history=True, the default) keeps the last `max_entries`
   allocation events with Python stacks; it costs a little per allocation. Without it the
   snapshot has the segments but no trace, and Headroom cannot replay it.
-- mem_get_info needs a CUDA context; it is only asked of devices the service already
-  uses (memory reserved there, or the current device once CUDA is initialised), so the
-  probe never creates a context of its own on another GPU.
+- The probe never initialises CUDA itself: until the service has, /metrics holds only the
+  probe's own series. memory_stats (and the gauges from it) are exported for every device,
+  since they are the allocator's bookkeeping; mem_get_info needs a CUDA context, so it is
+  only asked of devices the service already uses (memory reserved there, or the current
+  device), and the probe never creates a context of its own on another GPU.
 - The server binds 127.0.0.1 by default; bind "0.0.0.0" only on a trusted network (the
   snapshot holds stack traces and file names of the service).
 """
@@ -227,10 +229,20 @@ class Probe:
 
         attach(on_oom)
 
+    def all_devices(self):
+        """Every device, once the service has initialised CUDA (none before)."""
+        torch = _torch()
+        try:
+            if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+                return []
+            return list(range(torch.cuda.device_count()))
+        except Exception:
+            return []
+
     def devices(self):
         """Devices in use: memory reserved there, or the current device."""
         torch = _torch()
-        if not torch.cuda.is_available():
+        if not self.all_devices():
             return []
         out = []
         for d in range(torch.cuda.device_count()):
@@ -266,7 +278,7 @@ class Probe:
         lines.append("headroom_probe_ooms_total %d" % self.ooms)
         family("headroom_probe_snapshots_total", "counter", "Snapshots the probe wrote.")
         lines.append("headroom_probe_snapshots_total %d" % self.snapshots)
-        devs = self.devices()
+        devs = self.all_devices()
         if devs:
             family("torch_cuda_memory_stats", "gauge", "torch.cuda.memory_stats(device), one series per key.")
             for d in devs:
@@ -285,7 +297,7 @@ class Probe:
                 for d in devs:
                     lines.append('%s{device="%d"} %d' % (name, d, int(fn(d))))
             info = {}
-            for d in devs:
+            for d in self.devices():
                 try:
                     info[d] = torch.cuda.mem_get_info(d)
                 except Exception:

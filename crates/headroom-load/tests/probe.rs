@@ -353,9 +353,11 @@ fn python_m_headroom_probe_runs_a_script_with_the_probe_started() {
         &script,
         "import sys, urllib.request, headroom_probe, torch\n\
          p = headroom_probe.start()\n\
+         cold = urllib.request.urlopen(p.url + '/metrics').read().decode()\n\
          torch.cuda._stub_alloc(5 << 20)\n\
          text = urllib.request.urlopen(p.url + '/metrics').read().decode()\n\
-         print(sys.argv[1:], 'torch_cuda_memory_allocated_bytes{device=\"0\"} 5242880' in text)\n",
+         print(sys.argv[1:], 'torch_cuda' in cold, \
+               'torch_cuda_memory_allocated_bytes{device=\"0\"} 5242880' in text)\n",
     )
     .unwrap();
     let pythonpath = std::env::join_paths([
@@ -387,7 +389,8 @@ fn python_m_headroom_probe_runs_a_script_with_the_probe_started() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert_eq!(stdout.trim(), "['--model', 'x'] True", "{stderr}");
+    // Before the service initialised CUDA the probe asks nothing of it; after, it exports.
+    assert_eq!(stdout.trim(), "['--model', 'x'] False True", "{stderr}");
     assert!(
         stderr.contains("headroom_probe: serving http://127.0.0.1:"),
         "{stderr}"

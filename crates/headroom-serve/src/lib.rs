@@ -232,25 +232,36 @@ impl ServerHandle {
     }
 }
 
-/// Resolves on the first SIGINT (Ctrl-C) or SIGTERM.
-pub async fn shutdown_signal() {
+/// Resolves on the first SIGINT (Ctrl-C) or SIGTERM received after this call.
+///
+/// The handlers are installed here, not at the first poll: a caller that announces it is
+/// listening and then awaits must already own the signal, or a SIGTERM sent in between (a
+/// supervisor that reads the announcement) would kill the process with the default action.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
+        let int = signal(SignalKind::interrupt()).ok();
+        let term = signal(SignalKind::terminate()).ok();
+        async move {
+            async fn recv(s: Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
                 }
             }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+            tokio::select! {
+                _ = recv(int) => {}
+                _ = recv(term) => {}
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async move {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

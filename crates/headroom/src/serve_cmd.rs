@@ -177,10 +177,12 @@ async fn run(cfg: ServeConfig) -> Result<ExitCode, UserError> {
         app.cfg.max_wait,
         app.cfg.workers,
     );
+    let stop = headroom_serve::shutdown_signal();
     println!("listening on {}", server.url());
     let _ = std::io::stdout().flush();
-    headroom_serve::shutdown_signal().await;
+    stop.await;
     eprintln!("shutting down: draining queued and running requests (up to {drain:?})");
+    let again = headroom_serve::shutdown_signal();
     tokio::select! {
         report = server.shutdown() => {
             if report.drained {
@@ -193,7 +195,7 @@ async fn run(cfg: ServeConfig) -> Result<ExitCode, UserError> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        _ = headroom_serve::shutdown_signal() => {
+        _ = again => {
             eprintln!("stopped before the drain finished");
             Ok(ExitCode::from(EXIT_INTERRUPTED))
         }

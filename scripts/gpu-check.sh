@@ -4,7 +4,7 @@
 # headroom_torch against PyTorch's native allocator.
 #
 #   scripts/gpu-check.sh build   # here (no GPU needed): release builds, copied into devcarry/
-#   scripts/gpu-check.sh gpu [--quick] [--only tests,alloc,models,workloads,probe]
+#   scripts/gpu-check.sh gpu [--quick] [--only tests,alloc,models,workloads,probe,loadtest,http]
 #                                # on the GPU machine, in the repo root, with devcarry/ present
 #
 # The two halves are one workflow: build here, then send the tree with devcarry/ carried to
@@ -18,7 +18,7 @@ CARRY=$ROOT/devcarry
 MODE=${1:-build}
 shift || true
 QUICK=""
-ONLY="tests,alloc,models,workloads,probe,loadtest"
+ONLY="tests,alloc,models,workloads,probe,loadtest,http"
 while [ $# -gt 0 ]; do
   case "$1" in
   --quick) QUICK="--quick" ;;
@@ -50,6 +50,14 @@ for line in sys.stdin:
   for t in $tests; do cp "${t#*=}" "$CARRY/test-${t%%=*}"; done
   find "$CARRY" -maxdepth 1 -type f -exec strip --strip-debug {} + 2>/dev/null || true
   cp scripts/torch_raw_shim.cpp "$CARRY/"
+  # The HTTP client's peers, for `headroom bench http` on the GPU host's many cores: wrk
+  # (with its LuaJIT) and oha, when this machine has them.
+  rm -rf "$CARRY/bin" && mkdir -p "$CARRY/bin/lib"
+  if command -v wrk >/dev/null; then
+    cp "$(command -v wrk)" "$CARRY/bin/"
+    ldd "$(command -v wrk)" | awk '/luajit/ {print $3}' | xargs -r -I{} cp {} "$CARRY/bin/lib/"
+  fi
+  command -v oha >/dev/null && cp "$(command -v oha)" "$CARRY/bin/"
   ls -la "$CARRY"
   du -sh "$CARRY"
   echo "built; now run on the GPU machine: bash scripts/gpu-check.sh gpu   (carry devcarry)"
@@ -175,6 +183,24 @@ PY
     else
       echo "(no scripts/probe_check.py)"
     fi
+  fi
+
+  if want http; then
+    echo "== headroom bench http: Headroom's client against wrk and oha, loopback, half the cores each =="
+    local peers=0
+    for peer in wrk oha; do
+      # wrk --version exits 1; what matters is that it runs (its libraries resolve).
+      local v
+      v=$(PATH=$CARRY/bin:$PATH LD_LIBRARY_PATH=$CARRY/bin/lib $peer --version 2>&1)
+      if [[ "$v" == *"$peer"* ]]; then
+        peers=$((peers + 1))
+        PATH=$CARRY/bin:$PATH LD_LIBRARY_PATH=$CARRY/bin/lib "$CARRY/headroom" bench http \
+          --peer $peer -c 64 -z 3s --rounds 3 2>&1 | tee -a "$R/http.txt" | tail -5
+      else
+        echo "($peer: not here)"
+      fi
+    done
+    echo "   ($((SECONDS - T0)) s)"
   fi
 
   echo "== report =="

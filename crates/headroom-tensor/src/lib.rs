@@ -66,8 +66,8 @@
 //! view+inplace rebase); two threads writing one tensor is a data race, as in PyTorch.
 
 pub mod autograd;
-pub mod bench;
 pub mod backend;
+pub mod bench;
 pub mod caching;
 pub mod cuda;
 pub mod device;
@@ -87,6 +87,7 @@ pub mod tensor;
 pub mod workspace;
 
 pub use autograd::{enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled};
+pub use cuda::{CudaAllocator, CudaRuntime, TensorGraph};
 pub use device::{Device, DeviceKind};
 pub use dtype::DType;
 pub use error::{Result, TensorError};
@@ -98,5 +99,4 @@ pub use nn::Module;
 pub use optim::{Adam, Optimizer, Sgd};
 pub use predict::{predict, PredictOptions, Prediction};
 pub use tensor::Tensor;
-pub use cuda::{CudaAllocator, CudaRuntime, TensorGraph};
 pub use workspace::CudaLikeWorkspace;

@@ -1,11 +1,18 @@
 //! An HTTP load run: check everything, drive the load through its stages, sample memory on
 //! the same clock, then turn it all into a [`RunResult`].
 //!
-//! Design note: the run owns a multi-threaded tokio runtime (one thread per core unless
-//! told otherwise). The calling thread is the controller (`block_on`): it walks the stages
-//! at fixed times from the start, reports progress, and watches the stop flag; the load
-//! runs as tasks — one per worker in the closed model, a dispatcher plus one task per
-//! request in the open model — and the memory sampler as one more task. Everything that
+//! Design note: the calling thread is the controller (`block_on` on a small runtime of its
+//! own): it walks the stages at fixed times from the start, reports progress, and watches
+//! the stop flag; the memory sampler is one more task there. The load runs elsewhere:
+//! - closed model: `threads` load threads, each a current-thread runtime ([`Shards`]) that
+//!   owns every `threads`-th worker with its connection, timer and I/O registration, as
+//!   wrk's threads do. A worker's request never leaves its thread: no work stealing, no
+//!   wake-up handed to another core, no shared timer wheel. Against one work-stealing
+//!   runtime of the same threads this is what lets the client keep pace with wrk on a
+//!   many-core host (see `headroom bench http`);
+//! - open model: a dispatcher plus one task per request on a work-stealing runtime of
+//!   `threads` threads, whose connections are pooled across all of them (a request takes
+//!   whichever connection is free, wherever it was opened). Everything that
 //! can be wrong with the user's input (the URL, the body, the metrics endpoint, nothing
 //! listening) is found by `prepare` before the clock starts, so the CLI can exit 2 with
 //! nothing written.
@@ -501,6 +508,60 @@ async fn dispatcher(ctx: Arc<Ctx>, plan: Vec<(f64, Option<f64>)>, arrival: Arriv
     }
 }
 
+/// The closed model's load threads: one current-thread runtime each, driven by its own OS
+/// thread until [`Shards::stop`]. Worker `i` lives on thread `i % n` for its whole life.
+struct Shards {
+    handles: Vec<tokio::runtime::Handle>,
+    stops: Vec<tokio::sync::oneshot::Sender<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Shards {
+    fn start(n: usize) -> Result<Shards> {
+        let mut s = Shards {
+            handles: Vec::with_capacity(n),
+            stops: Vec::with_capacity(n),
+            threads: Vec::with_capacity(n),
+        };
+        for i in 0..n.max(1) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| LoadError::Thread(e.to_string()))?;
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            s.handles.push(rt.handle().clone());
+            s.stops.push(tx);
+            let t = std::thread::Builder::new()
+                .name(format!("headroom-load-{i}"))
+                .spawn(move || {
+                    // Runs the shard's tasks until told to stop (or the sender is gone);
+                    // tasks still running then are dropped with the runtime.
+                    let _ = rt.block_on(rx);
+                    rt.shutdown_background();
+                })
+                .map_err(|e| LoadError::Thread(e.to_string()))?;
+            s.threads.push(t);
+        }
+        Ok(s)
+    }
+
+    fn spawn<F>(&self, worker: usize, f: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        drop(self.handles[worker % self.handles.len()].spawn(f));
+    }
+
+    fn stop(self) {
+        for tx in self.stops {
+            let _ = tx.send(());
+        }
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Open model: most requests pending (waiting for a connection or in flight) before new
 /// ones are dropped.
 const MAX_WAITING: u64 = 100_000;
@@ -528,15 +589,25 @@ pub fn run(
     } else {
         cfg.threads
     };
+    let open = cfg.is_open();
+    // Closed model: the controller and the sampler need one thread; the load has its own.
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
+        .worker_threads(if open { threads } else { 1 })
         .thread_name("headroom-http")
         .enable_all()
         .build()
         .map_err(|e| LoadError::Thread(e.to_string()))?;
     let prep = rt.block_on(prepare(cfg))?;
-    let result = rt.block_on(drive(cfg, prep, &stop, &mut progress));
-    // Tasks still running (requests past the grace period) are dropped with the runtime.
+    let shards = if open {
+        None
+    } else {
+        Some(Shards::start(threads)?)
+    };
+    let result = rt.block_on(drive(cfg, prep, shards.as_ref(), &stop, &mut progress));
+    // Tasks still running (requests past the grace period) are dropped with the runtimes.
+    if let Some(s) = shards {
+        s.stop();
+    }
     rt.shutdown_background();
     let mut r = result?;
     finish(cfg, &mut r);
@@ -546,6 +617,7 @@ pub fn run(
 async fn drive(
     cfg: &HttpConfig,
     prep: Prepared,
+    shards: Option<&Shards>,
     stop: &AtomicBool,
     progress: &mut impl FnMut(&Progress),
 ) -> Result<RunResult> {
@@ -662,7 +734,11 @@ async fn drive(
         if let Load::Closed(c) = st.load {
             while spawned < c {
                 ctx.live_workers.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(closed_worker(ctx.clone(), spawned));
+                let w = closed_worker(ctx.clone(), spawned);
+                match shards {
+                    Some(sh) => sh.spawn(spawned, w),
+                    None => drop(tokio::spawn(w)),
+                }
                 spawned += 1;
             }
             ctx.workers_target.store(c, Ordering::Relaxed);

@@ -37,11 +37,29 @@ __device__ __forceinline__ float f_inf() { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ float f_nan() { return __int_as_float(0x7fc00000); }
 
 __device__ __forceinline__ float bf2f(u16 h) { return __uint_as_float(((u32)h) << 16); }
+// Round to nearest even, NaN stays NaN. sm_80 and later convert in one instruction (two
+// values in one for f2bf2); the integer sequence is for older parts.
 __device__ __forceinline__ u16 f2bf(float f) {
+#if __CUDA_ARCH__ >= 800
+    u16 r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+#else
     u32 u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)0x7fc0;  // NaN stays NaN
-    u += 0x7fffu + ((u >> 16) & 1u);                           // round to nearest even
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
     return (u16)(u >> 16);
+#endif
+}
+// Two values packed: `lo` in the low half.
+__device__ __forceinline__ u32 f2bf2(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return (u32)f2bf(lo) | ((u32)f2bf(hi) << 16);
+#endif
 }
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
@@ -168,7 +186,7 @@ __device__ __forceinline__ void unpack_bf16x8(uint4 u, float* f) {
 __device__ __forceinline__ uint4 pack_bf16x8(const float* f) {
     u32 w[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) w[k] = (u32)f2bf(f[2 * k]) | ((u32)f2bf(f[2 * k + 1]) << 16);
+    for (int k = 0; k < 4; ++k) w[k] = f2bf2(f[2 * k], f[2 * k + 1]);
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 __device__ __forceinline__ void unpack_f32x4(uint4 u, float* f) {
@@ -180,6 +198,24 @@ __device__ __forceinline__ void unpack_f32x4(uint4 u, float* f) {
 __device__ __forceinline__ uint4 pack_f32x4(const float* f) {
     return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
 }
+
+// Typed element access for kernels that dispatch on the dtype once, at the top, instead of
+// once per element (ldf/stf): the hot loops then compile to plain loads and stores.
+struct F32 {
+    typedef float S;
+    static __device__ __forceinline__ float ld(const void* p, i64 o) { return ((const float*)p)[o]; }
+    static __device__ __forceinline__ void st(void* p, i64 o, float v) { ((float*)p)[o] = v; }
+};
+struct BF16 {
+    typedef u16 S;
+    static __device__ __forceinline__ float ld(const void* p, i64 o) { return bf2f(((const u16*)p)[o]); }
+    static __device__ __forceinline__ void st(void* p, i64 o, float v) { ((u16*)p)[o] = f2bf(v); }
+};
+struct F16 {
+    typedef u16 S;
+    static __device__ __forceinline__ float ld(const void* p, i64 o) { return h2f(((const u16*)p)[o]); }
+    static __device__ __forceinline__ void st(void* p, i64 o, float v) { ((u16*)p)[o] = f2h(v); }
+};
 
 // Element offset of logical (row-major) index i.
 __device__ __forceinline__ i64 toff(const T& t, i64 i) {
@@ -356,7 +392,31 @@ extern "C" __global__ void k_normal(T out, double mean, double sd, u64 seed, i64
     }
 }
 
+// Same dtype: the bits move, no conversion, one load and one store per element.
+template <typename W>
+__device__ __forceinline__ void copy_bits(const T& src, const T& dst, i64 n, int flags) {
+    const W* sp = (const W*)src.p;
+    W* dp = (W*)dst.p;
+    if (flags & 2) {
+        LOOP(i, n) {
+            i64 a, b, unused;
+            toff3(src, dst, dst, i, flags & 1, a, b, unused);
+            dp[b] = sp[a];
+        }
+        return;
+    }
+    LOOP(i, n) { dp[toff(dst, i)] = sp[toff(src, i)]; }
+}
+
 extern "C" __global__ void k_copy(T src, T dst, i64 n, int flags) {
+    if (src.dt == dst.dt) {
+        switch (src.dt) {
+            case DT_F32: case DT_I32: copy_bits<u32>(src, dst, n, flags); return;
+            case DT_F16: case DT_BF16: copy_bits<u16>(src, dst, n, flags); return;
+            case DT_I64: copy_bits<u64>(src, dst, n, flags); return;
+            default: copy_bits<unsigned char>(src, dst, n, flags); return;
+        }
+    }
     bool ff = is_float_dt(src.dt) && is_float_dt(dst.dt);
     bool ii = !is_float_dt(src.dt) && !is_float_dt(dst.dt);
     LOOP(i, n) {
@@ -416,36 +476,55 @@ __device__ __forceinline__ float unary_f(int op, float v, double s) {
     }
 }
 
+// The contiguous f32/bf16 path with the op known at compile time: straight-line code per
+// 16-byte vector (a runtime switch per element made bf16 ReLU twice PyTorch's time).
+template <int OP>
+__device__ __forceinline__ bool unary_contig(double s, const T& x, const T& out, i64 n) {
+    const int op = OP;
+    if (x.dt == DT_F32) {
+        const float* xp = ((const float*)x.p) + x.off;
+        float* op_ = ((float*)out.p) + out.off;
+        i64 nv = (aligned16(xp) && aligned16(op_)) ? n / 4 : 0;
+        LOOP(v, nv) {
+            float f[4];
+            unpack_f32x4(((const uint4*)xp)[v], f);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) f[k] = unary_f(op, f[k], s);
+            ((uint4*)op_)[v] = pack_f32x4(f);
+        }
+        LOOP(j, n - nv * 4) { op_[nv * 4 + j] = unary_f(op, xp[nv * 4 + j], s); }
+        return true;
+    }
+    if (x.dt == DT_BF16) {
+        const u16* xp = ((const u16*)x.p) + x.off;
+        u16* op_ = ((u16*)out.p) + out.off;
+        i64 nv = (aligned16(xp) && aligned16(op_)) ? n / 8 : 0;
+        LOOP(v, nv) {
+            float f[8];
+            unpack_bf16x8(((const uint4*)xp)[v], f);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) f[k] = unary_f(op, f[k], s);
+            ((uint4*)op_)[v] = pack_bf16x8(f);
+        }
+        LOOP(j, n - nv * 8) { op_[nv * 8 + j] = f2bf(unary_f(op, bf2f(xp[nv * 8 + j]), s)); }
+        return true;
+    }
+    return false;
+}
+
+#define UNARY_CASE(k) \
+    case k: done = unary_contig<k>(s, x, out, n); break;
+
 extern "C" __global__ void k_unary(int op, double s, T x, T out, i64 n, int flags) {
     if (x.nd == 1 && out.nd == 1 && x.st[0] == 1 && out.st[0] == 1 && x.dt == out.dt) {
-        if (x.dt == DT_F32) {
-            const float* xp = ((const float*)x.p) + x.off;
-            float* op_ = ((float*)out.p) + out.off;
-            i64 nv = (aligned16(xp) && aligned16(op_)) ? n / 4 : 0;
-            LOOP(v, nv) {
-                float f[4];
-                unpack_f32x4(((const uint4*)xp)[v], f);
-#pragma unroll
-                for (int k = 0; k < 4; ++k) f[k] = unary_f(op, f[k], s);
-                ((uint4*)op_)[v] = pack_f32x4(f);
-            }
-            LOOP(j, n - nv * 4) { op_[nv * 4 + j] = unary_f(op, xp[nv * 4 + j], s); }
-            return;
+        bool done = false;
+        switch (op) {
+            UNARY_CASE(0) UNARY_CASE(1) UNARY_CASE(2) UNARY_CASE(3) UNARY_CASE(4) UNARY_CASE(5)
+            UNARY_CASE(6) UNARY_CASE(7) UNARY_CASE(8) UNARY_CASE(9) UNARY_CASE(10) UNARY_CASE(11)
+            UNARY_CASE(12) UNARY_CASE(13)
+            default: done = unary_contig<14>(s, x, out, n); break;
         }
-        if (x.dt == DT_BF16) {
-            const u16* xp = ((const u16*)x.p) + x.off;
-            u16* op_ = ((u16*)out.p) + out.off;
-            i64 nv = (aligned16(xp) && aligned16(op_)) ? n / 8 : 0;
-            LOOP(v, nv) {
-                float f[8];
-                unpack_bf16x8(((const uint4*)xp)[v], f);
-#pragma unroll
-                for (int k = 0; k < 8; ++k) f[k] = unary_f(op, f[k], s);
-                ((uint4*)op_)[v] = pack_bf16x8(f);
-            }
-            LOOP(j, n - nv * 8) { op_[nv * 8 + j] = f2bf(unary_f(op, bf2f(xp[nv * 8 + j]), s)); }
-            return;
-        }
+        if (done) return;
     }
     if (flags & 2) {
         LOOP(i, n) {
@@ -473,43 +552,59 @@ __device__ __forceinline__ float binary_f(int op, float a, float b, double alpha
     }
 }
 
+template <int OP>
+__device__ __forceinline__ bool binary_contig(double alpha, const T& a, const T& b, const T& out, i64 n) {
+    const int op = OP;
+    if (a.dt == DT_F32) {
+        const float* ap = ((const float*)a.p) + a.off;
+        const float* bp = ((const float*)b.p) + b.off;
+        float* op_ = ((float*)out.p) + out.off;
+        i64 nv = (aligned16(ap) && aligned16(bp) && aligned16(op_)) ? n / 4 : 0;
+        LOOP(v, nv) {
+            float fa[4], fb[4];
+            unpack_f32x4(((const uint4*)ap)[v], fa);
+            unpack_f32x4(((const uint4*)bp)[v], fb);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) fa[k] = binary_f(op, fa[k], fb[k], alpha);
+            ((uint4*)op_)[v] = pack_f32x4(fa);
+        }
+        LOOP(j, n - nv * 4) { op_[nv * 4 + j] = binary_f(op, ap[nv * 4 + j], bp[nv * 4 + j], alpha); }
+        return true;
+    }
+    if (a.dt == DT_BF16) {
+        const u16* ap = ((const u16*)a.p) + a.off;
+        const u16* bp = ((const u16*)b.p) + b.off;
+        u16* op_ = ((u16*)out.p) + out.off;
+        i64 nv = (aligned16(ap) && aligned16(bp) && aligned16(op_)) ? n / 8 : 0;
+        LOOP(v, nv) {
+            float fa[8], fb[8];
+            unpack_bf16x8(((const uint4*)ap)[v], fa);
+            unpack_bf16x8(((const uint4*)bp)[v], fb);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) fa[k] = binary_f(op, fa[k], fb[k], alpha);
+            ((uint4*)op_)[v] = pack_bf16x8(fa);
+        }
+        LOOP(j, n - nv * 8) {
+            op_[nv * 8 + j] = f2bf(binary_f(op, bf2f(ap[nv * 8 + j]), bf2f(bp[nv * 8 + j]), alpha));
+        }
+        return true;
+    }
+    return false;
+}
+
+#define BINARY_CASE(k) \
+    case k: done = binary_contig<k>(alpha, a, b, out, n); break;
+
 extern "C" __global__ void k_binary(int op, double alpha, T a, T b, T out, i64 n, int flags) {
     if (a.nd == 1 && b.nd == 1 && out.nd == 1 && a.st[0] == 1 && b.st[0] == 1 && out.st[0] == 1 &&
         a.dt == out.dt && b.dt == out.dt) {
-        if (a.dt == DT_F32) {
-            const float* ap = ((const float*)a.p) + a.off;
-            const float* bp = ((const float*)b.p) + b.off;
-            float* op_ = ((float*)out.p) + out.off;
-            i64 nv = (aligned16(ap) && aligned16(bp) && aligned16(op_)) ? n / 4 : 0;
-            LOOP(v, nv) {
-                float fa[4], fb[4];
-                unpack_f32x4(((const uint4*)ap)[v], fa);
-                unpack_f32x4(((const uint4*)bp)[v], fb);
-#pragma unroll
-                for (int k = 0; k < 4; ++k) fa[k] = binary_f(op, fa[k], fb[k], alpha);
-                ((uint4*)op_)[v] = pack_f32x4(fa);
-            }
-            LOOP(j, n - nv * 4) { op_[nv * 4 + j] = binary_f(op, ap[nv * 4 + j], bp[nv * 4 + j], alpha); }
-            return;
+        bool done = false;
+        switch (op) {
+            BINARY_CASE(0) BINARY_CASE(1) BINARY_CASE(2) BINARY_CASE(3) BINARY_CASE(4)
+            BINARY_CASE(5) BINARY_CASE(6) BINARY_CASE(7) BINARY_CASE(8)
+            default: done = binary_contig<9>(alpha, a, b, out, n); break;
         }
-        if (a.dt == DT_BF16) {
-            const u16* ap = ((const u16*)a.p) + a.off;
-            const u16* bp = ((const u16*)b.p) + b.off;
-            u16* op_ = ((u16*)out.p) + out.off;
-            i64 nv = (aligned16(ap) && aligned16(bp) && aligned16(op_)) ? n / 8 : 0;
-            LOOP(v, nv) {
-                float fa[8], fb[8];
-                unpack_bf16x8(((const uint4*)ap)[v], fa);
-                unpack_bf16x8(((const uint4*)bp)[v], fb);
-#pragma unroll
-                for (int k = 0; k < 8; ++k) fa[k] = binary_f(op, fa[k], fb[k], alpha);
-                ((uint4*)op_)[v] = pack_bf16x8(fa);
-            }
-            LOOP(j, n - nv * 8) {
-                op_[nv * 8 + j] = f2bf(binary_f(op, bf2f(ap[nv * 8 + j]), bf2f(bp[nv * 8 + j]), alpha));
-            }
-            return;
-        }
+        if (done) return;
     }
     if (flags & 2) {
         LOOP(i, n) {
@@ -526,7 +621,30 @@ extern "C" __global__ void k_binary(int op, double alpha, T a, T b, T out, i64 n
     }
 }
 
+template <typename W>
+__device__ __forceinline__ void masked_fill_bits(const T& x, const T& m, W fill, const T& out, i64 n, int flags) {
+    const W* xp = (const W*)x.p;
+    const unsigned char* mp = (const unsigned char*)m.p;
+    W* op_ = (W*)out.p;
+    LOOP(i, n) {
+        i64 ox, om, oo;
+        toff3(x, m, out, i, flags & 1, ox, om, oo);
+        op_[oo] = mp[om] ? fill : xp[ox];
+    }
+}
+
 extern "C" __global__ void k_masked_fill(T x, T m, double v, T out, i64 n, int flags) {
+    // The attention mask's case: x and out of one float dtype, a byte mask.
+    if ((flags & 2) && x.dt == out.dt && (m.dt == DT_BOOL || m.dt == DT_U8)) {
+        if (x.dt == DT_F32) {
+            masked_fill_bits<float>(x, m, (float)v, out, n, flags);
+            return;
+        }
+        if (x.dt == DT_BF16) {
+            masked_fill_bits<u16>(x, m, f2bf((float)v), out, n, flags);
+            return;
+        }
+    }
     if (flags & 2) {
         LOOP(i, n) {
             i64 ox, om, oo;
@@ -595,8 +713,10 @@ extern "C" __global__ void k_bias_nchw(T out, T bias, i64 C, i64 HW, i64 n) {
 // ---------------------------------------------------------------------------------------
 // Pooling. x is any 4-d view; outputs and indices are contiguous.
 
-extern "C" __global__ void k_maxpool2d(T x, T out, T idx, i64 C, i64 H, i64 W, i64 OH, i64 OW, int kh, int kw,
-                                       int sh, int sw, int ph, int pw, int dh, int dw, i64 n) {
+template <typename Ld, typename St>
+__device__ __forceinline__ void maxpool2d_t(Ld ld, St st, const T& x, const T& idx, i64 C, i64 H, i64 W, i64 OH,
+                                            i64 OW, int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw,
+                                            i64 n) {
     bool small = n < 0x7fffffffLL;
     LOOP(i, n) {
         i64 ox, oy, c, b;
@@ -617,6 +737,7 @@ extern "C" __global__ void k_maxpool2d(T x, T out, T idx, i64 C, i64 H, i64 W, i
             c = t % C;
             b = t / C;
         }
+        i64 base = x.off + b * x.st[0] + c * x.st[1];
         float best = -f_inf();
         i64 bi = -1;
         for (int a = 0; a < kh; ++a) {
@@ -625,7 +746,7 @@ extern "C" __global__ void k_maxpool2d(T x, T out, T idx, i64 C, i64 H, i64 W, i
             for (int e = 0; e < kw; ++e) {
                 i64 ix = ox * sw + (i64)e * dw - pw;
                 if (ix < 0 || ix >= W) continue;
-                float v = ldf(x, x.off + b * x.st[0] + c * x.st[1] + iy * x.st[2] + ix * x.st[3]);
+                float v = ld(base + iy * x.st[2] + ix * x.st[3]);
                 if (v > best || v != v || bi < 0) {
                     best = v;
                     bi = iy * W + ix;
@@ -633,8 +754,25 @@ extern "C" __global__ void k_maxpool2d(T x, T out, T idx, i64 C, i64 H, i64 W, i
                 if (best != best) break;
             }
         }
-        stf(out, out.off + i, best);
+        st(i, best);
         sti(idx, idx.off + i, bi);
+    }
+}
+
+extern "C" __global__ void k_maxpool2d(T x, T out, T idx, i64 C, i64 H, i64 W, i64 OH, i64 OW, int kh, int kw,
+                                       int sh, int sw, int ph, int pw, int dh, int dw, i64 n) {
+    const void* xp = x.p;
+    void* op_ = out.p;
+    i64 oo = out.off;
+    if (x.dt == DT_F32 && out.dt == DT_F32) {
+        maxpool2d_t([&](i64 o) { return F32::ld(xp, o); }, [&](i64 i, float v) { F32::st(op_, oo + i, v); }, x,
+                    idx, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, n);
+    } else if (x.dt == DT_BF16 && out.dt == DT_BF16) {
+        maxpool2d_t([&](i64 o) { return BF16::ld(xp, o); }, [&](i64 i, float v) { BF16::st(op_, oo + i, v); }, x,
+                    idx, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, n);
+    } else {
+        maxpool2d_t([&](i64 o) { return ldf(x, o); }, [&](i64 i, float v) { stf(out, oo + i, v); }, x, idx, C, H,
+                    W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, n);
     }
 }
 
@@ -734,46 +872,65 @@ extern "C" __global__ void k_bn_train(T x, T w, T b, T rm, T rv, double momentum
     }
 }
 
-// x and out contiguous: one block per (n, c) plane, so the channel's scale and shift are
-// computed once per thread instead of once per element (this is ResNet inference's hot path).
-extern "C" __global__ void k_bn_eval_planes(T x, T w, T b, T rm, T rv, double eps, T out, i64 C, i64 HW) {
-    i64 pl = blockIdx.x;
-    i64 c = pl % C;
-    float sc = opt_ld(w, c, 1.f) / sqrtf(ldf(rv, toff(rv, c)) + (float)eps);
-    float shf = opt_ld(b, c, 0.f) - ldf(rm, toff(rm, c)) * sc;
-    i64 base = pl * HW;
-    int tid = threadIdx.x, nt = blockDim.x;
-    if (x.dt == DT_F32 && out.dt == DT_F32) {
-        const float* xp = ((const float*)x.p) + x.off + base;
-        float* op_ = ((float*)out.p) + out.off + base;
-        if ((HW & 3) == 0 && aligned16(xp) && aligned16(op_)) {
-            for (i64 v = tid; v < HW / 4; v += nt) {
-                float f[4];
-                unpack_f32x4(((const uint4*)xp)[v], f);
+// One (n, c) plane of contiguous x and out, by `nt` threads from `tid`: the widest vector
+// the plane's length and alignment allow (16, 8, 4 bytes or one element).
+template <typename F>
+__device__ __forceinline__ void bn_plane(const typename F::S* xp, typename F::S* op_, i64 HW, float sc, float shf,
+                                         int tid, int nt) {
+    const int per16 = 16 / sizeof(typename F::S);
+    if (HW % per16 == 0 && aligned16(xp) && aligned16(op_)) {
+        for (i64 v = tid; v < HW / per16; v += nt) {
+            float f[8];
+            uint4 u = ((const uint4*)xp)[v];
+            if (per16 == 8) unpack_bf16x8(u, f);
+            else unpack_f32x4(u, f);
 #pragma unroll
-                for (int k = 0; k < 4; ++k) f[k] = f[k] * sc + shf;
-                ((uint4*)op_)[v] = pack_f32x4(f);
-            }
-            return;
+            for (int k = 0; k < per16; ++k) f[k] = f[k] * sc + shf;
+            ((uint4*)op_)[v] = per16 == 8 ? pack_bf16x8(f) : pack_f32x4(f);
         }
-        for (i64 j = tid; j < HW; j += nt) op_[j] = xp[j] * sc + shf;
-    } else if (x.dt == DT_BF16 && out.dt == DT_BF16) {
-        const u16* xp = ((const u16*)x.p) + x.off + base;
-        u16* op_ = ((u16*)out.p) + out.off + base;
-        if ((HW & 7) == 0 && aligned16(xp) && aligned16(op_)) {
-            for (i64 v = tid; v < HW / 8; v += nt) {
-                float f[8];
-                unpack_bf16x8(((const uint4*)xp)[v], f);
-#pragma unroll
-                for (int k = 0; k < 8; ++k) f[k] = f[k] * sc + shf;
-                ((uint4*)op_)[v] = pack_bf16x8(f);
-            }
-            return;
-        }
-        for (i64 j = tid; j < HW; j += nt) op_[j] = f2bf(bf2f(xp[j]) * sc + shf);
-    } else {
-        for (i64 j = tid; j < HW; j += nt) stf(out, out.off + base + j, ldf(x, x.off + base + j) * sc + shf);
+        return;
     }
+    if (per16 == 8 && HW % 2 == 0 && (((size_t)xp | (size_t)op_) & 3) == 0) {
+        // bf16 pairs (14x14 and 7x7 planes of ResNet's late stages are not multiples of 8).
+        for (i64 v = tid; v < HW / 2; v += nt) {
+            u32 u = ((const u32*)xp)[v];
+            ((u32*)op_)[v] = f2bf2(bf2f((u16)(u & 0xffffu)) * sc + shf, bf2f((u16)(u >> 16)) * sc + shf);
+        }
+        return;
+    }
+    for (i64 j = tid; j < HW; j += nt) F::st(op_, j, F::ld(xp, j) * sc + shf);
+}
+
+// Calls f(plane, tid, nt) for every plane: with `warps`, a warp per plane, 8 planes per
+// block (a small plane in a block of its own leaves most of its threads idle); else a block
+// per plane.
+template <typename Fn>
+__device__ __forceinline__ void for_planes(i64 planes, int warps, Fn f) {
+    i64 pl = warps ? (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5) : (i64)blockIdx.x;
+    i64 step = warps ? (i64)gridDim.x * (blockDim.x >> 5) : (i64)gridDim.x;
+    int tid = warps ? (threadIdx.x & 31) : threadIdx.x;
+    int nt = warps ? 32 : blockDim.x;
+    for (; pl < planes; pl += step) f(pl, tid, nt);
+}
+
+// x and out contiguous, per (n, c) plane, so the channel's scale and shift are computed
+// once per plane instead of once per element (this is ResNet inference's hot path).
+extern "C" __global__ void k_bn_eval_planes(T x, T w, T b, T rm, T rv, double eps, T out, i64 C, i64 HW,
+                                            i64 planes, int warps) {
+    int kind = (x.dt == DT_F32 && out.dt == DT_F32) ? 1 : (x.dt == DT_BF16 && out.dt == DT_BF16) ? 2 : 0;
+    for_planes(planes, warps, [&](i64 pl, int tid, int nt) {
+        i64 c = pl % C;
+        float sc = opt_ld(w, c, 1.f) / sqrtf(ldf(rv, toff(rv, c)) + (float)eps);
+        float shf = opt_ld(b, c, 0.f) - ldf(rm, toff(rm, c)) * sc;
+        i64 base = pl * HW;
+        if (kind == 1) {
+            bn_plane<F32>(((const float*)x.p) + x.off + base, ((float*)out.p) + out.off + base, HW, sc, shf, tid, nt);
+        } else if (kind == 2) {
+            bn_plane<BF16>(((const u16*)x.p) + x.off + base, ((u16*)out.p) + out.off + base, HW, sc, shf, tid, nt);
+        } else {
+            for (i64 j = tid; j < HW; j += nt) stf(out, out.off + base + j, ldf(x, x.off + base + j) * sc + shf);
+        }
+    });
 }
 
 extern "C" __global__ void k_bn_eval(T x, T w, T b, T rm, T rv, double eps, T out, i64 C, i64 HW, i64 n) {
@@ -893,6 +1050,67 @@ extern "C" __global__ void k_ln(T x, T w, T b, double eps, T out, T mean_t, T rs
     }
 }
 
+// Rows of at most 1024 with x and out contiguous: one warp per row, the row in registers
+// (K values per lane), statistics in f32 over the held values (two passes, so no
+// cancellation) and reduced with shuffles only: no shared memory, no block barrier. A
+// block per row spent most of its time in those barriers for GPT-2's rows of 768.
+template <typename F, int K>
+__device__ __forceinline__ void ln_warp_t(const T& x, const T& w, const T& b, float eps, const T& out,
+                                          const T& mean_t, const T& rstd_t, i64 r, i64 D, int lane) {
+    i64 xo = x.off + r * D, oo = out.off + r * D;
+    float v[K];
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        i64 j = lane + 32 * k;
+        v[k] = j < D ? F::ld(x.p, xo + j) : 0.f;
+        s += v[k];
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    float m = s / (float)D;
+    float q = 0.f;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        float d = (lane + 32 * k < D) ? v[k] - m : 0.f;
+        q += d * d;
+    }
+    for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+    float is = 1.f / sqrtf(q / (float)D + eps);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        i64 j = lane + 32 * k;
+        if (j < D) {
+            float o = (v[k] - m) * is;
+            if (w.p) o *= ldf(w, w.off + j * w.st[0]);
+            if (b.p) o += ldf(b, b.off + j * b.st[0]);
+            F::st(out.p, oo + j, o);
+        }
+    }
+    if (lane == 0) {
+        stf(mean_t, toff(mean_t, r), m);
+        stf(rstd_t, toff(rstd_t, r), is);
+    }
+}
+
+template <typename F>
+__device__ __forceinline__ void ln_warp_k(const T& x, const T& w, const T& b, float eps, const T& out,
+                                          const T& mean_t, const T& rstd_t, i64 r, i64 D, int lane) {
+    if (D <= 128) ln_warp_t<F, 4>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
+    else if (D <= 256) ln_warp_t<F, 8>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
+    else if (D <= 512) ln_warp_t<F, 16>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
+    else ln_warp_t<F, 32>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
+}
+
+// x.dt == out.dt, a float dtype, D <= 1024, w and b 1-d (the host checks).
+extern "C" __global__ void k_ln_warp(T x, T w, T b, double eps, T out, T mean_t, T rstd_t, i64 rows, i64 D) {
+    int lane = threadIdx.x & 31;
+    i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    if (x.dt == DT_F32) ln_warp_k<F32>(x, w, b, (float)eps, out, mean_t, rstd_t, r, D, lane);
+    else if (x.dt == DT_BF16) ln_warp_k<BF16>(x, w, b, (float)eps, out, mean_t, rstd_t, r, D, lane);
+    else ln_warp_k<F16>(x, w, b, (float)eps, out, mean_t, rstd_t, r, D, lane);
+}
+
 extern "C" __global__ void k_ln_bwd_gx(T gy, T x, T w, T mean_t, T rstd_t, T gx, i64 rows, i64 D) {
     __shared__ double sh[32];
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -947,35 +1165,70 @@ extern "C" __global__ void k_ln_bwd_gwb(T gy, T x, T mean_t, T rstd_t, T gw, T g
 // Softmax over one dim of an [outer, dim, inner] tensor (x, y, outputs contiguous in the
 // logical sense; strides come from the descriptors).
 
-// Rows of at most 1024: one warp per row, the row held in registers (read once).
-extern "C" __global__ void k_softmax_warp(T x, T out, int lg, i64 rows, i64 D) {
-    int lane = threadIdx.x & 31;
-    i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (r >= rows) return;
-    float v[32];
+// Rows of at most 1024: one warp per row, the row held in registers (read once, written
+// once, one exp per element). K values per lane, K a power of two fixed at compile time, so
+// the row lives in registers, not in local memory.
+template <typename F, int K>
+__device__ __forceinline__ void softmax_warp_t(const T& x, const T& out, int lg, i64 r, i64 D, int lane) {
+    const void* xp = x.p;
+    void* op_ = out.p;
+    i64 xo = x.off + r * D, oo = out.off + r * D;
+    float v[K];
     float mx = -f_inf();
 #pragma unroll
-    for (int k = 0; k < 32; ++k) {
+    for (int k = 0; k < K; ++k) {
         i64 j = lane + 32 * k;
-        v[k] = j < D ? ldf(x, x.off + r * D + j) : -f_inf();
+        v[k] = j < D ? F::ld(xp, xo + j) : -f_inf();
         mx = pick(2, mx, v[k]);
     }
     for (int o = 16; o > 0; o >>= 1) mx = pick(2, mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float sum = 0.f;
 #pragma unroll
-    for (int k = 0; k < 32; ++k) {
-        i64 j = lane + 32 * k;
-        if (j < D) {
-            v[k] = v[k] - mx;
-            sum += expf(v[k]);
-        }
+    for (int k = 0; k < K; ++k) {
+        float z = v[k] - mx;
+        float e = (lane + 32 * k < D) ? expf(z) : 0.f;
+        sum += e;
+        v[k] = lg ? z : e;
     }
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     float ls = logf(sum), inv = 1.f / sum;
 #pragma unroll
-    for (int k = 0; k < 32; ++k) {
+    for (int k = 0; k < K; ++k) {
         i64 j = lane + 32 * k;
-        if (j < D) stf(out, out.off + r * D + j, lg ? v[k] - ls : expf(v[k]) * inv);
+        if (j < D) F::st(op_, oo + j, lg ? v[k] - ls : v[k] * inv);
+    }
+}
+
+template <typename F>
+__device__ __forceinline__ void softmax_warp_k(const T& x, const T& out, int lg, i64 r, i64 D, int lane) {
+    if (D <= 32) softmax_warp_t<F, 1>(x, out, lg, r, D, lane);
+    else if (D <= 64) softmax_warp_t<F, 2>(x, out, lg, r, D, lane);
+    else if (D <= 128) softmax_warp_t<F, 4>(x, out, lg, r, D, lane);
+    else if (D <= 256) softmax_warp_t<F, 8>(x, out, lg, r, D, lane);
+    else if (D <= 512) softmax_warp_t<F, 16>(x, out, lg, r, D, lane);
+    else softmax_warp_t<F, 32>(x, out, lg, r, D, lane);
+}
+
+extern "C" __global__ void k_softmax_warp(T x, T out, int lg, i64 rows, i64 D) {
+    int lane = threadIdx.x & 31;
+    i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    if (x.dt == DT_F32 && out.dt == DT_F32) softmax_warp_k<F32>(x, out, lg, r, D, lane);
+    else if (x.dt == DT_BF16 && out.dt == DT_BF16) softmax_warp_k<BF16>(x, out, lg, r, D, lane);
+    else if (x.dt == DT_F16 && out.dt == DT_F16) softmax_warp_k<F16>(x, out, lg, r, D, lane);
+    else {
+        // Mixed dtypes (rare): the generic loads, one row at a time.
+        float mx = -f_inf();
+        for (i64 j = lane; j < D; j += 32) mx = pick(2, mx, ldf(x, x.off + r * D + j));
+        for (int o = 16; o > 0; o >>= 1) mx = pick(2, mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float sum = 0.f;
+        for (i64 j = lane; j < D; j += 32) sum += expf(ldf(x, x.off + r * D + j) - mx);
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        float ls = logf(sum), inv = 1.f / sum;
+        for (i64 j = lane; j < D; j += 32) {
+            float z = ldf(x, x.off + r * D + j) - mx;
+            stf(out, out.off + r * D + j, lg ? z - ls : expf(z) * inv);
+        }
     }
 }
 

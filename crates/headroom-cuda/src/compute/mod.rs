@@ -232,6 +232,7 @@ pub(crate) enum K {
     Nll,
     NllBwd,
     SoftmaxWarp,
+    LnWarp,
 }
 
 const KERNEL_NAMES: &[(K, &str)] = &[
@@ -267,6 +268,7 @@ const KERNEL_NAMES: &[(K, &str)] = &[
     (K::Nll, "k_nll"),
     (K::NllBwd, "k_nll_bwd"),
     (K::SoftmaxWarp, "k_softmax_warp"),
+    (K::LnWarp, "k_ln_warp"),
 ];
 
 /// Codes a kernel writes to the error word, and the op each stands for.

@@ -451,12 +451,20 @@ impl Gpu {
         let (n, c, hw) = Self::nc_hw(x);
         let planes = n * c;
         if x.is_contiguous() && out.is_contiguous() && planes > 0 && planes < i32::MAX as i64 {
-            let block = row_block(hw).min(256);
+            // Planes under 1024 elements (ResNet's 28x28 and smaller): a warp each, 8 to a
+            // block; larger: a block each.
+            let warps = hw < 1024;
+            let (grid, block) = if warps {
+                ((planes as u64).div_ceil(8).min(1 << 20) as u32, 256)
+            } else {
+                (planes as u32, row_block(hw).min(256))
+            };
+            let w_mode = warps as i32;
             return self.launch(
                 K::BnEvalPlanes,
-                (planes as u32, 1, 1),
+                (grid, 1, 1),
                 (block, 1, 1),
-                &mut kargs![*x, *w, *b, *rm, *rv, eps, *out, c, hw],
+                &mut kargs![*x, *w, *b, *rm, *rv, eps, *out, c, hw, planes, w_mode],
             );
         }
         let total = x.numel();
@@ -510,6 +518,26 @@ impl Gpu {
         let d = x.numel() / rows.max(1);
         let mut v = [*x];
         Strided::coalesce(&mut v);
+        let float = |dt: i32| [Dt::F32, Dt::BF16, Dt::F16].iter().any(|&f| f as i32 == dt);
+        if d <= 1024
+            && v[0].is_contiguous()
+            && out.is_contiguous()
+            && v[0].dtype == out.dtype
+            && float(out.dtype)
+            && w.ndim <= 1
+            && b.ndim <= 1
+        {
+            // A warp per row, 8 rows per block.
+            let grid = (rows.max(0) as u64).div_ceil(8);
+            if grid <= i32::MAX as u64 {
+                return self.launch(
+                    K::LnWarp,
+                    (grid as u32, 1, 1),
+                    (256, 1, 1),
+                    &mut kargs![v[0], *w, *b, eps, *out, *mean, *rstd, rows, d],
+                );
+            }
+        }
         let grid = rows.clamp(1, 1 << 20) as u32;
         self.launch(
             K::Ln,

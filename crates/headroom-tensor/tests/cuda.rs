@@ -405,6 +405,60 @@ fn pooling_and_norms_forward_and_backward() {
     }
 }
 
+/// The kernels' fast paths at the sizes that select them (16-byte runs along the last dim,
+/// BN planes split over blocks or a warp each, warp-per-row softmax and layer norm with
+/// vector loads), each against the cpu: the small shapes of the other tests take the
+/// general paths.
+#[test]
+fn fast_paths_match_the_cpu() {
+    let (rt, _g) = gpu!();
+    for dt in [DType::F32, DType::BF16] {
+        let t = tol(dt);
+        let x0 = |shape: &[usize], d: &Device| Tensor::randn(shape, 0.0, 1.0, dt, d);
+        both(rt, &format!("batch_norm eval planes {dt}"), t, |d| {
+            let mut out = Vec::new();
+            // 3136 (split over blocks at batch 1), 1024 (a block each), 196 (a warp each,
+            // pairs), 49 (a warp each, one by one).
+            for (n, c, h) in [(1, 4, 56), (3, 5, 32), (2, 6, 14), (2, 6, 7)] {
+                let x = x0(&[n, c, h, h], d)?;
+                let rm = x0(&[c], d)?;
+                let rv = x0(&[c], d)?.square()?.add_scalar(0.5)?;
+                let w = x0(&[c], d)?;
+                let b = x0(&[c], d)?;
+                let y = ops::batch_norm(&x, Some(&rm), Some(&rv), Some(&w), Some(&b), false, 0.1, 1e-5)?;
+                out.push(y.relu()?);
+            }
+            Ok(out)
+        });
+        both(rt, &format!("layer_norm rows {dt}"), t, |d| {
+            let mut out = Vec::new();
+            for dim in [768, 100, 1000] {
+                let x = x0(&[2, 5, dim], d)?;
+                let w = x0(&[dim], d)?;
+                let b = x0(&[dim], d)?;
+                out.push(ops::layer_norm(&x, &[dim], Some(&w), Some(&b), 1e-5)?);
+            }
+            Ok(out)
+        });
+        both(rt, &format!("attention-shaped copies and masks {dt}"), t, |d| {
+            let qkv = x0(&[2, 16, 3 * 32], d)?;
+            let q = qkv.narrow(2, 32, 32)?.view(&[2, 16, 4, 8])?.permute(&[0, 2, 1, 3])?;
+            let qc = q.contiguous()?;
+            let mask = headroom_tensor::nn::causal_mask(32, d)?.narrow(0, 0, 16)?.narrow(1, 0, 16)?;
+            let s = x0(&[2, 4, 16, 16], d)?.masked_fill(&mask, -1e4)?;
+            let p = s.softmax(-1)?;
+            let wide = x0(&[3, 1000], d)?.softmax(-1)?;
+            let row512 = x0(&[4, 512], d)?.log_softmax(-1)?;
+            Ok(vec![qc, s, p, wide, row512])
+        });
+        both(rt, &format!("elementwise tails {dt}"), t, |d| {
+            let a = x0(&[1003], d)?;
+            let b = x0(&[1003], d)?;
+            Ok(vec![a.relu()?, a.gelu(true)?, a.add(&b)?, a.mul(&b)?])
+        });
+    }
+}
+
 #[test]
 fn softmax_embedding_dropout_and_losses() {
     let (rt, _g) = gpu!();

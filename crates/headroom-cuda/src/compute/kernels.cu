@@ -392,11 +392,32 @@ extern "C" __global__ void k_normal(T out, double mean, double sd, u64 seed, i64
     }
 }
 
+// A view whose innermost dim can be walked in runs of R elements with 16-byte accesses:
+// unit stride, its length and every other stride and the offset multiples of R, the base
+// 16-byte aligned. A run then never leaves its row and the index math (a division per dim)
+// is paid once per R elements instead of once per element.
+__device__ __forceinline__ bool runs16(const T& t, int R) {
+    if (t.nd < 1 || t.st[t.nd - 1] != 1 || t.shape[t.nd - 1] % R != 0 || t.off % R != 0 || !aligned16(t.p))
+        return false;
+    for (int d = 0; d < t.nd - 1; ++d)
+        if (t.st[d] % R != 0) return false;
+    return true;
+}
+
 // Same dtype: the bits move, no conversion, one load and one store per element.
 template <typename W>
 __device__ __forceinline__ void copy_bits(const T& src, const T& dst, i64 n, int flags) {
     const W* sp = (const W*)src.p;
     W* dp = (W*)dst.p;
+    const int R = 16 / sizeof(W);
+    if ((flags & 2) && runs16(src, R) && runs16(dst, R)) {
+        LOOP(v, n / R) {
+            i64 a, b, unused;
+            toff3(src, dst, dst, v * R, flags & 1, a, b, unused);
+            *(uint4*)(dp + b) = *(const uint4*)(sp + a);
+        }
+        return;
+    }
     if (flags & 2) {
         LOOP(i, n) {
             i64 a, b, unused;
@@ -626,6 +647,23 @@ __device__ __forceinline__ void masked_fill_bits(const T& x, const T& m, W fill,
     const W* xp = (const W*)x.p;
     const unsigned char* mp = (const unsigned char*)m.p;
     W* op_ = (W*)out.p;
+    const int R = 16 / sizeof(W);
+    if (runs16(x, R) && runs16(out, R)) {
+        i64 ms = m.nd > 0 ? m.st[m.nd - 1] : 0;
+        LOOP(v, n / R) {
+            i64 ox, om, oo;
+            toff3(x, m, out, v * R, flags & 1, ox, om, oo);
+            union {
+                uint4 u;
+                W w[16 / sizeof(W)];
+            } buf;
+            buf.u = *(const uint4*)(xp + ox);
+#pragma unroll
+            for (int k = 0; k < R; ++k) buf.w[k] = mp[om + k * ms] ? fill : buf.w[k];
+            *(uint4*)(op_ + oo) = buf.u;
+        }
+        return;
+    }
     LOOP(i, n) {
         i64 ox, om, oo;
         toff3(x, m, out, i, flags & 1, ox, om, oo);
@@ -903,13 +941,14 @@ __device__ __forceinline__ void bn_plane(const typename F::S* xp, typename F::S*
 
 // Calls f(plane, tid, nt) for every plane: with `warps`, a warp per plane, 8 planes per
 // block (a small plane in a block of its own leaves most of its threads idle); else a block
-// per plane.
+// per plane, or gridDim.y blocks per plane.
 template <typename Fn>
 __device__ __forceinline__ void for_planes(i64 planes, int warps, Fn f) {
     i64 pl = warps ? (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5) : (i64)blockIdx.x;
     i64 step = warps ? (i64)gridDim.x * (blockDim.x >> 5) : (i64)gridDim.x;
-    int tid = warps ? (threadIdx.x & 31) : threadIdx.x;
-    int nt = warps ? 32 : blockDim.x;
+    // Block mode may split a plane over gridDim.y blocks.
+    int tid = warps ? (threadIdx.x & 31) : (int)(blockIdx.y * blockDim.x + threadIdx.x);
+    int nt = warps ? 32 : (int)(gridDim.y * blockDim.x);
     for (; pl < planes; pl += step) f(pl, tid, nt);
 }
 
@@ -1092,9 +1131,80 @@ __device__ __forceinline__ void ln_warp_t(const T& x, const T& w, const T& b, fl
     }
 }
 
+// The same with 16-byte loads and stores (rows whose length and start allow them): a lane
+// holds VK vectors of 16 / sizeof(S) elements.
+template <typename F, int VK>
+__device__ __forceinline__ void ln_warp_vec(const T& x, const T& w, const T& b, float eps, const T& out,
+                                            const T& mean_t, const T& rstd_t, i64 r, i64 D, int lane) {
+    typedef typename F::S S;
+    const int P = 16 / sizeof(S);
+    union V {
+        uint4 u;
+        S e[16 / sizeof(S)];
+    };
+    const uint4* xr = (const uint4*)(((const S*)x.p) + x.off + r * D);
+    uint4* orow = (uint4*)(((S*)out.p) + out.off + r * D);
+    i64 nv = D / P;
+    float v[VK * P];
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < VK; ++k) {
+        i64 vi = lane + 32 * k;
+        V buf;
+        buf.u = vi < nv ? xr[vi] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int e = 0; e < P; ++e) {
+            v[k * P + e] = vi < nv ? F::ld(buf.e, e) : 0.f;
+            s += v[k * P + e];
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    float m = s / (float)D;
+    float q = 0.f;
+#pragma unroll
+    for (int k = 0; k < VK; ++k) {
+#pragma unroll
+        for (int e = 0; e < P; ++e) {
+            float d = (lane + 32 * k < nv) ? v[k * P + e] - m : 0.f;
+            q += d * d;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+    float is = 1.f / sqrtf(q / (float)D + eps);
+#pragma unroll
+    for (int k = 0; k < VK; ++k) {
+        i64 vi = lane + 32 * k;
+        if (vi < nv) {
+            V buf;
+#pragma unroll
+            for (int e = 0; e < P; ++e) {
+                i64 j = vi * P + e;
+                float o = (v[k * P + e] - m) * is;
+                if (w.p) o *= ldf(w, w.off + j * w.st[0]);
+                if (b.p) o += ldf(b, b.off + j * b.st[0]);
+                F::st(buf.e, e, o);
+            }
+            orow[vi] = buf.u;
+        }
+    }
+    if (lane == 0) {
+        stf(mean_t, toff(mean_t, r), m);
+        stf(rstd_t, toff(rstd_t, r), is);
+    }
+}
+
 template <typename F>
 __device__ __forceinline__ void ln_warp_k(const T& x, const T& w, const T& b, float eps, const T& out,
                                           const T& mean_t, const T& rstd_t, i64 r, i64 D, int lane) {
+    const int P = 16 / sizeof(typename F::S);
+    if (D % P == 0 && x.off % P == 0 && out.off % P == 0 && aligned16(x.p) && aligned16(out.p)) {
+        i64 nv = D / P;
+        if (nv <= 32) ln_warp_vec<F, 1>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
+        else if (nv <= 64) ln_warp_vec<F, 2>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
+        else if (nv <= 128) ln_warp_vec<F, 4>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
+        else ln_warp_vec<F, 8>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
+        return;
+    }
     if (D <= 128) ln_warp_t<F, 4>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
     else if (D <= 256) ln_warp_t<F, 8>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
     else if (D <= 512) ln_warp_t<F, 16>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);

@@ -110,6 +110,22 @@ fn flags(views: &[Strided]) -> i32 {
     small as i32 | ((same as i32) << 1)
 }
 
+/// Elements per thread of the kernels' contiguous 16-byte vector paths (k_unary, k_binary):
+/// 4 f32 or 8 bf16 when every view is 1-d, unit-stride and of one dtype; else 1. The grid is
+/// sized by vectors, not elements: a grid of one thread per element left three blocks in
+/// four (f32) with nothing to do, which cost more than the work on ResNet's bs1 tensors.
+fn per_thread(views: &[Strided]) -> i64 {
+    let Some(first) = views.first() else { return 1 };
+    let flat = views
+        .iter()
+        .all(|v| v.ndim == 1 && v.strides[0] == 1 && v.dtype == first.dtype);
+    match first.dtype {
+        d if flat && d == Dt::F32 as i32 => 4,
+        d if flat && d == Dt::BF16 as i32 => 8,
+        _ => 1,
+    }
+}
+
 fn same_numel(op: &str, a: &Strided, b: &Strided) -> R {
     if a.numel() != b.numel() {
         return Err(CudaError::Invalid(format!(
@@ -199,7 +215,13 @@ impl Gpu {
         }
         let n = v[0].numel();
         let f = flags(&v);
-        self.launch1d(K::Unary, n, &mut kargs![code, s, v[0], v[1], n, f])
+        let g = self.grid_for((n + per_thread(&v) - 1) / per_thread(&v), BLOCK);
+        self.launch(
+            K::Unary,
+            (g, 1, 1),
+            (BLOCK, 1, 1),
+            &mut kargs![code, s, v[0], v[1], n, f],
+        )
     }
 
     /// `a`, `b` already expanded to `out`'s shape (zero strides where broadcast).
@@ -213,9 +235,11 @@ impl Gpu {
         }
         let n = v[2].numel();
         let f = flags(&v);
-        self.launch1d(
+        let g = self.grid_for((n + per_thread(&v) - 1) / per_thread(&v), BLOCK);
+        self.launch(
             K::Binary,
-            n,
+            (g, 1, 1),
+            (BLOCK, 1, 1),
             &mut kargs![code, alpha, v[0], v[1], v[2], n, f],
         )
     }
@@ -453,16 +477,25 @@ impl Gpu {
         if x.is_contiguous() && out.is_contiguous() && planes > 0 && planes < i32::MAX as i64 {
             // Planes under 1024 elements (ResNet's 28x28 and smaller): a warp each, 8 to a
             // block; larger: a block each.
+            // Few large planes (batch 1): each split over several blocks (grid.y), so the
+            // whole GPU works (64 planes at bs1 were 64 blocks on 132 SMs).
             let warps = hw < 1024;
             let (grid, block) = if warps {
                 ((planes as u64).div_ceil(8).min(1 << 20) as u32, 256)
             } else {
                 (planes as u32, row_block(hw).min(256))
             };
+            let want = 4 * self.sm_count().max(1) as i64;
+            let split = if warps || planes >= want {
+                1
+            } else {
+                let most = (hw / (block as i64 * 4)).max(1);
+                ((want + planes - 1) / planes).clamp(1, most.min(65535)) as u32
+            };
             let w_mode = warps as i32;
             return self.launch(
                 K::BnEvalPlanes,
-                (grid, 1, 1),
+                (grid, split, 1),
                 (block, 1, 1),
                 &mut kargs![*x, *w, *b, *rm, *rv, eps, *out, c, hw, planes, w_mode],
             );

@@ -250,3 +250,67 @@ fn tensors_are_send_and_sync() {
         assert_eq!(h.join().unwrap(), 6.0);
     }
 }
+
+#[test]
+fn batch_norm_relu_is_relu_of_batch_norm_with_and_without_grad() {
+    let d = cpu();
+    let xs: Vec<f64> = (0..2 * 3 * 4)
+        .map(|i| (i as f64 * 0.37).sin() * 2.0)
+        .collect();
+    let stats = |v: &[f64]| Tensor::from_f64(v, &[3], DType::F32, &d).unwrap();
+    let (rm, rv) = (stats(&[0.1, -0.2, 0.3]), stats(&[1.0, 0.5, 2.0]));
+    let w = param(&d, &[1.0, -1.5, 0.5], &[3]);
+    let b = param(&d, &[0.0, 0.2, -0.1], &[3]);
+    let run = |fused: bool| {
+        let x = param(&d, &xs, &[2, 3, 2, 2]);
+        let f = if fused {
+            ops::batch_norm_relu
+        } else {
+            ops::batch_norm
+        };
+        let mut y = f(
+            &x,
+            Some(&rm),
+            Some(&rv),
+            Some(&w),
+            Some(&b),
+            false,
+            0.1,
+            1e-5,
+        )
+        .unwrap();
+        if !fused {
+            y = y.relu().unwrap();
+        }
+        y.square().unwrap().sum().unwrap().backward().unwrap();
+        let inference = {
+            let _g = no_grad();
+            let y = f(
+                &x,
+                Some(&rm),
+                Some(&rv),
+                Some(&w),
+                Some(&b),
+                false,
+                0.1,
+                1e-5,
+            )
+            .unwrap();
+            if fused {
+                y
+            } else {
+                y.relu().unwrap()
+            }
+        };
+        (
+            y.to_vec_f64().unwrap(),
+            x.grad().unwrap().to_vec_f64().unwrap(),
+            inference.to_vec_f64().unwrap(),
+        )
+    };
+    let (a, b2) = (run(false), run(true));
+    assert_eq!(a.0, b2.0);
+    assert_eq!(a.1, b2.1);
+    assert_eq!(a.2, b2.2);
+    assert!(a.0.iter().any(|&v| v == 0.0) && a.0.iter().any(|&v| v > 0.0));
+}

@@ -910,13 +910,14 @@ extern "C" __global__ void k_bn_train(T x, T w, T b, T rm, T rv, double momentum
     }
 }
 
+// One (n, c) plane of contiguous x and out, by `nt` threads from `tid`: the widest vector
+// the plane's length and alignment allow (16, 8, 4 bytes or one element).
+template <typename F>
 __device__ __forceinline__ float bn_act(float v, float sc, float shf, int relu) {
     float y = v * sc + shf;
     return relu ? (y > 0.f ? y : 0.f) : y;
 }
 
-// One (n, c) plane of contiguous x and out, by `nt` threads from `tid`: the widest vector
-// the plane's length and alignment allow (16, 8, 4 bytes or one element).
 template <typename F>
 __device__ __forceinline__ void bn_plane(const typename F::S* xp, typename F::S* op_, i64 HW, float sc, float shf,
                                          int relu, int tid, int nt) {

@@ -237,21 +237,6 @@ impl BatchNorm2d {
             self.eps,
         )
     }
-
-    /// `relu(self(x))`, the ReLU in place: one pass over the output in inference
-    /// ([`ops::batch_norm_relu`]).
-    pub fn forward_relu(&self, x: &Tensor) -> Result<Tensor> {
-        ops::batch_norm_relu(
-            x,
-            Some(&self.running_mean),
-            Some(&self.running_var),
-            Some(&self.weight),
-            Some(&self.bias),
-            self.training,
-            self.momentum,
-            self.eps,
-        )
-    }
 }
 
 impl Module for BatchNorm2d {

@@ -25,58 +25,6 @@ pub fn batch_norm(
     momentum: f64,
     eps: f64,
 ) -> Result<Tensor> {
-    batch_norm_inner(
-        x,
-        running_mean,
-        running_var,
-        weight,
-        bias,
-        training,
-        momentum,
-        eps,
-        false,
-    )
-}
-
-/// `F.relu(F.batch_norm(...), inplace=True)`, as ResNet's conv → bn → relu runs it. In eval
-/// with nothing to record (inference) the backend does both in one pass over the output;
-/// otherwise it is the two ops. Memory is the same either way: one output, the ReLU in place.
-#[allow(clippy::too_many_arguments)]
-pub fn batch_norm_relu(
-    x: &Tensor,
-    running_mean: Option<&Tensor>,
-    running_var: Option<&Tensor>,
-    weight: Option<&Tensor>,
-    bias: Option<&Tensor>,
-    training: bool,
-    momentum: f64,
-    eps: f64,
-) -> Result<Tensor> {
-    batch_norm_inner(
-        x,
-        running_mean,
-        running_var,
-        weight,
-        bias,
-        training,
-        momentum,
-        eps,
-        true,
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
-fn batch_norm_inner(
-    x: &Tensor,
-    running_mean: Option<&Tensor>,
-    running_var: Option<&Tensor>,
-    weight: Option<&Tensor>,
-    bias: Option<&Tensor>,
-    training: bool,
-    momentum: f64,
-    eps: f64,
-    relu: bool,
-) -> Result<Tensor> {
     const OP: &str = "batch_norm";
     need_float(x, OP)?;
     if x.ndim() < 2 {
@@ -164,18 +112,6 @@ fn batch_norm_inner(
                 "running_mean and running_var are required in eval mode",
             ));
         };
-        if relu && !recording {
-            be.batch_norm_eval_relu(
-                x.kref(),
-                opt_ref(weight),
-                opt_ref(bias),
-                rm.kref(),
-                rv.kref(),
-                eps,
-                out.kref(),
-            )?;
-            return Ok(out);
-        }
         be.batch_norm_eval(
             x.kref(),
             opt_ref(weight),
@@ -214,9 +150,6 @@ fn batch_norm_inner(
                 },
             );
         }
-    }
-    if relu {
-        out.relu_()?;
     }
     Ok(out)
 }

@@ -425,7 +425,16 @@ fn fast_paths_match_the_cpu() {
                 let rv = x0(&[c], d)?.square()?.add_scalar(0.5)?;
                 let w = x0(&[c], d)?;
                 let b = x0(&[c], d)?;
-                let y = ops::batch_norm(&x, Some(&rm), Some(&rv), Some(&w), Some(&b), false, 0.1, 1e-5)?;
+                let y = ops::batch_norm(
+                    &x,
+                    Some(&rm),
+                    Some(&rv),
+                    Some(&w),
+                    Some(&b),
+                    false,
+                    0.1,
+                    1e-5,
+                )?;
                 out.push(y.relu()?);
             }
             Ok(out)
@@ -440,17 +449,27 @@ fn fast_paths_match_the_cpu() {
             }
             Ok(out)
         });
-        both(rt, &format!("attention-shaped copies and masks {dt}"), t, |d| {
-            let qkv = x0(&[2, 16, 3 * 32], d)?;
-            let q = qkv.narrow(2, 32, 32)?.view(&[2, 16, 4, 8])?.permute(&[0, 2, 1, 3])?;
-            let qc = q.contiguous()?;
-            let mask = headroom_tensor::nn::causal_mask(32, d)?.narrow(0, 0, 16)?.narrow(1, 0, 16)?;
-            let s = x0(&[2, 4, 16, 16], d)?.masked_fill(&mask, -1e4)?;
-            let p = s.softmax(-1)?;
-            let wide = x0(&[3, 1000], d)?.softmax(-1)?;
-            let row512 = x0(&[4, 512], d)?.log_softmax(-1)?;
-            Ok(vec![qc, s, p, wide, row512])
-        });
+        both(
+            rt,
+            &format!("attention-shaped copies and masks {dt}"),
+            t,
+            |d| {
+                let qkv = x0(&[2, 16, 3 * 32], d)?;
+                let q = qkv
+                    .narrow(2, 32, 32)?
+                    .view(&[2, 16, 4, 8])?
+                    .permute(&[0, 2, 1, 3])?;
+                let qc = q.contiguous()?;
+                let mask = headroom_tensor::nn::causal_mask(32, d)?
+                    .narrow(0, 0, 16)?
+                    .narrow(1, 0, 16)?;
+                let s = x0(&[2, 4, 16, 16], d)?.masked_fill(&mask, -1e4)?;
+                let p = s.softmax(-1)?;
+                let wide = x0(&[3, 1000], d)?.softmax(-1)?;
+                let row512 = x0(&[4, 512], d)?.log_softmax(-1)?;
+                Ok(vec![qc, s, p, wide, row512])
+            },
+        );
         both(rt, &format!("elementwise tails {dt}"), t, |d| {
             let a = x0(&[1003], d)?;
             let b = x0(&[1003], d)?;

@@ -6,29 +6,23 @@
 //! before the run starts and before any file is created: a bad value exits 2 and leaves no
 //! output behind. Ctrl-C stops the load; what was measured is still reported and written.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use clap::Args;
 use headroom_alloc::size::{human_bytes, parse_size};
-use headroom_load::report::{summary_table, write_html, write_json};
 use headroom_load::{
-    parse_duration, parse_stages, parse_thresholds, AccumPattern, DeviceChoice, InputDist,
-    LoadConfig, LoadError, LoadPlan, Mode, ModelSpec, OptimKind, Progress, RampStep, RunResult,
-    Scenario, Stage, StopReason,
+    parse_stages, parse_thresholds, AccumPattern, DeviceChoice, InputDist, LoadConfig, LoadPlan,
+    Mode, ModelSpec, OptimKind, Progress, RampStep, Scenario, Stage,
 };
 use headroom_tensor::DType;
 
+use crate::run_cmd::{
+    check_out_dir, duration, finish, le, load_fraction, progress_bar, stop_on_ctrl_c,
+};
 use crate::UserError;
-
-/// Exit code of a run that broke a `--threshold` (k6's).
-pub const EXIT_THRESHOLD: u8 = 99;
-/// Exit code of a run stopped by Ctrl-C (after writing what was measured).
-pub const EXIT_CANCELLED: u8 = 130;
 
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -164,10 +158,6 @@ fn cuda_defaults(cfg: &mut LoadConfig, device: &str, whole_card: bool) {
     }
 }
 
-fn le(e: LoadError) -> UserError {
-    UserError(anyhow!(e.to_string()))
-}
-
 /// The default input size for a model when `--seq` is not given.
 fn default_input(model: &ModelSpec, default: &InputDist) -> InputDist {
     match model {
@@ -242,10 +232,6 @@ fn scenario(a: &LoadtestArgs) -> Result<Scenario, UserError> {
         s.name = default_name;
     }
     Ok(s)
-}
-
-fn duration(flag: &str, v: &str) -> Result<Duration, UserError> {
-    parse_duration(v).map_err(|m| UserError(anyhow!("bad {flag} {v:?}: {m}")))
 }
 
 fn plan(a: &LoadtestArgs, default: &LoadPlan) -> Result<LoadPlan, UserError> {
@@ -341,29 +327,6 @@ fn config(a: &LoadtestArgs) -> Result<LoadConfig, UserError> {
     Ok(cfg)
 }
 
-fn check_out_dir(out: &Path) -> Result<(), UserError> {
-    if out.exists() && !out.is_dir() {
-        return Err(anyhow!("--out {} exists and is not a folder", out.display()).into());
-    }
-    Ok(())
-}
-
-fn progress_bar(quiet: bool) -> indicatif::ProgressBar {
-    if quiet {
-        return indicatif::ProgressBar::hidden();
-    }
-    let pb = indicatif::ProgressBar::new(1000);
-    pb.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner:.green} [{elapsed:>4}] {bar:24.cyan/blue} {wide_msg}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
-    pb.enable_steady_tick(Duration::from_millis(120));
-    pb
-}
-
 fn progress_message(p: &Progress) -> String {
     let mem = format!(
         "alloc {} | reserved {} | peak {} of {}",
@@ -396,16 +359,10 @@ fn progress_message(p: &Progress) -> String {
 }
 
 fn position(p: &Progress) -> u64 {
-    let f = if let Some(total) = p.planned_s.filter(|t| *t > 0.0) {
-        p.elapsed_s / total
-    } else if let Some(n) = p.requests_planned.filter(|n| *n > 0) {
-        p.requests_done as f64 / n as f64
-    } else {
-        0.0
-    };
+    let f = load_fraction(p);
     match p.phase.as_str() {
         "setup" => 0,
-        "load" => (f.clamp(0.0, 1.0) * 900.0) as u64,
+        "load" => (f * 900.0) as u64,
         "search" => 920,
         "what_if" => 950,
         "diagnose" => 980,
@@ -413,46 +370,11 @@ fn position(p: &Progress) -> u64 {
     }
 }
 
-/// Writes results.json, snapshot.pickle (and oom_snapshot.pickle), report.html; returns
-/// the paths written.
-fn write_outputs(out: &Path, r: &RunResult) -> anyhow::Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    let mut written = Vec::new();
-    let json = out.join("results.json");
-    write_json(&json, r).with_context(|| format!("writing {}", json.display()))?;
-    written.push(json);
-    for (snap, name) in [
-        (&r.snapshot, "snapshot.pickle"),
-        (&r.oom_snapshot, "oom_snapshot.pickle"),
-    ] {
-        if let Some(s) = snap {
-            let p = out.join(name);
-            headroom_trace::write_snapshot_file(s, &p)
-                .with_context(|| format!("writing {}", p.display()))?;
-            written.push(p);
-        }
-    }
-    let html = out.join("report.html");
-    write_html(&html, r).with_context(|| format!("writing {}", html.display()))?;
-    written.push(html);
-    Ok(written)
-}
-
 pub fn loadtest(a: LoadtestArgs) -> Result<ExitCode, UserError> {
     let cfg = config(&a)?;
     check_out_dir(&a.out)?;
 
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = stop.clone();
-        // A second Ctrl-C ends the process at once.
-        let _ = ctrlc::set_handler(move || {
-            if stop.swap(true, Ordering::SeqCst) {
-                std::process::exit(EXIT_CANCELLED as i32);
-            }
-            eprintln!("\nstopping: finishing the requests in flight, then writing the report (Ctrl-C again to quit now)");
-        });
-    }
+    let stop = stop_on_ctrl_c();
     let pb = progress_bar(a.quiet);
     let result = headroom_load::run(&cfg, stop.clone(), |p| {
         pb.set_position(position(p));
@@ -461,31 +383,7 @@ pub fn loadtest(a: LoadtestArgs) -> Result<ExitCode, UserError> {
     pb.finish_and_clear();
     let r = result.map_err(le)?;
 
-    let written = write_outputs(&a.out, &r).map_err(UserError)?;
-    if a.json {
-        println!("{}", r.to_json());
-    } else {
-        print!("{}", summary_table(&r));
-        println!();
-    }
-    for p in &written {
-        eprintln!("wrote {}", p.display());
-    }
-    if !r.thresholds_passed() {
-        let broken: Vec<&str> = r
-            .thresholds
-            .iter()
-            .filter(|t| !t.passed)
-            .map(|t| t.expr.as_str())
-            .collect();
-        eprintln!("threshold(s) broken: {}", broken.join(", "));
-        return Ok(ExitCode::from(EXIT_THRESHOLD));
-    }
-    if r.stop_reason == StopReason::Cancelled {
-        eprintln!("cancelled: the report holds what was measured before Ctrl-C");
-        return Ok(ExitCode::from(EXIT_CANCELLED));
-    }
-    Ok(ExitCode::SUCCESS)
+    finish(&a.out, a.json, &r)
 }
 
 #[cfg(test)]

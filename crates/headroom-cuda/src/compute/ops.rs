@@ -126,6 +126,13 @@ fn per_thread(views: &[Strided]) -> i64 {
     }
 }
 
+/// The grid of the warp-per-row kernels (softmax, layer norm): a warp per row, 8 rows to a
+/// block of 256 threads; `None` past the grid's limit (the block-per-row kernels take over).
+fn warp_rows_grid(rows: i64) -> Option<(u32, u32, u32)> {
+    let grid = (rows.max(0) as u64).div_ceil(8);
+    (grid <= i32::MAX as u64).then_some((grid as u32, 1, 1))
+}
+
 fn same_numel(op: &str, a: &Strided, b: &Strided) -> R {
     if a.numel() != b.numel() {
         return Err(CudaError::Invalid(format!(
@@ -560,12 +567,10 @@ impl Gpu {
             && w.ndim <= 1
             && b.ndim <= 1
         {
-            // A warp per row, 8 rows per block.
-            let grid = (rows.max(0) as u64).div_ceil(8);
-            if grid <= i32::MAX as u64 {
+            if let Some(grid) = warp_rows_grid(rows) {
                 return self.launch(
                     K::LnWarp,
-                    (grid as u32, 1, 1),
+                    grid,
                     (256, 1, 1),
                     &mut kargs![v[0], *w, *b, eps, *out, *mean, *rstd, rows, d],
                 );
@@ -626,12 +631,11 @@ impl Gpu {
         let mut v = [*x, *out];
         Strided::coalesce(&mut v);
         if inner == 1 && d <= 1024 && v[0].is_contiguous() && v[1].is_contiguous() {
-            // A warp per row, the row in registers; 8 rows per block.
-            let grid = (outer.max(0) as u64).div_ceil(8);
-            if grid <= i32::MAX as u64 {
+            // The row in registers.
+            if let Some(grid) = warp_rows_grid(outer) {
                 return self.launch(
                     K::SoftmaxWarp,
-                    (grid as u32, 1, 1),
+                    grid,
                     (256, 1, 1),
                     &mut kargs![v[0], v[1], lg, outer, d],
                 );

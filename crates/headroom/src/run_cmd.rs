@@ -1,0 +1,134 @@
+//! What `headroom loadtest` and `headroom http` share around a run: Ctrl-C handling, the
+//! progress bar, the files written, the summary, and the exit code (0, 99 when a threshold
+//! broke, 130 when stopped by Ctrl-C, as k6 does).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context};
+use headroom_load::report::{summary_table, write_html, write_json};
+use headroom_load::{parse_duration, LoadError, Progress, RunResult, StopReason};
+
+use crate::UserError;
+
+/// Exit code of a run that broke a `--threshold` (k6's).
+pub const EXIT_THRESHOLD: u8 = 99;
+/// Exit code of a run stopped by Ctrl-C (after writing what was measured).
+pub const EXIT_CANCELLED: u8 = 130;
+
+pub fn le(e: LoadError) -> UserError {
+    UserError(anyhow!(e.to_string()))
+}
+
+pub fn duration(flag: &str, v: &str) -> Result<Duration, UserError> {
+    parse_duration(v).map_err(|m| UserError(anyhow!("bad {flag} {v:?}: {m}")))
+}
+
+pub fn check_out_dir(out: &Path) -> Result<(), UserError> {
+    if out.exists() && !out.is_dir() {
+        return Err(anyhow!("--out {} exists and is not a folder", out.display()).into());
+    }
+    Ok(())
+}
+
+/// The run's stop flag: the first Ctrl-C sets it (the run finishes what is in flight and
+/// the report is written); a second one ends the process at once.
+pub fn stop_on_ctrl_c() -> Arc<AtomicBool> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let _ = ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::SeqCst) {
+            std::process::exit(EXIT_CANCELLED as i32);
+        }
+        eprintln!(
+            "\nstopping: finishing the requests in flight, then writing the report \
+             (Ctrl-C again to quit now)"
+        );
+    });
+    stop
+}
+
+pub fn progress_bar(quiet: bool) -> indicatif::ProgressBar {
+    if quiet {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(1000);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner:.green} [{elapsed:>4}] {bar:24.cyan/blue} {wide_msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    pb.enable_steady_tick(Duration::from_millis(120));
+    pb
+}
+
+/// How far the load is, 0..=1: by time when the plan has a length, else by requests (-n).
+pub fn load_fraction(p: &Progress) -> f64 {
+    let f = if let Some(total) = p.planned_s.filter(|t| *t > 0.0) {
+        p.elapsed_s / total
+    } else if let Some(n) = p.requests_planned.filter(|n| *n > 0) {
+        p.requests_done as f64 / n as f64
+    } else {
+        0.0
+    };
+    f.clamp(0.0, 1.0)
+}
+
+/// Writes results.json, the snapshots (snapshot.pickle, oom_snapshot.pickle) and
+/// report.html; returns the paths written.
+fn write_outputs(out: &Path, r: &RunResult) -> anyhow::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let mut written = Vec::new();
+    let json = out.join("results.json");
+    write_json(&json, r).with_context(|| format!("writing {}", json.display()))?;
+    written.push(json);
+    for (snap, name) in [
+        (&r.snapshot, "snapshot.pickle"),
+        (&r.oom_snapshot, "oom_snapshot.pickle"),
+    ] {
+        if let Some(s) = snap {
+            let p = out.join(name);
+            headroom_trace::write_snapshot_file(s, &p)
+                .with_context(|| format!("writing {}", p.display()))?;
+            written.push(p);
+        }
+    }
+    let html = out.join("report.html");
+    write_html(&html, r).with_context(|| format!("writing {}", html.display()))?;
+    written.push(html);
+    Ok(written)
+}
+
+/// After the run: the files, the summary table (or the JSON with `--json`), the exit code.
+pub fn finish(out: &Path, json: bool, r: &RunResult) -> Result<ExitCode, UserError> {
+    let written = write_outputs(out, r).map_err(UserError)?;
+    if json {
+        println!("{}", r.to_json());
+    } else {
+        print!("{}", summary_table(r));
+        println!();
+    }
+    for p in &written {
+        eprintln!("wrote {}", p.display());
+    }
+    if !r.thresholds_passed() {
+        let broken: Vec<&str> = r
+            .thresholds
+            .iter()
+            .filter(|t| !t.passed)
+            .map(|t| t.expr.as_str())
+            .collect();
+        eprintln!("threshold(s) broken: {}", broken.join(", "));
+        return Ok(ExitCode::from(EXIT_THRESHOLD));
+    }
+    if r.stop_reason == StopReason::Cancelled {
+        eprintln!("cancelled: the report holds what was measured before Ctrl-C");
+        return Ok(ExitCode::from(EXIT_CANCELLED));
+    }
+    Ok(ExitCode::SUCCESS)
+}

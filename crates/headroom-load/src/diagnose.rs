@@ -35,8 +35,24 @@ use crate::timeline::linear_fit;
 
 const MIB: f64 = 1048576.0;
 
-fn mib(b: f64) -> String {
+pub(crate) fn mib(b: f64) -> String {
     format!("{:.1} MiB", b / MIB)
+}
+
+/// `default: 812.0 MiB; expandable_segments:True: 640.0 MiB`: each replayed config's peak
+/// reserved, for a finding's evidence.
+pub(crate) fn what_if_table(rows: &[WhatIfRow]) -> String {
+    rows.iter()
+        .map(|w| {
+            let conf = if w.alloc_conf.is_empty() {
+                "default"
+            } else {
+                &w.alloc_conf
+            };
+            format!("{conf}: {}", mib(w.peak_reserved_bytes as f64))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Replays the run's own snapshot under its config and each of `configs`.
@@ -427,22 +443,7 @@ fn fragmentation(r: &RunResult, rules: &Rules) -> Option<Finding> {
         .iter()
         .skip(1)
         .min_by_key(|w| (w.num_ooms, w.peak_reserved_bytes));
-    let table = r
-        .what_if
-        .iter()
-        .map(|w| {
-            format!(
-                "{}: {}",
-                if w.alloc_conf.is_empty() {
-                    "default"
-                } else {
-                    &w.alloc_conf
-                },
-                mib(w.peak_reserved_bytes as f64)
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("; ");
+    let table = what_if_table(&r.what_if);
     let saving = match (own, best) {
         (Some(o), Some(b)) if b.peak_reserved_bytes < o.peak_reserved_bytes => {
             o.peak_reserved_bytes - b.peak_reserved_bytes

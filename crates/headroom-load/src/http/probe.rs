@@ -23,15 +23,9 @@ use std::time::Duration;
 use headroom_alloc::{BlockState, Snapshot};
 use hyper::Method;
 
-use crate::diagnose::Rules;
+use crate::diagnose::{mib, what_if_table, Rules};
 use crate::http::client;
 use crate::results::*;
-
-const MIB: f64 = 1048576.0;
-
-fn mib(b: f64) -> String {
-    format!("{:.1} MiB", b / MIB)
-}
 
 /// The probe's base URL from its metrics URL: `http://h:p/metrics` → `http://h:p`.
 pub fn probe_base(metrics_url: &str) -> String {
@@ -223,22 +217,7 @@ fn fragmentation(r: &RunResult, floor: u64) -> Option<Finding> {
     if !(p.alloc_retries > 0 || saving >= floor) {
         return None;
     }
-    let table = r
-        .what_if
-        .iter()
-        .map(|w| {
-            format!(
-                "{}: {}",
-                if w.alloc_conf.is_empty() {
-                    "default"
-                } else {
-                    &w.alloc_conf
-                },
-                mib(w.peak_reserved_bytes as f64)
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("; ");
+    let table = what_if_table(&r.what_if);
     let fix = match best {
         Some(b) if saving > 0 => format!(
             "Set `PYTORCH_CUDA_ALLOC_CONF={}` in the service's environment: the replay of its \

@@ -200,21 +200,7 @@ fn badges(h: &mut String, r: &RunResult) {
         r.requests.oom,
         if r.requests.oom == 1 { "" } else { "s" }
     );
-    let _ = write!(
-        h,
-        "<span class=\"{}\">{} finding{}</span>",
-        if r.findings.is_empty() { "ok" } else { "warn" },
-        r.findings.len(),
-        if r.findings.len() == 1 { "" } else { "s" }
-    );
-    if !r.thresholds.is_empty() {
-        let failed = r.thresholds.iter().filter(|t| !t.passed).count();
-        if failed == 0 {
-            h.push_str("<span class=\"ok\">all thresholds passed</span>");
-        } else {
-            let _ = write!(h, "<span class=\"bad\">{failed} threshold(s) failed</span>");
-        }
-    }
+    findings_and_thresholds_badges(h, r);
     if let Some(k) = r.oom_search.as_ref().and_then(|s| s.verified_safe_load) {
         let _ = write!(h, "<span class=\"ok\">safe concurrency {k}</span>");
     }
@@ -747,6 +733,25 @@ pub(super) fn ooms_section(h: &mut String, r: &RunResult) {
             "<details><summary>memory_summary() at the first OOM</summary><pre>{}</pre></details>",
             esc(&o.memory_summary)
         );
+    }
+}
+
+/// The header badges every report page has: the findings count and the thresholds' verdict.
+pub(crate) fn findings_and_thresholds_badges(h: &mut String, r: &RunResult) {
+    let _ = write!(
+        h,
+        "<span class=\"{}\">{} finding{}</span>",
+        if r.findings.is_empty() { "ok" } else { "warn" },
+        r.findings.len(),
+        if r.findings.len() == 1 { "" } else { "s" }
+    );
+    if !r.thresholds.is_empty() {
+        let failed = r.thresholds.iter().filter(|t| !t.passed).count();
+        if failed == 0 {
+            h.push_str("<span class=\"ok\">all thresholds passed</span>");
+        } else {
+            let _ = write!(h, "<span class=\"bad\">{failed} threshold(s) failed</span>");
+        }
     }
 }
 

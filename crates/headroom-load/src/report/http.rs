@@ -15,7 +15,7 @@ use super::html::{
     thresholds_section, what_if_section, CSS,
 };
 use super::terminal::table;
-use super::{fmt_bytes, fmt_ms, fmt_value, plots};
+use super::{fmt_bytes, fmt_ms, plots};
 use crate::results::*;
 
 /// The stages table has more columns than the loadtest's: smaller type keeps it in the page.
@@ -215,21 +215,7 @@ fn badges(h: &mut String, r: &RunResult, hr: &HttpResult) {
             if n == 1 { "" } else { "s" }
         );
     }
-    let _ = write!(
-        h,
-        "<span class=\"{}\">{} finding{}</span>",
-        if r.findings.is_empty() { "ok" } else { "warn" },
-        r.findings.len(),
-        if r.findings.len() == 1 { "" } else { "s" }
-    );
-    if !r.thresholds.is_empty() {
-        let failed = r.thresholds.iter().filter(|t| !t.passed).count();
-        if failed == 0 {
-            h.push_str("<span class=\"ok\">all thresholds passed</span>");
-        } else {
-            let _ = write!(h, "<span class=\"bad\">{failed} threshold(s) failed</span>");
-        }
-    }
+    super::html::findings_and_thresholds_badges(h, r);
     h.push_str("</div>\n");
 }
 
@@ -610,20 +596,7 @@ pub fn http_summary_table(r: &RunResult) -> String {
             }
         }
     }
-    if !r.thresholds.is_empty() {
-        o.push('\n');
-        for t in &r.thresholds {
-            let _ = writeln!(
-                o,
-                "threshold {:<28} {}  (measured {})",
-                t.expr,
-                if t.passed { "pass" } else { "FAIL" },
-                t.actual
-                    .map(|v| fmt_value(v, &t.unit))
-                    .unwrap_or_else(|| "nothing".into())
-            );
-        }
-    }
+    super::terminal::threshold_lines(&mut o, r);
     o
 }
 

@@ -215,21 +215,27 @@ pub fn summary_table(r: &RunResult) -> String {
             &[false, true, true, true, true, true],
         );
     }
-    if !r.thresholds.is_empty() {
-        o.push('\n');
-        for t in &r.thresholds {
-            let _ = writeln!(
-                o,
-                "threshold {:<28} {}  (measured {})",
-                t.expr,
-                if t.passed { "pass" } else { "FAIL" },
-                t.actual
-                    .map(|v| fmt_value(v, &t.unit))
-                    .unwrap_or_else(|| "nothing".into())
-            );
-        }
-    }
+    threshold_lines(&mut o, r);
     o
+}
+
+/// One line per `--threshold`, pass or FAIL and the measured value.
+pub(crate) fn threshold_lines(o: &mut String, r: &RunResult) {
+    if r.thresholds.is_empty() {
+        return;
+    }
+    o.push('\n');
+    for t in &r.thresholds {
+        let _ = writeln!(
+            o,
+            "threshold {:<28} {}  (measured {})",
+            t.expr,
+            if t.passed { "pass" } else { "FAIL" },
+            t.actual
+                .map(|v| fmt_value(v, &t.unit))
+                .unwrap_or_else(|| "nothing".into())
+        );
+    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! Design note: the calling thread is the controller (`block_on` on a small runtime of its
 //! own): it walks the stages at fixed times from the start, reports progress, and watches
 //! the stop flag; the memory sampler is one more task there. The load runs elsewhere:
-//! - closed model: `threads` load threads, each a current-thread runtime ([`Shards`]) that
+//! - closed model: `threads` load threads, each a current-thread runtime (`Shards`) that
 //!   owns every `threads`-th worker with its connection, timer and I/O registration, as
 //!   wrk's threads do. A worker's request never leaves its thread: no work stealing, no
 //!   wake-up handed to another core, no shared timer wheel. Against one work-stealing
@@ -12,10 +12,11 @@
 //!   many-core host (see `headroom bench http`);
 //! - open model: a dispatcher plus one task per request on a work-stealing runtime of
 //!   `threads` threads, whose connections are pooled across all of them (a request takes
-//!   whichever connection is free, wherever it was opened). Everything that
-//! can be wrong with the user's input (the URL, the body, the metrics endpoint, nothing
-//! listening) is found by `prepare` before the clock starts, so the CLI can exit 2 with
-//! nothing written.
+//!   whichever connection is free, wherever it was opened).
+//!
+//! Everything that can be wrong with the user's input (the URL, the body, the metrics
+//! endpoint, nothing listening) is found by `prepare` before the clock starts, so the CLI
+//! can exit 2 with nothing written.
 //!
 //! The end of a run: no new request starts; requests in flight, and open-model requests the
 //! schedule meant to send before the end but still waiting for a connection, get a grace

@@ -574,28 +574,8 @@ pub fn http_summary_table(r: &RunResult) -> String {
             }
         );
     }
-    o.push('\n');
-    if r.findings.is_empty() {
-        o.push_str("findings: none\n");
-    } else {
-        let _ = writeln!(o, "findings ({}):", r.findings.len());
-        for f in &r.findings {
-            let sev = match f.severity {
-                Severity::Critical => "CRITICAL",
-                Severity::Warning => "WARNING",
-                Severity::Info => "info",
-            };
-            let _ = writeln!(o, "  [{sev}] {} ({})", f.title, f.id.as_str());
-            let _ = writeln!(o, "    evidence: {}", f.evidence);
-            for (k, l) in f.fix.lines().enumerate() {
-                let _ = writeln!(
-                    o,
-                    "    {}{l}",
-                    if k == 0 { "fix:      " } else { "          " }
-                );
-            }
-        }
-    }
+    // As before, this summary leaves each finding's saving to the HTML report.
+    super::terminal::finding_lines(&mut o, r, false);
     super::terminal::threshold_lines(&mut o, r);
     o
 }

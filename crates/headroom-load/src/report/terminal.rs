@@ -152,35 +152,7 @@ pub fn summary_table(r: &RunResult) -> String {
             if s.axis == "batch" { "sample" } else { "concurrent request" }
         );
     }
-    o.push('\n');
-    if r.findings.is_empty() {
-        o.push_str("findings: none\n");
-    } else {
-        let _ = writeln!(o, "findings ({}):", r.findings.len());
-        for f in &r.findings {
-            let sev = match f.severity {
-                Severity::Critical => "CRITICAL",
-                Severity::Warning => "WARNING",
-                Severity::Info => "info",
-            };
-            let _ = writeln!(o, "  [{sev}] {} ({})", f.title, f.id.as_str());
-            let _ = writeln!(o, "    evidence: {}", f.evidence);
-            let mut fix = f.fix.lines();
-            if let Some(first) = fix.next() {
-                let _ = writeln!(o, "    fix:      {first}");
-                for l in fix {
-                    let _ = writeln!(o, "              {l}");
-                }
-            }
-            if f.predicted_saving_bytes > 0 {
-                let _ = writeln!(
-                    o,
-                    "    saves:    {} of peak",
-                    fmt_bytes(f.predicted_saving_bytes)
-                );
-            }
-        }
-    }
+    finding_lines(&mut o, r, true);
     if !r.what_if.is_empty() {
         o.push('\n');
         let rows: Vec<Vec<String>> = r
@@ -217,6 +189,40 @@ pub fn summary_table(r: &RunResult) -> String {
     }
     threshold_lines(&mut o, r);
     o
+}
+
+/// The findings block: severity, title, evidence and fix of each (and, with `savings`, the
+/// peak it is predicted to save).
+pub(crate) fn finding_lines(o: &mut String, r: &RunResult, savings: bool) {
+    o.push('\n');
+    if r.findings.is_empty() {
+        o.push_str("findings: none\n");
+        return;
+    }
+    let _ = writeln!(o, "findings ({}):", r.findings.len());
+    for f in &r.findings {
+        let sev = match f.severity {
+            Severity::Critical => "CRITICAL",
+            Severity::Warning => "WARNING",
+            Severity::Info => "info",
+        };
+        let _ = writeln!(o, "  [{sev}] {} ({})", f.title, f.id.as_str());
+        let _ = writeln!(o, "    evidence: {}", f.evidence);
+        let mut fix = f.fix.lines();
+        if let Some(first) = fix.next() {
+            let _ = writeln!(o, "    fix:      {first}");
+            for l in fix {
+                let _ = writeln!(o, "              {l}");
+            }
+        }
+        if savings && f.predicted_saving_bytes > 0 {
+            let _ = writeln!(
+                o,
+                "    saves:    {} of peak",
+                fmt_bytes(f.predicted_saving_bytes)
+            );
+        }
+    }
 }
 
 /// One line per `--threshold`, pass or FAIL and the measured value.

@@ -9,57 +9,17 @@ use std::time::{Duration, Instant};
 
 use headroom_load::http::server::{Reply, Seen, TestServer};
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_headroom"))
-}
+mod common;
+
+use common::{bin, files_under, read_json};
 
 fn scratch(name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("http-cli")
-        .join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch("http-cli", name)
 }
 
+/// `headroom ARGS` in `dir`, bounded to a minute.
 fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
-    let t = Instant::now();
-    let out = bin()
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run headroom");
-    assert!(
-        t.elapsed() < Duration::from_secs(60),
-        "{args:?} took {:?}",
-        t.elapsed()
-    );
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut v = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                v.push(p.clone());
-                v.extend(files_under(&p));
-            } else {
-                v.push(p);
-            }
-        }
-    }
-    v
-}
-
-fn read_json(p: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(p).expect("results.json")).expect("json")
+    common::run_in_within(dir, args, Duration::from_secs(60))
 }
 
 fn ok_server() -> TestServer {

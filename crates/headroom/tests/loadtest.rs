@@ -1,57 +1,16 @@
 //! `headroom loadtest` and `headroom claims` as a user runs them: exit codes (0, 2, 99,
 //! 130), the files written, and no file at all on bad input.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_headroom"))
-}
+mod common;
 
-/// A fresh, empty folder for one test.
+use common::{bin, files_under, read_json, run_in};
+
 fn scratch(name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("loadtest-cli")
-        .join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// Runs `headroom ARGS` in `dir`.
-fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = bin()
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run headroom");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut v = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                v.push(p.clone());
-                v.extend(files_under(&p));
-            } else {
-                v.push(p);
-            }
-        }
-    }
-    v
-}
-
-fn read_json(p: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(p).expect("results.json")).expect("json")
+    common::scratch("loadtest-cli", name)
 }
 
 /// A fast run: the meta device, a fixed number of requests, no OOM search.

@@ -1,0 +1,66 @@
+//! Helpers of the CLI tests that run `headroom` as a user does: the binary, a fresh folder
+//! per test, a run's exit code and output, the files it left.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_headroom"))
+}
+
+/// A fresh, empty folder for one test, under `group` in the target's temporary folder.
+pub fn scratch(group: &str, name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(group)
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs `headroom ARGS` in `dir`: (exit code, stdout, stderr).
+pub fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = bin()
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run headroom");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// [`run_in`], failing the test when the run takes `limit` or longer.
+pub fn run_in_within(dir: &Path, args: &[&str], limit: Duration) -> (i32, String, String) {
+    let t = Instant::now();
+    let r = run_in(dir, args);
+    assert!(t.elapsed() < limit, "{args:?} took {:?}", t.elapsed());
+    r
+}
+
+/// Every file and folder below `dir`.
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                v.push(p.clone());
+                v.extend(files_under(&p));
+            } else {
+                v.push(p);
+            }
+        }
+    }
+    v
+}
+
+pub fn read_json(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).expect("results.json")).expect("json")
+}

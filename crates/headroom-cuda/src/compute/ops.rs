@@ -170,6 +170,20 @@ impl Gpu {
         self.launch(k, (g, 1, 1), (BLOCK, 1, 1), args)
     }
 
+    /// [`Self::launch1d`] for k_unary and k_binary: a thread per 16-byte vector when their
+    /// contiguous path will take `views` ([`per_thread`]), else per element.
+    fn launch_elementwise(
+        &self,
+        k: K,
+        views: &[Strided],
+        n: i64,
+        args: &mut [*mut std::ffi::c_void],
+    ) -> R {
+        let per = per_thread(views);
+        let g = self.grid_for((n + per - 1) / per, BLOCK);
+        self.launch(k, (g, 1, 1), (BLOCK, 1, 1), args)
+    }
+
     /// Every element of `out` set to `v`.
     pub fn fill(&self, out: &Strided, v: f64) -> R {
         let mut o = [*out];
@@ -222,13 +236,7 @@ impl Gpu {
         }
         let n = v[0].numel();
         let f = flags(&v);
-        let g = self.grid_for((n + per_thread(&v) - 1) / per_thread(&v), BLOCK);
-        self.launch(
-            K::Unary,
-            (g, 1, 1),
-            (BLOCK, 1, 1),
-            &mut kargs![code, s, v[0], v[1], n, f],
-        )
+        self.launch_elementwise(K::Unary, &v, n, &mut kargs![code, s, v[0], v[1], n, f])
     }
 
     /// `a`, `b` already expanded to `out`'s shape (zero strides where broadcast).
@@ -242,11 +250,10 @@ impl Gpu {
         }
         let n = v[2].numel();
         let f = flags(&v);
-        let g = self.grid_for((n + per_thread(&v) - 1) / per_thread(&v), BLOCK);
-        self.launch(
+        self.launch_elementwise(
             K::Binary,
-            (g, 1, 1),
-            (BLOCK, 1, 1),
+            &v,
+            n,
             &mut kargs![code, alpha, v[0], v[1], v[2], n, f],
         )
     }

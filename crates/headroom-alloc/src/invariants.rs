@@ -111,13 +111,9 @@ pub(crate) fn check<D: Device>(st: &State<D>) -> Result<(), String> {
         + st.small.unmapped.len(a)
         + st.large.blocks.len(a)
         + st.large.unmapped.len(a);
-    for t in [
-        &st.small.blocks,
-        &st.small.unmapped,
-        &st.large.blocks,
-        &st.large.unmapped,
-    ] {
-        t.check(a)?;
+    for p in [&st.small, &st.large] {
+        p.blocks.check(a)?;
+        p.unmapped.check(a)?;
     }
     if in_sets != free_in_sets {
         return Err(format!(

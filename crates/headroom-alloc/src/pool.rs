@@ -1,23 +1,28 @@
-//! A block pool's two ordered sets, as an intrusive treap over the block arena.
+//! A block pool's two ordered sets: free blocks in size bins of small treaps, and unmapped
+//! expandable ranges in one treap. Both live inside the block arena.
 //!
 //! Design note: PyTorch keeps free blocks in `std::set<Block*>` ordered by (stream, size,
 //! address) and searches with `lower_bound`: best fit within a stream, ties to the lowest
 //! address. A `BTreeSet` would allocate and free nodes as the set grows and shrinks, so a
-//! cache hit could touch the host allocator. The treap's links live inside the blocks
-//! themselves, so insert and remove never allocate. Each arena slot draws its priority once
-//! from a fixed xorshift sequence, which keeps every run bit-for-bit deterministic (the
-//! tree's shape is never observable anyway: only its in-order sequence is). Parent links
-//! make `remove` start at the block itself, as erasing through a `std::set` iterator does,
-//! instead of searching for it from the root; insert, split and merge are loops, not
-//! recursion.
+//! cache hit could touch the host allocator; the sets here are intrusive treaps whose links
+//! live inside the blocks, so insert and remove never allocate. Each arena slot draws its
+//! priority once from a fixed xorshift sequence, which keeps every run bit-for-bit
+//! deterministic (a tree's shape is never observable: only its in-order sequence is).
+//! Parent links make `remove` start at the block itself, as erasing through a `std::set`
+//! iterator does.
 //!
-//! Which way a search turns at each block is as good as a coin toss, so a branch there
-//! mispredicts about every other level. The children are an array indexed by side, and the
-//! descents (`lower_bound` and the other bound queries, and insert's walk down to its
-//! place) compute each key comparison without branching (`key_lt`) and pick the side as
-//! data, not as a jump: in the mixed-size benchmarks this halves the mispredicted branches.
-//! Split and merge walk only short spines and keep plain branches, which cost less there
-//! (fully branch-free versions made the single-size pair slower).
+//! One treap over all free blocks cost a best-fit search 10 to 20 dependent steps at a few
+//! thousand free blocks, each a coin-toss branch. So the free-block set ([`SizeIndex`]) is
+//! segregated first: per stream, blocks fall into size bins (exact 512-byte steps below
+//! 128 KiB, then 32 bins per power of two, as TLSF does), a two-level bitmap says which
+//! bins are non-empty, and each bin is a small treap ordered by the full key. Bins are
+//! monotone in size, so "first key >= (stream, size, 0)" is still exact: the search bin's
+//! treap, else the lowest block of the next non-empty bin, which one bit scan finds. The
+//! observable order (and so every decision of the policy) is the same as one sorted set's.
+//!
+//! Inside a treap, which way a search turns is as good as a coin toss, so the descents
+//! compute each key comparison without branching (`key_lt`) and pick the side as data, not
+//! as a jump. Split and merge walk only short spines and keep plain branches.
 
 use crate::block::{Arena, BlockId, Membership, NIL};
 use crate::event::StreamId;
@@ -41,78 +46,59 @@ fn pick(c: bool, x: BlockId, y: BlockId) -> BlockId {
     y ^ ((x ^ y) & (c as BlockId).wrapping_neg())
 }
 
-#[derive(Clone, Copy, Debug)]
-pub struct Tree {
-    root: BlockId,
-    kind: Membership,
-    /// `!0` for the blocks set, `0` for the unmapped set: the key's size is `size & mask`,
-    /// so computing a key needs no branch on the set's kind.
-    size_mask: u64,
-}
+/// Treap operations on one tree, given by its root slot. `SIZED` says whether the key
+/// includes the size (free blocks) or not (unmapped ranges).
+struct Treap<const SIZED: bool>;
 
-impl Tree {
-    pub fn new(kind: Membership) -> Self {
-        Tree {
-            root: NIL,
-            kind,
-            size_mask: if kind == Membership::Unmapped { 0 } else { !0 },
-        }
-    }
-
-    /// Number of blocks in the set: O(n), for checks (the hot path keeps no count).
-    pub fn len(&self, a: &Arena) -> usize {
-        self.to_vec(a).len()
-    }
-
+impl<const SIZED: bool> Treap<SIZED> {
     #[inline(always)]
-    fn key(&self, a: &Arena, id: BlockId) -> Key {
+    fn key(a: &Arena, id: BlockId) -> Key {
         let b = a.get(id);
-        (b.stream, b.size & self.size_mask, b.ptr)
+        (b.stream, if SIZED { b.size } else { 0 }, b.ptr)
     }
 
     #[inline(always)]
-    pub fn insert(&mut self, a: &mut Arena, id: BlockId) {
-        debug_assert_eq!(a.get(id).member, Membership::None);
-        let prio = {
+    fn insert(a: &mut Arena, root: &mut BlockId, id: BlockId) {
+        if *root == NIL {
+            // Most size bins hold none or one block: skip the descent and the split.
             let b = a.get_mut(id);
-            b.member = self.kind;
-            b.prio
-        };
-        let key = self.key(a, id);
+            b.kids = [NIL; 2];
+            b.parent = NIL;
+            *root = id;
+            return;
+        }
+        let prio = a.get(id).prio;
+        let key = Self::key(a, id);
         // Descend while the path's priorities beat ours, then split there: one pass, no
         // rotations.
         let mut parent = NIL;
         let mut side = LEFT;
-        let mut cur = self.root;
+        let mut cur = *root;
         while cur != NIL && a.get(cur).prio > prio {
             parent = cur;
-            side = !key_lt(key, self.key(a, cur)) as usize;
+            side = !key_lt(key, Self::key(a, cur)) as usize;
             cur = a.get(cur).kids[side];
         }
-        let (l, r) = self.split(a, cur, key);
-        {
-            let b = a.get_mut(id);
-            b.kids = [l, r];
-        }
+        let (l, r) = Self::split(a, cur, key);
+        a.get_mut(id).kids = [l, r];
         if l != NIL {
             a.get_mut(l).parent = id;
         }
         if r != NIL {
             a.get_mut(r).parent = id;
         }
-        Self::hang(a, &mut self.root, parent, side, id);
+        hang(a, root, parent, side, id);
     }
 
-    /// Split subtree `t` into (< key, >= key); the parts' roots get parent `NIL`. The spines
-    /// split here are short, so plain branches serve better than the descent's selects.
+    /// Split subtree `t` into (< key, >= key); the parts' roots get parent `NIL`.
     #[inline(always)]
-    fn split(&self, a: &mut Arena, mut t: BlockId, key: Key) -> (BlockId, BlockId) {
+    fn split(a: &mut Arena, mut t: BlockId, key: Key) -> (BlockId, BlockId) {
         // `l_tail` is the node of the left part whose right child comes next, `r_tail` the
         // node of the right part whose left child comes next.
         let (mut l_root, mut r_root) = (NIL, NIL);
         let (mut l_tail, mut r_tail) = (NIL, NIL);
         while t != NIL {
-            if key_lt(self.key(a, t), key) {
+            if key_lt(Self::key(a, t), key) {
                 if l_tail == NIL {
                     l_root = t;
                     a.get_mut(t).parent = NIL;
@@ -143,83 +129,35 @@ impl Tree {
         (l_root, r_root)
     }
 
-    /// Merge two subtrees where every key of `l` is below every key of `r`; the result's
-    /// root gets parent `NIL`.
     #[inline(always)]
-    fn merge(a: &mut Arena, mut l: BlockId, mut r: BlockId) -> BlockId {
-        // Built top-down: each step places the higher-priority of the two roots under
-        // `hook` and continues down that root's inner spine (an `l` root's right side, an
-        // `r` root's left side).
-        let mut root = NIL;
-        let mut hook = NIL;
-        let mut side = LEFT;
-        loop {
-            if l == NIL || r == NIL {
-                let x = if l == NIL { r } else { l };
-                Self::hang(a, &mut root, hook, side, x);
-                return root;
-            }
-            if a.get(l).prio > a.get(r).prio {
-                let x = l;
-                Self::hang(a, &mut root, hook, side, x);
-                l = a.get(x).kids[RIGHT];
-                hook = x;
-                side = RIGHT;
-            } else {
-                let x = r;
-                Self::hang(a, &mut root, hook, side, x);
-                r = a.get(x).kids[LEFT];
-                hook = x;
-                side = LEFT;
-            }
-        }
-    }
-
-    /// `x` (maybe `NIL`) as child `side` of `hook`, or as `root` if `hook` is `NIL`; `x`'s
-    /// parent becomes `hook`.
-    #[inline(always)]
-    fn hang(a: &mut Arena, root: &mut BlockId, hook: BlockId, side: usize, x: BlockId) {
-        if hook == NIL {
-            *root = x;
-        } else {
-            a.get_mut(hook).kids[side & 1] = x;
-        }
-        if x != NIL {
-            a.get_mut(x).parent = hook;
-        }
-    }
-
-    #[inline(always)]
-    pub fn remove(&mut self, a: &mut Arena, id: BlockId) {
-        debug_assert_eq!(a.get(id).member, self.kind);
+    fn remove(a: &mut Arena, root: &mut BlockId, id: BlockId) {
         let (kids, parent) = {
             let b = a.get(id);
             (b.kids, b.parent)
         };
-        let m = Self::merge(a, kids[LEFT], kids[RIGHT]);
+        let m = merge(a, kids[LEFT], kids[RIGHT]);
         if m != NIL {
             a.get_mut(m).parent = parent;
         }
         if parent == NIL {
-            debug_assert_eq!(self.root, id);
-            self.root = m;
+            debug_assert_eq!(*root, id);
+            *root = m;
         } else {
             let side = (a.get(parent).kids[RIGHT] == id) as usize;
             a.get_mut(parent).kids[side] = m;
         }
         // The removed block's own links are left stale: only members' links are ever
         // read, and `insert` rewrites all three.
-        a.get_mut(id).member = Membership::None;
     }
 
     /// Smallest element whose key satisfies `pred`, which must be false then true in key
     /// order (a monotone split), as every bound query here is.
     #[inline(always)]
-    fn first_where(&self, a: &Arena, pred: impl Fn(Key) -> bool) -> Option<BlockId> {
+    fn first_where(a: &Arena, root: BlockId, pred: impl Fn(Key) -> bool) -> Option<BlockId> {
         let mut best = NIL;
-        let mut cur = self.root;
+        let mut cur = root;
         while cur != NIL {
-            let p = pred(self.key(a, cur));
+            let p = pred(Self::key(a, cur));
             best = pick(p, cur, best);
             cur = a.get(cur).kids[!p as usize];
         }
@@ -227,87 +165,48 @@ impl Tree {
     }
 
     /// Largest element whose key satisfies `pred` (true then false in key order).
-    fn last_where(&self, a: &Arena, pred: impl Fn(Key) -> bool) -> Option<BlockId> {
+    fn last_where(a: &Arena, root: BlockId, pred: impl Fn(Key) -> bool) -> Option<BlockId> {
         let mut best = NIL;
-        let mut cur = self.root;
+        let mut cur = root;
         while cur != NIL {
-            let p = pred(self.key(a, cur));
+            let p = pred(Self::key(a, cur));
             best = pick(p, cur, best);
             cur = a.get(cur).kids[p as usize];
         }
         (best != NIL).then_some(best)
     }
 
-    /// Smallest element with key >= `key`.
     #[inline(always)]
-    pub fn lower_bound(&self, a: &Arena, key: Key) -> Option<BlockId> {
-        self.first_where(a, |k| !key_lt(k, key))
+    fn lower_bound(a: &Arena, root: BlockId, key: Key) -> Option<BlockId> {
+        Self::first_where(a, root, |k| !key_lt(k, key))
     }
 
-    /// Smallest element with key > that of `id`.
-    pub fn successor(&self, a: &Arena, id: BlockId) -> Option<BlockId> {
-        let key = self.key(a, id);
-        self.first_where(a, |k| key_lt(key, k))
+    /// Smallest element with key > `key`.
+    fn above(a: &Arena, root: BlockId, key: Key) -> Option<BlockId> {
+        Self::first_where(a, root, |k| key_lt(key, k))
     }
 
     /// Largest element with key < `key`.
-    pub fn predecessor_of_key(&self, a: &Arena, key: Key) -> Option<BlockId> {
-        self.last_where(a, |k| key_lt(k, key))
+    fn below(a: &Arena, root: BlockId, key: Key) -> Option<BlockId> {
+        Self::last_where(a, root, |k| key_lt(k, key))
     }
 
-    pub fn predecessor(&self, a: &Arena, id: BlockId) -> Option<BlockId> {
-        self.predecessor_of_key(a, self.key(a, id))
-    }
-
-    pub fn last(&self, a: &Arena) -> Option<BlockId> {
-        let mut cur = self.root;
-        if cur == NIL {
-            return None;
-        }
-        while a.get(cur).kids[RIGHT] != NIL {
-            cur = a.get(cur).kids[RIGHT];
-        }
-        Some(cur)
-    }
-
-    /// Every structural property of the treap, recomputed: links are symmetric, the root has
-    /// no parent, priorities are heap-ordered, keys strictly increase in order, every node is
-    /// a member of this set. For invariant checks; O(n).
-    pub fn check(&self, a: &Arena) -> Result<(), String> {
-        if self.root != NIL && a.get(self.root).parent != NIL {
-            return Err(format!(
-                "{:?} tree: root {} has a parent",
-                self.kind, self.root
-            ));
-        }
-        let ids = self.to_vec(a);
-        for w in ids.windows(2) {
-            if self.key(a, w[0]) >= self.key(a, w[1]) {
-                return Err(format!("{:?} tree: keys out of order", self.kind));
+    /// The leftmost (`side` = LEFT) or rightmost block of a non-empty tree.
+    #[inline(always)]
+    fn end(a: &Arena, mut cur: BlockId, side: usize) -> BlockId {
+        loop {
+            let next = a.get(cur).kids[side];
+            if next == NIL {
+                return cur;
             }
+            cur = next;
         }
-        for &id in &ids {
-            let b = a.get(id);
-            if b.member != self.kind {
-                return Err(format!(
-                    "{:?} tree: block {id} is {:?}",
-                    self.kind, b.member
-                ));
-            }
-            for c in b.kids {
-                if c != NIL && (a.get(c).parent != id || a.get(c).prio > b.prio) {
-                    return Err(format!("{:?} tree: bad link {id} -> {c}", self.kind));
-                }
-            }
-        }
-        Ok(())
     }
 
-    /// In-order ids. Allocates; for release paths and checks, never the hot path.
-    pub fn to_vec(self, a: &Arena) -> Vec<BlockId> {
-        let mut out = Vec::new();
+    /// Append the tree's ids in order.
+    fn in_order(a: &Arena, root: BlockId, out: &mut Vec<BlockId>) {
         let mut stack = Vec::new();
-        let mut cur = self.root;
+        let mut cur = root;
         while cur != NIL || !stack.is_empty() {
             while cur != NIL {
                 stack.push(cur);
@@ -318,13 +217,492 @@ impl Tree {
                 cur = a.get(n).kids[RIGHT];
             }
         }
+    }
+
+    /// Links are symmetric, the root has no parent, priorities are heap-ordered, keys
+    /// strictly increase in order. O(n), for checks.
+    fn check(a: &Arena, root: BlockId, what: &str) -> Result<Vec<BlockId>, String> {
+        if root != NIL && a.get(root).parent != NIL {
+            return Err(format!("{what}: root {root} has a parent"));
+        }
+        let mut ids = Vec::new();
+        Self::in_order(a, root, &mut ids);
+        for w in ids.windows(2) {
+            if !key_lt(Self::key(a, w[0]), Self::key(a, w[1])) {
+                return Err(format!("{what}: keys out of order"));
+            }
+        }
+        for &id in &ids {
+            let b = a.get(id);
+            for c in b.kids {
+                if c != NIL && (a.get(c).parent != id || a.get(c).prio > b.prio) {
+                    return Err(format!("{what}: bad link {id} -> {c}"));
+                }
+            }
+        }
+        Ok(ids)
+    }
+}
+
+/// Merge two subtrees where every key of `l` is below every key of `r`; the result's root
+/// gets parent `NIL`.
+#[inline(always)]
+fn merge(a: &mut Arena, mut l: BlockId, mut r: BlockId) -> BlockId {
+    // Built top-down: each step places the higher-priority of the two roots under `hook`
+    // and continues down that root's inner spine (an `l` root's right side, an `r` root's
+    // left side).
+    let mut root = NIL;
+    let mut hook = NIL;
+    let mut side = LEFT;
+    loop {
+        if l == NIL || r == NIL {
+            let x = if l == NIL { r } else { l };
+            hang(a, &mut root, hook, side, x);
+            return root;
+        }
+        if a.get(l).prio > a.get(r).prio {
+            let x = l;
+            hang(a, &mut root, hook, side, x);
+            l = a.get(x).kids[RIGHT];
+            hook = x;
+            side = RIGHT;
+        } else {
+            let x = r;
+            hang(a, &mut root, hook, side, x);
+            r = a.get(x).kids[LEFT];
+            hook = x;
+            side = LEFT;
+        }
+    }
+}
+
+/// `x` (maybe `NIL`) as child `side` of `hook`, or as `root` if `hook` is `NIL`; `x`'s parent
+/// becomes `hook`.
+#[inline(always)]
+fn hang(a: &mut Arena, root: &mut BlockId, hook: BlockId, side: usize, x: BlockId) {
+    if hook == NIL {
+        *root = x;
+    } else {
+        a.get_mut(hook).kids[side & 1] = x;
+    }
+    if x != NIL {
+        a.get_mut(x).parent = hook;
+    }
+}
+
+/// The unmapped ranges of expandable segments, ordered by (stream, address).
+#[derive(Clone, Copy, Debug)]
+pub struct Tree {
+    root: BlockId,
+}
+
+type Unsized = Treap<false>;
+
+impl Default for Tree {
+    fn default() -> Self {
+        Tree { root: NIL }
+    }
+}
+
+impl Tree {
+    /// Number of blocks in the set: O(n), for checks.
+    pub fn len(&self, a: &Arena) -> usize {
+        self.to_vec(a).len()
+    }
+
+    pub fn insert(&mut self, a: &mut Arena, id: BlockId) {
+        debug_assert_eq!(a.get(id).member, Membership::None);
+        a.get_mut(id).member = Membership::Unmapped;
+        Unsized::insert(a, &mut self.root, id);
+    }
+
+    pub fn remove(&mut self, a: &mut Arena, id: BlockId) {
+        debug_assert_eq!(a.get(id).member, Membership::Unmapped);
+        Unsized::remove(a, &mut self.root, id);
+        a.get_mut(id).member = Membership::None;
+    }
+
+    /// Smallest element with key >= `key` (the key's size is ignored).
+    pub fn lower_bound(&self, a: &Arena, key: Key) -> Option<BlockId> {
+        Unsized::lower_bound(a, self.root, (key.0, 0, key.2))
+    }
+
+    /// Smallest element with key > that of `id`.
+    pub fn successor(&self, a: &Arena, id: BlockId) -> Option<BlockId> {
+        Unsized::above(a, self.root, Unsized::key(a, id))
+    }
+
+    /// Largest element with key < `key` (the key's size is ignored).
+    pub fn predecessor_of_key(&self, a: &Arena, key: Key) -> Option<BlockId> {
+        Unsized::below(a, self.root, (key.0, 0, key.2))
+    }
+
+    pub fn check(&self, a: &Arena) -> Result<(), String> {
+        for id in Unsized::check(a, self.root, "unmapped set")? {
+            if a.get(id).member != Membership::Unmapped {
+                return Err(format!(
+                    "unmapped set: block {id} is {:?}",
+                    a.get(id).member
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// In-order ids. Allocates; for release paths and checks, never the hot path.
+    pub fn to_vec(self, a: &Arena) -> Vec<BlockId> {
+        let mut out = Vec::new();
+        Unsized::in_order(a, self.root, &mut out);
         out
+    }
+}
+
+type Sized_ = Treap<true>;
+
+/// Bins below 128 KiB are exact 512-byte steps.
+const EXACT_BINS: usize = 256;
+/// Then 2^SUB_BITS bins per power of two.
+const SUB_BITS: u32 = 5;
+/// Sizes in 512-byte units are below 2^55, so the last octave starts at 2^54.
+const NBINS: usize = EXACT_BINS + (54 - 8 + 1) * (1 << SUB_BITS);
+/// Arrays are sized to the next power of two, so that indexing with `bin & SLOT_MASK`
+/// needs no bounds check; the bins past `NBINS` stay empty.
+const SLOTS: usize = NBINS.next_power_of_two();
+const SLOT_MASK: usize = SLOTS - 1;
+const NWORDS: usize = SLOTS / 64;
+const WORD_MASK: usize = NWORDS - 1;
+
+/// The bin of a block size: monotone non-decreasing in `size`, which is all the ordered
+/// queries need.
+#[inline(always)]
+pub fn bin_of(size: u64) -> usize {
+    let u = size >> 9;
+    if u < EXACT_BINS as u64 {
+        return u as usize;
+    }
+    let lg = 63 - u.leading_zeros(); // >= 8
+    let sub = (u >> (lg - SUB_BITS)) & ((1 << SUB_BITS) - 1);
+    EXACT_BINS + ((lg - 8) << SUB_BITS) as usize + sub as usize
+}
+
+/// One stream's bins: treap roots and the bitmap of non-empty bins.
+struct Bins {
+    /// Bit `w` set: `words[w]` is non-zero.
+    summary: u64,
+    words: [u64; NWORDS],
+    roots: [BlockId; SLOTS],
+}
+
+impl Bins {
+    fn new() -> Box<Self> {
+        Box::new(Bins {
+            summary: 0,
+            words: [0; NWORDS],
+            roots: [NIL; SLOTS],
+        })
+    }
+
+    #[inline(always)]
+    fn root(&mut self, bin: usize) -> &mut BlockId {
+        &mut self.roots[bin & SLOT_MASK]
+    }
+
+    #[inline(always)]
+    fn mark(&mut self, bin: usize) {
+        let w = (bin >> 6) & WORD_MASK;
+        self.words[w] |= 1 << (bin & 63);
+        self.summary |= 1 << w;
+    }
+
+    #[inline(always)]
+    fn unmark(&mut self, bin: usize) {
+        let w = (bin >> 6) & WORD_MASK;
+        self.words[w] &= !(1 << (bin & 63));
+        if self.words[w] == 0 {
+            self.summary &= !(1 << w);
+        }
+    }
+
+    /// The first non-empty bin at or after `from`.
+    #[inline(always)]
+    fn next_set(&self, from: usize) -> Option<usize> {
+        if from >= NBINS {
+            return None;
+        }
+        let w = (from >> 6) & WORD_MASK;
+        let m = self.words[w] & (!0u64 << (from & 63));
+        if m != 0 {
+            return Some((w << 6) | m.trailing_zeros() as usize);
+        }
+        // `w + 1 <= NWORDS < 64`, so the shift is in range.
+        let s = self.summary & (!0u64 << (w + 1));
+        if s == 0 {
+            return None;
+        }
+        let w2 = s.trailing_zeros() as usize & WORD_MASK;
+        Some((w2 << 6) | self.words[w2].trailing_zeros() as usize)
+    }
+
+    /// The last non-empty bin at or before `upto`.
+    fn prev_set(&self, upto: usize) -> Option<usize> {
+        let upto = upto.min(NBINS - 1);
+        let w = upto >> 6;
+        let m = self.words[w] & (!0u64 >> (63 - (upto & 63)));
+        if m != 0 {
+            return Some((w << 6) | (63 - m.leading_zeros() as usize));
+        }
+        let s = self.summary & ((1u64 << w) - 1);
+        if s == 0 {
+            return None;
+        }
+        let w2 = 63 - s.leading_zeros() as usize;
+        Some((w2 << 6) | (63 - self.words[w2].leading_zeros() as usize))
+    }
+
+    /// The lowest block in bins `from..`.
+    #[inline(always)]
+    fn first_from(&self, a: &Arena, from: usize) -> Option<BlockId> {
+        self.next_set(from)
+            .map(|b| Sized_::end(a, self.roots[b & SLOT_MASK], LEFT))
+    }
+
+    /// The highest block in bins `..=upto`.
+    fn last_upto(&self, a: &Arena, upto: usize) -> Option<BlockId> {
+        self.prev_set(upto)
+            .map(|b| Sized_::end(a, self.roots[b], RIGHT))
+    }
+
+    /// Smallest block with key >= `key` (of this stream).
+    #[inline(always)]
+    fn lower_bound(&self, a: &Arena, key: Key) -> Option<BlockId> {
+        let bin = bin_of(key.1);
+        let root = self.roots[bin & SLOT_MASK];
+        if root != NIL {
+            if let Some(id) = Sized_::lower_bound(a, root, key) {
+                return Some(id);
+            }
+        }
+        self.first_from(a, bin + 1)
+    }
+
+    /// Smallest block with key > `key`.
+    fn above(&self, a: &Arena, key: Key) -> Option<BlockId> {
+        let bin = bin_of(key.1);
+        Sized_::above(a, self.roots[bin], key).or_else(|| self.first_from(a, bin + 1))
+    }
+
+    /// Largest block with key < `key`.
+    fn below(&self, a: &Arena, key: Key) -> Option<BlockId> {
+        let bin = bin_of(key.1);
+        Sized_::below(a, self.roots[bin], key)
+            .or_else(|| bin.checked_sub(1).and_then(|b| self.last_upto(a, b)))
+    }
+}
+
+/// Free mapped blocks, ordered by (stream, size, address): per stream, size bins of treaps.
+#[derive(Default)]
+pub struct SizeIndex {
+    /// Sorted by stream; a stream keeps its (possibly empty) bins once it has had a block.
+    streams: Vec<(StreamId, Box<Bins>)>,
+}
+
+impl SizeIndex {
+    /// The bins of `stream`; nearly every program has one or two streams, so a scan, with
+    /// the first slot (the default stream, nearly always) tested before the loop.
+    #[inline(always)]
+    fn bins_mut(&mut self, stream: StreamId) -> Option<&mut Bins> {
+        let i = match self.streams.first() {
+            Some((s, _)) if *s == stream => 0,
+            _ => self.position_slow(stream)?,
+        };
+        self.streams.get_mut(i).map(|(_, b)| &mut **b)
+    }
+
+    fn position_slow(&self, stream: StreamId) -> Option<usize> {
+        self.streams.iter().position(|(s, _)| *s == stream)
+    }
+
+    #[inline(always)]
+    pub fn insert(&mut self, a: &mut Arena, id: BlockId) {
+        let (stream, size) = {
+            let b = a.get_mut(id);
+            debug_assert_eq!(b.member, Membership::None);
+            b.member = Membership::Blocks;
+            (b.stream, b.size)
+        };
+        let bin = bin_of(size);
+        a.get_mut(id).bin = bin as u16;
+        let bins = match self.bins_mut(stream) {
+            Some(b) => b,
+            None => self.add_stream(stream),
+        };
+        Sized_::insert(a, bins.root(bin), id);
+        bins.mark(bin);
+    }
+
+    #[cold]
+    fn add_stream(&mut self, stream: StreamId) -> &mut Bins {
+        let i = self.streams.partition_point(|(s, _)| *s < stream);
+        self.streams.insert(i, (stream, Bins::new()));
+        &mut self.streams[i].1
+    }
+
+    #[inline(always)]
+    pub fn remove(&mut self, a: &mut Arena, id: BlockId) {
+        let (stream, bin) = {
+            let b = a.get(id);
+            debug_assert_eq!(b.member, Membership::Blocks);
+            (b.stream, b.bin as usize)
+        };
+        let Some(bins) = self.bins_mut(stream) else {
+            debug_assert!(false, "block {id} of an unknown stream");
+            return;
+        };
+        let root = bins.root(bin);
+        Sized_::remove(a, root, id);
+        if *root == NIL {
+            bins.unmark(bin);
+        }
+        a.get_mut(id).member = Membership::None;
+    }
+
+    /// Smallest element with key >= `key`.
+    #[inline(always)]
+    pub fn lower_bound(&self, a: &Arena, key: Key) -> Option<BlockId> {
+        // The best-fit search: its stream is nearly always the first, and has a fit.
+        if let Some((s, bins)) = self.streams.first() {
+            if *s == key.0 {
+                if let Some(id) = bins.lower_bound(a, key) {
+                    return Some(id);
+                }
+            }
+        }
+        self.lower_bound_slow(a, key)
+    }
+
+    fn lower_bound_slow(&self, a: &Arena, key: Key) -> Option<BlockId> {
+        for (s, bins) in &self.streams {
+            if *s == key.0 {
+                if let Some(id) = bins.lower_bound(a, key) {
+                    return Some(id);
+                }
+            } else if *s > key.0 {
+                if let Some(id) = bins.first_from(a, 0) {
+                    return Some(id);
+                }
+            }
+        }
+        None
+    }
+
+    /// Smallest element with key > that of `id`.
+    pub fn successor(&self, a: &Arena, id: BlockId) -> Option<BlockId> {
+        let key = Sized_::key(a, id);
+        for (s, bins) in &self.streams {
+            let found = if *s == key.0 {
+                bins.above(a, key)
+            } else if *s > key.0 {
+                bins.first_from(a, 0)
+            } else {
+                None
+            };
+            if found.is_some() {
+                return found;
+            }
+        }
+        None
+    }
+
+    /// Largest element with key < `key`.
+    pub fn predecessor_of_key(&self, a: &Arena, key: Key) -> Option<BlockId> {
+        for (s, bins) in self.streams.iter().rev() {
+            let found = if *s == key.0 {
+                bins.below(a, key)
+            } else if *s < key.0 {
+                bins.last_upto(a, NBINS - 1)
+            } else {
+                None
+            };
+            if found.is_some() {
+                return found;
+            }
+        }
+        None
+    }
+
+    pub fn predecessor(&self, a: &Arena, id: BlockId) -> Option<BlockId> {
+        self.predecessor_of_key(a, Sized_::key(a, id))
+    }
+
+    pub fn last(&self, a: &Arena) -> Option<BlockId> {
+        self.streams
+            .iter()
+            .rev()
+            .find_map(|(_, bins)| bins.last_upto(a, NBINS - 1))
+    }
+
+    /// In-order ids. Allocates; for release paths and checks, never the hot path.
+    pub fn to_vec(&self, a: &Arena) -> Vec<BlockId> {
+        let mut out = Vec::new();
+        for (_, bins) in &self.streams {
+            let mut bin = 0;
+            while let Some(b) = bins.next_set(bin) {
+                Sized_::in_order(a, bins.roots[b], &mut out);
+                bin = b + 1;
+            }
+        }
+        out
+    }
+
+    /// Number of blocks in the set: O(n), for checks.
+    pub fn len(&self, a: &Arena) -> usize {
+        self.to_vec(a).len()
+    }
+
+    /// Every structural property, recomputed: each bin is a valid treap whose blocks are
+    /// members of this set, of its stream and bin; the bitmap marks exactly the non-empty
+    /// bins; streams are sorted.
+    pub fn check(&self, a: &Arena) -> Result<(), String> {
+        for w in self.streams.windows(2) {
+            if w[0].0 >= w[1].0 {
+                return Err("free set: streams out of order".into());
+            }
+        }
+        for (s, bins) in &self.streams {
+            let mut summary = 0u64;
+            for (bin, &root) in bins.roots.iter().enumerate() {
+                let ids = Sized_::check(a, root, "free set")?;
+                let marked = bins.words[bin >> 6] >> (bin & 63) & 1 == 1;
+                if marked == ids.is_empty() {
+                    return Err(format!("free set: bin {bin} bitmap is wrong"));
+                }
+                for id in ids {
+                    let b = a.get(id);
+                    if b.member != Membership::Blocks
+                        || b.stream != *s
+                        || b.bin as usize != bin
+                        || bin_of(b.size) != bin
+                    {
+                        return Err(format!("free set: block {id} misfiled in bin {bin}"));
+                    }
+                }
+            }
+            for (w, &word) in bins.words.iter().enumerate() {
+                if word != 0 {
+                    summary |= 1 << w;
+                }
+            }
+            if summary != bins.summary {
+                return Err("free set: summary bitmap is wrong".into());
+            }
+        }
+        Ok(())
     }
 }
 
 /// One of a device's block pools: free blocks and unmapped expandable ranges.
 pub struct BlockPool {
-    pub blocks: Tree,
+    pub blocks: SizeIndex,
     pub unmapped: Tree,
     /// GC clock: ticks on every cache search while GC is enabled.
     pub get_free_blocks_call_count: u64,
@@ -333,8 +711,8 @@ pub struct BlockPool {
 impl BlockPool {
     pub fn new() -> Self {
         BlockPool {
-            blocks: Tree::new(Membership::Blocks),
-            unmapped: Tree::new(Membership::Unmapped),
+            blocks: SizeIndex::default(),
+            unmapped: Tree::default(),
             get_free_blocks_call_count: 0,
         }
     }
@@ -347,15 +725,32 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::BTreeSet;
 
+    fn key_of(a: &Arena, id: BlockId) -> (u64, u64, u64) {
+        let b = a.get(id);
+        (b.stream, b.size, b.ptr)
+    }
+
+    /// A size from every region of the bin map: exact bins, the first log bins, and huge.
+    fn size_of(class: u64, x: u64) -> u64 {
+        match class {
+            0 => 512 * (1 + x % 300),
+            1 => (1 << 20) + 512 * (x % 64),
+            2 => (3 << 20) + 512 * x,
+            _ => (1 << 40) + (x << 30),
+        }
+    }
+
     proptest! {
         #[test]
-        fn treap_matches_btreeset(ops in proptest::collection::vec((0u64..4, 0u64..64, any::<bool>()), 1..300)) {
+        fn size_index_matches_btreeset(ops in proptest::collection::vec((0u64..3, 0u64..4, 0u64..2000, any::<bool>()), 1..400)) {
             let mut a = Arena::default();
-            let mut t = Tree::new(Membership::Blocks);
+            let mut t = SizeIndex::default();
             let mut model: BTreeSet<(u64, u64, u64)> = BTreeSet::new();
             let mut ids = std::collections::HashMap::new();
-            for (i, (stream, size, ins)) in ops.into_iter().enumerate() {
-                let key = (stream, size * 512, i as u64);
+            for (i, (stream, class, x, ins)) in ops.into_iter().enumerate() {
+                // Streams arrive out of order (2 before 0), so the stream list must sort.
+                let stream = [2, 0, 7][stream as usize];
+                let key = (stream, size_of(class, x), i as u64 * 512);
                 if ins || model.is_empty() {
                     let id = a.alloc(key.2, key.1, key.0, PoolKind::Large);
                     t.insert(&mut a, id);
@@ -368,20 +763,92 @@ mod tests {
                     t.remove(&mut a, id);
                     a.release(id);
                 }
-                prop_assert_eq!(t.len(&a), model.len());
                 prop_assert_eq!(t.check(&a), Ok(()));
-                let probe = (stream, size * 512, 0);
-                let got = t.lower_bound(&a, probe).map(|id| { let b = a.get(id); (b.stream, b.size, b.ptr) });
-                prop_assert_eq!(got, model.range(probe..).next().copied());
-                let inorder: Vec<_> = t.to_vec(&a).into_iter().map(|id| { let b = a.get(id); (b.stream, b.size, b.ptr) }).collect();
-                prop_assert_eq!(inorder, model.iter().copied().collect::<Vec<_>>());
-                if let Some(first) = t.lower_bound(&a, (0, 0, 0)) {
-                    let succ = t.successor(&a, first).map(|id| { let b = a.get(id); (b.stream, b.size, b.ptr) });
-                    prop_assert_eq!(succ, model.iter().nth(1).copied());
+                let inorder: Vec<_> = t.to_vec(&a).into_iter().map(|id| key_of(&a, id)).collect();
+                prop_assert_eq!(&inorder, &model.iter().copied().collect::<Vec<_>>());
+                for probe in [(stream, key.1, 0), (stream, key.1 + 512, 0), (1, 0, 0), (stream, 0, 0), (9, 0, 0)] {
+                    let got = t.lower_bound(&a, probe).map(|id| key_of(&a, id));
+                    prop_assert_eq!(got, model.range(probe..).next().copied());
+                    let pred = t.predecessor_of_key(&a, probe).map(|id| key_of(&a, id));
+                    prop_assert_eq!(pred, model.range(..probe).next_back().copied());
                 }
-                let pred = t.predecessor_of_key(&a, probe).map(|id| { let b = a.get(id); (b.stream, b.size, b.ptr) });
-                prop_assert_eq!(pred, model.range(..probe).next_back().copied());
+                prop_assert_eq!(t.last(&a).map(|id| key_of(&a, id)), model.iter().next_back().copied());
+                // Walk the whole order both ways through successor and predecessor.
+                let mut fwd = Vec::new();
+                let mut cur = t.lower_bound(&a, (0, 0, 0));
+                while let Some(c) = cur {
+                    fwd.push(key_of(&a, c));
+                    cur = t.successor(&a, c);
+                }
+                prop_assert_eq!(&fwd, &inorder);
+                let mut back = Vec::new();
+                let mut cur = t.last(&a);
+                while let Some(c) = cur {
+                    back.push(key_of(&a, c));
+                    cur = t.predecessor(&a, c);
+                }
+                back.reverse();
+                prop_assert_eq!(&back, &inorder);
             }
         }
+
+        #[test]
+        fn unmapped_tree_matches_btreeset(ops in proptest::collection::vec((0u64..3, 0u64..64, any::<bool>()), 1..300)) {
+            let mut a = Arena::default();
+            let mut t = Tree::default();
+            let mut model: BTreeSet<(u64, u64)> = BTreeSet::new();
+            let mut ids = std::collections::HashMap::new();
+            for (i, (stream, x, ins)) in ops.into_iter().enumerate() {
+                let key = (stream, (x * 1000 + i as u64) << 21);
+                if (ins || model.is_empty()) && !model.contains(&key) {
+                    let id = a.alloc(key.1, 2 << 20, key.0, PoolKind::Large);
+                    t.insert(&mut a, id);
+                    model.insert(key);
+                    ids.insert(key, id);
+                } else if !model.is_empty() {
+                    let k = *model.iter().nth(i % model.len()).unwrap();
+                    model.remove(&k);
+                    let id = ids.remove(&k).unwrap();
+                    t.remove(&mut a, id);
+                    a.release(id);
+                }
+                prop_assert_eq!(t.check(&a), Ok(()));
+                prop_assert_eq!(t.len(&a), model.len());
+                let k2 = |id: BlockId| { let b = a.get(id); (b.stream, b.ptr) };
+                let probe = (stream, 0, key.1);
+                prop_assert_eq!(t.lower_bound(&a, probe).map(k2), model.range((stream, key.1)..).next().copied());
+                prop_assert_eq!(t.predecessor_of_key(&a, probe).map(k2), model.range(..(stream, key.1)).next_back().copied());
+                if let Some(first) = t.lower_bound(&a, (0, 0, 0)) {
+                    prop_assert_eq!(t.successor(&a, first).map(k2), model.iter().nth(1).copied());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bins_are_monotone_and_in_range() {
+        let mut sizes: Vec<u64> = (0..(1u64 << 16)).map(|u| u << 9).collect();
+        for e in 9..64 {
+            sizes.extend([
+                (1u64 << e) - 1,
+                1 << e,
+                (1 << e) + 1,
+                (1 << e) + (1 << (e - 1)),
+            ]);
+        }
+        sizes.push(u64::MAX);
+        sizes.sort_unstable();
+        for w in sizes.windows(2) {
+            assert!(
+                bin_of(w[0]) <= bin_of(w[1]),
+                "bin of {} above bin of {}",
+                w[0],
+                w[1]
+            );
+        }
+        assert_eq!(bin_of(u64::MAX), NBINS - 1);
+        // Exact 512-byte bins below 128 KiB.
+        assert_eq!(bin_of(4096), 8);
+        assert_ne!(bin_of((128 << 10) - 512), bin_of((128 << 10) - 1024));
     }
 }

@@ -33,6 +33,7 @@ mod expandable;
 pub mod history;
 mod import;
 mod invariants;
+mod lock;
 pub mod oom;
 pub mod policy;
 mod pool;

@@ -237,6 +237,20 @@ impl BatchNorm2d {
             self.eps,
         )
     }
+
+    /// `relu_(self.forward(x))`, fused where the backend can (see [`ops::batch_norm_relu`]).
+    pub fn forward_relu(&self, x: &Tensor) -> Result<Tensor> {
+        ops::batch_norm_relu(
+            x,
+            Some(&self.running_mean),
+            Some(&self.running_var),
+            Some(&self.weight),
+            Some(&self.bias),
+            self.training,
+            self.momentum,
+            self.eps,
+        )
+    }
 }
 
 impl Module for BatchNorm2d {

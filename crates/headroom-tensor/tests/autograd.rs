@@ -230,6 +230,54 @@ fn batch_norm_updates_running_stats() {
     assert!((yv[0] + 1.341_640_8).abs() < 1e-5);
 }
 
+/// `batch_norm_relu` is `batch_norm` then `relu_`: the same values in eval and training,
+/// the same gradients, and under no_grad (where backends may fuse it) the same values.
+#[test]
+fn batch_norm_relu_equals_the_two_ops() {
+    let d = cpu();
+    let xs: Vec<f64> = (0..24).map(|i| ((i * 7) % 11) as f64 - 5.0).collect();
+    for training in [false, true] {
+        for grad in [true, false] {
+            let run = |fused: bool| {
+                let _g = (!grad).then(no_grad);
+                let x = param(&d, &xs, &[2, 3, 2, 2]);
+                let w = param(&d, &[1.5, -0.5, 2.0], &[3]);
+                let b = param(&d, &[0.1, 0.2, -0.3], &[3]);
+                let rm = Tensor::from_f64(&[0.5, -1.0, 0.0], &[3], DType::F32, &d).unwrap();
+                let rv = Tensor::from_f64(&[2.0, 0.5, 1.0], &[3], DType::F32, &d).unwrap();
+                let args = (Some(&rm), Some(&rv), Some(&w), Some(&b));
+                let y = if fused {
+                    ops::batch_norm_relu(&x, args.0, args.1, args.2, args.3, training, 0.1, 1e-5)
+                        .unwrap()
+                } else {
+                    let y =
+                        ops::batch_norm(&x, args.0, args.1, args.2, args.3, training, 0.1, 1e-5)
+                            .unwrap();
+                    y.relu_().unwrap();
+                    y
+                };
+                let vals = y.to_vec_f64().unwrap();
+                let mut grads = Vec::new();
+                if grad {
+                    y.mul(&y).unwrap().sum().unwrap().backward().unwrap();
+                    for t in [&x, &w, &b] {
+                        grads.push(t.grad().unwrap().to_vec_f64().unwrap());
+                    }
+                }
+                (
+                    vals,
+                    grads,
+                    rm.to_vec_f64().unwrap(),
+                    rv.to_vec_f64().unwrap(),
+                )
+            };
+            let (a, b) = (run(true), run(false));
+            assert_eq!(a, b, "training={training} grad={grad}");
+            assert!(a.0.iter().all(|v| *v >= 0.0) && a.0.iter().any(|v| *v > 0.0));
+        }
+    }
+}
+
 #[test]
 fn tensors_are_send_and_sync() {
     fn check<T: Send + Sync>() {}

@@ -436,6 +436,22 @@ fn fast_paths_match_the_cpu() {
                     1e-5,
                 )?;
                 out.push(y.relu()?);
+                // Fused on the GPU (no autograd here), two ops on the CPU; and through the
+                // unfused fallback for a non-contiguous input.
+                let args = (Some(&rm), Some(&rv), Some(&w), Some(&b));
+                out.push(ops::batch_norm_relu(
+                    &x, args.0, args.1, args.2, args.3, false, 0.1, 1e-5,
+                )?);
+                out.push(ops::batch_norm_relu(
+                    &x.transpose(2, 3)?,
+                    args.0,
+                    args.1,
+                    args.2,
+                    args.3,
+                    false,
+                    0.1,
+                    1e-5,
+                )?);
             }
             Ok(out)
         });

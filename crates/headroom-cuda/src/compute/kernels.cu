@@ -910,11 +910,18 @@ extern "C" __global__ void k_bn_train(T x, T w, T b, T rm, T rv, double momentum
     }
 }
 
+// Eval batch norm's affine map, then ReLU when `relu` (the same `v > 0 ? v : 0` as the relu
+// kernel, so a fused BN+ReLU equals the two ops, NaN included).
+__device__ __forceinline__ float bn_act(float v, float sc, float shf, int relu) {
+    float y = v * sc + shf;
+    return relu ? (y > 0.f ? y : 0.f) : y;
+}
+
 // One (n, c) plane of contiguous x and out, by `nt` threads from `tid`: the widest vector
 // the plane's length and alignment allow (16, 8, 4 bytes or one element).
 template <typename F>
 __device__ __forceinline__ void bn_plane(const typename F::S* xp, typename F::S* op_, i64 HW, float sc, float shf,
-                                         int tid, int nt) {
+                                         int relu, int tid, int nt) {
     const int per16 = 16 / sizeof(typename F::S);
     if (HW % per16 == 0 && aligned16(xp) && aligned16(op_)) {
         for (i64 v = tid; v < HW / per16; v += nt) {
@@ -923,7 +930,7 @@ __device__ __forceinline__ void bn_plane(const typename F::S* xp, typename F::S*
             if (per16 == 8) unpack_bf16x8(u, f);
             else unpack_f32x4(u, f);
 #pragma unroll
-            for (int k = 0; k < per16; ++k) f[k] = f[k] * sc + shf;
+            for (int k = 0; k < per16; ++k) f[k] = bn_act(f[k], sc, shf, relu);
             ((uint4*)op_)[v] = per16 == 8 ? pack_bf16x8(f) : pack_f32x4(f);
         }
         return;
@@ -932,11 +939,11 @@ __device__ __forceinline__ void bn_plane(const typename F::S* xp, typename F::S*
         // bf16 pairs (14x14 and 7x7 planes of ResNet's late stages are not multiples of 8).
         for (i64 v = tid; v < HW / 2; v += nt) {
             u32 u = ((const u32*)xp)[v];
-            ((u32*)op_)[v] = f2bf2(bf2f((u16)(u & 0xffffu)) * sc + shf, bf2f((u16)(u >> 16)) * sc + shf);
+            ((u32*)op_)[v] = f2bf2(bn_act(bf2f((u16)(u & 0xffffu)), sc, shf, relu), bn_act(bf2f((u16)(u >> 16)), sc, shf, relu));
         }
         return;
     }
-    for (i64 j = tid; j < HW; j += nt) F::st(op_, j, F::ld(xp, j) * sc + shf);
+    for (i64 j = tid; j < HW; j += nt) F::st(op_, j, bn_act(F::ld(xp, j), sc, shf, relu));
 }
 
 // Calls f(plane, tid, nt) for every plane: with `warps`, a warp per plane, 8 planes per
@@ -953,9 +960,10 @@ __device__ __forceinline__ void for_planes(i64 planes, int warps, Fn f) {
 }
 
 // x and out contiguous, per (n, c) plane, so the channel's scale and shift are computed
-// once per plane instead of once per element (this is ResNet inference's hot path).
+// once per plane instead of once per element (this is ResNet inference's hot path). With
+// `relu`, the ReLU that follows most of ResNet's batch norms is applied on the way out.
 extern "C" __global__ void k_bn_eval_planes(T x, T w, T b, T rm, T rv, double eps, T out, i64 C, i64 HW,
-                                            i64 planes, int warps) {
+                                            i64 planes, int warps, int relu) {
     int kind = (x.dt == DT_F32 && out.dt == DT_F32) ? 1 : (x.dt == DT_BF16 && out.dt == DT_BF16) ? 2 : 0;
     for_planes(planes, warps, [&](i64 pl, int tid, int nt) {
         i64 c = pl % C;
@@ -963,11 +971,14 @@ extern "C" __global__ void k_bn_eval_planes(T x, T w, T b, T rm, T rv, double ep
         float shf = opt_ld(b, c, 0.f) - ldf(rm, toff(rm, c)) * sc;
         i64 base = pl * HW;
         if (kind == 1) {
-            bn_plane<F32>(((const float*)x.p) + x.off + base, ((float*)out.p) + out.off + base, HW, sc, shf, tid, nt);
+            bn_plane<F32>(((const float*)x.p) + x.off + base, ((float*)out.p) + out.off + base, HW, sc, shf, relu,
+                          tid, nt);
         } else if (kind == 2) {
-            bn_plane<BF16>(((const u16*)x.p) + x.off + base, ((u16*)out.p) + out.off + base, HW, sc, shf, tid, nt);
+            bn_plane<BF16>(((const u16*)x.p) + x.off + base, ((u16*)out.p) + out.off + base, HW, sc, shf, relu,
+                           tid, nt);
         } else {
-            for (i64 j = tid; j < HW; j += nt) stf(out, out.off + base + j, ldf(x, x.off + base + j) * sc + shf);
+            for (i64 j = tid; j < HW; j += nt)
+                stf(out, out.off + base + j, bn_act(ldf(x, x.off + base + j), sc, shf, relu));
         }
     });
 }

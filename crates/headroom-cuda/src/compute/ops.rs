@@ -475,6 +475,7 @@ impl Gpu {
         )
     }
 
+    /// Eval batch norm; with `relu`, followed by ReLU (fused on the contiguous path).
     #[allow(clippy::too_many_arguments)]
     pub fn batch_norm_eval(
         &self,
@@ -485,6 +486,7 @@ impl Gpu {
         rv: &Strided,
         eps: f64,
         out: &Strided,
+        relu: bool,
     ) -> R {
         let (n, c, hw) = Self::nc_hw(x);
         let planes = n * c;
@@ -507,11 +509,12 @@ impl Gpu {
                 ((want + planes - 1) / planes).clamp(1, most.min(65535)) as u32
             };
             let w_mode = warps as i32;
+            let relu = relu as i32;
             return self.launch(
                 K::BnEvalPlanes,
                 (grid, split, 1),
                 (block, 1, 1),
-                &mut kargs![*x, *w, *b, *rm, *rv, eps, *out, c, hw, planes, w_mode],
+                &mut kargs![*x, *w, *b, *rm, *rv, eps, *out, c, hw, planes, w_mode, relu],
             );
         }
         let total = x.numel();
@@ -519,7 +522,11 @@ impl Gpu {
             K::BnEval,
             total,
             &mut kargs![*x, *w, *b, *rm, *rv, eps, *out, c, hw, total],
-        )
+        )?;
+        if relu {
+            self.unary(UnaryCode::Relu, out, out)?;
+        }
+        Ok(())
     }
 
     /// Batch-norm backward. Train: `mean`/`inv` are the saved batch stats; eval: the running

@@ -396,6 +396,30 @@ impl Backend for CudaBackend {
                 &st(running_var)?,
                 eps,
                 &st(out)?,
+                false,
+            )?)
+        })
+    }
+    fn batch_norm_eval_relu(
+        &self,
+        x: TRef,
+        weight: Option<TRef>,
+        bias: Option<TRef>,
+        running_mean: TRef,
+        running_var: TRef,
+        eps: f64,
+        out: TRef,
+    ) -> Result<()> {
+        self.profile.time("batch_norm_eval_relu", || {
+            Ok(self.gpu.batch_norm_eval(
+                &st(x)?,
+                &opt(weight)?,
+                &opt(bias)?,
+                &st(running_mean)?,
+                &st(running_var)?,
+                eps,
+                &st(out)?,
+                true,
             )?)
         })
     }

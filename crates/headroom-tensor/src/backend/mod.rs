@@ -204,6 +204,22 @@ pub trait Backend: Send + Sync {
         eps: f64,
         out: TRef,
     ) -> Result<()>;
+    /// Eval batch norm, then ReLU in place on `out`. Backends that can do both in one pass
+    /// override this (it saves a launch and a pass over memory per ResNet batch norm).
+    #[allow(clippy::too_many_arguments)]
+    fn batch_norm_eval_relu(
+        &self,
+        x: TRef,
+        weight: Option<TRef>,
+        bias: Option<TRef>,
+        running_mean: TRef,
+        running_var: TRef,
+        eps: f64,
+        out: TRef,
+    ) -> Result<()> {
+        self.batch_norm_eval(x, weight, bias, running_mean, running_var, eps, out)?;
+        self.unary(UnaryOp::Relu, out, out)
+    }
     /// Train: `mean`/`invstd` are the saved batch stats. Eval: they are the running mean and
     /// the running *variance* (PyTorch's eval backward reads the running stats).
     #[allow(clippy::too_many_arguments)]

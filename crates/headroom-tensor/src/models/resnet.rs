@@ -23,15 +23,16 @@ const RELU: ReLU = ReLU { inplace: true };
 impl Block {
     /// `out` is reassigned (not shadowed) so each intermediate dies where Python's would.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        // `bn.forward_relu` is `bn` then `relu_`, as torchvision writes it.
         let mut out = self.conv1.forward(x)?;
-        out = self.bn1.forward(&out)?;
-        out = RELU.forward(out)?;
+        out = self.bn1.forward_relu(&out)?;
         out = self.conv2.forward(&out)?;
-        out = self.bn2.forward(&out)?;
         if let Some((c3, b3)) = &self.conv3 {
-            out = RELU.forward(out)?;
+            out = self.bn2.forward_relu(&out)?;
             out = c3.forward(&out)?;
             out = b3.forward(&out)?;
+        } else {
+            out = self.bn2.forward(&out)?;
         }
         let identity = match &self.downsample {
             Some((c, b)) => b.forward(&c.forward(x)?)?,
@@ -165,8 +166,7 @@ impl ResNet {
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut x = self.conv1.forward(x)?;
-        x = self.bn1.forward(&x)?;
-        x = RELU.forward(x)?;
+        x = self.bn1.forward_relu(&x)?;
         x = self.maxpool.forward(&x)?;
         // `self.layer1(x)` is an `nn.Sequential`: its input stays referenced by the caller's
         // `x` until the whole layer returns, while inside it `input = module(input)` frees

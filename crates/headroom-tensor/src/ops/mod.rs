@@ -25,7 +25,7 @@ pub use crate::backend::{Conv2dParams, Pool2dParams};
 pub use conv::conv2d;
 pub use linalg::linear;
 pub use nn::{cross_entropy, cross_entropy_with, dropout, embedding, nll_loss, Reduction};
-pub use norm::{batch_norm, layer_norm};
+pub use norm::{batch_norm, batch_norm_relu, layer_norm};
 pub use pool::{adaptive_avg_pool2d, max_pool2d};
 
 struct ClosureBackward<F>(F);

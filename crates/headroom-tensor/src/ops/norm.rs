@@ -25,6 +25,49 @@ pub fn batch_norm(
     momentum: f64,
     eps: f64,
 ) -> Result<Tensor> {
+    batch_norm_act(
+        x,
+        [running_mean, running_var, weight, bias],
+        training,
+        momentum,
+        eps,
+        false,
+    )
+}
+
+/// `batch_norm` followed by an in-place ReLU (`nn.ReLU(inplace=True)`), as ResNet applies
+/// after most batch norms. Same results, allocations and autograd graph as the two ops;
+/// in eval without autograd the backend may do both in one pass.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_relu(
+    x: &Tensor,
+    running_mean: Option<&Tensor>,
+    running_var: Option<&Tensor>,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    training: bool,
+    momentum: f64,
+    eps: f64,
+) -> Result<Tensor> {
+    batch_norm_act(
+        x,
+        [running_mean, running_var, weight, bias],
+        training,
+        momentum,
+        eps,
+        true,
+    )
+}
+
+/// `[running_mean, running_var, weight, bias]`.
+fn batch_norm_act(
+    x: &Tensor,
+    [running_mean, running_var, weight, bias]: [Option<&Tensor>; 4],
+    training: bool,
+    momentum: f64,
+    eps: f64,
+    relu: bool,
+) -> Result<Tensor> {
     const OP: &str = "batch_norm";
     need_float(x, OP)?;
     if x.ndim() < 2 {
@@ -112,6 +155,19 @@ pub fn batch_norm(
                 "running_mean and running_var are required in eval mode",
             ));
         };
+        if relu && !recording {
+            // Nothing saves the batch norm's own output, so ReLU can be applied on the way out.
+            be.batch_norm_eval_relu(
+                x.kref(),
+                opt_ref(weight),
+                opt_ref(bias),
+                rm.kref(),
+                rv.kref(),
+                eps,
+                out.kref(),
+            )?;
+            return Ok(out);
+        }
         be.batch_norm_eval(
             x.kref(),
             opt_ref(weight),
@@ -150,6 +206,9 @@ pub fn batch_norm(
                 },
             );
         }
+    }
+    if relu {
+        out.relu_()?;
     }
     Ok(out)
 }

@@ -78,7 +78,7 @@ def reset():
 
 
 def emit(rec):
-    rec.update(mode=MODE)
+    rec.update(mode=MODE, round=int(os.environ.get("HEADROOM_ROUND", "1")))
     line = json.dumps(rec)
     print(line, flush=True)
     with open(OUT, "a") as f:

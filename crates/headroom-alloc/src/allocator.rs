@@ -256,7 +256,7 @@ fn segments<D: Device>(st: &State<D>) -> Vec<SegmentInfo> {
         let mut cur = head;
         while cur != NIL && a.get(cur).mapped {
             let x = a.get(cur);
-            let active = x.allocated || x.event_count > 0 || !x.stream_uses.is_empty();
+            let active = x.allocated || x.event_count > 0 || x.has_uses;
             let state = if x.allocated {
                 BlockState::ActiveAllocated
             } else if active {

@@ -26,17 +26,18 @@ pub enum Membership {
     Unmapped,
 }
 
-/// Field order is chosen, not left to the compiler (`repr(C)`): the first 64 bytes hold
-/// everything a cache hit reads and writes (the best-fit key, tree links, segment links,
-/// the free test), so walking the tree touches one cache line per block.
+/// Field order and alignment are chosen (`repr(C, align(64))`): the first 64 bytes, one
+/// cache line, hold everything a cache hit reads and writes on the blocks it walks past
+/// (the best-fit key, tree links, segment links, the free test), so a tree step or a look
+/// at a neighbour touches one line. The rest (requested size, GC age, stacks) is read only
+/// for the block being handed out or freed. Streams recorded with `record_stream` live in
+/// the allocator's side table, flagged here by `has_uses`.
 #[derive(Clone, Debug)]
-#[repr(C)]
+#[repr(C, align(64))]
 pub struct Block {
     pub ptr: u64,
     pub size: u64,
     pub stream: StreamId,
-    /// Unrounded size of the last allocation this block object served (stale when free).
-    pub requested: u64,
     // Intrusive treap links (see pool.rs): children [left, right]. `prio` is fixed per slot.
     pub(crate) kids: [BlockId; 2],
     pub(crate) parent: BlockId,
@@ -46,21 +47,27 @@ pub struct Block {
     /// Index of the owning expandable segment, or `NIL`.
     pub expandable: u32,
     pub event_count: u32,
+    /// Size bin of the free-block index the block sits in (see pool.rs), fixed at insert so
+    /// that removal finds the bin's root without recomputing it.
+    pub(crate) bin: u16,
     pub pool: PoolKind,
     pub allocated: bool,
     pub mapped: bool,
     pub(crate) member: Membership,
     pub(crate) live: bool,
-    /// Size bin of the free-block index the block sits in (see pool.rs), fixed at insert so
-    /// that removal finds the bin's root without recomputing it.
-    pub(crate) bin: u16,
+    /// Other streams were recorded with `record_stream` since the block was handed out.
+    pub has_uses: bool,
+    // ---- second cache line ----
+    /// Unrounded size of the last allocation this block object served (stale when free).
+    pub requested: u64,
     /// Pool GC clock when the block was last inserted into the pool.
     pub gc_count_base: u64,
-    /// Other streams recorded with `record_stream` since the block was handed out.
-    pub stream_uses: Vec<StreamId>,
     pub context: Option<Arc<[Frame]>>,
     pub segment_context: Option<Arc<[Frame]>>,
 }
+
+const _: () = assert!(std::mem::offset_of!(Block, has_uses) < 64);
+const _: () = assert!(std::mem::size_of::<Block>() == 128);
 
 impl Block {
     pub fn is_split(&self) -> bool {
@@ -71,7 +78,7 @@ impl Block {
     }
     /// Free in PyTorch's sense: eligible for reuse or merging.
     pub fn is_free(&self) -> bool {
-        !self.allocated && self.event_count == 0 && self.stream_uses.is_empty()
+        !self.allocated && self.event_count == 0 && !self.has_uses
     }
 }
 
@@ -99,8 +106,7 @@ impl Arena {
     }
 
     /// A fresh block, as PyTorch's `Block(device, stream, size, pool, ptr)`: requested 0,
-    /// unallocated, mapped, unlinked. A reused slot keeps its `stream_uses` buffer and its
-    /// treap priority.
+    /// unallocated, mapped, unlinked. A reused slot keeps its treap priority.
     #[inline]
     pub fn alloc(&mut self, ptr: u64, size: u64, stream: StreamId, pool: PoolKind) -> BlockId {
         let id = self.free_head;
@@ -127,7 +133,7 @@ impl Arena {
         b.mapped = true;
         b.member = Membership::None;
         b.live = true;
-        b.stream_uses.clear();
+        b.has_uses = false;
         id
     }
 
@@ -156,8 +162,8 @@ impl Arena {
             member: Membership::None,
             live: true,
             bin: 0,
+            has_uses: false,
             gc_count_base: 0,
-            stream_uses: Vec::new(),
             context: None,
             segment_context: None,
         });

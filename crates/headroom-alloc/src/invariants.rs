@@ -53,7 +53,7 @@ pub(crate) fn check<D: Device>(st: &State<D>) -> Result<(), String> {
             reserved[0] += b.size as i64;
             reserved[p] += b.size as i64;
         }
-        let is_active = b.allocated || b.event_count > 0 || !b.stream_uses.is_empty();
+        let is_active = b.allocated || b.event_count > 0 || b.has_uses;
         if b.allocated {
             allocation[0] += 1;
             allocation[p] += 1;

@@ -10,7 +10,7 @@
 //! Releasing memory (empty_cache, GC, oversize release) lives in release.rs and expandable
 //! segments in expandable.rs; both are further `impl State` blocks.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use crate::block::{Arena, BlockId, Membership, NIL};
@@ -58,6 +58,9 @@ pub(crate) struct State<D: Device> {
     /// Bytes obtained from the device: cudaMalloc'd plus mapped.
     pub total_allocated_memory: u64,
     pub allowed_memory_maximum: Option<u64>,
+    /// Streams recorded with `record_stream` on allocated blocks (flagged by
+    /// `Block::has_uses`): rare, so kept out of the blocks' hot cache line.
+    pub stream_uses: HashMap<BlockId, Vec<StreamId>>,
     /// Per-stream FIFO of (event, block) guarding reuse after `record_stream`.
     pub stream_events: Vec<(StreamId, VecDeque<(EventId, BlockId)>)>,
     pub outstanding_events: usize,
@@ -138,6 +141,7 @@ impl<D: Device> State<D> {
             active: PtrMap::with_capacity(256),
             total_allocated_memory: 0,
             allowed_memory_maximum: allowed,
+            stream_uses: HashMap::new(),
             stream_events: Vec::new(),
             outstanding_events: 0,
             expandable: Vec::new(),
@@ -605,13 +609,7 @@ impl<D: Device> State<D> {
         let (kind, size, requested, stream, has_uses) = {
             let b = self.arena.get_mut(id);
             b.allocated = false;
-            (
-                b.pool,
-                b.size,
-                b.requested,
-                b.stream,
-                !b.stream_uses.is_empty(),
-            )
+            (b.pool, b.size, b.requested, b.stream, b.has_uses)
         };
         let oversize = size >= self.max_split();
         self.emit_with_block_context(
@@ -737,14 +735,19 @@ impl<D: Device> State<D> {
             .get(ptr)
             .ok_or(AllocError::InvalidPointer(ptr))?;
         let b = self.arena.get_mut(id);
-        if stream != b.stream && !b.stream_uses.contains(&stream) {
-            b.stream_uses.push(stream);
+        if stream != b.stream {
+            let uses = self.stream_uses.entry(id).or_default();
+            if !uses.contains(&stream) {
+                uses.push(stream);
+                b.has_uses = true;
+            }
         }
         Ok(())
     }
 
     fn insert_events(&mut self, id: BlockId) {
-        let uses = std::mem::take(&mut self.arena.get_mut(id).stream_uses);
+        let uses = self.stream_uses.remove(&id).unwrap_or_default();
+        self.arena.get_mut(id).has_uses = false;
         for s in uses {
             let ev = self.device.record_event(s);
             self.arena.get_mut(id).event_count += 1;

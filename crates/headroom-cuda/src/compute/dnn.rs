@@ -14,12 +14,17 @@
 //! default in PyTorch). Descriptors are cached with the choice, so a repeated shape costs
 //! only the cuDNN call. The cuDNN calls enqueue on the device's stream and are capturable
 //! into a CUDA graph.
+//!
+//! Forward passes go through the backend API with cached execution plans (dnn_graph.rs), as
+//! PyTorch's do; the legacy call above is the fallback for what that cannot do, and the
+//! only path with `HEADROOM_CUDNN_LEGACY=1` (for comparisons).
 
 use std::collections::HashMap;
 
 use cudarc::cudnn::sys as dn;
 use cudarc::driver::sys;
 
+use super::dnn_graph;
 use super::libs::{ensure, Lib};
 use super::{Dt, Gpu, Strided};
 use crate::driver::{require_symbols, CudaError};
@@ -135,6 +140,10 @@ impl Drop for Entry {
 pub struct Dnn {
     handle: dn::cudnnHandle_t,
     cache: HashMap<(ConvPass, ConvSpec, bool), Entry>,
+    /// Forward plans by (spec, tf32, pointer alignments); an empty list means "use legacy".
+    plans: HashMap<(ConvSpec, bool, [u8; 3]), dnn_graph::Plans>,
+    /// The backend API is present and not switched off.
+    graph_api: bool,
 }
 
 impl Dnn {
@@ -145,9 +154,15 @@ impl Dnn {
         let mut handle: dn::cudnnHandle_t = std::ptr::null_mut();
         // SAFETY: out-pointer; the context is current (Gpu::with_dnn binds it).
         status("cudnnCreate", unsafe { dn::cudnnCreate(&mut handle) })?;
+        // SAFETY: the library is loaded.
+        let graph_api = require_symbols(unsafe { dn::culib() }, "cuDNN", dnn_graph::SYMBOLS)
+            .is_ok()
+            && std::env::var("HEADROOM_CUDNN_LEGACY").map_or(true, |v| v.is_empty() || v == "0");
         let d = Dnn {
             handle,
             cache: HashMap::new(),
+            plans: HashMap::new(),
+            graph_api,
         };
         // SAFETY: live handle and stream.
         status("cudnnSetStream", unsafe {
@@ -163,6 +178,26 @@ impl Dnn {
             self.cache.insert(key.clone(), e);
         }
         Ok(&self.cache[&key])
+    }
+
+    /// The forward plans for `spec` at these pointer alignments, built on first use. Empty
+    /// when the backend API is off or cannot run the shape.
+    fn forward_plans(&mut self, spec: &ConvSpec, tf32: bool, align: [u8; 3]) -> &[dnn_graph::Plan] {
+        if !self.graph_api {
+            return &[];
+        }
+        let handle = self.handle;
+        let key = (spec.clone(), tf32, align);
+        &self
+            .plans
+            .entry(key)
+            .or_insert_with(|| {
+                dnn_graph::build_forward(handle, spec, tf32, align).unwrap_or_else(|e| {
+                    tracing::debug!(?spec, error = %e, "no cuDNN execution plan; legacy API");
+                    dnn_graph::Plans::none()
+                })
+            })
+            .plans
     }
 }
 
@@ -401,7 +436,16 @@ impl Gpu {
     /// Bytes of workspace the convolution will want (the best algorithm's).
     pub fn conv_workspace(&self, pass: ConvPass, spec: &ConvSpec) -> Result<u64, CudaError> {
         let tf32 = self.allow_tf32();
-        self.with_dnn(|d| Ok(d.entry(pass, spec, tf32)?.candidates[0].workspace))
+        self.with_dnn(|d| {
+            if pass == ConvPass::Forward {
+                // Asked before the pointers exist: the allocator's blocks are 512-aligned,
+                // so a whole-tensor view is 16-aligned.
+                if let Some(p) = d.forward_plans(spec, tf32, [16; 3]).first() {
+                    return Ok(p.workspace);
+                }
+            }
+            Ok(d.entry(pass, spec, tf32)?.candidates[0].workspace)
+        })
     }
 
     /// Run one pass. Forward writes `y`, backward-data writes `x`, backward-filter writes `w`;
@@ -410,6 +454,24 @@ impl Gpu {
         let tf32 = self.allow_tf32();
         self.with_dnn(|d| {
             let handle = d.handle;
+            if pass == ConvPass::Forward {
+                let align = [a.x, a.w, a.y].map(dnn_graph::alignment);
+                let ran = d
+                    .forward_plans(spec, tf32, align)
+                    .iter()
+                    .find(|p| p.workspace <= a.workspace_size)
+                    .map(|p| dnn_graph::execute(handle, p, a.x, a.w, a.y, a.workspace));
+                match ran {
+                    Some(Ok(())) => return Ok(()),
+                    Some(Err(e)) => {
+                        // A plan that finalized but will not run: this shape goes legacy.
+                        tracing::warn!(?spec, error = %e, "cuDNN plan failed; legacy API");
+                        d.plans
+                            .insert((spec.clone(), tf32, align), dnn_graph::Plans::none());
+                    }
+                    None => {}
+                }
+            }
             let e = d.entry(pass, spec, tf32)?;
             let c = *e
                 .candidates

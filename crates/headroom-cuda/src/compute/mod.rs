@@ -21,6 +21,7 @@
 
 pub mod blas;
 pub mod dnn;
+mod dnn_graph;
 pub mod graph;
 pub mod libs;
 pub mod nvrtc;

@@ -226,21 +226,30 @@ impl BatchNorm2d {
         })
     }
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        ops::batch_norm(
-            x,
-            Some(&self.running_mean),
-            Some(&self.running_var),
-            Some(&self.weight),
-            Some(&self.bias),
-            self.training,
-            self.momentum,
-            self.eps,
-        )
+        self.apply(ops::batch_norm, x)
     }
 
     /// `relu_(self.forward(x))`, fused where the backend can (see [`ops::batch_norm_relu`]).
     pub fn forward_relu(&self, x: &Tensor) -> Result<Tensor> {
-        ops::batch_norm_relu(
+        self.apply(ops::batch_norm_relu, x)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn apply(
+        &self,
+        f: fn(
+            &Tensor,
+            Option<&Tensor>,
+            Option<&Tensor>,
+            Option<&Tensor>,
+            Option<&Tensor>,
+            bool,
+            f64,
+            f64,
+        ) -> Result<Tensor>,
+        x: &Tensor,
+    ) -> Result<Tensor> {
+        f(
             x,
             Some(&self.running_mean),
             Some(&self.running_var),

@@ -27,6 +27,28 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
+    /// Eval batch norm of `[x, running_mean, running_var, out]` with `[weight, bias]`,
+    /// with ReLU fused when `relu`.
+    fn bn_eval(&self, t: [TRef; 4], wb: [Option<TRef>; 2], eps: f64, relu: bool) -> Result<()> {
+        let name = if relu {
+            "batch_norm_eval_relu"
+        } else {
+            "batch_norm_eval"
+        };
+        self.profile.time(name, || {
+            Ok(self.gpu.batch_norm_eval(
+                &st(t[0])?,
+                &opt(wb[0])?,
+                &opt(wb[1])?,
+                &st(t[1])?,
+                &st(t[2])?,
+                eps,
+                &st(t[3])?,
+                relu,
+            )?)
+        })
+    }
+
     pub fn new(gpu: Arc<Gpu>) -> CudaBackend {
         CudaBackend {
             gpu,
@@ -387,18 +409,12 @@ impl Backend for CudaBackend {
         eps: f64,
         out: TRef,
     ) -> Result<()> {
-        self.profile.time("batch_norm_eval", || {
-            Ok(self.gpu.batch_norm_eval(
-                &st(x)?,
-                &opt(weight)?,
-                &opt(bias)?,
-                &st(running_mean)?,
-                &st(running_var)?,
-                eps,
-                &st(out)?,
-                false,
-            )?)
-        })
+        self.bn_eval(
+            [x, running_mean, running_var, out],
+            [weight, bias],
+            eps,
+            false,
+        )
     }
     fn batch_norm_eval_relu(
         &self,
@@ -410,18 +426,12 @@ impl Backend for CudaBackend {
         eps: f64,
         out: TRef,
     ) -> Result<()> {
-        self.profile.time("batch_norm_eval_relu", || {
-            Ok(self.gpu.batch_norm_eval(
-                &st(x)?,
-                &opt(weight)?,
-                &opt(bias)?,
-                &st(running_mean)?,
-                &st(running_var)?,
-                eps,
-                &st(out)?,
-                true,
-            )?)
-        })
+        self.bn_eval(
+            [x, running_mean, running_var, out],
+            [weight, bias],
+            eps,
+            true,
+        )
     }
     fn batch_norm_backward(
         &self,

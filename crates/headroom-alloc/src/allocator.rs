@@ -199,7 +199,7 @@ impl<D: Device> CachingAllocator<D> {
     /// Largest free cached block (PyTorch's `cacheInfo`, used to size workspaces).
     pub fn largest_free_block(&self) -> u64 {
         let st = self.state.lock();
-        [&st.small, &st.large]
+        st.pools
             .iter()
             .flat_map(|p| p.blocks.to_vec(&st.arena))
             .map(|id| st.arena.get(id).size)
@@ -246,9 +246,9 @@ fn segments<D: Device>(st: &State<D>) -> Vec<SegmentInfo> {
             segment_type: b.pool.segment_type().into(),
             segment_pool_id: (0, 0),
             is_expandable: b.is_expandable(),
-            frames: b
-                .segment_context
-                .as_deref()
+            frames: a
+                .segment_context(head)
+                .map(|f| &**f)
                 .map(<[Frame]>::to_vec)
                 .unwrap_or_default(),
             blocks: Vec::new(),
@@ -278,8 +278,8 @@ fn segments<D: Device>(st: &State<D>) -> Vec<SegmentInfo> {
                 requested_size: x.requested,
                 state,
                 frames: if active {
-                    x.context
-                        .as_deref()
+                    a.context(cur)
+                        .map(|f| &**f)
                         .map(<[Frame]>::to_vec)
                         .unwrap_or_default()
                 } else {

@@ -56,6 +56,9 @@ pub struct BenchCase {
     pub pytorch_ns: Option<f64>,
     /// `pytorch_ns / ns_per_pair_median`: above 1 means faster than PyTorch.
     pub speedup_vs_pytorch: Option<f64>,
+    /// Every repeat's ns per pair, for merging rounds ([`merge_rounds`]).
+    #[serde(skip)]
+    pub samples: Vec<f64>,
 }
 
 /// How long to run.
@@ -193,6 +196,7 @@ pub fn single_name(size: u64) -> String {
 
 fn summarise(name: String, key: String, opts: &BenchOptions, mut samples: Vec<f64>) -> BenchCase {
     samples.sort_by(|a, b| a.total_cmp(b));
+    let samples_kept = samples.clone();
     let n = samples.len();
     let median = if n == 0 {
         f64::NAN
@@ -211,7 +215,36 @@ fn summarise(name: String, key: String, opts: &BenchOptions, mut samples: Vec<f6
         ns_max: samples.last().copied().unwrap_or(f64::NAN),
         pytorch_ns: None,
         speedup_vs_pytorch: None,
+        samples: samples_kept,
     }
+}
+
+/// One case list from several rounds of the same cases (say, interleaved with a peer's
+/// rounds, so that both sides see the same drift of a shared machine): each case's samples
+/// pooled, its median and range recomputed. Cases are matched by name; a case missing from
+/// a later round keeps the samples it has.
+pub fn merge_rounds(rounds: Vec<Vec<BenchCase>>) -> Vec<BenchCase> {
+    let mut it = rounds.into_iter();
+    let Some(mut out) = it.next() else {
+        return Vec::new();
+    };
+    for round in it {
+        for c in round {
+            if let Some(o) = out.iter_mut().find(|o| o.name == c.name) {
+                o.samples.extend(c.samples);
+            }
+        }
+    }
+    out.into_iter()
+        .map(|c| {
+            let opts = BenchOptions {
+                pairs: c.pairs,
+                repeats: c.samples.len(),
+                warmup: 0,
+            };
+            summarise(c.name, c.pytorch_key, &opts, c.samples)
+        })
+        .collect()
 }
 
 /// One timed run of `pairs` malloc+free pairs of `size`; ns per pair.
@@ -519,6 +552,17 @@ mod tests {
         assert!(c.ns_min <= c.ns_per_pair_median && c.ns_per_pair_median <= c.ns_max);
         let sys = run_system_bench(&opts).unwrap();
         assert_eq!(sys.len(), 8);
+    }
+
+    #[test]
+    fn rounds_pool_their_samples() {
+        let opts = BenchOptions::tiny();
+        let case = |v: &[f64]| summarise("mixed_live16".into(), "k".into(), &opts, v.to_vec());
+        let merged = merge_rounds(vec![vec![case(&[5.0, 1.0, 3.0])], vec![case(&[2.0, 4.0])]]);
+        assert_eq!(merged.len(), 1);
+        assert_eq!(merged[0].repeats, 5);
+        assert_eq!(merged[0].ns_per_pair_median, 3.0);
+        assert_eq!((merged[0].ns_min, merged[0].ns_max), (1.0, 5.0));
     }
 
     #[test]

@@ -6,6 +6,13 @@
 //! slot index is the block's identity: as in PyTorch, a split hands the *front* part to the
 //! client as a new block and the old block object becomes the remainder, keeping its stale
 //! `requested_size` (snapshots show it).
+//!
+//! A block is one cache line. What a cache hit reads or writes on any block it touches (the
+//! best-fit key, tree and segment links, the free test, the requested size) is in it; what
+//! only recording, GC or `record_stream` need lives in side tables: stacks and GC age in
+//! [`Cold`], parallel to the slots and touched only when a flag or a running GC clock says
+//! so; recorded streams in the allocator's map, flagged by `has_uses`. At a few thousand
+//! live blocks the working set is what the pair costs, so halving it is the point.
 
 use std::sync::Arc;
 
@@ -15,8 +22,10 @@ use crate::snapshot::Frame;
 /// Slot index of a block; `NIL` means none.
 pub type BlockId = u32;
 pub const NIL: BlockId = u32::MAX;
+/// `Block::expandable` of a block outside any expandable segment.
+pub const NO_SEGMENT: u16 = u16::MAX;
 
-/// Which ordered set of its pool a block sits in.
+/// Which ordered set of its pool a block sits in (or that its slot is free).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Membership {
     None,
@@ -24,70 +33,80 @@ pub enum Membership {
     Blocks,
     /// Unmapped ranges of expandable segments: ordered by (stream, address).
     Unmapped,
+    /// The arena slot holds no block (it is on the slot free list).
+    Dead,
 }
 
-/// Field order and alignment are chosen (`repr(C, align(64))`): the first 64 bytes, one
-/// cache line, hold everything a cache hit reads and writes on the blocks it walks past
-/// (the best-fit key, tree links, segment links, the free test), so a tree step or a look
-/// at a neighbour touches one line. The rest (requested size, GC age, stacks) is read only
-/// for the block being handed out or freed. Streams recorded with `record_stream` live in
-/// the allocator's side table, flagged here by `has_uses`.
+/// One cache line (`repr(C, align(64))`, checked below).
 #[derive(Clone, Debug)]
 #[repr(C, align(64))]
 pub struct Block {
     pub ptr: u64,
     pub size: u64,
     pub stream: StreamId,
-    // Intrusive treap links (see pool.rs): children [left, right]. `prio` is fixed per slot.
+    /// Unrounded size of the last allocation this block object served (stale when free).
+    pub requested: u64,
+    // Intrusive treap links (see pool.rs): children [left, right]. A slot's priority is a
+    // hash of its id (`prio`), so it takes no room here.
     pub(crate) kids: [BlockId; 2],
     pub(crate) parent: BlockId,
-    pub(crate) prio: u32,
     pub prev: BlockId,
     pub next: BlockId,
-    /// Index of the owning expandable segment, or `NIL`.
-    pub expandable: u32,
     pub event_count: u32,
-    /// Size bin of the free-block index the block sits in (see pool.rs), fixed at insert so
-    /// that removal finds the bin's root without recomputing it.
-    pub(crate) bin: u16,
+    /// Index of the owning expandable segment, or `NO_SEGMENT`.
+    pub expandable: u16,
     pub pool: PoolKind,
     pub allocated: bool,
     pub mapped: bool,
     pub(crate) member: Membership,
-    pub(crate) live: bool,
     /// Other streams were recorded with `record_stream` since the block was handed out.
     pub has_uses: bool,
-    // ---- second cache line ----
-    /// Unrounded size of the last allocation this block object served (stale when free).
-    pub requested: u64,
+    /// The slot's [`Cold`] entry may hold a stack: reads and clears look there only if set.
+    has_ctx: bool,
+}
+
+const _: () = assert!(std::mem::size_of::<Block>() == 64);
+
+/// What a block needs only while recording history or collecting garbage.
+#[derive(Clone, Debug, Default)]
+pub struct Cold {
     /// Pool GC clock when the block was last inserted into the pool.
     pub gc_count_base: u64,
     pub context: Option<Arc<[Frame]>>,
     pub segment_context: Option<Arc<[Frame]>>,
 }
 
-const _: () = assert!(std::mem::offset_of!(Block, has_uses) < 64);
-const _: () = assert!(std::mem::size_of::<Block>() == 128);
-
 impl Block {
+    // These two are written without short-circuits: on a mixed workload each test is a
+    // coin toss, and one flag computation beats two unpredictable jumps.
     pub fn is_split(&self) -> bool {
-        self.prev != NIL || self.next != NIL
+        // NIL is all ones, so both links are NIL exactly when their AND is.
+        (self.prev & self.next) != NIL
     }
     pub fn is_expandable(&self) -> bool {
-        self.expandable != NIL
+        self.expandable != NO_SEGMENT
     }
     /// Free in PyTorch's sense: eligible for reuse or merging.
     pub fn is_free(&self) -> bool {
-        !self.allocated && self.event_count == 0 && !self.has_uses
+        !self.allocated & (self.event_count == 0) & !self.has_uses
     }
+}
+
+/// A slot's treap priority: Fibonacci hashing of its id, one multiply (the treap descent
+/// computes it at every step). An odd multiplier is a bijection, so no two slots tie, and
+/// every run is deterministic (a tree's shape is never observable, only its in-order
+/// sequence is). Ids come from slot reuse, unrelated to the (size, address) keys, and the
+/// golden-ratio sequence spreads even consecutive ids evenly.
+#[inline(always)]
+pub(crate) fn prio(id: BlockId) -> u32 {
+    id.wrapping_mul(0x9E37_79B9)
 }
 
 /// Slab of blocks, with an intrusive free list of slots (threaded through `next`).
 pub struct Arena {
     slots: Vec<Block>,
+    cold: Vec<Cold>,
     free_head: BlockId,
-    /// xorshift32 state: each new slot draws its treap priority once, for good.
-    prio: u32,
 }
 
 impl Default for Arena {
@@ -100,13 +119,13 @@ impl Arena {
     pub fn with_capacity(n: usize) -> Self {
         Arena {
             slots: Vec::with_capacity(n),
+            cold: Vec::with_capacity(n),
             free_head: NIL,
-            prio: 0x9E37_79B9,
         }
     }
 
     /// A fresh block, as PyTorch's `Block(device, stream, size, pool, ptr)`: requested 0,
-    /// unallocated, mapped, unlinked. A reused slot keeps its treap priority.
+    /// unallocated, mapped, unlinked, no stacks.
     #[inline]
     pub fn alloc(&mut self, ptr: u64, size: u64, stream: StreamId, pool: PoolKind) -> BlockId {
         let id = self.free_head;
@@ -114,36 +133,29 @@ impl Arena {
             return self.push(ptr, size, stream, pool);
         }
         let b = &mut self.slots[id as usize];
-        debug_assert!(!b.live && b.context.is_none() && b.segment_context.is_none());
+        debug_assert!(b.member == Membership::Dead && !b.has_ctx);
         self.free_head = b.next;
-        // Field by field: a released slot already holds no contexts (see `release`), so
-        // there is nothing to drop. Its treap links are stale and stay so: they are read
-        // only while the block is in a set, and inserting it writes them. `gc_count_base`
-        // likewise is read only for blocks in a set and is stamped by `insert_free`.
+        // Field by field: a released slot holds no stacks (see `release`), so there is
+        // nothing to drop. Its treap links are stale and stay so: they are read only while
+        // the block is in a set, and inserting it writes them.
         b.ptr = ptr;
         b.size = size;
         b.stream = stream;
         b.requested = 0;
         b.prev = NIL;
         b.next = NIL;
-        b.expandable = NIL;
+        b.expandable = NO_SEGMENT;
         b.event_count = 0;
         b.pool = pool;
         b.allocated = false;
         b.mapped = true;
         b.member = Membership::None;
-        b.live = true;
         b.has_uses = false;
         id
     }
 
     #[cold]
     fn push(&mut self, ptr: u64, size: u64, stream: StreamId, pool: PoolKind) -> BlockId {
-        let mut x = self.prio;
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        self.prio = x;
         self.slots.push(Block {
             ptr,
             size,
@@ -151,33 +163,33 @@ impl Arena {
             requested: 0,
             kids: [NIL; 2],
             parent: NIL,
-            prio: x,
             prev: NIL,
             next: NIL,
-            expandable: NIL,
             event_count: 0,
+            expandable: NO_SEGMENT,
             pool,
             allocated: false,
             mapped: true,
             member: Membership::None,
-            live: true,
-            bin: 0,
             has_uses: false,
-            gc_count_base: 0,
-            context: None,
-            segment_context: None,
+            has_ctx: false,
         });
+        self.cold.push(Cold::default());
         (self.slots.len() - 1) as BlockId
     }
 
     #[inline(always)]
     pub fn release(&mut self, id: BlockId) {
         let b = &mut self.slots[id as usize];
-        debug_assert!(b.live && b.member == Membership::None);
-        b.live = false;
-        b.context = None;
-        b.segment_context = None;
+        debug_assert!(b.member == Membership::None);
+        b.member = Membership::Dead;
         b.next = self.free_head;
+        if b.has_ctx {
+            b.has_ctx = false;
+            let c = &mut self.cold[id as usize];
+            c.context = None;
+            c.segment_context = None;
+        }
         self.free_head = id;
     }
 
@@ -203,12 +215,75 @@ impl Arena {
         unsafe { self.slots.get_unchecked_mut(id as usize) }
     }
 
+    /// The stack that allocated the block, if recorded.
+    #[inline(always)]
+    pub fn context(&self, id: BlockId) -> Option<&Arc<[Frame]>> {
+        if !self.get(id).has_ctx {
+            return None;
+        }
+        self.cold[id as usize].context.as_ref()
+    }
+
+    /// The stack that allocated the block's segment, if recorded.
+    pub fn segment_context(&self, id: BlockId) -> Option<&Arc<[Frame]>> {
+        if !self.get(id).has_ctx {
+            return None;
+        }
+        self.cold[id as usize].segment_context.as_ref()
+    }
+
+    #[inline(always)]
+    pub fn set_context(&mut self, id: BlockId, ctx: Option<Arc<[Frame]>>) {
+        if let Some(c) = self.cold_for_write(id, ctx.is_some()) {
+            c.context = ctx;
+        }
+    }
+
+    #[inline(always)]
+    pub fn set_segment_context(&mut self, id: BlockId, ctx: Option<Arc<[Frame]>>) {
+        if let Some(c) = self.cold_for_write(id, ctx.is_some()) {
+            c.segment_context = ctx;
+        }
+    }
+
+    #[inline(always)]
+    pub fn take_context(&mut self, id: BlockId) -> Option<Arc<[Frame]>> {
+        self.cold_for_write(id, false)?.context.take()
+    }
+
+    #[inline(always)]
+    pub fn take_segment_context(&mut self, id: BlockId) -> Option<Arc<[Frame]>> {
+        self.cold_for_write(id, false)?.segment_context.take()
+    }
+
+    /// The cold entry of `id` for a write that stores a stack (`storing`) or clears one;
+    /// `None` when clearing a slot that holds none, which is the common case and touches
+    /// only the block's own line.
+    #[inline(always)]
+    fn cold_for_write(&mut self, id: BlockId, storing: bool) -> Option<&mut Cold> {
+        let b = self.get_mut(id);
+        if !(storing || b.has_ctx) {
+            return None;
+        }
+        b.has_ctx = true;
+        Some(&mut self.cold[id as usize])
+    }
+
+    pub fn gc_count_base(&self, id: BlockId) -> u64 {
+        self.cold[id as usize].gc_count_base
+    }
+
+    #[inline(always)]
+    pub fn set_gc_count_base(&mut self, id: BlockId, base: u64) {
+        self.cold[id as usize].gc_count_base = base;
+    }
+
     /// Ids of every live block.
     pub fn live_ids(&self) -> impl Iterator<Item = BlockId> + '_ {
         self.slots
             .iter()
             .enumerate()
-            .filter(|(_, b)| b.live)
+            .filter(|(_, b)| b.member != Membership::Dead)
             .map(|(i, _)| i as BlockId)
     }
 }

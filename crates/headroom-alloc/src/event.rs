@@ -2,9 +2,10 @@
 
 /// Which of a device's two default pools a block belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
 pub enum PoolKind {
-    Small,
-    Large,
+    Small = 0,
+    Large = 1,
 }
 
 impl PoolKind {

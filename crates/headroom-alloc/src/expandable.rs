@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use crate::block::{BlockId, NIL};
+use crate::block::{BlockId, NIL, NO_SEGMENT};
 use crate::device::{Device, DeviceError};
 use crate::event::{AllocEvent, PoolKind, StreamId};
 use crate::oom::AllocError;
@@ -113,10 +113,7 @@ impl<D: Device> State<D> {
             }
             bytes >= size
         };
-        let pool = match kind {
-            PoolKind::Small => &self.small,
-            PoolKind::Large => &self.large,
-        };
+        let pool = &self.pools[kind as usize];
         let mut it = pool.unmapped.lower_bound(a, (stream, 0, 0));
         while let Some(c0) = it {
             if a.get(c0).stream != stream {
@@ -146,7 +143,17 @@ impl<D: Device> State<D> {
             mapped: vec![false; max_pages as usize],
             stream,
         };
-        let idx = match self.expandable.iter().position(Option::is_none) {
+        // A block names its segment in 16 bits. Each segment reserves address space for
+        // the whole device, so a process runs out of that long before it has 65,535.
+        let free_slot = self.expandable.iter().position(Option::is_none);
+        if free_slot.is_none() && self.expandable.len() >= NO_SEGMENT as usize {
+            self.device.release_reservation(base, page * max_pages);
+            return Err(AllocError::Device(format!(
+                "too many expandable segments ({})",
+                self.expandable.len()
+            )));
+        }
+        let idx = match free_slot {
             Some(i) => {
                 self.expandable[i] = Some(seg);
                 i
@@ -159,7 +166,7 @@ impl<D: Device> State<D> {
         let id = self.arena.alloc(base, page * max_pages, stream, kind);
         let b = self.arena.get_mut(id);
         b.mapped = false;
-        b.expandable = idx as u32;
+        b.expandable = idx as u16;
         self.insert_unmapped(id);
         Ok(id)
     }
@@ -210,9 +217,8 @@ impl<D: Device> State<D> {
             },
             ctx,
         );
-        let b = self.arena.get_mut(id);
-        if b.prev == NIL && b.segment_context.is_none() {
-            b.segment_context = ctx.cloned();
+        if self.arena.get(id).prev == NIL && self.arena.segment_context(id).is_none() {
+            self.arena.set_segment_context(id, ctx.cloned());
         }
         Ok(true)
     }
@@ -301,7 +307,7 @@ impl<D: Device> State<D> {
         self.try_merge_blocks(id, next);
         self.insert_unmapped(id);
         self.total_allocated_memory -= usize_;
-        let ctx = self.arena.get(id).segment_context.clone();
+        let ctx = self.arena.segment_context(id).cloned();
         self.emit(
             AllocEvent::SegmentUnmap {
                 pool: kind,

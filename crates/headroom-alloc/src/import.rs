@@ -7,7 +7,7 @@
 //! cached as PyTorch would have them), so the replay starts from the state PyTorch was in.
 //! Statistics move as if the blocks had been allocated: they were, before the recording.
 
-use crate::block::{BlockId, NIL};
+use crate::block::{BlockId, NIL, NO_SEGMENT};
 use crate::device::{Device, DeviceError};
 use crate::event::{AllocEvent, PoolKind, StreamId};
 use crate::oom::AllocError;
@@ -213,7 +213,7 @@ impl<D: Device> State<D> {
             },
             None,
         );
-        if exp == NIL {
+        if exp == NO_SEGMENT {
             let after = self.inactive_split_of_segment(live);
             let (db, dbytes) = (after.0 - before.0, after.1 - before.1);
             if db != 0 || dbytes != 0 {
@@ -230,7 +230,7 @@ impl<D: Device> State<D> {
         Ok(())
     }
 
-    fn link(&mut self, left: BlockId, right: BlockId, exp: u32) {
+    fn link(&mut self, left: BlockId, right: BlockId, exp: u16) {
         self.arena.get_mut(right).expandable = exp;
         self.arena.get_mut(right).prev = left;
         if left != NIL {

@@ -51,8 +51,9 @@ pub(crate) struct State<D: Device> {
     /// Expandable segments are on in the config *and* the device has virtual memory.
     pub expandable_active: bool,
     pub arena: Arena,
-    pub small: BlockPool,
-    pub large: BlockPool,
+    /// The small and large pools, indexed by `PoolKind` (an index, not a match: which pool
+    /// a request falls in is a coin toss on mixed workloads).
+    pub pools: [BlockPool; 2],
     /// Allocated blocks by address (PyTorch's pointer map). Pending frees are not here.
     pub active: PtrMap,
     /// Bytes obtained from the device: cudaMalloc'd plus mapped.
@@ -136,8 +137,7 @@ impl<D: Device> State<D> {
             config,
             expandable_active,
             arena: Arena::with_capacity(256),
-            small: BlockPool::new(),
-            large: BlockPool::new(),
+            pools: [BlockPool::new(), BlockPool::new()],
             active: PtrMap::with_capacity(256),
             total_allocated_memory: 0,
             allowed_memory_maximum: allowed,
@@ -164,10 +164,7 @@ impl<D: Device> State<D> {
 
     #[inline]
     pub fn pool_ref(&self, k: PoolKind) -> &BlockPool {
-        match k {
-            PoolKind::Small => &self.small,
-            PoolKind::Large => &self.large,
-        }
+        &self.pools[k as usize]
     }
 
     /// Hand an event to the stats, the history and every observer.
@@ -188,7 +185,7 @@ impl<D: Device> State<D> {
     fn emit_with_block_context(&mut self, ev: AllocEvent, id: BlockId) {
         self.stats.observe(&ev);
         if self.has_listeners() {
-            let ctx = self.arena.get(id).context.clone();
+            let ctx = self.arena.context(id).cloned();
             self.notify(ev, ctx.as_ref());
         }
     }
@@ -217,27 +214,29 @@ impl<D: Device> State<D> {
     #[inline(always)]
     pub fn insert_free(&mut self, id: BlockId) {
         let kind = self.arena.get(id).pool;
-        let pool = match kind {
-            PoolKind::Small => &mut self.small,
-            PoolKind::Large => &mut self.large,
-        };
+        let pool = &mut self.pools[kind as usize];
         pool.blocks.insert(&mut self.arena, id);
         let base = pool.get_free_blocks_call_count;
-        self.arena.get_mut(id).gc_count_base = base;
+        // Clocks only tick while GC is on and never go back. Until either has ticked,
+        // every stamp would be 0, which is what the side table holds, so the store (to a
+        // line nothing else here touches) waits for the first tick.
+        if (self.pools[PoolKind::Small as usize].get_free_blocks_call_count
+            | self.pools[PoolKind::Large as usize].get_free_blocks_call_count)
+            != 0
+        {
+            self.arena.set_gc_count_base(id, base);
+        }
     }
 
     #[inline(always)]
     pub fn remove_free(&mut self, id: BlockId) {
         let kind = self.arena.get(id).pool;
         let member = self.arena.get(id).member;
-        let pool = match kind {
-            PoolKind::Small => &mut self.small,
-            PoolKind::Large => &mut self.large,
-        };
+        let pool = &mut self.pools[kind as usize];
         match member {
             Membership::Blocks => pool.blocks.remove(&mut self.arena, id),
             Membership::Unmapped => pool.unmapped.remove(&mut self.arena, id),
-            Membership::None => {}
+            Membership::None | Membership::Dead => {}
         }
     }
 
@@ -275,10 +274,7 @@ impl<D: Device> State<D> {
 
     pub fn insert_unmapped(&mut self, id: BlockId) {
         let kind = self.arena.get(id).pool;
-        let pool = match kind {
-            PoolKind::Small => &mut self.small,
-            PoolKind::Large => &mut self.large,
-        };
+        let pool = &mut self.pools[kind as usize];
         pool.unmapped.insert(&mut self.arena, id);
     }
 
@@ -391,10 +387,7 @@ impl<D: Device> State<D> {
         let expandable_on = self.expandable_active;
         let m = self.config.max_split_size;
         let r = self.config.max_non_split_rounding_size;
-        let pool = match kind {
-            PoolKind::Small => &mut self.small,
-            PoolKind::Large => &mut self.large,
-        };
+        let pool = &mut self.pools[kind as usize];
         if gc {
             pool.get_free_blocks_call_count += 1;
         }
@@ -477,7 +470,7 @@ impl<D: Device> State<D> {
         };
         self.total_allocated_memory += alloc_size;
         let id = self.arena.alloc(ptr, alloc_size, stream, kind);
-        self.arena.get_mut(id).segment_context = ctx.cloned();
+        self.arena.set_segment_context(id, ctx.cloned());
         let oversize = alloc_size >= self.max_split();
         self.emit(
             AllocEvent::SegmentAlloc {
@@ -495,10 +488,13 @@ impl<D: Device> State<D> {
     fn should_split(&self, id: BlockId, s: u64) -> bool {
         let b = self.arena.get(id);
         let remaining = b.size - s;
-        if b.pool.is_small() || self.expandable_active {
-            remaining >= MIN_BLOCK_SIZE
+        // Both rules, then a select (the pool is a coin toss on mixed workloads).
+        let small_rule = remaining >= MIN_BLOCK_SIZE;
+        let large_rule = (s < self.max_split()) & (remaining > SMALL_SIZE);
+        if b.pool.is_small() | self.expandable_active {
+            small_rule
         } else {
-            s < self.max_split() && remaining > SMALL_SIZE
+            large_rule
         }
     }
 
@@ -541,35 +537,21 @@ impl<D: Device> State<D> {
             };
             self.insert_free(remaining);
             if !expandable {
-                let ev = if already_split {
-                    // An already-split inactive block shrinks by s.
-                    AllocEvent::InactiveSplit {
-                        pool: kind,
-                        blocks: 0,
-                        bytes: -(s as i64),
-                    }
+                // An already-split inactive block shrinks by s; a previously unsplit block
+                // now leaves a split inactive remainder.
+                let (blocks, bytes) = if already_split {
+                    (0, -(s as i64))
                 } else {
-                    // A previously unsplit block now leaves a split inactive remainder.
-                    AllocEvent::InactiveSplit {
-                        pool: kind,
-                        blocks: 1,
-                        bytes: rem_size as i64,
-                    }
+                    (1, rem_size as i64)
                 };
-                self.emit(ev, None);
+                self.emit_inactive_split(kind, blocks, bytes);
             }
             c
         } else {
-            if already_split && !expandable {
+            if !expandable {
                 let size = self.arena.get(block).size as i64;
-                self.emit(
-                    AllocEvent::InactiveSplit {
-                        pool: kind,
-                        blocks: -1,
-                        bytes: -size,
-                    },
-                    None,
-                );
+                let split = already_split as i64;
+                self.emit_inactive_split(kind, -split, -split * size);
             }
             block
         };
@@ -577,10 +559,10 @@ impl<D: Device> State<D> {
             let b = self.arena.get_mut(client);
             b.allocated = true;
             b.requested = n;
-            b.context = ctx;
             (b.ptr, b.size)
         };
-        self.active.insert(ptr, client);
+        self.arena.set_context(client, ctx);
+        self.active.insert_new(ptr, client);
         let oversize = size >= self.max_split();
         self.emit_with_block_context(
             AllocEvent::Alloc {
@@ -639,7 +621,7 @@ impl<D: Device> State<D> {
             debug_assert!(b.is_free());
             (b.pool, b.ptr, b.size, b.requested, b.stream)
         };
-        let ctx = self.arena.get_mut(id).context.take();
+        let ctx = self.arena.take_context(id);
         self.emit(
             AllocEvent::FreeCompleted {
                 pool: kind,
@@ -650,39 +632,37 @@ impl<D: Device> State<D> {
             },
             ctx.as_ref(),
         );
-        let mut net_blocks = 0i64;
-        let mut net_bytes = 0i64;
         let (prev, next) = {
             let b = self.arena.get(id);
             (b.prev, b.next)
         };
-        // Previous neighbour first, then next, as PyTorch does.
-        let sub = self.try_merge_blocks(id, prev);
-        if sub > 0 {
-            net_blocks -= 1;
-            net_bytes -= sub as i64;
-        }
-        let sub = self.try_merge_blocks(id, next);
-        if sub > 0 {
-            net_blocks -= 1;
-            net_bytes -= sub as i64;
-        }
+        // Previous neighbour first, then next, as PyTorch does. The net change is summed
+        // without branches: whether a neighbour merged is a coin toss here.
+        let sub_prev = self.try_merge_blocks(id, prev);
+        let sub_next = self.try_merge_blocks(id, next);
         self.insert_free(id);
         let b = self.arena.get(id);
-        if b.is_split() {
-            net_blocks += 1;
-            net_bytes += b.size as i64;
-        }
+        let split = b.is_split() as i64;
+        let net_blocks = split - (sub_prev > 0) as i64 - (sub_next > 0) as i64;
+        let net_bytes = split * b.size as i64 - sub_prev as i64 - sub_next as i64;
         // Expandable memory is never "non-releasable": its free pages can always go back.
-        if !b.is_expandable() && (net_blocks != 0 || net_bytes != 0) {
-            self.emit(
-                AllocEvent::InactiveSplit {
-                    pool: kind,
-                    blocks: net_blocks,
-                    bytes: net_bytes,
-                },
-                None,
-            );
+        if !b.is_expandable() {
+            self.emit_inactive_split(kind, net_blocks, net_bytes);
+        }
+    }
+
+    /// An `InactiveSplit` change: always into the stats (a zero change is a no-op there,
+    /// and skipping it would be a branch), to listeners only when something changed.
+    #[inline(always)]
+    fn emit_inactive_split(&mut self, pool: PoolKind, blocks: i64, bytes: i64) {
+        let ev = AllocEvent::InactiveSplit {
+            pool,
+            blocks,
+            bytes,
+        };
+        self.stats.observe(&ev);
+        if (blocks != 0 || bytes != 0) && self.has_listeners() {
+            self.notify(ev, None);
         }
     }
 
@@ -705,11 +685,11 @@ impl<D: Device> State<D> {
             (s.ptr, s.prev, s.next, s.size)
         };
         if self.arena.get(dst).prev == src {
-            let seg_ctx = self.arena.get_mut(src).segment_context.take();
+            let seg_ctx = self.arena.take_segment_context(src);
             let d = self.arena.get_mut(dst);
             d.ptr = s_ptr;
             d.prev = s_prev;
-            d.segment_context = seg_ctx;
+            self.arena.set_segment_context(dst, seg_ctx);
             if s_prev != NIL {
                 self.arena.get_mut(s_prev).next = dst;
             }

@@ -5,16 +5,16 @@
 //! address) and searches with `lower_bound`: best fit within a stream, ties to the lowest
 //! address. A `BTreeSet` would allocate and free nodes as the set grows and shrinks, so a
 //! cache hit could touch the host allocator; the sets here are intrusive treaps whose links
-//! live inside the blocks, so insert and remove never allocate. Each arena slot draws its
-//! priority once from a fixed xorshift sequence, which keeps every run bit-for-bit
-//! deterministic (a tree's shape is never observable: only its in-order sequence is).
+//! live inside the blocks, so insert and remove never allocate. A slot's priority is a hash
+//! of its id (`block::prio`), which keeps every run bit-for-bit deterministic (a tree's shape
+//! is never observable: only its in-order sequence is).
 //! Parent links make `remove` start at the block itself, as erasing through a `std::set`
 //! iterator does.
 //!
 //! One treap over all free blocks cost a best-fit search 10 to 20 dependent steps at a few
 //! thousand free blocks, each a coin-toss branch. So the free-block set ([`SizeIndex`]) is
 //! segregated first: per stream, blocks fall into size bins (exact 512-byte steps below
-//! 128 KiB, then 32 bins per power of two, as TLSF does), a two-level bitmap says which
+//! 2 MiB, then 32 bins per power of two, as TLSF does), a two-level bitmap says which
 //! bins are non-empty, and each bin is a small treap ordered by the full key. Bins are
 //! monotone in size, so "first key >= (stream, size, 0)" is still exact: the search bin's
 //! treap, else the lowest block of the next non-empty bin, which one bit scan finds. The
@@ -24,7 +24,7 @@
 //! compute each key comparison without branching (`key_lt`) and pick the side as data, not
 //! as a jump. Split and merge walk only short spines and keep plain branches.
 
-use crate::block::{Arena, BlockId, Membership, NIL};
+use crate::block::{prio, Arena, BlockId, Membership, NIL};
 use crate::event::StreamId;
 
 /// Sort key. The unmapped set orders by (stream, address): its keys carry size 0.
@@ -51,32 +51,47 @@ fn pick(c: bool, x: BlockId, y: BlockId) -> BlockId {
 struct Treap<const SIZED: bool>;
 
 impl<const SIZED: bool> Treap<SIZED> {
+    /// Key order inside one tree. A size bin holds one stream's blocks, so sized trees
+    /// compare (size, address) only; the unmapped tree mixes streams.
+    #[inline(always)]
+    fn lt(x: Key, y: Key) -> bool {
+        if SIZED {
+            (x.1 < y.1) | ((x.1 == y.1) & (x.2 < y.2))
+        } else {
+            key_lt(x, y)
+        }
+    }
+
     #[inline(always)]
     fn key(a: &Arena, id: BlockId) -> Key {
         let b = a.get(id);
         (b.stream, if SIZED { b.size } else { 0 }, b.ptr)
     }
 
+    /// Insert `id`; returns whether it is now the tree's first (leftmost) element, which
+    /// the descent knows for free: every turn went left and nothing split off below it.
     #[inline(always)]
-    fn insert(a: &mut Arena, root: &mut BlockId, id: BlockId) {
+    fn insert(a: &mut Arena, root: &mut BlockId, id: BlockId) -> bool {
         if *root == NIL {
-            // Most size bins hold none or one block: skip the descent and the split.
+            // Many size bins hold none or one block: skip the descent and the split.
             let b = a.get_mut(id);
             b.kids = [NIL; 2];
             b.parent = NIL;
             *root = id;
-            return;
+            return true;
         }
-        let prio = a.get(id).prio;
+        let p = prio(id);
         let key = Self::key(a, id);
         // Descend while the path's priorities beat ours, then split there: one pass, no
         // rotations.
         let mut parent = NIL;
         let mut side = LEFT;
         let mut cur = *root;
-        while cur != NIL && a.get(cur).prio > prio {
+        let mut leftmost = true;
+        while cur != NIL && prio(cur) > p {
             parent = cur;
-            side = !key_lt(key, Self::key(a, cur)) as usize;
+            side = !Self::lt(key, Self::key(a, cur)) as usize;
+            leftmost &= side == LEFT;
             cur = a.get(cur).kids[side];
         }
         let (l, r) = Self::split(a, cur, key);
@@ -88,6 +103,7 @@ impl<const SIZED: bool> Treap<SIZED> {
             a.get_mut(r).parent = id;
         }
         hang(a, root, parent, side, id);
+        leftmost && l == NIL
     }
 
     /// Split subtree `t` into (< key, >= key); the parts' roots get parent `NIL`.
@@ -98,7 +114,7 @@ impl<const SIZED: bool> Treap<SIZED> {
         let (mut l_root, mut r_root) = (NIL, NIL);
         let (mut l_tail, mut r_tail) = (NIL, NIL);
         while t != NIL {
-            if key_lt(Self::key(a, t), key) {
+            if Self::lt(Self::key(a, t), key) {
                 if l_tail == NIL {
                     l_root = t;
                     a.get_mut(t).parent = NIL;
@@ -178,17 +194,17 @@ impl<const SIZED: bool> Treap<SIZED> {
 
     #[inline(always)]
     fn lower_bound(a: &Arena, root: BlockId, key: Key) -> Option<BlockId> {
-        Self::first_where(a, root, |k| !key_lt(k, key))
+        Self::first_where(a, root, |k| !Self::lt(k, key))
     }
 
     /// Smallest element with key > `key`.
     fn above(a: &Arena, root: BlockId, key: Key) -> Option<BlockId> {
-        Self::first_where(a, root, |k| key_lt(key, k))
+        Self::first_where(a, root, |k| Self::lt(key, k))
     }
 
     /// Largest element with key < `key`.
     fn below(a: &Arena, root: BlockId, key: Key) -> Option<BlockId> {
-        Self::last_where(a, root, |k| key_lt(k, key))
+        Self::last_where(a, root, |k| Self::lt(k, key))
     }
 
     /// The leftmost (`side` = LEFT) or rightmost block of a non-empty tree.
@@ -235,7 +251,7 @@ impl<const SIZED: bool> Treap<SIZED> {
         for &id in &ids {
             let b = a.get(id);
             for c in b.kids {
-                if c != NIL && (a.get(c).parent != id || a.get(c).prio > b.prio) {
+                if c != NIL && (a.get(c).parent != id || prio(c) > prio(id)) {
                     return Err(format!("{what}: bad link {id} -> {c}"));
                 }
             }
@@ -260,7 +276,7 @@ fn merge(a: &mut Arena, mut l: BlockId, mut r: BlockId) -> BlockId {
             hang(a, &mut root, hook, side, x);
             return root;
         }
-        if a.get(l).prio > a.get(r).prio {
+        if prio(l) > prio(r) {
             let x = l;
             hang(a, &mut root, hook, side, x);
             l = a.get(x).kids[RIGHT];
@@ -359,59 +375,79 @@ impl Tree {
 
 type Sized_ = Treap<true>;
 
-/// Bins below 128 KiB are exact 512-byte steps.
-const EXACT_BINS: usize = 256;
+/// Bins below 2 MiB are exact 512-byte steps: the small pool (2 MiB segments) is all exact,
+/// so its split remainders, which crowd just under 2 MiB, spread over many small treaps
+/// instead of piling into two (`EXACT_BITS` = 12: 4096 bins).
+const EXACT_BITS: u32 = 12;
+const EXACT_BINS: usize = 1 << EXACT_BITS;
 /// Then 2^SUB_BITS bins per power of two.
 const SUB_BITS: u32 = 5;
 /// Sizes in 512-byte units are below 2^55, so the last octave starts at 2^54.
-const NBINS: usize = EXACT_BINS + (54 - 8 + 1) * (1 << SUB_BITS);
+const NBINS: usize = EXACT_BINS + (54 - EXACT_BITS as usize + 1) * (1 << SUB_BITS);
 /// Arrays are sized to the next power of two, so that indexing with `bin & SLOT_MASK`
 /// needs no bounds check; the bins past `NBINS` stay empty.
 const SLOTS: usize = NBINS.next_power_of_two();
 const SLOT_MASK: usize = SLOTS - 1;
 const NWORDS: usize = SLOTS / 64;
 const WORD_MASK: usize = NWORDS - 1;
+/// Summary words: bit `w & 63` of `summary[w >> 6]` says `words[w]` is non-zero.
+const NSUM: usize = NWORDS.div_ceil(64);
 
 /// The bin of a block size: monotone non-decreasing in `size`, which is all the ordered
 /// queries need.
 #[inline(always)]
 pub fn bin_of(size: u64) -> usize {
     let u = size >> 9;
-    if u < EXACT_BINS as u64 {
-        return u as usize;
-    }
-    let lg = 63 - u.leading_zeros(); // >= 8
+    // Both answers, then a select: small and large sizes alternate at random in a mixed
+    // workload, so a branch here would be a coin toss.
+    let lg = (63 - (u | 1).leading_zeros()).max(EXACT_BITS);
     let sub = (u >> (lg - SUB_BITS)) & ((1 << SUB_BITS) - 1);
-    EXACT_BINS + ((lg - 8) << SUB_BITS) as usize + sub as usize
+    let log_bin = EXACT_BINS + ((lg - EXACT_BITS) << SUB_BITS) as usize + sub as usize;
+    if u < EXACT_BINS as u64 {
+        u as usize
+    } else {
+        log_bin
+    }
 }
 
-/// One stream's bins: treap roots and the bitmap of non-empty bins.
+/// `Bins::heads[bin]`: the bin's treap root and its first (lowest-key) block.
+const ROOT: usize = 0;
+const FIRST: usize = 1;
+
+/// One stream's bins: per bin the treap root and first block, and the bitmap of non-empty
+/// bins. The first block is kept because best fit mostly wants exactly it: the lowest
+/// block of the next non-empty bin, or of the request's own bin when that block is big
+/// enough (in exact bins, always). Both come without a descent.
 struct Bins {
-    /// Bit `w` set: `words[w]` is non-zero.
-    summary: u64,
+    summary: [u64; NSUM],
     words: [u64; NWORDS],
-    roots: [BlockId; SLOTS],
+    heads: [[BlockId; 2]; SLOTS],
 }
 
 impl Bins {
     fn new() -> Box<Self> {
         Box::new(Bins {
-            summary: 0,
+            summary: [0; NSUM],
             words: [0; NWORDS],
-            roots: [NIL; SLOTS],
+            heads: [[NIL; 2]; SLOTS],
         })
     }
 
     #[inline(always)]
-    fn root(&mut self, bin: usize) -> &mut BlockId {
-        &mut self.roots[bin & SLOT_MASK]
+    fn head(&mut self, bin: usize) -> &mut [BlockId; 2] {
+        &mut self.heads[bin & SLOT_MASK]
+    }
+
+    #[inline(always)]
+    fn root_of(&self, bin: usize) -> BlockId {
+        self.heads[bin & SLOT_MASK][ROOT]
     }
 
     #[inline(always)]
     fn mark(&mut self, bin: usize) {
         let w = (bin >> 6) & WORD_MASK;
         self.words[w] |= 1 << (bin & 63);
-        self.summary |= 1 << w;
+        self.summary[w >> 6] |= 1 << (w & 63);
     }
 
     #[inline(always)]
@@ -419,7 +455,7 @@ impl Bins {
         let w = (bin >> 6) & WORD_MASK;
         self.words[w] &= !(1 << (bin & 63));
         if self.words[w] == 0 {
-            self.summary &= !(1 << w);
+            self.summary[w >> 6] &= !(1 << (w & 63));
         }
     }
 
@@ -434,13 +470,19 @@ impl Bins {
         if m != 0 {
             return Some((w << 6) | m.trailing_zeros() as usize);
         }
-        // `w + 1 <= NWORDS < 64`, so the shift is in range.
-        let s = self.summary & (!0u64 << (w + 1));
-        if s == 0 {
-            return None;
+        // The first non-zero word after `w`.
+        let first = w + 1;
+        for i in first >> 6..NSUM {
+            let mut s = self.summary[i];
+            if i == first >> 6 {
+                s &= !0u64 << (first & 63);
+            }
+            if s != 0 {
+                let w2 = ((i << 6) | s.trailing_zeros() as usize) & WORD_MASK;
+                return Some((w2 << 6) | self.words[w2].trailing_zeros() as usize);
+            }
         }
-        let w2 = s.trailing_zeros() as usize & WORD_MASK;
-        Some((w2 << 6) | self.words[w2].trailing_zeros() as usize)
+        None
     }
 
     /// The last non-empty bin at or before `upto`.
@@ -451,50 +493,59 @@ impl Bins {
         if m != 0 {
             return Some((w << 6) | (63 - m.leading_zeros() as usize));
         }
-        let s = self.summary & ((1u64 << w) - 1);
-        if s == 0 {
-            return None;
+        // The last non-zero word before `w`.
+        for i in (0..=(w >> 6)).rev() {
+            let mut s = self.summary[i];
+            if i == w >> 6 {
+                s &= (1u64 << (w & 63)) - 1;
+            }
+            if s != 0 {
+                let w2 = (i << 6) | (63 - s.leading_zeros() as usize);
+                return Some((w2 << 6) | (63 - self.words[w2].leading_zeros() as usize));
+            }
         }
-        let w2 = 63 - s.leading_zeros() as usize;
-        Some((w2 << 6) | (63 - self.words[w2].leading_zeros() as usize))
+        None
     }
 
     /// The lowest block in bins `from..`.
     #[inline(always)]
-    fn first_from(&self, a: &Arena, from: usize) -> Option<BlockId> {
+    fn first_from(&self, from: usize) -> Option<BlockId> {
         self.next_set(from)
-            .map(|b| Sized_::end(a, self.roots[b & SLOT_MASK], LEFT))
+            .map(|b| self.heads[b & SLOT_MASK][FIRST])
     }
 
     /// The highest block in bins `..=upto`.
     fn last_upto(&self, a: &Arena, upto: usize) -> Option<BlockId> {
         self.prev_set(upto)
-            .map(|b| Sized_::end(a, self.roots[b], RIGHT))
+            .map(|b| Sized_::end(a, self.root_of(b), RIGHT))
     }
 
     /// Smallest block with key >= `key` (of this stream).
     #[inline(always)]
     fn lower_bound(&self, a: &Arena, key: Key) -> Option<BlockId> {
         let bin = bin_of(key.1);
-        let root = self.roots[bin & SLOT_MASK];
-        if root != NIL {
+        let [root, first] = self.heads[bin & SLOT_MASK];
+        if first != NIL {
+            if !Sized_::lt(Sized_::key(a, first), key) {
+                return Some(first);
+            }
             if let Some(id) = Sized_::lower_bound(a, root, key) {
                 return Some(id);
             }
         }
-        self.first_from(a, bin + 1)
+        self.first_from(bin + 1)
     }
 
     /// Smallest block with key > `key`.
     fn above(&self, a: &Arena, key: Key) -> Option<BlockId> {
         let bin = bin_of(key.1);
-        Sized_::above(a, self.roots[bin], key).or_else(|| self.first_from(a, bin + 1))
+        Sized_::above(a, self.root_of(bin), key).or_else(|| self.first_from(bin + 1))
     }
 
     /// Largest block with key < `key`.
     fn below(&self, a: &Arena, key: Key) -> Option<BlockId> {
         let bin = bin_of(key.1);
-        Sized_::below(a, self.roots[bin], key)
+        Sized_::below(a, self.root_of(bin), key)
             .or_else(|| bin.checked_sub(1).and_then(|b| self.last_upto(a, b)))
     }
 }
@@ -531,12 +582,16 @@ impl SizeIndex {
             (b.stream, b.size)
         };
         let bin = bin_of(size);
-        a.get_mut(id).bin = bin as u16;
         let bins = match self.bins_mut(stream) {
             Some(b) => b,
             None => self.add_stream(stream),
         };
-        Sized_::insert(a, bins.root(bin), id);
+        let head = bins.head(bin);
+        let mut root = head[ROOT];
+        if Sized_::insert(a, &mut root, id) {
+            head[FIRST] = id;
+        }
+        head[ROOT] = root;
         bins.mark(bin);
     }
 
@@ -552,15 +607,29 @@ impl SizeIndex {
         let (stream, bin) = {
             let b = a.get(id);
             debug_assert_eq!(b.member, Membership::Blocks);
-            (b.stream, b.bin as usize)
+            // A member's size never changes, so its bin is recomputed, not stored.
+            (b.stream, bin_of(b.size))
         };
         let Some(bins) = self.bins_mut(stream) else {
             debug_assert!(false, "block {id} of an unknown stream");
             return;
         };
-        let root = bins.root(bin);
-        Sized_::remove(a, root, id);
-        if *root == NIL {
+        let head = bins.head(bin);
+        let mut root = head[ROOT];
+        if head[FIRST] == id {
+            // The next block in order: the first of its right subtree, else its parent
+            // (the first block has no left subtree).
+            let b = a.get(id);
+            let r = b.kids[RIGHT];
+            head[FIRST] = if r != NIL {
+                Sized_::end(a, r, LEFT)
+            } else {
+                b.parent
+            };
+        }
+        Sized_::remove(a, &mut root, id);
+        head[ROOT] = root;
+        if root == NIL {
             bins.unmark(bin);
         }
         a.get_mut(id).member = Membership::None;
@@ -587,7 +656,7 @@ impl SizeIndex {
                     return Some(id);
                 }
             } else if *s > key.0 {
-                if let Some(id) = bins.first_from(a, 0) {
+                if let Some(id) = bins.first_from(0) {
                     return Some(id);
                 }
             }
@@ -602,7 +671,7 @@ impl SizeIndex {
             let found = if *s == key.0 {
                 bins.above(a, key)
             } else if *s > key.0 {
-                bins.first_from(a, 0)
+                bins.first_from(0)
             } else {
                 None
             };
@@ -647,7 +716,7 @@ impl SizeIndex {
         for (_, bins) in &self.streams {
             let mut bin = 0;
             while let Some(b) = bins.next_set(bin) {
-                Sized_::in_order(a, bins.roots[b], &mut out);
+                Sized_::in_order(a, bins.root_of(b), &mut out);
                 bin = b + 1;
             }
         }
@@ -669,27 +738,26 @@ impl SizeIndex {
             }
         }
         for (s, bins) in &self.streams {
-            let mut summary = 0u64;
-            for (bin, &root) in bins.roots.iter().enumerate() {
+            let mut summary = [0u64; NSUM];
+            for (bin, &[root, first]) in bins.heads.iter().enumerate() {
                 let ids = Sized_::check(a, root, "free set")?;
+                if first != ids.first().copied().unwrap_or(NIL) {
+                    return Err(format!("free set: bin {bin}'s first block is wrong"));
+                }
                 let marked = bins.words[bin >> 6] >> (bin & 63) & 1 == 1;
                 if marked == ids.is_empty() {
                     return Err(format!("free set: bin {bin} bitmap is wrong"));
                 }
                 for id in ids {
                     let b = a.get(id);
-                    if b.member != Membership::Blocks
-                        || b.stream != *s
-                        || b.bin as usize != bin
-                        || bin_of(b.size) != bin
-                    {
+                    if b.member != Membership::Blocks || b.stream != *s || bin_of(b.size) != bin {
                         return Err(format!("free set: block {id} misfiled in bin {bin}"));
                     }
                 }
             }
             for (w, &word) in bins.words.iter().enumerate() {
                 if word != 0 {
-                    summary |= 1 << w;
+                    summary[w >> 6] |= 1 << (w & 63);
                 }
             }
             if summary != bins.summary {
@@ -730,11 +798,11 @@ mod tests {
         (b.stream, b.size, b.ptr)
     }
 
-    /// A size from every region of the bin map: exact bins, the first log bins, and huge.
+    /// A size from every region of the bin map: exact bins, across the first log bin, and huge.
     fn size_of(class: u64, x: u64) -> u64 {
         match class {
             0 => 512 * (1 + x % 300),
-            1 => (1 << 20) + 512 * (x % 64),
+            1 => (2 << 20) - 512 * 32 + 512 * (x % 64),
             2 => (3 << 20) + 512 * x,
             _ => (1 << 40) + (x << 30),
         }
@@ -847,8 +915,9 @@ mod tests {
             );
         }
         assert_eq!(bin_of(u64::MAX), NBINS - 1);
-        // Exact 512-byte bins below 128 KiB.
+        // Exact 512-byte bins below 2 MiB.
         assert_eq!(bin_of(4096), 8);
-        assert_ne!(bin_of((128 << 10) - 512), bin_of((128 << 10) - 1024));
+        assert_ne!(bin_of((2 << 20) - 512), bin_of((2 << 20) - 1024));
+        assert_eq!(bin_of(2 << 20), EXACT_BINS);
     }
 }

@@ -104,6 +104,19 @@ impl StatArray {
     }
     #[inline(always)]
     fn apply_by<const LAZY: bool>(&mut self, pool: PoolKind, delta: i64) {
+        if LAZY {
+            // The same cell updates as below, without the sign test: a split's net change
+            // is as likely up as down, so the test was a coin-toss branch on the hot path.
+            // A decrease leaves peaks alone (each is already >= its current) and adds 0 to
+            // `allocated`; a lazy cell keeps no `freed`.
+            let c = &mut self.0[pool.stat_type() as usize];
+            c.current += delta;
+            c.peak = c.peak.max(c.current);
+            c.allocated += delta.max(0);
+            let all = self.0[1].current + self.0[2].current;
+            self.0[0].peak = self.0[0].peak.max(all);
+            return;
+        }
         if delta > 0 {
             self.increase::<LAZY>(pool, delta)
         } else if delta < 0 {

@@ -3,6 +3,10 @@
 //! in one process on the same device.
 //!
 //!     cuda_bench [--torch-shim libtorch_raw_shim.so] [--json out.json] [--pairs N] [--repeats R]
+//!                [--rounds K]
+//!
+//! Each of the K rounds (default 3) runs every case on both allocators, the order swapping
+//! from round to round; a case's figure is the median of all its repeats.
 //!
 //! The shim (scripts/torch_raw_shim.cpp, built against the machine's libtorch) exports
 //! `hr_torch_init`, `hr_torch_raw_alloc`, `hr_torch_raw_delete` and `hr_torch_empty_cache`;
@@ -10,7 +14,9 @@
 
 use std::ffi::{c_void, CString};
 
-use headroom_alloc::bench::{bench_mixed, bench_single, BenchCase, BenchOptions, PairAlloc};
+use headroom_alloc::bench::{
+    bench_mixed, bench_single, merge_rounds, BenchCase, BenchOptions, PairAlloc,
+};
 use headroom_alloc::bench::{MIXED_LIVE, SINGLE_SIZES};
 use headroom_alloc::{AllocError, AllocatorConfig, CachingAllocator};
 use headroom_cuda::{unavailable_reason, CudaDevice};
@@ -104,6 +110,10 @@ fn main() {
         repeats: arg("--repeats").and_then(|v| v.parse().ok()).unwrap_or(5),
         warmup: 20_000,
     };
+    let rounds: usize = arg("--rounds")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+        .max(1);
     // Keeps the primary context alive between the per-case allocators.
     let keep = match CudaDevice::new(0) {
         Ok(d) => d,
@@ -132,53 +142,64 @@ fn main() {
         }
         Ok(out)
     };
-    let ours = match run() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("cuda_bench (headroom): {e}");
-            std::process::exit(1);
-        }
-    };
-    let torch: Option<Vec<BenchCase>> = arg("--torch-shim").and_then(|p| match load_shim(&p) {
-        Ok(t) => {
-            let mut out = Vec::new();
-            for size in SINGLE_SIZES {
-                match bench_single(&mut &t, size, &opts) {
-                    Ok(c) => out.push(c),
-                    Err(e) => {
-                        eprintln!("torch bench: {e}");
-                        return None;
-                    }
-                }
-                // SAFETY: the shim's empty_cache takes no arguments.
-                unsafe { (t.empty)() };
-            }
-            for live in MIXED_LIVE {
-                match bench_mixed(&mut &t, live, &opts) {
-                    Ok(c) => out.push(c),
-                    Err(e) => {
-                        eprintln!("torch bench: {e}");
-                        return None;
-                    }
-                }
-                // SAFETY: as above.
-                unsafe { (t.empty)() };
-            }
-            Some(out)
-        }
+    let torch_raw: Option<TorchRaw> = arg("--torch-shim").and_then(|p| match load_shim(&p) {
+        Ok(t) => Some(t),
         Err(e) => {
             eprintln!("torch shim unavailable: {e}");
             None
         }
     });
+    let run_torch = |t: &TorchRaw| -> Result<Vec<BenchCase>, String> {
+        let mut out = Vec::new();
+        for size in SINGLE_SIZES {
+            out.push(bench_single(&mut &*t, size, &opts).map_err(|e| e.to_string())?);
+            // SAFETY: the shim's empty_cache takes no arguments.
+            unsafe { (t.empty)() };
+        }
+        for live in MIXED_LIVE {
+            out.push(bench_mixed(&mut &*t, live, &opts).map_err(|e| e.to_string())?);
+            // SAFETY: as above.
+            unsafe { (t.empty)() };
+        }
+        Ok(out)
+    };
+    // Rounds alternate which allocator goes first (ABBA...), so that a shared machine's
+    // drift (neighbours, clocks) lands on both sides alike; each side's samples are pooled.
+    let mut ours_rounds = Vec::new();
+    let mut torch_rounds = Vec::new();
+    let mut torch_ok = torch_raw.is_some();
+    for round in 0..rounds {
+        for side in [round % 2, 1 - round % 2] {
+            if side == 0 {
+                match run() {
+                    Ok(c) => ours_rounds.push(c),
+                    Err(e) => {
+                        eprintln!("cuda_bench (headroom): {e}");
+                        std::process::exit(1);
+                    }
+                }
+            } else if let (true, Some(t)) = (torch_ok, torch_raw.as_ref()) {
+                match run_torch(t) {
+                    Ok(c) => torch_rounds.push(c),
+                    Err(e) => {
+                        eprintln!("torch bench: {e}");
+                        torch_ok = false;
+                    }
+                }
+            }
+        }
+    }
+    let ours = merge_rounds(ours_rounds);
+    let torch: Option<Vec<BenchCase>> = torch_ok.then(|| merge_rounds(torch_rounds));
     drop(keep);
     println!(
-        "Allocator ns per malloc+free pair on {} ({} pairs x {} repeats, median)",
+        "Allocator ns per malloc+free pair on {} ({} pairs x {} repeats x {} interleaved rounds, median)",
         CudaDevice::new(0)
             .map(|d| d.name().to_string())
             .unwrap_or_default(),
         opts.pairs,
-        opts.repeats
+        opts.repeats,
+        rounds
     );
     println!(
         "{:<16} {:>14} {:>16} {:>12} {:>10}",
@@ -211,8 +232,7 @@ fn main() {
         }));
     }
     if let Some(p) = arg("--json") {
-        let body =
-            serde_json::json!({ "pairs": opts.pairs, "repeats": opts.repeats, "cases": rows });
+        let body = serde_json::json!({ "pairs": opts.pairs, "repeats": opts.repeats, "rounds": rounds, "cases": rows });
         if let Err(e) = std::fs::write(&p, body.to_string()) {
             eprintln!("write {p}: {e}");
         }

@@ -71,6 +71,9 @@ def main():
             "-" if hpy is None else "%.0f" % hpy, "-" if tpy is None else "%.0f" % tpy))
     if bench is None:
         print("  (no bench.json)")
+    if bench is not None:
+        print("  medians of %s repeats of %s pairs, the two allocators' repeats alternating;"
+              " torch/hr is the median of the per-repeat ratios" % (bench.get("repeats"), bench.get("pairs")))
     print("  headroom C: CachingAllocator<CudaDevice> from Rust; torch C++: c10 raw_alloc/raw_delete;")
     print("  'via Python': one ctypes headroom_malloc/free or torch.cuda.caching_allocator_alloc/delete")
     print("  pair per Python loop iteration (includes the interpreter's call overhead).")

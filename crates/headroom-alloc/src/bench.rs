@@ -56,9 +56,9 @@ pub struct BenchCase {
     pub pytorch_ns: Option<f64>,
     /// `pytorch_ns / ns_per_pair_median`: above 1 means faster than PyTorch.
     pub speedup_vs_pytorch: Option<f64>,
-    /// Every repeat's ns per pair, for merging rounds ([`merge_rounds`]).
+    /// Every repeat's ns per pair, in the order they ran (see [`paired_ratio`]).
     #[serde(skip)]
-    pub samples: Vec<f64>,
+    pub samples_in_order: Vec<f64>,
 }
 
 /// How long to run.
@@ -194,9 +194,10 @@ pub fn single_name(size: u64) -> String {
     }
 }
 
-fn summarise(name: String, key: String, opts: &BenchOptions, mut samples: Vec<f64>) -> BenchCase {
+fn summarise(name: String, key: String, opts: &BenchOptions, samples: Vec<f64>) -> BenchCase {
+    let samples_in_order = samples.clone();
+    let mut samples = samples;
     samples.sort_by(|a, b| a.total_cmp(b));
-    let samples_kept = samples.clone();
     let n = samples.len();
     let median = if n == 0 {
         f64::NAN
@@ -215,36 +216,8 @@ fn summarise(name: String, key: String, opts: &BenchOptions, mut samples: Vec<f6
         ns_max: samples.last().copied().unwrap_or(f64::NAN),
         pytorch_ns: None,
         speedup_vs_pytorch: None,
-        samples: samples_kept,
+        samples_in_order,
     }
-}
-
-/// One case list from several rounds of the same cases (say, interleaved with a peer's
-/// rounds, so that both sides see the same drift of a shared machine): each case's samples
-/// pooled, its median and range recomputed. Cases are matched by name; a case missing from
-/// a later round keeps the samples it has.
-pub fn merge_rounds(rounds: Vec<Vec<BenchCase>>) -> Vec<BenchCase> {
-    let mut it = rounds.into_iter();
-    let Some(mut out) = it.next() else {
-        return Vec::new();
-    };
-    for round in it {
-        for c in round {
-            if let Some(o) = out.iter_mut().find(|o| o.name == c.name) {
-                o.samples.extend(c.samples);
-            }
-        }
-    }
-    out.into_iter()
-        .map(|c| {
-            let opts = BenchOptions {
-                pairs: c.pairs,
-                repeats: c.samples.len(),
-                warmup: 0,
-            };
-            summarise(c.name, c.pytorch_key, &opts, c.samples)
-        })
-        .collect()
 }
 
 /// One timed run of `pairs` malloc+free pairs of `size`; ns per pair.
@@ -362,6 +335,125 @@ pub fn bench_mixed<A: PairAlloc>(
         opts,
         samples,
     ))
+}
+
+/// Repeat `time` on `ours` and, when given, on `peer`, alternating which goes first, so
+/// that each repeat of one has a repeat of the other beside it in time: on a shared machine
+/// (a cloud VM's neighbours, clock changes) drift then lands on both sides alike, and
+/// [`paired_ratio`] compares each repeat with its partner.
+fn alternate<A, B>(
+    ours: &mut A,
+    mut peer: Option<&mut B>,
+    repeats: usize,
+    mut time_ours: impl FnMut(&mut A) -> Result<f64, AllocError>,
+    mut time_peer: impl FnMut(&mut B) -> Result<f64, AllocError>,
+) -> Result<(Vec<f64>, Vec<f64>), AllocError> {
+    let mut a = Vec::with_capacity(repeats);
+    let mut b = Vec::with_capacity(repeats);
+    for r in 0..repeats {
+        if r % 2 == 1 {
+            if let Some(p) = peer.as_deref_mut() {
+                b.push(time_peer(p)?);
+            }
+        }
+        a.push(time_ours(ours)?);
+        if r % 2 == 0 {
+            if let Some(p) = peer.as_deref_mut() {
+                b.push(time_peer(p)?);
+            }
+        }
+    }
+    Ok((a, b))
+}
+
+/// [`bench_single`] on `ours` and a `peer`, their repeats interleaved.
+pub fn bench_single_paired<A: PairAlloc, B: PairAlloc>(
+    ours: &mut A,
+    mut peer: Option<&mut B>,
+    size: u64,
+    opts: &BenchOptions,
+) -> Result<(BenchCase, Option<BenchCase>), AllocError> {
+    time_single(ours, size, opts.warmup)?;
+    if let Some(p) = peer.as_deref_mut() {
+        time_single(p, size, opts.warmup)?;
+    }
+    let has_peer = peer.is_some();
+    let (a, b) = alternate(
+        ours,
+        peer,
+        opts.repeats,
+        |x| time_single(x, size, opts.pairs),
+        |x| time_single(x, size, opts.pairs),
+    )?;
+    let case = |v| summarise(single_name(size), format!("cpp_pair_ns_{size}"), opts, v);
+    Ok((case(a), has_peer.then(|| case(b))))
+}
+
+/// [`bench_mixed`] on `ours` and a `peer` (the same sizes and steps), repeats interleaved.
+pub fn bench_mixed_paired<A: PairAlloc, B: PairAlloc>(
+    ours: &mut A,
+    mut peer: Option<&mut B>,
+    live: usize,
+    opts: &BenchOptions,
+) -> Result<(BenchCase, Option<BenchCase>), AllocError> {
+    let warm = opts.warmup.max(4 * live as u64);
+    let mut set_a = MixedSet::new(ours, live, opts.pairs as usize, SEED)?;
+    set_a.time(ours, warm)?;
+    let mut set_b = match peer.as_deref_mut() {
+        Some(p) => {
+            let mut s = MixedSet::new(p, live, opts.pairs as usize, SEED)?;
+            s.time(p, warm)?;
+            Some(s)
+        }
+        None => None,
+    };
+    let (a, b) = alternate(
+        ours,
+        peer.as_deref_mut(),
+        opts.repeats,
+        |x| set_a.time(x, opts.pairs),
+        |x| match set_b.as_mut() {
+            Some(s) => s.time(x, opts.pairs),
+            None => Ok(f64::NAN),
+        },
+    )?;
+    set_a.release(ours)?;
+    if let (Some(s), Some(p)) = (set_b, peer) {
+        s.release(p)?;
+    }
+    let case = |v| {
+        summarise(
+            format!("mixed_live{live}"),
+            format!("cpp_mixed_ns_live{live}"),
+            opts,
+            v,
+        )
+    };
+    let peer_case = (!b.is_empty()).then(|| case(b));
+    Ok((case(a), peer_case))
+}
+
+/// The median over repeats of `peer / ours` for a paired case (each repeat against the one
+/// beside it in time): how many times faster `ours` is. `None` when the repeats do not pair.
+pub fn paired_ratio(ours: &BenchCase, peer: &BenchCase) -> Option<f64> {
+    if ours.samples_in_order.len() != peer.samples_in_order.len()
+        || ours.samples_in_order.is_empty()
+    {
+        return None;
+    }
+    let mut r: Vec<f64> = ours
+        .samples_in_order
+        .iter()
+        .zip(&peer.samples_in_order)
+        .map(|(a, b)| b / a)
+        .collect();
+    r.sort_by(|a, b| a.total_cmp(b));
+    let n = r.len();
+    Some(if n % 2 == 1 {
+        r[n / 2]
+    } else {
+        (r[n / 2 - 1] + r[n / 2]) / 2.0
+    })
 }
 
 /// Every case on one `PairAlloc` made fresh per case by `make`.
@@ -555,14 +647,23 @@ mod tests {
     }
 
     #[test]
-    fn rounds_pool_their_samples() {
+    fn paired_cases_time_both_sides_alike() {
         let opts = BenchOptions::tiny();
-        let case = |v: &[f64]| summarise("mixed_live16".into(), "k".into(), &opts, v.to_vec());
-        let merged = merge_rounds(vec![vec![case(&[5.0, 1.0, 3.0])], vec![case(&[2.0, 4.0])]]);
-        assert_eq!(merged.len(), 1);
-        assert_eq!(merged[0].repeats, 5);
-        assert_eq!(merged[0].ns_per_pair_median, 3.0);
-        assert_eq!((merged[0].ns_min, merged[0].ns_max), (1.0, 5.0));
+        let a = CachingAllocator::new(SimDevice::new(1 << 36), AllocatorConfig::default());
+        let mut sys = SystemAlloc;
+        let (ours, peer) = bench_mixed_paired(&mut &a, Some(&mut sys), 16, &opts).unwrap();
+        let peer = peer.unwrap();
+        assert_eq!((ours.repeats, peer.repeats), (3, 3));
+        assert_eq!(ours.name, peer.name);
+        let r = paired_ratio(&ours, &peer).unwrap();
+        assert!(r.is_finite() && r > 0.0);
+        assert_eq!(a.memory_allocated(), 0, "both working sets are released");
+        let (_, none) = bench_single_paired::<_, SystemAlloc>(&mut &a, None, 512, &opts).unwrap();
+        assert!(none.is_none());
+        // The median of per-repeat ratios, not the ratio of medians.
+        let case = |v: &[f64]| summarise("x".into(), "k".into(), &opts, v.to_vec());
+        let got = paired_ratio(&case(&[1.0, 10.0, 2.0]), &case(&[3.0, 10.0, 2.0])).unwrap();
+        assert_eq!(got, 1.0);
     }
 
     #[test]

@@ -3,10 +3,10 @@
 //! in one process on the same device.
 //!
 //!     cuda_bench [--torch-shim libtorch_raw_shim.so] [--json out.json] [--pairs N] [--repeats R]
-//!                [--rounds K]
 //!
-//! Each of the K rounds (default 3) runs every case on both allocators, the order swapping
-//! from round to round; a case's figure is the median of all its repeats.
+//! Each case runs on both allocators at once, their R repeats (default 15) alternating, so
+//! that drift on a shared machine hits both alike; a case's ratio is the median of the
+//! per-repeat ratios.
 //!
 //! The shim (scripts/torch_raw_shim.cpp, built against the machine's libtorch) exports
 //! `hr_torch_init`, `hr_torch_raw_alloc`, `hr_torch_raw_delete` and `hr_torch_empty_cache`;
@@ -15,7 +15,7 @@
 use std::ffi::{c_void, CString};
 
 use headroom_alloc::bench::{
-    bench_mixed, bench_single, merge_rounds, BenchCase, BenchOptions, PairAlloc,
+    bench_mixed_paired, bench_single_paired, paired_ratio, BenchCase, BenchOptions, PairAlloc,
 };
 use headroom_alloc::bench::{MIXED_LIVE, SINGLE_SIZES};
 use headroom_alloc::{AllocError, AllocatorConfig, CachingAllocator};
@@ -107,13 +107,9 @@ fn main() {
         pairs: arg("--pairs")
             .and_then(|v| v.parse().ok())
             .unwrap_or(100_000),
-        repeats: arg("--repeats").and_then(|v| v.parse().ok()).unwrap_or(5),
+        repeats: arg("--repeats").and_then(|v| v.parse().ok()).unwrap_or(15),
         warmup: 20_000,
     };
-    let rounds: usize = arg("--rounds")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3)
-        .max(1);
     // Keeps the primary context alive between the per-case allocators.
     let keep = match CudaDevice::new(0) {
         Ok(d) => d,
@@ -128,92 +124,71 @@ fn main() {
             AllocatorConfig::default(),
         ))
     };
-    let run = || -> Result<Vec<BenchCase>, String> {
-        let mut out = Vec::new();
-        for size in SINGLE_SIZES {
-            let a = fresh()?;
-            out.push(bench_single(&mut &a, size, &opts).map_err(|e| e.to_string())?);
-            a.empty_cache();
-        }
-        for live in MIXED_LIVE {
-            let a = fresh()?;
-            out.push(bench_mixed(&mut &a, live, &opts).map_err(|e| e.to_string())?);
-            a.empty_cache();
-        }
-        Ok(out)
-    };
-    let torch_raw: Option<TorchRaw> = arg("--torch-shim").and_then(|p| match load_shim(&p) {
+    let mut torch_raw: Option<TorchRaw> = arg("--torch-shim").and_then(|p| match load_shim(&p) {
         Ok(t) => Some(t),
         Err(e) => {
             eprintln!("torch shim unavailable: {e}");
             None
         }
     });
-    let run_torch = |t: &TorchRaw| -> Result<Vec<BenchCase>, String> {
-        let mut out = Vec::new();
-        for size in SINGLE_SIZES {
-            out.push(bench_single(&mut &*t, size, &opts).map_err(|e| e.to_string())?);
+    // Case by case, both allocators side by side: their repeats alternate, so each figure of
+    // one has a figure of the other taken just before or after it (see `paired_ratio`).
+    let mut rows: Vec<(BenchCase, Option<BenchCase>)> = Vec::new();
+    let cases = SINGLE_SIZES
+        .iter()
+        .map(|&s| (Some(s), 0))
+        .chain(MIXED_LIVE.iter().map(|&l| (None, l)));
+    for (single, live) in cases {
+        let a = match fresh() {
+            Ok(a) => a,
+            Err(e) => {
+                eprintln!("cuda_bench (headroom): {e}");
+                std::process::exit(1);
+            }
+        };
+        let mut t = torch_raw.as_ref();
+        let res = match single {
+            Some(size) => bench_single_paired(&mut &a, t.as_mut(), size, &opts),
+            None => bench_mixed_paired(&mut &a, t.as_mut(), live, &opts),
+        };
+        a.empty_cache();
+        if let Some(t) = torch_raw.as_ref() {
             // SAFETY: the shim's empty_cache takes no arguments.
             unsafe { (t.empty)() };
         }
-        for live in MIXED_LIVE {
-            out.push(bench_mixed(&mut &*t, live, &opts).map_err(|e| e.to_string())?);
-            // SAFETY: as above.
-            unsafe { (t.empty)() };
-        }
-        Ok(out)
-    };
-    // Rounds alternate which allocator goes first (ABBA...), so that a shared machine's
-    // drift (neighbours, clocks) lands on both sides alike; each side's samples are pooled.
-    let mut ours_rounds = Vec::new();
-    let mut torch_rounds = Vec::new();
-    let mut torch_ok = torch_raw.is_some();
-    for round in 0..rounds {
-        for side in [round % 2, 1 - round % 2] {
-            if side == 0 {
-                match run() {
-                    Ok(c) => ours_rounds.push(c),
-                    Err(e) => {
-                        eprintln!("cuda_bench (headroom): {e}");
-                        std::process::exit(1);
-                    }
-                }
-            } else if let (true, Some(t)) = (torch_ok, torch_raw.as_ref()) {
-                match run_torch(t) {
-                    Ok(c) => torch_rounds.push(c),
-                    Err(e) => {
-                        eprintln!("torch bench: {e}");
-                        torch_ok = false;
-                    }
+        match res {
+            Ok(r) => rows.push(r),
+            Err(e) => {
+                // Either side failed; if it was the peer, go on without it.
+                eprintln!("cuda_bench: {e}");
+                if torch_raw.take().is_none() {
+                    std::process::exit(1);
                 }
             }
         }
     }
-    let ours = merge_rounds(ours_rounds);
-    let torch: Option<Vec<BenchCase>> = torch_ok.then(|| merge_rounds(torch_rounds));
     drop(keep);
     println!(
-        "Allocator ns per malloc+free pair on {} ({} pairs x {} repeats x {} interleaved rounds, median)",
+        "Allocator ns per malloc+free pair on {} ({} pairs x {} repeats, the two allocators' repeats alternating; medians, torch/hr = median of per-repeat ratios)",
         CudaDevice::new(0)
             .map(|d| d.name().to_string())
             .unwrap_or_default(),
         opts.pairs,
         opts.repeats,
-        rounds
     );
     println!(
         "{:<16} {:>14} {:>16} {:>12} {:>10}",
         "case", "headroom ns", "torch C++ ns", "torch/hr", "<=1/5?"
     );
-    let mut rows = Vec::new();
-    for (i, c) in ours.iter().enumerate() {
-        let t = torch.as_ref().and_then(|t| t.get(i));
-        let ratio = t.map(|t| t.ns_per_pair_median / c.ns_per_pair_median);
+    let mut json_rows = Vec::new();
+    for (c, t) in &rows {
+        let ratio = t.as_ref().and_then(|t| paired_ratio(c, t));
         println!(
             "{:<16} {:>14.1} {:>16} {:>12} {:>10}",
             c.name,
             c.ns_per_pair_median,
-            t.map(|t| format!("{:.1}", t.ns_per_pair_median))
+            t.as_ref()
+                .map(|t| format!("{:.1}", t.ns_per_pair_median))
                 .unwrap_or_else(|| "-".into()),
             ratio
                 .map(|r| format!("{r:.2}x"))
@@ -222,17 +197,20 @@ fn main() {
                 .map(|r| if r >= 5.0 { "yes" } else { "no" })
                 .unwrap_or("-"),
         );
-        rows.push(serde_json::json!({
+        json_rows.push(serde_json::json!({
             "case": c.name,
             "headroom_ns": c.ns_per_pair_median,
             "headroom_min": c.ns_min,
             "headroom_max": c.ns_max,
-            "torch_cpp_ns": t.map(|t| t.ns_per_pair_median),
+            "torch_cpp_ns": t.as_ref().map(|t| t.ns_per_pair_median),
             "torch_over_headroom": ratio,
+            "headroom_samples": c.samples_in_order,
+            "torch_samples": t.as_ref().map(|t| t.samples_in_order.clone()),
         }));
     }
     if let Some(p) = arg("--json") {
-        let body = serde_json::json!({ "pairs": opts.pairs, "repeats": opts.repeats, "rounds": rounds, "cases": rows });
+        let body =
+            serde_json::json!({ "pairs": opts.pairs, "repeats": opts.repeats, "cases": json_rows });
         if let Err(e) = std::fs::write(&p, body.to_string()) {
             eprintln!("write {p}: {e}");
         }

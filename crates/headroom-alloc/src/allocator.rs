@@ -140,7 +140,9 @@ impl<D: Device> CachingAllocator<D> {
 
     /// `_record_memory_history(enabled, max_entries=...)`.
     pub fn record_memory_history(&self, mode: HistoryMode, max_entries: usize) {
-        self.state.lock().history.configure(mode, max_entries);
+        let mut st = self.state.lock();
+        st.history.configure(mode, max_entries);
+        st.refresh_listening();
     }
 
     /// `torch.cuda.memory._snapshot()`.
@@ -170,13 +172,16 @@ impl<D: Device> CachingAllocator<D> {
         let id = st.next_observer;
         st.next_observer += 1;
         st.observers.push((id, o));
+        st.refresh_listening();
         id
     }
 
     pub fn remove_observer(&self, id: usize) -> Option<Box<dyn Observer>> {
         let mut st = self.state.lock();
         let i = st.observers.iter().position(|(k, _)| *k == id)?;
-        Some(st.observers.remove(i).1)
+        let o = st.observers.remove(i).1;
+        st.refresh_listening();
+        Some(o)
     }
 
     /// Run `f` on the device under the allocator's lock (tests drive `SimDevice` this way).

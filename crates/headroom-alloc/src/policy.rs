@@ -70,6 +70,9 @@ pub(crate) struct State<D: Device> {
     pub stats: LiveStats,
     pub history: History,
     pub observers: Vec<(usize, Box<dyn Observer>)>,
+    /// `history.enabled() || !observers.is_empty()`, kept by `refresh_listening` whenever
+    /// either changes: the hot paths ask several times a pair.
+    listening: bool,
     pub next_observer: usize,
 }
 
@@ -132,7 +135,7 @@ impl<D: Device> State<D> {
         let total = device.total_memory();
         let allowed = fraction_limit(config.per_process_memory_fraction, total);
         let stats = LiveStats::new(max_split_stat(&config));
-        State {
+        let mut st = State {
             device,
             config,
             expandable_active,
@@ -148,8 +151,11 @@ impl<D: Device> State<D> {
             stats,
             history: History::default(),
             observers: Vec::new(),
+            listening: false,
             next_observer: 0,
-        }
+        };
+        st.refresh_listening();
+        st
     }
 
     pub fn set_config(&mut self, config: AllocatorConfig) {
@@ -193,7 +199,16 @@ impl<D: Device> State<D> {
     /// Whether anything beyond the stats sees events: the history or an observer.
     #[inline(always)]
     fn has_listeners(&self) -> bool {
-        self.history.enabled() || !self.observers.is_empty()
+        debug_assert_eq!(
+            self.listening,
+            self.history.enabled() || !self.observers.is_empty()
+        );
+        self.listening
+    }
+
+    /// Call after changing `history` or `observers`.
+    pub fn refresh_listening(&mut self) {
+        self.listening = self.history.enabled() || !self.observers.is_empty();
     }
 
     /// The history and the observers, in that order (after the stats). Out of line, so
@@ -593,6 +608,10 @@ impl<D: Device> State<D> {
             b.allocated = false;
             (b.pool, b.size, b.requested, b.stream, b.has_uses)
         };
+        if has_uses {
+            // The block stays active until its events complete.
+            self.stats.unmirror();
+        }
         let oversize = size >= self.max_split();
         self.emit_with_block_context(
             AllocEvent::FreeRequested {

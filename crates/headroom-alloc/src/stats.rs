@@ -417,11 +417,24 @@ impl DeviceStats {
 /// at the last `reset_accumulated_memory_stats()` (zeros before any). From those, `all`'s
 /// current and allocated are the pools' sums and `freed = allocated - (current - current at
 /// reset)` for every cell, which is exactly what eager counting gives.
-#[derive(Clone, Debug, Default)]
+///
+/// `active` and `active_bytes` differ from `allocation` and `allocated_bytes` only while a
+/// free waits for `record_stream` events. Until the first such free they are the same
+/// sequence of updates, so they are not kept (`mirrored`) and are copied on read; the first
+/// deferred free ([`unmirror`](Self::unmirror)) makes them cells of their own for good.
+#[derive(Clone, Debug)]
 pub(crate) struct LiveStats {
-    /// Stale in every `freed` and in `all`'s current and allocated: read through `get`.
+    /// Stale in every `freed` and in `all`'s current and allocated, and in the active arrays
+    /// while `mirrored`: read through `get`.
     cells: DeviceStats,
     at_reset: DeviceStats,
+    mirrored: bool,
+}
+
+impl Default for LiveStats {
+    fn default() -> Self {
+        Self::new(-1)
+    }
 }
 
 impl LiveStats {
@@ -429,17 +442,59 @@ impl LiveStats {
         LiveStats {
             cells: DeviceStats::new(max_split_size),
             at_reset: DeviceStats::default(),
+            mirrored: true,
         }
     }
 
     #[inline(always)]
     pub fn observe(&mut self, ev: &AllocEvent) {
-        self.cells.apply_event::<true>(ev);
+        let c = &mut self.cells;
+        match *ev {
+            AllocEvent::Alloc {
+                pool,
+                block_size,
+                requested,
+                oversize,
+                ..
+            } if self.mirrored => {
+                c.allocation.increase::<true>(pool, 1);
+                c.allocated_bytes.increase::<true>(pool, block_size as i64);
+                c.requested_bytes.increase::<true>(pool, requested as i64);
+                if oversize {
+                    c.oversize_allocations.increase(1);
+                }
+            }
+            AllocEvent::FreeCompleted {
+                pool, requested, ..
+            } if self.mirrored => {
+                c.requested_bytes.decrease::<true>(pool, requested as i64);
+            }
+            _ => c.apply_event::<true>(ev),
+        }
+    }
+
+    /// A free is about to wait for events: from now on the active arrays count apart.
+    pub fn unmirror(&mut self) {
+        if self.mirrored {
+            self.cells.active = self.cells.allocation;
+            self.cells.active_bytes = self.cells.allocated_bytes;
+            self.mirrored = false;
+        }
+    }
+
+    /// The cells with the active arrays filled in.
+    fn cells_view(&self) -> DeviceStats {
+        let mut s = self.cells.clone();
+        if self.mirrored {
+            s.active = s.allocation;
+            s.active_bytes = s.allocated_bytes;
+        }
+        s
     }
 
     /// The complete statistics.
     pub fn get(&self) -> DeviceStats {
-        let mut s = self.cells.clone();
+        let mut s = self.cells_view();
         for (a, base) in s.arrays_mut().into_iter().zip(self.at_reset.arrays()) {
             a.derive_lazy(base);
         }
@@ -481,7 +536,7 @@ impl LiveStats {
 
     pub fn reset_accumulated(&mut self) {
         self.cells.reset_accumulated();
-        let mut at_reset = self.cells.clone();
+        let mut at_reset = self.cells_view();
         for a in at_reset.arrays_mut() {
             a.derive_all();
         }
@@ -509,9 +564,24 @@ mod tests {
     /// after resets, for every event kind and sign.
     #[test]
     fn live_stats_match_eager_stats() {
+        check_live_stats(false);
+    }
+
+    /// As the allocator drives them: while no free waits for events, every free's two
+    /// events come together, and the mirrored active arrays read the same as eager ones;
+    /// after a deferred free (halfway), the arrays count apart, again exactly.
+    #[test]
+    fn mirrored_active_arrays_match_eager_stats() {
+        check_live_stats(true);
+    }
+
+    fn check_live_stats(paired_frees: bool) {
         use crate::event::AllocEvent as E;
         let mut eager = DeviceStats::new(64 << 20);
         let mut live = LiveStats::new(64 << 20);
+        if !paired_frees {
+            live.unmirror();
+        }
         let mut rng = 0x1234_5678_9abc_def0u64;
         let mut next = |n: u64| {
             rng ^= rng << 13;
@@ -583,8 +653,37 @@ mod tests {
                 },
                 _ => E::AllocRetry,
             };
+            let deferred_phase = !paired_frees || i >= 2500;
+            if i == 2500 && paired_frees {
+                live.unmirror();
+            }
+            let ev = match ev {
+                // Before the first deferred free, a completion only follows its request.
+                E::FreeCompleted { .. } if !deferred_phase => E::AllocRetry,
+                e => e,
+            };
             eager.observe(&ev);
             live.observe(&ev);
+            if let (
+                false,
+                E::FreeRequested {
+                    pool,
+                    block_size,
+                    requested,
+                    ..
+                },
+            ) = (deferred_phase, ev)
+            {
+                let done = E::FreeCompleted {
+                    pool,
+                    ptr: 0,
+                    block_size,
+                    requested,
+                    stream: 0,
+                };
+                eager.observe(&done);
+                live.observe(&done);
+            }
             if i % 997 == 0 {
                 eager.reset_accumulated();
                 live.reset_accumulated();

@@ -215,6 +215,14 @@ impl Arena {
         unsafe { self.slots.get_unchecked_mut(id as usize) }
     }
 
+    /// The slots' base pointer, for tree code that holds links into several blocks at once
+    /// (taken without a reference to the slots, so earlier pointers stay valid). Valid
+    /// until the arena grows.
+    #[inline(always)]
+    pub(crate) fn base_ptr(&mut self) -> *mut Block {
+        self.slots.as_mut_ptr()
+    }
+
     /// The stack that allocated the block, if recorded.
     #[inline(always)]
     pub fn context(&self, id: BlockId) -> Option<&Arc<[Frame]>> {

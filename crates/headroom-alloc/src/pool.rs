@@ -24,7 +24,7 @@
 //! compute each key comparison without branching (`key_lt`) and pick the side as data, not
 //! as a jump. Split and merge walk only short spines and keep plain branches.
 
-use crate::block::{prio, Arena, BlockId, Membership, NIL};
+use crate::block::{prio, Arena, Block, BlockId, Membership, NIL};
 use crate::event::StreamId;
 
 /// Sort key. The unmapped set orders by (stream, address): its keys carry size 0.
@@ -68,17 +68,15 @@ impl<const SIZED: bool> Treap<SIZED> {
         (b.stream, if SIZED { b.size } else { 0 }, b.ptr)
     }
 
-    /// Insert `id`; returns whether it is now the tree's first (leftmost) element, which
-    /// the descent knows for free: every turn went left and nothing split off below it.
     #[inline(always)]
-    fn insert(a: &mut Arena, root: &mut BlockId, id: BlockId) -> bool {
+    fn insert(a: &mut Arena, root: &mut BlockId, id: BlockId) {
         if *root == NIL {
             // Many size bins hold none or one block: skip the descent and the split.
             let b = a.get_mut(id);
             b.kids = [NIL; 2];
             b.parent = NIL;
             *root = id;
-            return true;
+            return;
         }
         let p = prio(id);
         let key = Self::key(a, id);
@@ -87,62 +85,54 @@ impl<const SIZED: bool> Treap<SIZED> {
         let mut parent = NIL;
         let mut side = LEFT;
         let mut cur = *root;
-        let mut leftmost = true;
         while cur != NIL && prio(cur) > p {
             parent = cur;
             side = !Self::lt(key, Self::key(a, cur)) as usize;
-            leftmost &= side == LEFT;
             cur = a.get(cur).kids[side];
         }
-        let (l, r) = Self::split(a, cur, key);
-        a.get_mut(id).kids = [l, r];
-        if l != NIL {
-            a.get_mut(l).parent = id;
-        }
-        if r != NIL {
-            a.get_mut(r).parent = id;
-        }
         hang(a, root, parent, side, id);
-        leftmost && l == NIL
+        Self::split_under(a, cur, key, id);
     }
 
-    /// Split subtree `t` into (< key, >= key); the parts' roots get parent `NIL`.
+    /// Split subtree `t` into (< key, >= key) and hang the parts as `id`'s left and right
+    /// subtrees.
     #[inline(always)]
-    fn split(a: &mut Arena, mut t: BlockId, key: Key) -> (BlockId, BlockId) {
-        // `l_tail` is the node of the left part whose right child comes next, `r_tail` the
-        // node of the right part whose left child comes next.
-        let (mut l_root, mut r_root) = (NIL, NIL);
-        let (mut l_tail, mut r_tail) = (NIL, NIL);
-        while t != NIL {
-            if Self::lt(Self::key(a, t), key) {
-                if l_tail == NIL {
-                    l_root = t;
-                    a.get_mut(t).parent = NIL;
-                } else {
-                    a.get_mut(l_tail).kids[RIGHT] = t;
-                    a.get_mut(t).parent = l_tail;
-                }
-                l_tail = t;
-                t = a.get(t).kids[RIGHT];
-            } else {
-                if r_tail == NIL {
-                    r_root = t;
-                    a.get_mut(t).parent = NIL;
-                } else {
-                    a.get_mut(r_tail).kids[LEFT] = t;
-                    a.get_mut(t).parent = r_tail;
-                }
-                r_tail = t;
-                t = a.get(t).kids[LEFT];
+    fn split_under(a: &mut Arena, mut t: BlockId, key: Key, id: BlockId) {
+        let base = a.base_ptr();
+        // SAFETY: every id here is a live slot (see `Arena::get`), `base` stays valid (the
+        // arena does not grow during a split), and no reference into the slots is alive.
+        unsafe {
+            // Per part (0: below `key`, 1: at or above): the node the next one hangs under,
+            // and the link it goes into. A node of the left part is followed along its
+            // right side, one of the right part along its left.
+            let idp = base.add(id as usize);
+            let mut tails = [id; 2];
+            let mut links: [*mut BlockId; 2] =
+                [&raw mut (*idp).kids[LEFT], &raw mut (*idp).kids[RIGHT]];
+            // Which part each node joins is a coin toss, so it is data: no branch but the
+            // loop's own.
+            while t != NIL {
+                let b = base.add(t as usize);
+                let side = !Self::lt(Self::key_raw(b), key) as usize;
+                *links[side] = t;
+                (*b).parent = tails[side];
+                tails[side] = t;
+                links[side] = &raw mut (*b).kids[side ^ 1];
+                t = (*b).kids[side ^ 1];
             }
+            *links[LEFT] = NIL;
+            *links[RIGHT] = NIL;
         }
-        if l_tail != NIL {
-            a.get_mut(l_tail).kids[RIGHT] = NIL;
-        }
-        if r_tail != NIL {
-            a.get_mut(r_tail).kids[LEFT] = NIL;
-        }
-        (l_root, r_root)
+    }
+
+    /// `key`, read through a raw block pointer.
+    ///
+    /// # Safety
+    /// `b` points to a live block.
+    #[inline(always)]
+    unsafe fn key_raw(b: *const Block) -> Key {
+        // SAFETY: as the caller promises.
+        unsafe { ((*b).stream, if SIZED { (*b).size } else { 0 }, (*b).ptr) }
     }
 
     #[inline(always)]
@@ -151,17 +141,15 @@ impl<const SIZED: bool> Treap<SIZED> {
             let b = a.get(id);
             (b.kids, b.parent)
         };
-        let m = merge(a, kids[LEFT], kids[RIGHT]);
-        if m != NIL {
-            a.get_mut(m).parent = parent;
-        }
-        if parent == NIL {
+        let link: *mut BlockId = if parent == NIL {
             debug_assert_eq!(*root, id);
-            *root = m;
+            root
         } else {
             let side = (a.get(parent).kids[RIGHT] == id) as usize;
-            a.get_mut(parent).kids[side] = m;
-        }
+            // SAFETY: `parent` is a live slot.
+            unsafe { &raw mut (*a.base_ptr().add(parent as usize)).kids[side] }
+        };
+        merge_into(a, kids[LEFT], kids[RIGHT], parent, link);
         // The removed block's own links are left stale: only members' links are ever
         // read, and `insert` rewrites all three.
     }
@@ -260,34 +248,42 @@ impl<const SIZED: bool> Treap<SIZED> {
     }
 }
 
-/// Merge two subtrees where every key of `l` is below every key of `r`; the result's root
-/// gets parent `NIL`.
+/// Merge two subtrees where every key of `l` is below every key of `r`, into `link` (a root
+/// slot or a child link of `hook`, which becomes the result's parent).
 #[inline(always)]
-fn merge(a: &mut Arena, mut l: BlockId, mut r: BlockId) -> BlockId {
-    // Built top-down: each step places the higher-priority of the two roots under `hook`
-    // and continues down that root's inner spine (an `l` root's right side, an `r` root's
-    // left side).
-    let mut root = NIL;
-    let mut hook = NIL;
-    let mut side = LEFT;
-    loop {
-        if l == NIL || r == NIL {
-            let x = if l == NIL { r } else { l };
-            hang(a, &mut root, hook, side, x);
-            return root;
+fn merge_into(
+    a: &mut Arena,
+    mut l: BlockId,
+    mut r: BlockId,
+    mut hook: BlockId,
+    link: *mut BlockId,
+) {
+    let base = a.base_ptr();
+    let mut link = link;
+    // Built top-down: each step places the higher-priority of the two roots at `link` and
+    // continues down that root's inner spine (an `l` root's right side, an `r` root's left
+    // side). Which root wins is a coin toss, so it is data, not a jump.
+    // SAFETY: ids are live slots, `base` stays valid (no growth), `link` points into a
+    // live block or the caller's root slot, and no reference into the slots is alive.
+    unsafe {
+        while l != NIL && r != NIL {
+            let take_l = prio(l) > prio(r);
+            let x = pick(take_l, l, r);
+            let bx = base.add(x as usize);
+            *link = x;
+            (*bx).parent = hook;
+            hook = x;
+            // RIGHT == 1 for an `l` root, LEFT == 0 for an `r` root.
+            let inner = take_l as usize;
+            link = &raw mut (*bx).kids[inner];
+            let next = (*bx).kids[inner];
+            l = pick(take_l, next, l);
+            r = pick(take_l, r, next);
         }
-        if prio(l) > prio(r) {
-            let x = l;
-            hang(a, &mut root, hook, side, x);
-            l = a.get(x).kids[RIGHT];
-            hook = x;
-            side = RIGHT;
-        } else {
-            let x = r;
-            hang(a, &mut root, hook, side, x);
-            r = a.get(x).kids[LEFT];
-            hook = x;
-            side = LEFT;
+        let x = pick(l == NIL, r, l);
+        *link = x;
+        if x != NIL {
+            (*base.add(x as usize)).parent = hook;
         }
     }
 }
@@ -410,18 +406,13 @@ pub fn bin_of(size: u64) -> usize {
     }
 }
 
-/// `Bins::heads[bin]`: the bin's treap root and its first (lowest-key) block.
-const ROOT: usize = 0;
-const FIRST: usize = 1;
-
-/// One stream's bins: per bin the treap root and first block, and the bitmap of non-empty
-/// bins. The first block is kept because best fit mostly wants exactly it: the lowest
-/// block of the next non-empty bin, or of the request's own bin when that block is big
-/// enough (in exact bins, always). Both come without a descent.
+/// One stream's bins: treap roots and the bitmap of non-empty bins. (Keeping each bin's
+/// first block beside its root saved the few descents best fit makes, but its upkeep on
+/// every insert and remove cost more instructions and as many mispredicts.)
 struct Bins {
     summary: [u64; NSUM],
     words: [u64; NWORDS],
-    heads: [[BlockId; 2]; SLOTS],
+    roots: [BlockId; SLOTS],
 }
 
 impl Bins {
@@ -429,18 +420,18 @@ impl Bins {
         Box::new(Bins {
             summary: [0; NSUM],
             words: [0; NWORDS],
-            heads: [[NIL; 2]; SLOTS],
+            roots: [NIL; SLOTS],
         })
     }
 
     #[inline(always)]
-    fn head(&mut self, bin: usize) -> &mut [BlockId; 2] {
-        &mut self.heads[bin & SLOT_MASK]
+    fn root(&mut self, bin: usize) -> &mut BlockId {
+        &mut self.roots[bin & SLOT_MASK]
     }
 
     #[inline(always)]
     fn root_of(&self, bin: usize) -> BlockId {
-        self.heads[bin & SLOT_MASK][ROOT]
+        self.roots[bin & SLOT_MASK]
     }
 
     #[inline(always)]
@@ -509,9 +500,9 @@ impl Bins {
 
     /// The lowest block in bins `from..`.
     #[inline(always)]
-    fn first_from(&self, from: usize) -> Option<BlockId> {
+    fn first_from(&self, a: &Arena, from: usize) -> Option<BlockId> {
         self.next_set(from)
-            .map(|b| self.heads[b & SLOT_MASK][FIRST])
+            .map(|b| Sized_::end(a, self.root_of(b), LEFT))
     }
 
     /// The highest block in bins `..=upto`.
@@ -524,22 +515,19 @@ impl Bins {
     #[inline(always)]
     fn lower_bound(&self, a: &Arena, key: Key) -> Option<BlockId> {
         let bin = bin_of(key.1);
-        let [root, first] = self.heads[bin & SLOT_MASK];
-        if first != NIL {
-            if !Sized_::lt(Sized_::key(a, first), key) {
-                return Some(first);
-            }
+        let root = self.root_of(bin);
+        if root != NIL {
             if let Some(id) = Sized_::lower_bound(a, root, key) {
                 return Some(id);
             }
         }
-        self.first_from(bin + 1)
+        self.first_from(a, bin + 1)
     }
 
     /// Smallest block with key > `key`.
     fn above(&self, a: &Arena, key: Key) -> Option<BlockId> {
         let bin = bin_of(key.1);
-        Sized_::above(a, self.root_of(bin), key).or_else(|| self.first_from(bin + 1))
+        Sized_::above(a, self.root_of(bin), key).or_else(|| self.first_from(a, bin + 1))
     }
 
     /// Largest block with key < `key`.
@@ -586,12 +574,7 @@ impl SizeIndex {
             Some(b) => b,
             None => self.add_stream(stream),
         };
-        let head = bins.head(bin);
-        let mut root = head[ROOT];
-        if Sized_::insert(a, &mut root, id) {
-            head[FIRST] = id;
-        }
-        head[ROOT] = root;
+        Sized_::insert(a, bins.root(bin), id);
         bins.mark(bin);
     }
 
@@ -614,22 +597,9 @@ impl SizeIndex {
             debug_assert!(false, "block {id} of an unknown stream");
             return;
         };
-        let head = bins.head(bin);
-        let mut root = head[ROOT];
-        if head[FIRST] == id {
-            // The next block in order: the first of its right subtree, else its parent
-            // (the first block has no left subtree).
-            let b = a.get(id);
-            let r = b.kids[RIGHT];
-            head[FIRST] = if r != NIL {
-                Sized_::end(a, r, LEFT)
-            } else {
-                b.parent
-            };
-        }
-        Sized_::remove(a, &mut root, id);
-        head[ROOT] = root;
-        if root == NIL {
+        let root = bins.root(bin);
+        Sized_::remove(a, root, id);
+        if *root == NIL {
             bins.unmark(bin);
         }
         a.get_mut(id).member = Membership::None;
@@ -656,7 +626,7 @@ impl SizeIndex {
                     return Some(id);
                 }
             } else if *s > key.0 {
-                if let Some(id) = bins.first_from(0) {
+                if let Some(id) = bins.first_from(a, 0) {
                     return Some(id);
                 }
             }
@@ -671,7 +641,7 @@ impl SizeIndex {
             let found = if *s == key.0 {
                 bins.above(a, key)
             } else if *s > key.0 {
-                bins.first_from(0)
+                bins.first_from(a, 0)
             } else {
                 None
             };
@@ -739,11 +709,8 @@ impl SizeIndex {
         }
         for (s, bins) in &self.streams {
             let mut summary = [0u64; NSUM];
-            for (bin, &[root, first]) in bins.heads.iter().enumerate() {
+            for (bin, &root) in bins.roots.iter().enumerate() {
                 let ids = Sized_::check(a, root, "free set")?;
-                if first != ids.first().copied().unwrap_or(NIL) {
-                    return Err(format!("free set: bin {bin}'s first block is wrong"));
-                }
                 let marked = bins.words[bin >> 6] >> (bin & 63) & 1 == 1;
                 if marked == ids.is_empty() {
                     return Err(format!("free set: bin {bin} bitmap is wrong"));

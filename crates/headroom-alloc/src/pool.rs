@@ -22,7 +22,9 @@
 //!
 //! Inside a treap, which way a search turns is as good as a coin toss, so the descents
 //! compute each key comparison without branching (`key_lt`) and pick the side as data, not
-//! as a jump. Split and merge walk only short spines and keep plain branches.
+//! as a jump. Split and merge do the same: they keep a pointer to the link each part hangs
+//! from next, so which part a node joins (or which root wins a merge) selects a pointer
+//! instead of choosing between two code paths; only the loops' ends are branches.
 
 use crate::block::{prio, Arena, Block, BlockId, Membership, NIL};
 use crate::event::StreamId;

@@ -506,11 +506,8 @@ impl<D: Device> State<D> {
         // Both rules, then a select (the pool is a coin toss on mixed workloads).
         let small_rule = remaining >= MIN_BLOCK_SIZE;
         let large_rule = (s < self.max_split()) & (remaining > SMALL_SIZE);
-        if b.pool.is_small() | self.expandable_active {
-            small_rule
-        } else {
-            large_rule
-        }
+        let small = b.pool.is_small() | self.expandable_active;
+        (small & small_rule) | (!small & large_rule)
     }
 
     /// `alloc_found_block`: split if asked, mark allocated, account.

@@ -215,6 +215,20 @@ impl Arena {
         unsafe { self.slots.get_unchecked_mut(id as usize) }
     }
 
+    /// Block `id`, or for `NIL` the last slot (a valid block whose fields the caller
+    /// ignores), for tests that fold "no block" into a flag instead of a branch. The arena
+    /// is never empty when this is asked (the caller holds a block).
+    #[inline(always)]
+    pub fn get_or_last(&self, id: BlockId) -> &Block {
+        self.get(id.min(self.slots.len() as BlockId - 1))
+    }
+
+    /// Slots, live or not.
+    #[inline(always)]
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
     /// The slots' base pointer, for tree code that holds links into several blocks at once
     /// (taken without a reference to the slots, so earlier pointers stay valid). Valid
     /// until the arena grows.

@@ -143,14 +143,17 @@ impl<const SIZED: bool> Treap<SIZED> {
             let b = a.get(id);
             (b.kids, b.parent)
         };
-        let link: *mut BlockId = if parent == NIL {
-            debug_assert_eq!(*root, id);
-            root
-        } else {
-            let side = (a.get(parent).kids[RIGHT] == id) as usize;
-            // SAFETY: `parent` is a live slot.
-            unsafe { &raw mut (*a.base_ptr().add(parent as usize)).kids[side] }
-        };
+        debug_assert!(parent != NIL || *root == id);
+        // The link to `id`: the root slot, or its parent's child link. Whether it is the
+        // root is a coin toss in small bins, so both are computed and one is selected (for
+        // a root, `get_or_last` reads some valid slot's links, which are not used).
+        let p = a.get_or_last(parent);
+        let side = (p.kids[RIGHT] == id) as usize;
+        let p = (parent as usize).min(a.len() - 1);
+        // SAFETY: `p` is a valid slot index.
+        let child: *mut BlockId = unsafe { &raw mut (*a.base_ptr().add(p)).kids[side] };
+        let root: *mut BlockId = root;
+        let link = if parent == NIL { root } else { child };
         merge_into(a, kids[LEFT], kids[RIGHT], parent, link);
         // The removed block's own links are left stale: only members' links are ever
         // read, and `insert` rewrites all three.

@@ -100,6 +100,13 @@ impl PtrMap {
         unsafe { self.buckets.get_unchecked(i) }
     }
 
+    #[inline(always)]
+    fn bucket_mut(&mut self, i: usize) -> &mut Bucket {
+        debug_assert!(i < self.buckets.len());
+        // SAFETY: as in `bucket`.
+        unsafe { self.buckets.get_unchecked_mut(i) }
+    }
+
     /// (bucket, slot) holding `key`, if any.
     #[inline(always)]
     fn find(&self, key: u64) -> Option<(usize, usize)> {
@@ -136,7 +143,7 @@ impl PtrMap {
             return;
         }
         if let Some((i, j)) = self.find(key) {
-            self.buckets[i].ids[j] = id;
+            self.bucket_mut(i).ids[j] = id;
             return;
         }
         if (self.len + 1) * 4 > self.buckets.len() * WAYS {
@@ -164,7 +171,7 @@ impl PtrMap {
     fn place(&mut self, key: u64, id: BlockId) {
         let mut i = self.home(key);
         loop {
-            let b = &mut self.buckets[i & self.mask];
+            let b = self.bucket_mut(i);
             let free = b.matches(EMPTY);
             if free != 0 {
                 let j = free.trailing_zeros() as usize;
@@ -192,7 +199,7 @@ impl PtrMap {
             return Some(v);
         }
         let (i, j) = self.find(key)?;
-        let b = &mut self.buckets[i];
+        let b = self.bucket_mut(i);
         let v = b.ids[j];
         b.keys[j] = EMPTY;
         b.ids[j] = NIL;

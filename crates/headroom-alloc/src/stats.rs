@@ -81,6 +81,15 @@ pub enum StatType {
     LargePool = 2,
 }
 
+/// A pool's cell in a `StatArray`: `pool.stat_type() as usize`, as arithmetic the compiler
+/// sees is in range (no bounds check, no match).
+#[inline(always)]
+fn cell_of(pool: PoolKind) -> usize {
+    const _: () = assert!(PoolKind::Small as usize + 1 == StatType::SmallPool as usize);
+    const _: () = assert!(PoolKind::Large as usize + 1 == StatType::LargePool as usize);
+    pool as usize + 1
+}
+
 impl StatType {
     pub const ALL: [StatType; 3] = [StatType::All, StatType::SmallPool, StatType::LargePool];
     pub fn key(self) -> &'static str {
@@ -109,7 +118,7 @@ impl StatArray {
             // is as likely up as down, so the test was a coin-toss branch on the hot path.
             // A decrease leaves peaks alone (each is already >= its current) and adds 0 to
             // `allocated`; a lazy cell keeps no `freed`.
-            let c = &mut self.0[pool.stat_type() as usize];
+            let c = &mut self.0[cell_of(pool)];
             c.current += delta;
             c.peak = c.peak.max(c.current);
             c.allocated += delta.max(0);
@@ -128,7 +137,7 @@ impl StatArray {
     /// keeps only the peak of `all`: its current is the pools' sum.
     #[inline(always)]
     fn increase<const LAZY: bool>(&mut self, pool: PoolKind, x: i64) {
-        self.0[pool.stat_type() as usize].increase(x);
+        self.0[cell_of(pool)].increase(x);
         if LAZY {
             let all = self.0[1].current + self.0[2].current;
             if all > self.0[0].peak {
@@ -144,7 +153,7 @@ impl StatArray {
         if !LAZY {
             self.0[0].decrease_by::<LAZY>(x);
         }
-        self.0[pool.stat_type() as usize].decrease_by::<LAZY>(x);
+        self.0[cell_of(pool)].decrease_by::<LAZY>(x);
     }
     /// A lazy array made whole: `all`'s current and allocated from the pools, and every
     /// `freed` from `base` (the array at the last accumulated-stats reset).

@@ -74,6 +74,8 @@ gpu() {
   local T0=$SECONDS
   echo "== machine =="
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -2
+  # The allocator figures are host CPU time: say which CPU.
+  lscpu 2>/dev/null | awk -F: '/^Model name|^CPU\(s\)|^L2 cache|^L3 cache/ {gsub(/^ +/, "", $2); printf "%s: %s; ", $1, $2} END {print ""}'
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())' 2>&1
 
   if want tests; then

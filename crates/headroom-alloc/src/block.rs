@@ -107,6 +107,8 @@ pub struct Arena {
     slots: Vec<Block>,
     cold: Vec<Cold>,
     free_head: BlockId,
+    /// Where writes through a `NIL` link go (see `get_mut_or_scratch`); never read.
+    scratch: Box<Block>,
 }
 
 impl Default for Arena {
@@ -121,6 +123,24 @@ impl Arena {
             slots: Vec::with_capacity(n),
             cold: Vec::with_capacity(n),
             free_head: NIL,
+            scratch: Box::new(Block {
+                ptr: 0,
+                size: 0,
+                stream: 0,
+                requested: 0,
+                kids: [NIL; 2],
+                parent: NIL,
+                prev: NIL,
+                next: NIL,
+                event_count: 0,
+                expandable: NO_SEGMENT,
+                pool: PoolKind::Small,
+                allocated: false,
+                mapped: false,
+                member: Membership::Dead,
+                has_uses: false,
+                has_ctx: false,
+            }),
         }
     }
 
@@ -221,6 +241,19 @@ impl Arena {
     #[inline(always)]
     pub fn get_or_last(&self, id: BlockId) -> &Block {
         self.get(id.min(self.slots.len() as BlockId - 1))
+    }
+
+    /// Block `id` to write, or for `NIL` a scratch block whose contents nobody reads: a
+    /// write through a link that may be `NIL` becomes a pointer select, not a branch.
+    #[inline(always)]
+    pub fn get_mut_or_scratch(&mut self, id: BlockId) -> &mut Block {
+        let scratch: *mut Block = &mut *self.scratch;
+        let base = self.slots.as_mut_ptr();
+        // SAFETY: a non-NIL id is a live slot (see `get`); the scratch block is owned here.
+        unsafe {
+            let slot = base.wrapping_add(id as usize);
+            &mut *std::hint::select_unpredictable(id == NIL, scratch, slot)
+        }
     }
 
     /// Slots, live or not.

@@ -204,8 +204,8 @@ impl<D: Device> State<D> {
             let b = self.arena.get(id);
             (b.prev, b.next)
         };
-        self.try_merge_blocks(id, prev);
-        self.try_merge_blocks(id, next);
+        self.try_merge_blocks::<true>(id, prev);
+        self.try_merge_blocks::<false>(id, next);
         self.insert_free(id);
         self.total_allocated_memory += msize;
         self.emit(
@@ -303,8 +303,8 @@ impl<D: Device> State<D> {
             let b = self.arena.get(id);
             (b.prev, b.next)
         };
-        self.try_merge_blocks(id, prev);
-        self.try_merge_blocks(id, next);
+        self.try_merge_blocks::<true>(id, prev);
+        self.try_merge_blocks::<false>(id, next);
         self.insert_unmapped(id);
         self.total_allocated_memory -= usize_;
         let ctx = self.arena.segment_context(id).cloned();

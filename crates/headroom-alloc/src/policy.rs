@@ -654,8 +654,8 @@ impl<D: Device> State<D> {
         };
         // Previous neighbour first, then next, as PyTorch does. The net change is summed
         // without branches: whether a neighbour merged is a coin toss here.
-        let sub_prev = self.try_merge_blocks(id, prev);
-        let sub_next = self.try_merge_blocks(id, next);
+        let sub_prev = self.try_merge_blocks::<true>(id, prev);
+        let sub_next = self.try_merge_blocks::<false>(id, next);
         self.insert_free(id);
         let b = self.arena.get(id);
         let split = b.is_split() as i64;
@@ -682,10 +682,11 @@ impl<D: Device> State<D> {
         }
     }
 
-    /// Absorb `src` into `dst` if it is free and in the same mapped state; returns the bytes
-    /// absorbed (0 if no merge). `dst` must not be in any pool set.
+    /// Absorb `dst`'s previous (`PREV`) or next neighbour `src` if it is free and in the
+    /// same mapped state; returns the bytes absorbed (0 if no merge). `dst` must not be in
+    /// any pool set.
     #[inline(always)]
-    pub(crate) fn try_merge_blocks(&mut self, dst: BlockId, src: BlockId) -> u64 {
+    pub(crate) fn try_merge_blocks<const PREV: bool>(&mut self, dst: BlockId, src: BlockId) -> u64 {
         // One test for "is there a neighbour, and is it free and alike": each part is a coin
         // toss on a mixed workload, and one unpredictable branch beats two. With no
         // neighbour the flags of some valid slot are read and ignored.
@@ -694,25 +695,31 @@ impl<D: Device> State<D> {
         if !mergeable {
             return 0;
         }
+        debug_assert_eq!(
+            if PREV {
+                self.arena.get(dst).prev
+            } else {
+                self.arena.get(dst).next
+            },
+            src
+        );
         self.remove_free(src);
         let (s_ptr, s_prev, s_next, s_size) = {
             let s = self.arena.get(src);
             (s.ptr, s.prev, s.next, s.size)
         };
-        if self.arena.get(dst).prev == src {
+        if PREV {
             let seg_ctx = self.arena.take_segment_context(src);
             let d = self.arena.get_mut(dst);
             d.ptr = s_ptr;
             d.prev = s_prev;
             self.arena.set_segment_context(dst, seg_ctx);
-            if s_prev != NIL {
-                self.arena.get_mut(s_prev).next = dst;
-            }
+            // Whether `src` had a neighbour beyond it is a coin toss: a NIL link is
+            // written to the arena's scratch block instead of being branched around.
+            self.arena.get_mut_or_scratch(s_prev).next = dst;
         } else {
             self.arena.get_mut(dst).next = s_next;
-            if s_next != NIL {
-                self.arena.get_mut(s_next).prev = dst;
-            }
+            self.arena.get_mut_or_scratch(s_next).prev = dst;
         }
         self.arena.get_mut(dst).size += s_size;
         self.arena.release(src);

@@ -153,7 +153,7 @@ impl<const SIZED: bool> Treap<SIZED> {
         // SAFETY: `p` is a valid slot index.
         let child: *mut BlockId = unsafe { &raw mut (*a.base_ptr().add(p)).kids[side] };
         let root: *mut BlockId = root;
-        let link = if parent == NIL { root } else { child };
+        let link = std::hint::select_unpredictable(parent == NIL, root, child);
         merge_into(a, kids[LEFT], kids[RIGHT], parent, link);
         // The removed block's own links are left stale: only members' links are ever
         // read, and `insert` rewrites all three.
@@ -391,8 +391,8 @@ const SLOTS: usize = NBINS.next_power_of_two();
 const SLOT_MASK: usize = SLOTS - 1;
 const NWORDS: usize = SLOTS / 64;
 const WORD_MASK: usize = NWORDS - 1;
-/// Summary words: bit `w & 63` of `summary[w >> 6]` says `words[w]` is non-zero.
-const NSUM: usize = NWORDS.div_ceil(64);
+// The summary is one u128: bit `w` says `words[w]` is non-zero.
+const _: () = assert!(NWORDS <= 128);
 
 /// The bin of a block size: monotone non-decreasing in `size`, which is all the ordered
 /// queries need.
@@ -404,18 +404,14 @@ pub fn bin_of(size: u64) -> usize {
     let lg = (63 - (u | 1).leading_zeros()).max(EXACT_BITS);
     let sub = (u >> (lg - SUB_BITS)) & ((1 << SUB_BITS) - 1);
     let log_bin = EXACT_BINS + ((lg - EXACT_BITS) << SUB_BITS) as usize + sub as usize;
-    if u < EXACT_BINS as u64 {
-        u as usize
-    } else {
-        log_bin
-    }
+    std::hint::select_unpredictable(u < EXACT_BINS as u64, u as usize, log_bin)
 }
 
 /// One stream's bins: treap roots and the bitmap of non-empty bins. (Keeping each bin's
 /// first block beside its root saved the few descents best fit makes, but its upkeep on
 /// every insert and remove cost more instructions and as many mispredicts.)
 struct Bins {
-    summary: [u64; NSUM],
+    summary: u128,
     words: [u64; NWORDS],
     roots: [BlockId; SLOTS],
 }
@@ -423,7 +419,7 @@ struct Bins {
 impl Bins {
     fn new() -> Box<Self> {
         Box::new(Bins {
-            summary: [0; NSUM],
+            summary: 0,
             words: [0; NWORDS],
             roots: [NIL; SLOTS],
         })
@@ -443,16 +439,15 @@ impl Bins {
     fn mark(&mut self, bin: usize) {
         let w = (bin >> 6) & WORD_MASK;
         self.words[w] |= 1 << (bin & 63);
-        self.summary[w >> 6] |= 1 << (w & 63);
+        self.summary |= 1 << w;
     }
 
     #[inline(always)]
     fn unmark(&mut self, bin: usize) {
         let w = (bin >> 6) & WORD_MASK;
         self.words[w] &= !(1 << (bin & 63));
-        if self.words[w] == 0 {
-            self.summary[w >> 6] &= !(1 << (w & 63));
-        }
+        // Whether the word just emptied is a coin toss: clear its summary bit by arithmetic.
+        self.summary &= !(((self.words[w] == 0) as u128) << w);
     }
 
     /// The first non-empty bin at or after `from`.
@@ -461,24 +456,16 @@ impl Bins {
         if from >= NBINS {
             return None;
         }
+        // Whether the answer is in `from`'s own word is a coin toss on mixed workloads, so
+        // both candidates are computed and one is selected.
         let w = (from >> 6) & WORD_MASK;
         let m = self.words[w] & (!0u64 << (from & 63));
-        if m != 0 {
-            return Some((w << 6) | m.trailing_zeros() as usize);
-        }
-        // The first non-zero word after `w`.
-        let first = w + 1;
-        for i in first >> 6..NSUM {
-            let mut s = self.summary[i];
-            if i == first >> 6 {
-                s &= !0u64 << (first & 63);
-            }
-            if s != 0 {
-                let w2 = ((i << 6) | s.trailing_zeros() as usize) & WORD_MASK;
-                return Some((w2 << 6) | self.words[w2].trailing_zeros() as usize);
-            }
-        }
-        None
+        let later = self.summary & (!0u128).checked_shl(w as u32 + 1).unwrap_or(0);
+        let w2 = later.trailing_zeros() as usize & WORD_MASK;
+        let here = (w << 6) | m.trailing_zeros() as usize;
+        let there = (w2 << 6) | self.words[w2].trailing_zeros() as usize;
+        let bin = std::hint::select_unpredictable(m != 0, here, there);
+        ((m != 0) | (later != 0)).then_some(bin)
     }
 
     /// The last non-empty bin at or before `upto`.
@@ -489,18 +476,12 @@ impl Bins {
         if m != 0 {
             return Some((w << 6) | (63 - m.leading_zeros() as usize));
         }
-        // The last non-zero word before `w`.
-        for i in (0..=(w >> 6)).rev() {
-            let mut s = self.summary[i];
-            if i == w >> 6 {
-                s &= (1u64 << (w & 63)) - 1;
-            }
-            if s != 0 {
-                let w2 = (i << 6) | (63 - s.leading_zeros() as usize);
-                return Some((w2 << 6) | (63 - self.words[w2].leading_zeros() as usize));
-            }
+        let earlier = self.summary & ((1u128 << w) - 1);
+        if earlier == 0 {
+            return None;
         }
-        None
+        let w2 = 127 - earlier.leading_zeros() as usize;
+        Some((w2 << 6) | (63 - self.words[w2].leading_zeros() as usize))
     }
 
     /// The lowest block in bins `from..`.
@@ -713,7 +694,7 @@ impl SizeIndex {
             }
         }
         for (s, bins) in &self.streams {
-            let mut summary = [0u64; NSUM];
+            let mut summary = 0u128;
             for (bin, &root) in bins.roots.iter().enumerate() {
                 let ids = Sized_::check(a, root, "free set")?;
                 let marked = bins.words[bin >> 6] >> (bin & 63) & 1 == 1;
@@ -729,7 +710,7 @@ impl SizeIndex {
             }
             for (w, &word) in bins.words.iter().enumerate() {
                 if word != 0 {
-                    summary[w >> 6] |= 1 << (w & 63);
+                    summary |= 1 << w;
                 }
             }
             if summary != bins.summary {

@@ -537,9 +537,7 @@ impl<D: Device> State<D> {
                 cb.prev = prev;
                 cb.next = remaining;
             }
-            if prev != NIL {
-                self.arena.get_mut(prev).next = c;
-            }
+            self.arena.get_mut_or_scratch(prev).next = c;
             let rem_size = {
                 let r = self.arena.get_mut(remaining);
                 r.prev = c;

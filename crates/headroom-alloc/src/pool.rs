@@ -287,9 +287,7 @@ fn merge_into(
         }
         let x = pick(l == NIL, r, l);
         *link = x;
-        if x != NIL {
-            (*base.add(x as usize)).parent = hook;
-        }
+        a.get_mut_or_scratch(x).parent = hook;
     }
 }
 
@@ -442,10 +440,11 @@ impl Bins {
         self.summary |= 1 << w;
     }
 
+    /// Clear `bin`'s bit if `empty`, without a branch.
     #[inline(always)]
-    fn unmark(&mut self, bin: usize) {
+    fn unmark_if(&mut self, bin: usize, empty: bool) {
         let w = (bin >> 6) & WORD_MASK;
-        self.words[w] &= !(1 << (bin & 63));
+        self.words[w] &= !((empty as u64) << (bin & 63));
         // Whether the word just emptied is a coin toss: clear its summary bit by arithmetic.
         self.summary &= !(((self.words[w] == 0) as u128) << w);
     }
@@ -585,9 +584,9 @@ impl SizeIndex {
         };
         let root = bins.root(bin);
         Sized_::remove(a, root, id);
-        if *root == NIL {
-            bins.unmark(bin);
-        }
+        // Whether the bin just emptied is a coin toss: its bit is cleared by arithmetic.
+        let emptied = *root == NIL;
+        bins.unmark_if(bin, emptied);
         a.get_mut(id).member = Membership::None;
     }
 

@@ -389,7 +389,8 @@ const SLOTS: usize = NBINS.next_power_of_two();
 const SLOT_MASK: usize = SLOTS - 1;
 const NWORDS: usize = SLOTS / 64;
 const WORD_MASK: usize = NWORDS - 1;
-// The summary is one u128: bit `w` says `words[w]` is non-zero.
+// The summary is two u64s: bit `w & 63` of `summary[w >> 6]` says `words[w]` is non-zero.
+// Updates touch one half; scans read both as one u128.
 const _: () = assert!(NWORDS <= 128);
 
 /// The bin of a block size: monotone non-decreasing in `size`, which is all the ordered
@@ -409,7 +410,7 @@ pub fn bin_of(size: u64) -> usize {
 /// first block beside its root saved the few descents best fit makes, but its upkeep on
 /// every insert and remove cost more instructions and as many mispredicts.)
 struct Bins {
-    summary: u128,
+    summary: [u64; 2],
     words: [u64; NWORDS],
     roots: [BlockId; SLOTS],
 }
@@ -417,7 +418,7 @@ struct Bins {
 impl Bins {
     fn new() -> Box<Self> {
         Box::new(Bins {
-            summary: 0,
+            summary: [0; 2],
             words: [0; NWORDS],
             roots: [NIL; SLOTS],
         })
@@ -437,7 +438,7 @@ impl Bins {
     fn mark(&mut self, bin: usize) {
         let w = (bin >> 6) & WORD_MASK;
         self.words[w] |= 1 << (bin & 63);
-        self.summary |= 1 << w;
+        self.summary[w >> 6] |= 1 << (w & 63);
     }
 
     /// Clear `bin`'s bit if `empty`, without a branch.
@@ -446,7 +447,12 @@ impl Bins {
         let w = (bin >> 6) & WORD_MASK;
         self.words[w] &= !((empty as u64) << (bin & 63));
         // Whether the word just emptied is a coin toss: clear its summary bit by arithmetic.
-        self.summary &= !(((self.words[w] == 0) as u128) << w);
+        self.summary[w >> 6] &= !(((self.words[w] == 0) as u64) << (w & 63));
+    }
+
+    #[inline(always)]
+    fn summary_bits(&self) -> u128 {
+        (self.summary[1] as u128) << 64 | self.summary[0] as u128
     }
 
     /// The first non-empty bin at or after `from`.
@@ -459,7 +465,7 @@ impl Bins {
         // both candidates are computed and one is selected.
         let w = (from >> 6) & WORD_MASK;
         let m = self.words[w] & (!0u64 << (from & 63));
-        let later = self.summary & (!0u128).checked_shl(w as u32 + 1).unwrap_or(0);
+        let later = self.summary_bits() & (!0u128).checked_shl(w as u32 + 1).unwrap_or(0);
         let w2 = later.trailing_zeros() as usize & WORD_MASK;
         let here = (w << 6) | m.trailing_zeros() as usize;
         let there = (w2 << 6) | self.words[w2].trailing_zeros() as usize;
@@ -475,7 +481,7 @@ impl Bins {
         if m != 0 {
             return Some((w << 6) | (63 - m.leading_zeros() as usize));
         }
-        let earlier = self.summary & ((1u128 << w) - 1);
+        let earlier = self.summary_bits() & ((1u128 << w) - 1);
         if earlier == 0 {
             return None;
         }
@@ -693,7 +699,7 @@ impl SizeIndex {
             }
         }
         for (s, bins) in &self.streams {
-            let mut summary = 0u128;
+            let mut summary = [0u64; 2];
             for (bin, &root) in bins.roots.iter().enumerate() {
                 let ids = Sized_::check(a, root, "free set")?;
                 let marked = bins.words[bin >> 6] >> (bin & 63) & 1 == 1;
@@ -709,7 +715,7 @@ impl SizeIndex {
             }
             for (w, &word) in bins.words.iter().enumerate() {
                 if word != 0 {
-                    summary |= 1 << w;
+                    summary[w >> 6] |= 1 << (w & 63);
                 }
             }
             if summary != bins.summary {

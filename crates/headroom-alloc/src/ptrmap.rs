@@ -61,6 +61,8 @@ pub struct PtrMap {
     /// 64 - log2(buckets.len()): the home bucket is the top bits of `key * MUL`.
     shift: u32,
     len: usize,
+    /// `len` at which the table doubles (a quarter of its slots).
+    grow_at: usize,
     /// Buckets carrying an overflow mark.
     marked: usize,
     /// The value for address 0, or `NIL`.
@@ -79,6 +81,7 @@ impl PtrMap {
             mask: nb - 1,
             shift: 64 - nb.trailing_zeros(),
             len: 0,
+            grow_at: nb * WAYS / 4,
             marked: 0,
             zero: NIL,
         }
@@ -146,7 +149,7 @@ impl PtrMap {
             self.bucket_mut(i).ids[j] = id;
             return;
         }
-        if (self.len + 1) * 4 > self.buckets.len() * WAYS {
+        if self.len >= self.grow_at {
             self.rebuild(self.buckets.len() * 2);
         }
         self.place(key, id);
@@ -158,7 +161,7 @@ impl PtrMap {
     #[inline]
     pub fn insert_new(&mut self, key: u64, id: BlockId) {
         debug_assert!(self.get(key).is_none(), "address {key:#x} already mapped");
-        if key == EMPTY || (self.len + 1) * 4 > self.buckets.len() * WAYS {
+        if key == EMPTY || self.len >= self.grow_at {
             return self.insert(key, id);
         }
         self.place(key, id);

@@ -38,7 +38,7 @@ pub enum Membership {
 }
 
 /// One cache line (`repr(C, align(64))`, checked below).
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 #[repr(C, align(64))]
 pub struct Block {
     pub ptr: u64,
@@ -77,6 +77,29 @@ pub struct Cold {
 }
 
 impl Block {
+    /// As PyTorch's `Block(device, stream, size, pool, ptr)`.
+    #[inline(always)]
+    fn fresh(ptr: u64, size: u64, stream: StreamId, pool: PoolKind) -> Block {
+        Block {
+            ptr,
+            size,
+            stream,
+            requested: 0,
+            kids: [NIL; 2],
+            parent: NIL,
+            prev: NIL,
+            next: NIL,
+            event_count: 0,
+            expandable: NO_SEGMENT,
+            pool,
+            allocated: false,
+            mapped: true,
+            member: Membership::None,
+            has_uses: false,
+            has_ctx: false,
+        }
+    }
+
     // These two are written without short-circuits: on a mixed workload each test is a
     // coin toss, and one flag computation beats two unpredictable jumps.
     pub fn is_split(&self) -> bool {
@@ -123,24 +146,7 @@ impl Arena {
             slots: Vec::with_capacity(n),
             cold: Vec::with_capacity(n),
             free_head: NIL,
-            scratch: Box::new(Block {
-                ptr: 0,
-                size: 0,
-                stream: 0,
-                requested: 0,
-                kids: [NIL; 2],
-                parent: NIL,
-                prev: NIL,
-                next: NIL,
-                event_count: 0,
-                expandable: NO_SEGMENT,
-                pool: PoolKind::Small,
-                allocated: false,
-                mapped: false,
-                member: Membership::Dead,
-                has_uses: false,
-                has_ctx: false,
-            }),
+            scratch: Box::new(Block::fresh(0, 0, 0, PoolKind::Small)),
         }
     }
 
@@ -152,48 +158,20 @@ impl Arena {
         if id == NIL {
             return self.push(ptr, size, stream, pool);
         }
-        let b = &mut self.slots[id as usize];
+        let b = self.get_mut(id);
         debug_assert!(b.member == Membership::Dead && !b.has_ctx);
-        self.free_head = b.next;
-        // Field by field: a released slot holds no stacks (see `release`), so there is
-        // nothing to drop. Its treap links are stale and stay so: they are read only while
-        // the block is in a set, and inserting it writes them.
-        b.ptr = ptr;
-        b.size = size;
-        b.stream = stream;
-        b.requested = 0;
-        b.prev = NIL;
-        b.next = NIL;
-        b.expandable = NO_SEGMENT;
-        b.event_count = 0;
-        b.pool = pool;
-        b.allocated = false;
-        b.mapped = true;
-        b.member = Membership::None;
-        b.has_uses = false;
+        let next_free = b.next;
+        // One whole-line store: a released slot holds no stacks (see `release`) and a
+        // block owns nothing, so there is nothing to drop. The treap links it resets
+        // would be rewritten by any insert anyway.
+        *b = Block::fresh(ptr, size, stream, pool);
+        self.free_head = next_free;
         id
     }
 
     #[cold]
     fn push(&mut self, ptr: u64, size: u64, stream: StreamId, pool: PoolKind) -> BlockId {
-        self.slots.push(Block {
-            ptr,
-            size,
-            stream,
-            requested: 0,
-            kids: [NIL; 2],
-            parent: NIL,
-            prev: NIL,
-            next: NIL,
-            event_count: 0,
-            expandable: NO_SEGMENT,
-            pool,
-            allocated: false,
-            mapped: true,
-            member: Membership::None,
-            has_uses: false,
-            has_ctx: false,
-        });
+        self.slots.push(Block::fresh(ptr, size, stream, pool));
         self.cold.push(Cold::default());
         (self.slots.len() - 1) as BlockId
     }

@@ -303,17 +303,7 @@ pub fn bench_single<A: PairAlloc>(
     size: u64,
     opts: &BenchOptions,
 ) -> Result<BenchCase, AllocError> {
-    time_single(a, size, opts.warmup)?;
-    let mut samples = Vec::with_capacity(opts.repeats);
-    for _ in 0..opts.repeats {
-        samples.push(time_single(a, size, opts.pairs)?);
-    }
-    Ok(summarise(
-        single_name(size),
-        format!("cpp_pair_ns_{size}"),
-        opts,
-        samples,
-    ))
+    Ok(bench_single_paired::<A, A>(a, None, size, opts)?.0)
 }
 
 /// Run one mixed working-set case on `a`.
@@ -322,19 +312,7 @@ pub fn bench_mixed<A: PairAlloc>(
     live: usize,
     opts: &BenchOptions,
 ) -> Result<BenchCase, AllocError> {
-    let mut set = MixedSet::new(a, live, opts.pairs as usize, SEED)?;
-    set.time(a, opts.warmup.max(4 * live as u64))?;
-    let mut samples = Vec::with_capacity(opts.repeats);
-    for _ in 0..opts.repeats {
-        samples.push(set.time(a, opts.pairs)?);
-    }
-    set.release(a)?;
-    Ok(summarise(
-        format!("mixed_live{live}"),
-        format!("cpp_mixed_ns_live{live}"),
-        opts,
-        samples,
-    ))
+    Ok(bench_mixed_paired::<A, A>(a, None, live, opts)?.0)
 }
 
 /// Repeat `time` on `ours` and, when given, on `peer`, alternating which goes first, so

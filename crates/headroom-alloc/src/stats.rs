@@ -225,12 +225,13 @@ impl DeviceStats {
     /// Apply one allocator event. This is the only place stats change.
     #[inline(always)]
     pub fn observe(&mut self, ev: &AllocEvent) {
-        self.apply_event::<false>(ev)
+        self.apply_event::<false>(ev, false)
     }
 
-    /// The event-to-cell mapping; `LAZY` skips what [`LiveStats`] derives on read.
+    /// The event-to-cell mapping; `LAZY` skips what [`LiveStats`] derives on read, and
+    /// `mirrored` the active arrays while they mirror the allocation arrays.
     #[inline(always)]
-    fn apply_event<const LAZY: bool>(&mut self, ev: &AllocEvent) {
+    fn apply_event<const LAZY: bool>(&mut self, ev: &AllocEvent, mirrored: bool) {
         match *ev {
             AllocEvent::Alloc {
                 pool,
@@ -242,8 +243,10 @@ impl DeviceStats {
                 let b = block_size as i64;
                 self.allocation.increase::<LAZY>(pool, 1);
                 self.allocated_bytes.increase::<LAZY>(pool, b);
-                self.active.increase::<LAZY>(pool, 1);
-                self.active_bytes.increase::<LAZY>(pool, b);
+                if !mirrored {
+                    self.active.increase::<LAZY>(pool, 1);
+                    self.active_bytes.increase::<LAZY>(pool, b);
+                }
                 self.requested_bytes
                     .increase::<LAZY>(pool, requested as i64);
                 if oversize {
@@ -269,8 +272,10 @@ impl DeviceStats {
                 requested,
                 ..
             } => {
-                self.active.decrease::<LAZY>(pool, 1);
-                self.active_bytes.decrease::<LAZY>(pool, block_size as i64);
+                if !mirrored {
+                    self.active.decrease::<LAZY>(pool, 1);
+                    self.active_bytes.decrease::<LAZY>(pool, block_size as i64);
+                }
                 self.requested_bytes
                     .decrease::<LAZY>(pool, requested as i64);
             }
@@ -457,29 +462,7 @@ impl LiveStats {
 
     #[inline(always)]
     pub fn observe(&mut self, ev: &AllocEvent) {
-        let c = &mut self.cells;
-        match *ev {
-            AllocEvent::Alloc {
-                pool,
-                block_size,
-                requested,
-                oversize,
-                ..
-            } if self.mirrored => {
-                c.allocation.increase::<true>(pool, 1);
-                c.allocated_bytes.increase::<true>(pool, block_size as i64);
-                c.requested_bytes.increase::<true>(pool, requested as i64);
-                if oversize {
-                    c.oversize_allocations.increase(1);
-                }
-            }
-            AllocEvent::FreeCompleted {
-                pool, requested, ..
-            } if self.mirrored => {
-                c.requested_bytes.decrease::<true>(pool, requested as i64);
-            }
-            _ => c.apply_event::<true>(ev),
-        }
+        self.cells.apply_event::<true>(ev, self.mirrored);
     }
 
     /// A free is about to wait for events: from now on the active arrays count apart.

@@ -24,6 +24,8 @@ pub type BlockId = u32;
 pub const NIL: BlockId = u32::MAX;
 /// `Block::expandable` of a block outside any expandable segment.
 pub const NO_SEGMENT: u16 = u16::MAX;
+/// Streams `record_stream` accepts on one block (its event count is 16 bits).
+pub const MAX_STREAM_USES: usize = u16::MAX as usize;
 
 /// Which ordered set of its pool a block sits in (or that its slot is free).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,7 +54,12 @@ pub struct Block {
     pub(crate) parent: BlockId,
     pub prev: BlockId,
     pub next: BlockId,
-    pub event_count: u32,
+    /// Outstanding `record_stream` events: at most one per stream recorded on the block,
+    /// which `record_stream` caps at `MAX_STREAM_USES`.
+    pub event_count: u16,
+    /// Size bin of the free-block index while the block is in it (see pool.rs), so that
+    /// removal finds its bin without recomputing it.
+    pub(crate) bin: u16,
     /// Index of the owning expandable segment, or `NO_SEGMENT`.
     pub expandable: u16,
     pub pool: PoolKind,
@@ -90,6 +97,7 @@ impl Block {
             prev: NIL,
             next: NIL,
             event_count: 0,
+            bin: 0,
             expandable: NO_SEGMENT,
             pool,
             allocated: false,

@@ -13,7 +13,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::block::{Arena, BlockId, Membership, NIL};
+use crate::block::{Arena, BlockId, Membership, MAX_STREAM_USES, NIL};
 use crate::config::AllocatorConfig;
 use crate::device::{Device, DeviceError, EventId};
 use crate::event::{AllocEvent, PoolKind, StreamId};
@@ -73,6 +73,11 @@ pub(crate) struct State<D: Device> {
     /// `history.enabled() || !observers.is_empty()`, kept by `refresh_listening` whenever
     /// either changes: the hot paths ask several times a pair.
     listening: bool,
+    /// Some pool's GC clock has ticked (clocks never go back), so free blocks get stamped.
+    gc_ticked: bool,
+    /// The config rounds some sizes up by power-of-two divisions (else `round_size` is the
+    /// plain 512-byte rounding), refreshed with the config.
+    roundup_on: bool,
     pub next_observer: usize,
 }
 
@@ -105,6 +110,11 @@ fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
     } else {
         r + step
     }
+}
+
+/// Whether `round_size` can differ from plain 512-byte rounding under `config`.
+fn roundup_configured(config: &AllocatorConfig) -> bool {
+    config.roundup_power2_divisions.iter().any(|&d| d > 1)
 }
 
 /// `get_allocation_size`: the segment asked from the device for a rounded size.
@@ -152,14 +162,18 @@ impl<D: Device> State<D> {
             history: History::default(),
             observers: Vec::new(),
             listening: false,
+            gc_ticked: false,
+            roundup_on: false,
             next_observer: 0,
         };
+        st.roundup_on = roundup_configured(&st.config);
         st.refresh_listening();
         st
     }
 
     pub fn set_config(&mut self, config: AllocatorConfig) {
         self.expandable_active = config.expandable_segments && self.device.supports_vmm();
+        self.roundup_on = roundup_configured(&config);
         self.config = config;
     }
 
@@ -235,10 +249,7 @@ impl<D: Device> State<D> {
         // Clocks only tick while GC is on and never go back. Until either has ticked,
         // every stamp would be 0, which is what the side table holds, so the store (to a
         // line nothing else here touches) waits for the first tick.
-        if (self.pools[PoolKind::Small as usize].get_free_blocks_call_count
-            | self.pools[PoolKind::Large as usize].get_free_blocks_call_count)
-            != 0
-        {
+        if self.gc_ticked {
             self.arena.set_gc_count_base(id, base);
         }
     }
@@ -309,7 +320,11 @@ impl<D: Device> State<D> {
             return Ok(Allocation { ptr: 0, size: 0 });
         }
         self.process_events();
-        let s = round_size(&self.config, n);
+        let s = if self.roundup_on {
+            round_size(&self.config, n)
+        } else {
+            MIN_BLOCK_SIZE * n.div_ceil(MIN_BLOCK_SIZE).max(1)
+        };
         let kind = pool_for(s);
         let block = match self.get_free_block(kind, stream, s) {
             Some(b) => b,
@@ -402,6 +417,7 @@ impl<D: Device> State<D> {
         let expandable_on = self.expandable_active;
         let m = self.config.max_split_size;
         let r = self.config.max_non_split_rounding_size;
+        self.gc_ticked |= gc;
         let pool = &mut self.pools[kind as usize];
         if gc {
             pool.get_free_blocks_call_count += 1;
@@ -675,7 +691,7 @@ impl<D: Device> State<D> {
             bytes,
         };
         self.stats.observe(&ev);
-        if (blocks != 0 || bytes != 0) && self.has_listeners() {
+        if self.has_listeners() && (blocks != 0 || bytes != 0) {
             self.notify(ev, None);
         }
     }
@@ -738,6 +754,11 @@ impl<D: Device> State<D> {
         if stream != b.stream {
             let uses = self.stream_uses.entry(id).or_default();
             if !uses.contains(&stream) {
+                if uses.len() >= MAX_STREAM_USES {
+                    return Err(AllocError::Device(format!(
+                        "record_stream: block {ptr:#x} already has {MAX_STREAM_USES} other streams"
+                    )));
+                }
                 uses.push(stream);
                 b.has_uses = true;
             }

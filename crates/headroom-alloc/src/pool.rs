@@ -386,6 +386,8 @@ const NBINS: usize = EXACT_BINS + (54 - EXACT_BITS as usize + 1) * (1 << SUB_BIT
 /// Arrays are sized to the next power of two, so that indexing with `bin & SLOT_MASK`
 /// needs no bounds check; the bins past `NBINS` stay empty.
 const SLOTS: usize = NBINS.next_power_of_two();
+// `Block::bin` is 16 bits.
+const _: () = assert!(NBINS <= u16::MAX as usize);
 const SLOT_MASK: usize = SLOTS - 1;
 const NWORDS: usize = SLOTS / 64;
 const WORD_MASK: usize = NWORDS - 1;
@@ -561,6 +563,7 @@ impl SizeIndex {
             (b.stream, b.size)
         };
         let bin = bin_of(size);
+        a.get_mut(id).bin = bin as u16;
         let bins = match self.bins_mut(stream) {
             Some(b) => b,
             None => self.add_stream(stream),
@@ -581,8 +584,7 @@ impl SizeIndex {
         let (stream, bin) = {
             let b = a.get(id);
             debug_assert_eq!(b.member, Membership::Blocks);
-            // A member's size never changes, so its bin is recomputed, not stored.
-            (b.stream, bin_of(b.size))
+            (b.stream, b.bin as usize)
         };
         let Some(bins) = self.bins_mut(stream) else {
             debug_assert!(false, "block {id} of an unknown stream");
@@ -708,7 +710,11 @@ impl SizeIndex {
                 }
                 for id in ids {
                     let b = a.get(id);
-                    if b.member != Membership::Blocks || b.stream != *s || bin_of(b.size) != bin {
+                    if b.member != Membership::Blocks
+                        || b.stream != *s
+                        || b.bin as usize != bin
+                        || bin_of(b.size) != bin
+                    {
                         return Err(format!("free set: block {id} misfiled in bin {bin}"));
                     }
                 }

@@ -883,3 +883,34 @@ mod tests {
         assert_eq!(allocation_size(&c, 104_858_112), 106_954_752);
     }
 }
+
+#[cfg(test)]
+mod stream_cap_tests {
+    use crate::{AllocatorConfig, CachingAllocator, SimDevice};
+
+    /// A block's event count is 16 bits: the stream past the cap is a typed error, the
+    /// block keeps working, and its free still waits for every recorded stream.
+    #[test]
+    fn record_stream_caps_streams_per_block() {
+        let a = CachingAllocator::new(SimDevice::new(1 << 30), AllocatorConfig::default());
+        let p = a.malloc(4096, 0).unwrap().ptr;
+        for s in 1..=super::MAX_STREAM_USES as u64 {
+            a.record_stream(p, s).unwrap();
+        }
+        // Recording a stream again, or the block's own stream, is still fine.
+        a.record_stream(p, 7).unwrap();
+        a.record_stream(p, 0).unwrap();
+        let e = a.record_stream(p, 1 << 40).unwrap_err();
+        assert!(
+            e.to_string().contains("already has 65535 other streams"),
+            "{e}"
+        );
+        a.free(p).unwrap();
+        assert_eq!(
+            a.memory_stats()["active.all.current"],
+            1,
+            "pending on its events"
+        );
+        a.check_invariants().unwrap();
+    }
+}

@@ -31,6 +31,9 @@ const WAYS: usize = 4;
 struct Bucket {
     keys: [u64; WAYS],
     ids: [BlockId; WAYS],
+    /// Bit `i` set: slot `i` holds a key (the same as `keys[i] != EMPTY`, kept so that an
+    /// insert finds a free slot with one bit scan instead of four compares).
+    used: u8,
     /// An insert found this bucket full and went on: a lookup that misses here goes on too.
     overflow: bool,
 }
@@ -41,6 +44,7 @@ impl Bucket {
     const EMPTY: Bucket = Bucket {
         keys: [EMPTY; WAYS],
         ids: [NIL; WAYS],
+        used: 0,
         overflow: false,
     };
 
@@ -175,11 +179,12 @@ impl PtrMap {
         let mut i = self.home(key);
         loop {
             let b = self.bucket_mut(i);
-            let free = b.matches(EMPTY);
+            let free = !b.used & ((1 << WAYS) - 1);
             if free != 0 {
                 let j = free.trailing_zeros() as usize;
                 b.keys[j] = key;
                 b.ids[j] = id;
+                b.used |= 1 << j;
                 return;
             }
             if !b.overflow {
@@ -206,6 +211,7 @@ impl PtrMap {
         let v = b.ids[j];
         b.keys[j] = EMPTY;
         b.ids[j] = NIL;
+        b.used &= !(1 << j);
         self.len -= 1;
         if self.marked * 8 > self.buckets.len() {
             self.rebuild(self.buckets.len());

@@ -194,18 +194,24 @@ pub fn single_name(size: u64) -> String {
     }
 }
 
+/// The median of sorted values (NaN for none).
+fn median_of_sorted(v: &[f64]) -> f64 {
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
 fn summarise(name: String, key: String, opts: &BenchOptions, samples: Vec<f64>) -> BenchCase {
     let samples_in_order = samples.clone();
     let mut samples = samples;
     samples.sort_by(|a, b| a.total_cmp(b));
     let n = samples.len();
-    let median = if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        samples[n / 2]
-    } else {
-        (samples[n / 2 - 1] + samples[n / 2]) / 2.0
-    };
+    let median = median_of_sorted(&samples);
     BenchCase {
         name,
         pytorch_key: key,
@@ -426,12 +432,7 @@ pub fn paired_ratio(ours: &BenchCase, peer: &BenchCase) -> Option<f64> {
         .map(|(a, b)| b / a)
         .collect();
     r.sort_by(|a, b| a.total_cmp(b));
-    let n = r.len();
-    Some(if n % 2 == 1 {
-        r[n / 2]
-    } else {
-        (r[n / 2 - 1] + r[n / 2]) / 2.0
-    })
+    Some(median_of_sorted(&r))
 }
 
 /// Every case on one `PairAlloc` made fresh per case by `make`.

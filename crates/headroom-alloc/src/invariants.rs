@@ -107,10 +107,11 @@ pub(crate) fn check<D: Device>(st: &State<D>) -> Result<(), String> {
     if st.active.len() != allocation[0] as usize {
         return Err("pointer map holds blocks that are not allocated".into());
     }
-    let in_sets = st.pools[PoolKind::Small as usize].blocks.len(a)
-        + st.pools[PoolKind::Small as usize].unmapped.len(a)
-        + st.pools[PoolKind::Large as usize].blocks.len(a)
-        + st.pools[PoolKind::Large as usize].unmapped.len(a);
+    let in_sets: usize = st
+        .pools
+        .iter()
+        .map(|p| p.blocks.len(a) + p.unmapped.len(a))
+        .sum();
     for p in &st.pools {
         p.blocks.check(a)?;
         p.unmapped.check(a)?;

@@ -66,7 +66,11 @@ impl<const SIZED: bool> Treap<SIZED> {
 
     #[inline(always)]
     fn key(a: &Arena, id: BlockId) -> Key {
-        let b = a.get(id);
+        Self::key_of(a.get(id))
+    }
+
+    #[inline(always)]
+    fn key_of(b: &Block) -> Key {
         (b.stream, if SIZED { b.size } else { 0 }, b.ptr)
     }
 
@@ -115,7 +119,7 @@ impl<const SIZED: bool> Treap<SIZED> {
             // loop's own.
             while t != NIL {
                 let b = base.add(t as usize);
-                let side = !Self::lt(Self::key_raw(b), key) as usize;
+                let side = !Self::lt(Self::key_of(&*b), key) as usize;
                 *links[side] = t;
                 (*b).parent = tails[side];
                 tails[side] = t;
@@ -125,16 +129,6 @@ impl<const SIZED: bool> Treap<SIZED> {
             *links[LEFT] = NIL;
             *links[RIGHT] = NIL;
         }
-    }
-
-    /// `key`, read through a raw block pointer.
-    ///
-    /// # Safety
-    /// `b` points to a live block.
-    #[inline(always)]
-    unsafe fn key_raw(b: *const Block) -> Key {
-        // SAFETY: as the caller promises.
-        unsafe { ((*b).stream, if SIZED { (*b).size } else { 0 }, (*b).ptr) }
     }
 
     #[inline(always)]
@@ -147,11 +141,10 @@ impl<const SIZED: bool> Treap<SIZED> {
         // The link to `id`: the root slot, or its parent's child link. Whether it is the
         // root is a coin toss in small bins, so both are computed and one is selected (for
         // a root, `get_or_last` reads some valid slot's links, which are not used).
-        let p = a.get_or_last(parent);
-        let side = (p.kids[RIGHT] == id) as usize;
-        let p = (parent as usize).min(a.len() - 1);
+        let p = parent.min(a.len() as BlockId - 1);
+        let side = (a.get(p).kids[RIGHT] == id) as usize;
         // SAFETY: `p` is a valid slot index.
-        let child: *mut BlockId = unsafe { &raw mut (*a.base_ptr().add(p)).kids[side] };
+        let child: *mut BlockId = unsafe { &raw mut (*a.base_ptr().add(p as usize)).kids[side] };
         let root: *mut BlockId = root;
         let link = std::hint::select_unpredictable(parent == NIL, root, child);
         merge_into(a, kids[LEFT], kids[RIGHT], parent, link);
@@ -291,7 +284,7 @@ fn merge_into(
     }
 }
 
-/// `x` (maybe `NIL`) as child `side` of `hook`, or as `root` if `hook` is `NIL`; `x`'s parent
+/// `x` (not `NIL`) as child `side` of `hook`, or as `root` if `hook` is `NIL`; `x`'s parent
 /// becomes `hook`.
 #[inline(always)]
 fn hang(a: &mut Arena, root: &mut BlockId, hook: BlockId, side: usize, x: BlockId) {
@@ -300,9 +293,7 @@ fn hang(a: &mut Arena, root: &mut BlockId, hook: BlockId, side: usize, x: BlockI
     } else {
         a.get_mut(hook).kids[side & 1] = x;
     }
-    if x != NIL {
-        a.get_mut(x).parent = hook;
-    }
+    a.get_mut(x).parent = hook;
 }
 
 /// The unmapped ranges of expandable segments, ordered by (stream, address).

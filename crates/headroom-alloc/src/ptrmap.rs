@@ -153,11 +153,7 @@ impl PtrMap {
             self.bucket_mut(i).ids[j] = id;
             return;
         }
-        if self.len >= self.grow_at {
-            self.rebuild(self.buckets.len() * 2);
-        }
-        self.place(key, id);
-        self.len += 1;
+        self.insert_absent(key, id);
     }
 
     /// Map `key`, which must be absent (an allocated block's address is unique among
@@ -165,8 +161,17 @@ impl PtrMap {
     #[inline]
     pub fn insert_new(&mut self, key: u64, id: BlockId) {
         debug_assert!(self.get(key).is_none(), "address {key:#x} already mapped");
-        if key == EMPTY || self.len >= self.grow_at {
+        if key == EMPTY {
             return self.insert(key, id);
+        }
+        self.insert_absent(key, id);
+    }
+
+    /// Add a non-zero key known to be absent, growing first if the table is a quarter full.
+    #[inline(always)]
+    fn insert_absent(&mut self, key: u64, id: BlockId) {
+        if self.len >= self.grow_at {
+            self.rebuild(self.buckets.len() * 2);
         }
         self.place(key, id);
         self.len += 1;

@@ -134,14 +134,11 @@ impl<D: Device> State<D> {
             return;
         }
         let target = self.total_allocated_memory - threshold;
-        let clock = self.pools[PoolKind::Large as usize].get_free_blocks_call_count;
+        let clock = self.pool_ref(PoolKind::Large).get_free_blocks_call_count;
         let age = |st: &Self, id: BlockId| clock - st.arena.gc_count_base(id);
         let mut total_age = 0u64;
         let mut count = 0u64;
-        for id in self.pools[PoolKind::Large as usize]
-            .blocks
-            .to_vec(&self.arena)
-        {
+        for id in self.pool_ref(PoolKind::Large).blocks.to_vec(&self.arena) {
             if !self.arena.get(id).is_split() {
                 total_age += age(self, id);
                 count += 1;
@@ -157,10 +154,7 @@ impl<D: Device> State<D> {
             freed_any = false;
             // Free every block at or above the average age; the pass does not stop at the
             // target, so GC does not fire again at once.
-            for id in self.pools[PoolKind::Large as usize]
-                .blocks
-                .to_vec(&self.arena)
-            {
+            for id in self.pool_ref(PoolKind::Large).blocks.to_vec(&self.arena) {
                 let b = self.arena.get(id);
                 if !b.is_split() && !b.is_expandable() && age(self, id) as f64 >= threshold_age {
                     freed_any = true;

@@ -328,6 +328,12 @@ impl DeviceStats {
         }
     }
 
+    /// The active arrays as the allocation arrays they mirror (see `LiveStats::mirrored`).
+    fn fill_mirrored_active(&mut self) {
+        self.active = self.allocation;
+        self.active_bytes = self.allocated_bytes;
+    }
+
     fn arrays(&self) -> [&StatArray; 9] {
         [
             &self.active,
@@ -468,8 +474,7 @@ impl LiveStats {
     /// A free is about to wait for events: from now on the active arrays count apart.
     pub fn unmirror(&mut self) {
         if self.mirrored {
-            self.cells.active = self.cells.allocation;
-            self.cells.active_bytes = self.cells.allocated_bytes;
+            self.cells.fill_mirrored_active();
             self.mirrored = false;
         }
     }
@@ -478,8 +483,7 @@ impl LiveStats {
     fn cells_view(&self) -> DeviceStats {
         let mut s = self.cells.clone();
         if self.mirrored {
-            s.active = s.allocation;
-            s.active_bytes = s.allocated_bytes;
+            s.fill_mirrored_active();
         }
         s
     }

@@ -16,6 +16,7 @@ use headroom_alloc::{AllocatorConfig, CachingAllocator, SimDevice};
 
 const CAPACITY: u64 = 150_109_880_320;
 
+#[inline(always)]
 fn pairs_single(a: &mut &CachingAllocator<SimDevice>, size: u64, pairs: u64) {
     for _ in 0..pairs {
         let p = a.alloc(std::hint::black_box(size)).unwrap();
@@ -23,6 +24,7 @@ fn pairs_single(a: &mut &CachingAllocator<SimDevice>, size: u64, pairs: u64) {
     }
 }
 
+#[inline(always)]
 fn steps(set: &mut MixedSet, a: &mut &CachingAllocator<SimDevice>, pairs: u64) {
     for _ in 0..pairs {
         set.step(a).unwrap();
@@ -32,11 +34,14 @@ fn steps(set: &mut MixedSet, a: &mut &CachingAllocator<SimDevice>, pairs: u64) {
 /// Warm-up, outside the measured functions so `--toggle-collect` skips it.
 #[inline(never)]
 fn warm_single(a: &mut &CachingAllocator<SimDevice>, size: u64, pairs: u64) {
+    // Distinct bodies, so that identical-code folding cannot merge warm-up and measurement.
+    std::hint::black_box(0u8);
     pairs_single(a, size, pairs)
 }
 
 #[inline(never)]
 fn warm_mixed(set: &mut MixedSet, a: &mut &CachingAllocator<SimDevice>, pairs: u64) {
+    std::hint::black_box(0u8);
     steps(set, a, pairs)
 }
 

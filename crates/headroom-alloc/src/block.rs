@@ -229,6 +229,20 @@ impl Arena {
         self.get(id.min(self.slots.len() as BlockId - 1))
     }
 
+    /// Block `id`, or for `NIL` the scratch block (see `get_mut_or_scratch`), whose fields
+    /// the caller masks out: a read through a link that may be `NIL` becomes a pointer
+    /// select, not a branch. Unlike `get_or_last`, valid on an empty arena.
+    #[inline(always)]
+    pub fn get_or_scratch(&self, id: BlockId) -> &Block {
+        let scratch: *const Block = &*self.scratch;
+        let base = self.slots.as_ptr();
+        // SAFETY: a non-NIL id is a live slot (see `get`); the scratch block is owned here.
+        unsafe {
+            let slot = base.wrapping_add(id as usize);
+            &*std::hint::select_unpredictable(id == NIL, scratch, slot)
+        }
+    }
+
     /// Block `id` to write, or for `NIL` a scratch block whose contents nobody reads: a
     /// write through a link that may be `NIL` becomes a pointer select, not a branch.
     #[inline(always)]

@@ -39,7 +39,14 @@ const RIGHT: usize = 1;
 /// `a < b` in (stream, size, address) order, computed without branches.
 #[inline(always)]
 fn key_lt(a: Key, b: Key) -> bool {
-    (a.0 < b.0) | ((a.0 == b.0) & ((a.1 < b.1) | ((a.1 == b.1) & (a.2 < b.2))))
+    (a.0 < b.0) | ((a.0 == b.0) & size_addr_lt(a, b))
+}
+
+/// `a < b` in (size, address) order: one 128-bit comparison (a compare and a
+/// subtract-with-borrow), not two compares and an equality test.
+#[inline(always)]
+fn size_addr_lt(a: Key, b: Key) -> bool {
+    ((a.1 as u128) << 64 | a.2 as u128) < ((b.1 as u128) << 64 | b.2 as u128)
 }
 
 /// `if c { x } else { y }` for ids, without a branch.
@@ -58,7 +65,7 @@ impl<const SIZED: bool> Treap<SIZED> {
     #[inline(always)]
     fn lt(x: Key, y: Key) -> bool {
         if SIZED {
-            (x.1 < y.1) | ((x.1 == y.1) & (x.2 < y.2))
+            size_addr_lt(x, y)
         } else {
             key_lt(x, y)
         }
@@ -522,11 +529,36 @@ impl Bins {
     }
 }
 
-/// Free mapped blocks, ordered by (stream, size, address): per stream, size bins of treaps.
-#[derive(Default)]
+/// Free mapped blocks, ordered by (stream, size, address): per stream, size bins of treaps,
+/// plus one pending block.
+///
+/// The pending block is the last one inserted: a member of the set that is not yet in its
+/// bin. The next insert files it. A block removed while pending (the remainder a free
+/// merges straight back, the block the next malloc takes) costs no tree or bitmap work at
+/// all, which is the whole of a repeated same-size pair's set traffic. Every query
+/// compares the pending block's key with the bins' answer, so the set's order, and every
+/// decision of the policy, are unchanged.
 pub struct SizeIndex {
     /// Sorted by stream; a stream keeps its (possibly empty) bins once it has had a block.
     streams: Vec<(StreamId, Box<Bins>)>,
+    /// A member not filed in any bin, or `NIL`.
+    pending: BlockId,
+}
+
+impl Default for SizeIndex {
+    fn default() -> Self {
+        SizeIndex {
+            streams: Vec::new(),
+            pending: NIL,
+        }
+    }
+}
+
+/// Full key of a block, for comparisons across streams.
+#[inline(always)]
+fn full_key(a: &Arena, id: BlockId) -> Key {
+    let b = a.get(id);
+    (b.stream, b.size, b.ptr)
 }
 
 impl SizeIndex {
@@ -545,12 +577,25 @@ impl SizeIndex {
         self.streams.iter().position(|(s, _)| *s == stream)
     }
 
+    /// Add `id` to the set: it becomes the pending block, and the previous one is filed.
     #[inline(always)]
     pub fn insert(&mut self, a: &mut Arena, id: BlockId) {
-        let (stream, size) = {
+        {
             let b = a.get_mut(id);
             debug_assert_eq!(b.member, Membership::None);
             b.member = Membership::Blocks;
+        }
+        let old = std::mem::replace(&mut self.pending, id);
+        if old != NIL {
+            self.file(a, old);
+        }
+    }
+
+    /// Put a member into its bin.
+    #[inline(always)]
+    fn file(&mut self, a: &mut Arena, id: BlockId) {
+        let (stream, size) = {
+            let b = a.get(id);
             (b.stream, b.size)
         };
         let bin = bin_of(size);
@@ -572,6 +617,12 @@ impl SizeIndex {
 
     #[inline(always)]
     pub fn remove(&mut self, a: &mut Arena, id: BlockId) {
+        debug_assert_eq!(a.get(id).member, Membership::Blocks);
+        if id == self.pending {
+            self.pending = NIL;
+            a.get_mut(id).member = Membership::None;
+            return;
+        }
         let (stream, bin) = {
             let b = a.get(id);
             debug_assert_eq!(b.member, Membership::Blocks);
@@ -592,6 +643,55 @@ impl SizeIndex {
     /// Smallest element with key >= `key`.
     #[inline(always)]
     pub fn lower_bound(&self, a: &Arena, key: Key) -> Option<BlockId> {
+        let filed = self.lower_bound_filed(a, key);
+        self.lowest_with_pending(a, filed, |k| !key_lt(k, key))
+    }
+
+    /// `found` (the bins' smallest key satisfying `pred`, a monotone false-then-true
+    /// predicate), or the pending block where its key satisfies `pred` and is lower.
+    #[inline(always)]
+    fn lowest_with_pending(
+        &self,
+        a: &Arena,
+        found: Option<BlockId>,
+        pred: impl Fn(Key) -> bool,
+    ) -> Option<BlockId> {
+        let p = self.pending;
+        if p == NIL {
+            return found;
+        }
+        // Whether the pending block fits, and whether it beats the bins' answer, are coin
+        // tosses on a mixed workload: both tests, then a select. A missing answer reads the
+        // scratch block's key, masked out.
+        let f = found.unwrap_or(NIL);
+        let pk = full_key(a, p);
+        let fb = a.get_or_scratch(f);
+        let take_p = pred(pk) & ((f == NIL) | key_lt(pk, (fb.stream, fb.size, fb.ptr)));
+        let id = pick(take_p, p, f);
+        (id != NIL).then_some(id)
+    }
+
+    /// As [`lowest_with_pending`](Self::lowest_with_pending), for the largest key satisfying
+    /// a true-then-false `pred`.
+    fn highest_with_pending(
+        &self,
+        a: &Arena,
+        found: Option<BlockId>,
+        pred: impl Fn(Key) -> bool,
+    ) -> Option<BlockId> {
+        let p = self.pending;
+        if p == NIL || !pred(full_key(a, p)) {
+            return found;
+        }
+        match found {
+            Some(f) if key_lt(full_key(a, p), full_key(a, f)) => Some(f),
+            _ => Some(p),
+        }
+    }
+
+    /// Smallest filed element with key >= `key`.
+    #[inline(always)]
+    fn lower_bound_filed(&self, a: &Arena, key: Key) -> Option<BlockId> {
         // The best-fit search: its stream is nearly always the first, and has a fit.
         if let Some((s, bins)) = self.streams.first() {
             if *s == key.0 {
@@ -621,6 +721,11 @@ impl SizeIndex {
     /// Smallest element with key > that of `id`.
     pub fn successor(&self, a: &Arena, id: BlockId) -> Option<BlockId> {
         let key = Sized_::key(a, id);
+        let filed = self.above_filed(a, key);
+        self.lowest_with_pending(a, filed, |k| key_lt(key, k))
+    }
+
+    fn above_filed(&self, a: &Arena, key: Key) -> Option<BlockId> {
         for (s, bins) in &self.streams {
             let found = if *s == key.0 {
                 bins.above(a, key)
@@ -638,6 +743,11 @@ impl SizeIndex {
 
     /// Largest element with key < `key`.
     pub fn predecessor_of_key(&self, a: &Arena, key: Key) -> Option<BlockId> {
+        let filed = self.below_filed(a, key);
+        self.highest_with_pending(a, filed, |k| key_lt(k, key))
+    }
+
+    fn below_filed(&self, a: &Arena, key: Key) -> Option<BlockId> {
         for (s, bins) in self.streams.iter().rev() {
             let found = if *s == key.0 {
                 bins.below(a, key)
@@ -658,14 +768,27 @@ impl SizeIndex {
     }
 
     pub fn last(&self, a: &Arena) -> Option<BlockId> {
-        self.streams
+        let filed = self
+            .streams
             .iter()
             .rev()
-            .find_map(|(_, bins)| bins.last_upto(a, NBINS - 1))
+            .find_map(|(_, bins)| bins.last_upto(a, NBINS - 1));
+        self.highest_with_pending(a, filed, |_| true)
     }
 
     /// In-order ids. Allocates; for release paths and checks, never the hot path.
     pub fn to_vec(&self, a: &Arena) -> Vec<BlockId> {
+        let mut out = self.filed_in_order(a);
+        if self.pending != NIL {
+            let pk = full_key(a, self.pending);
+            let at = out.partition_point(|&id| key_lt(full_key(a, id), pk));
+            out.insert(at, self.pending);
+        }
+        out
+    }
+
+    /// The filed blocks (all but the pending one), in order.
+    fn filed_in_order(&self, a: &Arena) -> Vec<BlockId> {
         let mut out = Vec::new();
         for (_, bins) in &self.streams {
             let mut bin = 0;
@@ -686,6 +809,21 @@ impl SizeIndex {
     /// members of this set, of its stream and bin; the bitmap marks exactly the non-empty
     /// bins; streams are sorted.
     pub fn check(&self, a: &Arena) -> Result<(), String> {
+        if self.pending != NIL {
+            if a.get(self.pending).member != Membership::Blocks {
+                return Err(format!(
+                    "free set: pending block {} is {:?}",
+                    self.pending,
+                    a.get(self.pending).member
+                ));
+            }
+            if self.filed_in_order(a).contains(&self.pending) {
+                return Err(format!(
+                    "free set: pending block {} is also filed",
+                    self.pending
+                ));
+            }
+        }
         for w in self.streams.windows(2) {
             if w[0].0 >= w[1].0 {
                 return Err("free set: streams out of order".into());

@@ -19,6 +19,8 @@
 //! monotone in size, so "first key >= (stream, size, 0)" is still exact: the search bin's
 //! treap, else the lowest block of the next non-empty bin, which one bit scan finds. The
 //! observable order (and so every decision of the policy) is the same as one sorted set's.
+//! The last block inserted waits outside its bin until the next insert (`SizeIndex::pending`):
+//! a repeated same-size malloc+free takes it out again before it is ever filed.
 //!
 //! Inside a treap, which way a search turns is as good as a coin toss, so the descents
 //! compute each key comparison without branching (`key_lt`) and pick the side as data, not
@@ -644,13 +646,15 @@ impl SizeIndex {
     #[inline(always)]
     pub fn lower_bound(&self, a: &Arena, key: Key) -> Option<BlockId> {
         let filed = self.lower_bound_filed(a, key);
-        self.lowest_with_pending(a, filed, |k| !key_lt(k, key))
+        self.with_pending::<false>(a, filed, |k| !key_lt(k, key))
     }
 
-    /// `found` (the bins' smallest key satisfying `pred`, a monotone false-then-true
-    /// predicate), or the pending block where its key satisfies `pred` and is lower.
+    /// The answer of a bound query over the whole set, from `found`, the bins' answer: for
+    /// `HIGHEST` false, the smallest key satisfying `pred` (false then true in key order);
+    /// for `HIGHEST` true, the largest (`pred` true then false). The pending block replaces
+    /// `found` where its key satisfies `pred` and lies beyond it on the query's side.
     #[inline(always)]
-    fn lowest_with_pending(
+    fn with_pending<const HIGHEST: bool>(
         &self,
         a: &Arena,
         found: Option<BlockId>,
@@ -666,27 +670,15 @@ impl SizeIndex {
         let f = found.unwrap_or(NIL);
         let pk = full_key(a, p);
         let fb = a.get_or_scratch(f);
-        let take_p = pred(pk) & ((f == NIL) | key_lt(pk, (fb.stream, fb.size, fb.ptr)));
+        let fk = (fb.stream, fb.size, fb.ptr);
+        let beyond = if HIGHEST {
+            key_lt(fk, pk)
+        } else {
+            key_lt(pk, fk)
+        };
+        let take_p = pred(pk) & ((f == NIL) | beyond);
         let id = pick(take_p, p, f);
         (id != NIL).then_some(id)
-    }
-
-    /// As [`lowest_with_pending`](Self::lowest_with_pending), for the largest key satisfying
-    /// a true-then-false `pred`.
-    fn highest_with_pending(
-        &self,
-        a: &Arena,
-        found: Option<BlockId>,
-        pred: impl Fn(Key) -> bool,
-    ) -> Option<BlockId> {
-        let p = self.pending;
-        if p == NIL || !pred(full_key(a, p)) {
-            return found;
-        }
-        match found {
-            Some(f) if key_lt(full_key(a, p), full_key(a, f)) => Some(f),
-            _ => Some(p),
-        }
     }
 
     /// Smallest filed element with key >= `key`.
@@ -722,7 +714,7 @@ impl SizeIndex {
     pub fn successor(&self, a: &Arena, id: BlockId) -> Option<BlockId> {
         let key = Sized_::key(a, id);
         let filed = self.above_filed(a, key);
-        self.lowest_with_pending(a, filed, |k| key_lt(key, k))
+        self.with_pending::<false>(a, filed, |k| key_lt(key, k))
     }
 
     fn above_filed(&self, a: &Arena, key: Key) -> Option<BlockId> {
@@ -744,7 +736,7 @@ impl SizeIndex {
     /// Largest element with key < `key`.
     pub fn predecessor_of_key(&self, a: &Arena, key: Key) -> Option<BlockId> {
         let filed = self.below_filed(a, key);
-        self.highest_with_pending(a, filed, |k| key_lt(k, key))
+        self.with_pending::<true>(a, filed, |k| key_lt(k, key))
     }
 
     fn below_filed(&self, a: &Arena, key: Key) -> Option<BlockId> {
@@ -773,7 +765,7 @@ impl SizeIndex {
             .iter()
             .rev()
             .find_map(|(_, bins)| bins.last_upto(a, NBINS - 1));
-        self.highest_with_pending(a, filed, |_| true)
+        self.with_pending::<true>(a, filed, |_| true)
     }
 
     /// In-order ids. Allocates; for release paths and checks, never the hot path.
@@ -984,6 +976,51 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The pending block is a member like any other for every query, is filed by the next
+    /// insert, and costs the bins nothing when it leaves before that.
+    #[test]
+    fn pending_block_is_a_member_and_is_filed_by_the_next_insert() {
+        let mut a = Arena::default();
+        let mut t = SizeIndex::default();
+        let small = a.alloc(1 << 20, 4096, 0, PoolKind::Small);
+        let big = a.alloc(0, 8192, 0, PoolKind::Small);
+        let filed_bins = |t: &SizeIndex| -> usize {
+            t.streams
+                .iter()
+                .map(|(_, b)| {
+                    b.words
+                        .iter()
+                        .map(|w| w.count_ones() as usize)
+                        .sum::<usize>()
+                })
+                .sum()
+        };
+        // In and out again while pending: no bin is ever marked.
+        t.insert(&mut a, big);
+        assert_eq!(t.lower_bound(&a, (0, 4096, 0)), Some(big));
+        assert_eq!(filed_bins(&t), 0);
+        t.remove(&mut a, big);
+        assert_eq!(t.to_vec(&a), Vec::<BlockId>::new());
+        assert_eq!(filed_bins(&t), 0);
+        // The next insert files the pending block; best fit sees both.
+        t.insert(&mut a, big);
+        t.insert(&mut a, small);
+        assert_eq!(filed_bins(&t), 1);
+        assert_eq!(t.check(&a), Ok(()));
+        assert_eq!(t.lower_bound(&a, (0, 512, 0)), Some(small));
+        assert_eq!(t.lower_bound(&a, (0, 4608, 0)), Some(big));
+        assert_eq!(t.lower_bound(&a, (0, 8704, 0)), None);
+        assert_eq!(t.to_vec(&a), vec![small, big]);
+        assert_eq!(t.successor(&a, small), Some(big));
+        assert_eq!(t.predecessor(&a, big), Some(small));
+        assert_eq!(t.last(&a), Some(big));
+        // Removing the filed block leaves the pending one, and the bin empties.
+        t.remove(&mut a, big);
+        assert_eq!(filed_bins(&t), 0);
+        assert_eq!(t.lower_bound(&a, (0, 512, 0)), Some(small));
+        assert_eq!(t.check(&a), Ok(()));
     }
 
     #[test]

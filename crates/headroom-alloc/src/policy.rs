@@ -423,10 +423,7 @@ impl<D: Device> State<D> {
             pool.get_free_blocks_call_count += 1;
         }
         let a = &self.arena;
-        let mut it = pool.blocks.lower_bound(a, (stream, s, 0))?;
-        if a.get(it).stream != stream {
-            return None;
-        }
+        let mut it = pool.blocks.best_fit(a, stream, s)?;
         if a.get(it).is_expandable() {
             if expandable_on {
                 // A block that can grow into the unmapped tail counts as its grown size for

@@ -643,10 +643,43 @@ impl SizeIndex {
     }
 
     /// Smallest element with key >= `key`.
-    #[inline(always)]
     pub fn lower_bound(&self, a: &Arena, key: Key) -> Option<BlockId> {
         let filed = self.lower_bound_filed(a, key);
         self.with_pending::<false>(a, filed, |k| !key_lt(k, key))
+    }
+
+    /// Best fit: the smallest block of `stream` with size >= `size`, lowest address first
+    /// (`lower_bound((stream, size, 0))` when its answer is of `stream`, else `None`).
+    #[inline(always)]
+    pub fn best_fit(&self, a: &Arena, stream: StreamId, size: u64) -> Option<BlockId> {
+        let key = (stream, size, 0);
+        // The stream is nearly always the first.
+        let filed = match self.streams.first() {
+            Some((s, bins)) if *s == stream => bins.lower_bound(a, key),
+            _ => self.bins(stream).and_then(|b| b.lower_bound(a, key)),
+        };
+        let p = self.pending;
+        if p == NIL {
+            return filed;
+        }
+        // Both answers are of `stream`, or missing: (size, address) decides. Whether the
+        // pending block fits and beats the bins' answer are coin tosses on a mixed
+        // workload, so they are computed and selected (a missing answer reads the scratch
+        // block, masked out).
+        let f = filed.unwrap_or(NIL);
+        let pb = a.get(p);
+        let fb = a.get_or_scratch(f);
+        let pk = (pb.stream, pb.size, pb.ptr);
+        let take_p = (pb.stream == stream)
+            & (pb.size >= size)
+            & ((f == NIL) | size_addr_lt(pk, (fb.stream, fb.size, fb.ptr)));
+        let id = pick(take_p, p, f);
+        (id != NIL).then_some(id)
+    }
+
+    fn bins(&self, stream: StreamId) -> Option<&Bins> {
+        let i = self.position_slow(stream)?;
+        Some(&self.streams[i].1)
     }
 
     /// The answer of a bound query over the whole set, from `found`, the bins' answer: for
@@ -922,6 +955,8 @@ mod tests {
                 for probe in [(stream, key.1, 0), (stream, key.1 + 512, 0), (1, 0, 0), (stream, 0, 0), (9, 0, 0)] {
                     let got = t.lower_bound(&a, probe).map(|id| key_of(&a, id));
                     prop_assert_eq!(got, model.range(probe..).next().copied());
+                    let fit = t.best_fit(&a, probe.0, probe.1).map(|id| key_of(&a, id));
+                    prop_assert_eq!(fit, got.filter(|k| k.0 == probe.0));
                     let pred = t.predecessor_of_key(&a, probe).map(|id| key_of(&a, id));
                     prop_assert_eq!(pred, model.range(..probe).next_back().copied());
                 }

@@ -309,7 +309,9 @@ pub fn bench_single<A: PairAlloc>(
     size: u64,
     opts: &BenchOptions,
 ) -> Result<BenchCase, AllocError> {
-    Ok(bench_single_paired::<A, A>(a, None, size, opts)?.0)
+    bench_single_paired::<A, A>(a, None, size, opts)
+        .map(|(c, _)| c)
+        .map_err(|e| e.source)
 }
 
 /// Run one mixed working-set case on `a`.
@@ -318,7 +320,42 @@ pub fn bench_mixed<A: PairAlloc>(
     live: usize,
     opts: &BenchOptions,
 ) -> Result<BenchCase, AllocError> {
-    Ok(bench_mixed_paired::<A, A>(a, None, live, opts)?.0)
+    bench_mixed_paired::<A, A>(a, None, live, opts)
+        .map(|(c, _)| c)
+        .map_err(|e| e.source)
+}
+
+/// Which allocator of a paired benchmark failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Ours,
+    Peer,
+}
+
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Side::Ours => "measured allocator",
+            Side::Peer => "peer allocator",
+        })
+    }
+}
+
+/// An error of a paired benchmark, with the side it came from: a caller may go on without a
+/// failing peer, never without its own allocator.
+#[derive(Debug, thiserror::Error)]
+#[error("{side}: {source}")]
+pub struct PairedError {
+    pub side: Side,
+    #[source]
+    pub source: AllocError,
+}
+
+impl Side {
+    /// Tag an allocator error with this side.
+    fn tag(self) -> impl FnOnce(AllocError) -> PairedError {
+        move |source| PairedError { side: self, source }
+    }
 }
 
 /// Repeat `time` on `ours` and, when given, on `peer`, alternating which goes first, so
@@ -331,19 +368,19 @@ fn alternate<A, B>(
     repeats: usize,
     mut time_ours: impl FnMut(&mut A) -> Result<f64, AllocError>,
     mut time_peer: impl FnMut(&mut B) -> Result<f64, AllocError>,
-) -> Result<(Vec<f64>, Vec<f64>), AllocError> {
+) -> Result<(Vec<f64>, Vec<f64>), PairedError> {
     let mut a = Vec::with_capacity(repeats);
     let mut b = Vec::with_capacity(repeats);
     for r in 0..repeats {
         if r % 2 == 1 {
             if let Some(p) = peer.as_deref_mut() {
-                b.push(time_peer(p)?);
+                b.push(time_peer(p).map_err(Side::Peer.tag())?);
             }
         }
-        a.push(time_ours(ours)?);
+        a.push(time_ours(ours).map_err(Side::Ours.tag())?);
         if r % 2 == 0 {
             if let Some(p) = peer.as_deref_mut() {
-                b.push(time_peer(p)?);
+                b.push(time_peer(p).map_err(Side::Peer.tag())?);
             }
         }
     }
@@ -356,10 +393,10 @@ pub fn bench_single_paired<A: PairAlloc, B: PairAlloc>(
     mut peer: Option<&mut B>,
     size: u64,
     opts: &BenchOptions,
-) -> Result<(BenchCase, Option<BenchCase>), AllocError> {
-    time_single(ours, size, opts.warmup)?;
+) -> Result<(BenchCase, Option<BenchCase>), PairedError> {
+    time_single(ours, size, opts.warmup).map_err(Side::Ours.tag())?;
     if let Some(p) = peer.as_deref_mut() {
-        time_single(p, size, opts.warmup)?;
+        time_single(p, size, opts.warmup).map_err(Side::Peer.tag())?;
     }
     let has_peer = peer.is_some();
     let (a, b) = alternate(
@@ -379,14 +416,16 @@ pub fn bench_mixed_paired<A: PairAlloc, B: PairAlloc>(
     mut peer: Option<&mut B>,
     live: usize,
     opts: &BenchOptions,
-) -> Result<(BenchCase, Option<BenchCase>), AllocError> {
+) -> Result<(BenchCase, Option<BenchCase>), PairedError> {
     let warm = opts.warmup.max(4 * live as u64);
-    let mut set_a = MixedSet::new(ours, live, opts.pairs as usize, SEED)?;
-    set_a.time(ours, warm)?;
+    let mut set_a =
+        MixedSet::new(ours, live, opts.pairs as usize, SEED).map_err(Side::Ours.tag())?;
+    set_a.time(ours, warm).map_err(Side::Ours.tag())?;
     let mut set_b = match peer.as_deref_mut() {
         Some(p) => {
-            let mut s = MixedSet::new(p, live, opts.pairs as usize, SEED)?;
-            s.time(p, warm)?;
+            let mut s =
+                MixedSet::new(p, live, opts.pairs as usize, SEED).map_err(Side::Peer.tag())?;
+            s.time(p, warm).map_err(Side::Peer.tag())?;
             Some(s)
         }
         None => None,
@@ -401,9 +440,9 @@ pub fn bench_mixed_paired<A: PairAlloc, B: PairAlloc>(
             None => Ok(f64::NAN),
         },
     )?;
-    set_a.release(ours)?;
+    set_a.release(ours).map_err(Side::Ours.tag())?;
     if let (Some(s), Some(p)) = (set_b, peer) {
-        s.release(p)?;
+        s.release(p).map_err(Side::Peer.tag())?;
     }
     let case = |v| {
         summarise(
@@ -623,6 +662,34 @@ mod tests {
         assert!(c.ns_min <= c.ns_per_pair_median && c.ns_per_pair_median <= c.ns_max);
         let sys = run_system_bench(&opts).unwrap();
         assert_eq!(sys.len(), 8);
+    }
+
+    /// An allocator whose every call fails, as a broken peer (or a broken build) would.
+    struct Broken;
+    impl PairAlloc for Broken {
+        fn alloc(&mut self, _size: u64) -> Result<u64, AllocError> {
+            Err(AllocError::Device("broken".into()))
+        }
+        fn free(&mut self, _ptr: u64, _size: u64) -> Result<(), AllocError> {
+            Err(AllocError::Device("broken".into()))
+        }
+    }
+
+    /// A paired case says which side failed, so a caller can drop a failing peer without
+    /// mistaking its own allocator's failure for the peer's.
+    #[test]
+    fn paired_errors_name_the_failing_side() {
+        let opts = BenchOptions::tiny();
+        let a = CachingAllocator::new(SimDevice::new(1 << 36), AllocatorConfig::default());
+        let e = bench_single_paired(&mut &a, Some(&mut Broken), 512, &opts).unwrap_err();
+        assert_eq!(e.side, Side::Peer);
+        let e = bench_mixed_paired(&mut &a, Some(&mut Broken), 16, &opts).unwrap_err();
+        assert_eq!(e.side, Side::Peer);
+        let e = bench_single_paired(&mut Broken, Some(&mut &a), 512, &opts).unwrap_err();
+        assert_eq!(e.side, Side::Ours);
+        assert!(e.to_string().starts_with("measured allocator: "), "{e}");
+        let e = bench_mixed_paired(&mut Broken, Some(&mut SystemAlloc), 16, &opts).unwrap_err();
+        assert_eq!(e.side, Side::Ours);
     }
 
     #[test]

@@ -15,7 +15,7 @@
 use std::ffi::{c_void, CString};
 
 use headroom_alloc::bench::{
-    bench_mixed_paired, bench_single_paired, paired_ratio, BenchCase, BenchOptions, PairAlloc,
+    bench_mixed_paired, bench_single_paired, paired_ratio, BenchCase, BenchOptions, PairAlloc, Side,
 };
 use headroom_alloc::bench::{MIXED_LIVE, SINGLE_SIZES};
 use headroom_alloc::{AllocError, AllocatorConfig, CachingAllocator};
@@ -158,12 +158,17 @@ fn main() {
         }
         match res {
             Ok(r) => rows.push(r),
+            Err(e) if e.side == Side::Peer => {
+                // PyTorch's side failed: go on measuring Headroom alone.
+                eprintln!(
+                    "cuda_bench (torch): {}; continuing without the torch column",
+                    e.source
+                );
+                torch_raw = None;
+            }
             Err(e) => {
-                // Either side failed; if it was the peer, go on without it.
-                eprintln!("cuda_bench: {e}");
-                if torch_raw.take().is_none() {
-                    std::process::exit(1);
-                }
+                eprintln!("cuda_bench (headroom): {}", e.source);
+                std::process::exit(1);
             }
         }
     }

@@ -556,13 +556,6 @@ impl Default for SizeIndex {
     }
 }
 
-/// Full key of a block, for comparisons across streams.
-#[inline(always)]
-fn full_key(a: &Arena, id: BlockId) -> Key {
-    let b = a.get(id);
-    (b.stream, b.size, b.ptr)
-}
-
 impl SizeIndex {
     /// The bins of `stream`; nearly every program has one or two streams, so a scan, with
     /// the first slot (the default stream, nearly always) tested before the loop.
@@ -627,7 +620,6 @@ impl SizeIndex {
         }
         let (stream, bin) = {
             let b = a.get(id);
-            debug_assert_eq!(b.member, Membership::Blocks);
             (b.stream, b.bin as usize)
         };
         let Some(bins) = self.bins_mut(stream) else {
@@ -658,23 +650,9 @@ impl SizeIndex {
             Some((s, bins)) if *s == stream => bins.lower_bound(a, key),
             _ => self.bins(stream).and_then(|b| b.lower_bound(a, key)),
         };
-        let p = self.pending;
-        if p == NIL {
-            return filed;
-        }
-        // Both answers are of `stream`, or missing: (size, address) decides. Whether the
-        // pending block fits and beats the bins' answer are coin tosses on a mixed
-        // workload, so they are computed and selected (a missing answer reads the scratch
-        // block, masked out).
-        let f = filed.unwrap_or(NIL);
-        let pb = a.get(p);
-        let fb = a.get_or_scratch(f);
-        let pk = (pb.stream, pb.size, pb.ptr);
-        let take_p = (pb.stream == stream)
-            & (pb.size >= size)
-            & ((f == NIL) | size_addr_lt(pk, (fb.stream, fb.size, fb.ptr)));
-        let id = pick(take_p, p, f);
-        (id != NIL).then_some(id)
+        // The bins' answer is of `stream`, so where the pending block is too, the full key
+        // order is (size, address) order.
+        self.with_pending::<false>(a, filed, |k| (k.0 == stream) & (k.1 >= size))
     }
 
     fn bins(&self, stream: StreamId) -> Option<&Bins> {
@@ -701,9 +679,8 @@ impl SizeIndex {
         // tosses on a mixed workload: both tests, then a select. A missing answer reads the
         // scratch block's key, masked out.
         let f = found.unwrap_or(NIL);
-        let pk = full_key(a, p);
-        let fb = a.get_or_scratch(f);
-        let fk = (fb.stream, fb.size, fb.ptr);
+        let pk = Sized_::key(a, p);
+        let fk = Sized_::key_of(a.get_or_scratch(f));
         let beyond = if HIGHEST {
             key_lt(fk, pk)
         } else {
@@ -715,20 +692,7 @@ impl SizeIndex {
     }
 
     /// Smallest filed element with key >= `key`.
-    #[inline(always)]
     fn lower_bound_filed(&self, a: &Arena, key: Key) -> Option<BlockId> {
-        // The best-fit search: its stream is nearly always the first, and has a fit.
-        if let Some((s, bins)) = self.streams.first() {
-            if *s == key.0 {
-                if let Some(id) = bins.lower_bound(a, key) {
-                    return Some(id);
-                }
-            }
-        }
-        self.lower_bound_slow(a, key)
-    }
-
-    fn lower_bound_slow(&self, a: &Arena, key: Key) -> Option<BlockId> {
         for (s, bins) in &self.streams {
             if *s == key.0 {
                 if let Some(id) = bins.lower_bound(a, key) {
@@ -805,8 +769,8 @@ impl SizeIndex {
     pub fn to_vec(&self, a: &Arena) -> Vec<BlockId> {
         let mut out = self.filed_in_order(a);
         if self.pending != NIL {
-            let pk = full_key(a, self.pending);
-            let at = out.partition_point(|&id| key_lt(full_key(a, id), pk));
+            let pk = Sized_::key(a, self.pending);
+            let at = out.partition_point(|&id| key_lt(Sized_::key(a, id), pk));
             out.insert(at, self.pending);
         }
         out

@@ -125,7 +125,7 @@ def main():
         print("  step ms of %s: %s" % (w, u))
     multi = {k: v for k, v in rounds.items() if len(v) > 1}
     if multi:
-        print("  step ms is the best of %d rounds (round 2 in reverse mode order); every round:"
+        print("  step ms is the best of %d rounds (round 2 in reverse mode order, round 3 forward); every round:"
               % max(len(v) for v in multi.values()))
         for (w, m), v in multi.items():
             print("    %-22s %-20s %s" % (w, names.get(m, m), " ".join("%.2f" % x for x in v)))

@@ -455,6 +455,51 @@ fn fast_paths_match_the_cpu() {
             }
             Ok(out)
         });
+        // Training batch norm and its backward walk (batch, plane index) by additions: planes
+        // smaller and larger than a block, many elements per thread, and a transposed input
+        // (inner dims not dense) through the general offsets.
+        both(rt, &format!("batch_norm train strides {dt}"), t, |d| {
+            let mut out = Vec::new();
+            for (n, c, h, w, transposed) in [
+                (8, 3, 9, 11, false),
+                (6, 2, 30, 31, false),
+                (5, 3, 7, 13, true),
+            ] {
+                let x = leaf(&[n, c, h, w], dt, d)?;
+                let xin = if transposed {
+                    x.transpose(2, 3)?
+                } else {
+                    x.clone()
+                };
+                let wt = leaf(&[c], dt, d)?;
+                let b = leaf(&[c], dt, d)?;
+                let rm = Tensor::zeros(&[c], dt, d)?;
+                let rv = Tensor::ones(&[c], dt, d)?;
+                let y = ops::batch_norm(
+                    &xin,
+                    Some(&rm),
+                    Some(&rv),
+                    Some(&wt),
+                    Some(&b),
+                    true,
+                    0.1,
+                    1e-5,
+                )?;
+                // A non-dense upstream gradient too (y's transpose, made contiguous by the op).
+                y.mul(&y.transpose(2, 3)?.contiguous()?.transpose(2, 3)?)?
+                    .sum()?
+                    .backward()?;
+                out.extend([
+                    y,
+                    x.grad().unwrap(),
+                    wt.grad().unwrap(),
+                    b.grad().unwrap(),
+                    rm,
+                    rv,
+                ]);
+            }
+            Ok(out)
+        });
         both(rt, &format!("layer_norm rows {dt}"), t, |d| {
             let mut out = Vec::new();
             for dim in [768, 100, 1000] {

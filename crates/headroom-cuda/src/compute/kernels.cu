@@ -287,6 +287,45 @@ __device__ __forceinline__ i64 off_bcj(const T& t, i64 b, i64 c, i64 j) {
     return o;
 }
 
+// Whether t's inner dims (2 on) are laid out densely, so that flat inner index j is offset j
+// from (b, c): then `off_bcj_fast` needs no division. Uniform over a launch.
+__device__ __forceinline__ bool inner_dense(const T& t) {
+    i64 s = 1;
+    for (int d = t.nd - 1; d >= 2; --d) {
+        if (t.shape[d] != 1 && t.st[d] != s) return false;
+        s *= t.shape[d];
+    }
+    return true;
+}
+__device__ __forceinline__ i64 off_bcj_fast(const T& t, bool dense, i64 b, i64 c, i64 j) {
+    return dense ? t.off + b * t.st[0] + c * t.st[1] + j : off_bcj(t, b, c, j);
+}
+
+// (batch b, inner index j) of a flat index k = b * hw + j that advances by a fixed stride:
+// one division at the start, then additions. A 64-bit division is a long software sequence
+// on the GPU, and the per-channel loops below made several per element.
+struct BJ {
+    i64 b, j, sb, sj, hw;
+};
+__device__ __forceinline__ BJ bj_start(i64 k, i64 stride, i64 hw) {
+    BJ p;
+    if (hw <= 0) hw = 1;  // an empty tensor: the caller's loop never runs
+    p.b = k / hw;
+    p.j = k - p.b * hw;
+    p.sb = stride / hw;
+    p.sj = stride - p.sb * hw;
+    p.hw = hw;
+    return p;
+}
+__device__ __forceinline__ void bj_next(BJ& p) {
+    p.b += p.sb;
+    p.j += p.sj;
+    if (p.j >= p.hw) {
+        p.j -= p.hw;
+        p.b += 1;
+    }
+}
+
 __device__ __forceinline__ void report(int* err, int code, i64 index) {
     if (atomicCAS(err, 0, code) == 0) {
         ((i64*)err)[1] = index;
@@ -878,22 +917,25 @@ extern "C" __global__ void k_bn_train(T x, T w, T b, T rm, T rv, double momentum
     i64 c = blockIdx.x;
     if (c >= C) return;
     i64 cnt = N * HW;
+    const bool xd = inner_dense(x);
     double s = 0.0;
-    for (i64 k = threadIdx.x; k < cnt; k += blockDim.x) s += (double)ldf(x, off_bcj(x, k / HW, c, k % HW));
+    BJ p = bj_start(threadIdx.x, blockDim.x, HW);
+    for (i64 k = threadIdx.x; k < cnt; k += blockDim.x, bj_next(p)) s += (double)ldf(x, off_bcj_fast(x, xd, p.b, c, p.j));
     double mean = block_sum(s, sh) / (double)cnt;
     double q = 0.0;
-    for (i64 k = threadIdx.x; k < cnt; k += blockDim.x) {
-        double d = (double)ldf(x, off_bcj(x, k / HW, c, k % HW)) - mean;
+    p = bj_start(threadIdx.x, blockDim.x, HW);
+    for (i64 k = threadIdx.x; k < cnt; k += blockDim.x, bj_next(p)) {
+        double d = (double)ldf(x, off_bcj_fast(x, xd, p.b, c, p.j)) - mean;
         q += d * d;
     }
     double var = block_sum(q, sh) / (double)cnt;
     double inv = 1.0 / sqrt(var + eps);
     double sc = inv * (double)opt_ld(w, c, 1.f);
     double shf = (double)opt_ld(b, c, 0.f);
-    for (i64 k = threadIdx.x; k < cnt; k += blockDim.x) {
-        i64 bb = k / HW, j = k % HW;
-        double v = (double)ldf(x, off_bcj(x, bb, c, j));
-        stf(out, out.off + (bb * C + c) * HW + j, (float)((v - mean) * sc + shf));
+    p = bj_start(threadIdx.x, blockDim.x, HW);
+    for (i64 k = threadIdx.x; k < cnt; k += blockDim.x, bj_next(p)) {
+        double v = (double)ldf(x, off_bcj_fast(x, xd, p.b, c, p.j));
+        stf(out, out.off + (p.b * C + c) * HW + p.j, (float)((v - mean) * sc + shf));
     }
     if (threadIdx.x == 0) {
         std_(smean, toff(smean, c), mean);
@@ -1003,11 +1045,13 @@ extern "C" __global__ void k_bn_bwd(T gy, T x, T w, T mean_t, T inv_t, int train
     double mean = ldd(mean_t, toff(mean_t, c));
     double inv = ldd(inv_t, toff(inv_t, c));
     if (!train) inv = 1.0 / sqrt(inv + eps);
+    const bool gd = inner_dense(gy), xd = inner_dense(x);
     double sg = 0.0, sgx = 0.0;
-    for (i64 k = threadIdx.x; k < cnt; k += blockDim.x) {
-        i64 bb = k / HW, j = k % HW;
-        double g = (double)ldf(gy, off_bcj(gy, bb, c, j));
-        double v = (double)ldf(x, off_bcj(x, bb, c, j));
+    BJ p = bj_start(threadIdx.x, blockDim.x, HW);
+    for (i64 k = threadIdx.x; k < cnt; k += blockDim.x, bj_next(p)) {
+        i64 bb = p.b, j = p.j;
+        double g = (double)ldf(gy, off_bcj_fast(gy, gd, bb, c, j));
+        double v = (double)ldf(x, off_bcj_fast(x, xd, bb, c, j));
         sg += g;
         sgx += g * (v - mean) * inv;
     }
@@ -1019,12 +1063,13 @@ extern "C" __global__ void k_bn_bwd(T gy, T x, T w, T mean_t, T inv_t, int train
     }
     if (!gx.p) return;
     double wc = (double)opt_ld(w, c, 1.f);
-    for (i64 k = threadIdx.x; k < cnt; k += blockDim.x) {
-        i64 bb = k / HW, j = k % HW;
-        double g = (double)ldf(gy, off_bcj(gy, bb, c, j));
+    p = bj_start(threadIdx.x, blockDim.x, HW);
+    for (i64 k = threadIdx.x; k < cnt; k += blockDim.x, bj_next(p)) {
+        i64 bb = p.b, j = p.j;
+        double g = (double)ldf(gy, off_bcj_fast(gy, gd, bb, c, j));
         double r;
         if (train) {
-            double xh = ((double)ldf(x, off_bcj(x, bb, c, j)) - mean) * inv;
+            double xh = ((double)ldf(x, off_bcj_fast(x, xd, bb, c, j)) - mean) * inv;
             r = wc * inv * (g - sg / (double)cnt - xh * sgx / (double)cnt);
         } else {
             r = wc * inv * g;

@@ -91,8 +91,15 @@ pub fn round_size(config: &AllocatorConfig, n: u64) -> u64 {
     if d > 1 && n > MIN_BLOCK_SIZE * d {
         roundup_power2_next_division(n, d)
     } else {
-        MIN_BLOCK_SIZE * n.div_ceil(MIN_BLOCK_SIZE)
+        round_512(n)
     }
+}
+
+/// Plain rounding up to a multiple of 512 bytes, at least 512: `round_size` without
+/// power-of-two divisions.
+#[inline(always)]
+fn round_512(n: u64) -> u64 {
+    MIN_BLOCK_SIZE * n.div_ceil(MIN_BLOCK_SIZE).max(1)
 }
 
 fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
@@ -323,7 +330,7 @@ impl<D: Device> State<D> {
         let s = if self.roundup_on {
             round_size(&self.config, n)
         } else {
-            MIN_BLOCK_SIZE * n.div_ceil(MIN_BLOCK_SIZE).max(1)
+            round_512(n)
         };
         let kind = pool_for(s);
         let block = match self.get_free_block(kind, stream, s) {

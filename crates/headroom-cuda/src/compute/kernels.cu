@@ -301,23 +301,28 @@ __device__ __forceinline__ i64 off_bcj_fast(const T& t, bool dense, i64 b, i64 c
     return dense ? t.off + b * t.st[0] + c * t.st[1] + j : off_bcj(t, b, c, j);
 }
 
-// (batch b, inner index j) of a flat index k = b * hw + j that advances by a fixed stride:
-// one division at the start, then additions. A 64-bit division is a long software sequence
-// on the GPU, and the per-channel loops below made several per element.
+// A thread's walk over one channel's flat indices k = b * hw + j, k advancing by a fixed
+// stride: (batch b, inner index j) follow by additions from one division at the start. A
+// 64-bit division is a long software sequence on the GPU, and the per-channel loops below
+// made several per element. Loop: `for (BJ p = bj_start(threadIdx.x, blockDim.x, HW);
+// p.k < cnt; bj_next(p))`.
 struct BJ {
-    i64 b, j, sb, sj, hw;
+    i64 k, b, j, sk, sb, sj, hw;
 };
 __device__ __forceinline__ BJ bj_start(i64 k, i64 stride, i64 hw) {
     BJ p;
     if (hw <= 0) hw = 1;  // an empty tensor: the caller's loop never runs
+    p.k = k;
     p.b = k / hw;
     p.j = k - p.b * hw;
+    p.sk = stride;
     p.sb = stride / hw;
     p.sj = stride - p.sb * hw;
     p.hw = hw;
     return p;
 }
 __device__ __forceinline__ void bj_next(BJ& p) {
+    p.k += p.sk;
     p.b += p.sb;
     p.j += p.sj;
     if (p.j >= p.hw) {
@@ -919,12 +924,11 @@ extern "C" __global__ void k_bn_train(T x, T w, T b, T rm, T rv, double momentum
     i64 cnt = N * HW;
     const bool xd = inner_dense(x);
     double s = 0.0;
-    BJ p = bj_start(threadIdx.x, blockDim.x, HW);
-    for (i64 k = threadIdx.x; k < cnt; k += blockDim.x, bj_next(p)) s += (double)ldf(x, off_bcj_fast(x, xd, p.b, c, p.j));
+    for (BJ p = bj_start(threadIdx.x, blockDim.x, HW); p.k < cnt; bj_next(p))
+        s += (double)ldf(x, off_bcj_fast(x, xd, p.b, c, p.j));
     double mean = block_sum(s, sh) / (double)cnt;
     double q = 0.0;
-    p = bj_start(threadIdx.x, blockDim.x, HW);
-    for (i64 k = threadIdx.x; k < cnt; k += blockDim.x, bj_next(p)) {
+    for (BJ p = bj_start(threadIdx.x, blockDim.x, HW); p.k < cnt; bj_next(p)) {
         double d = (double)ldf(x, off_bcj_fast(x, xd, p.b, c, p.j)) - mean;
         q += d * d;
     }
@@ -932,8 +936,7 @@ extern "C" __global__ void k_bn_train(T x, T w, T b, T rm, T rv, double momentum
     double inv = 1.0 / sqrt(var + eps);
     double sc = inv * (double)opt_ld(w, c, 1.f);
     double shf = (double)opt_ld(b, c, 0.f);
-    p = bj_start(threadIdx.x, blockDim.x, HW);
-    for (i64 k = threadIdx.x; k < cnt; k += blockDim.x, bj_next(p)) {
+    for (BJ p = bj_start(threadIdx.x, blockDim.x, HW); p.k < cnt; bj_next(p)) {
         double v = (double)ldf(x, off_bcj_fast(x, xd, p.b, c, p.j));
         stf(out, out.off + (p.b * C + c) * HW + p.j, (float)((v - mean) * sc + shf));
     }
@@ -1047,11 +1050,9 @@ extern "C" __global__ void k_bn_bwd(T gy, T x, T w, T mean_t, T inv_t, int train
     if (!train) inv = 1.0 / sqrt(inv + eps);
     const bool gd = inner_dense(gy), xd = inner_dense(x);
     double sg = 0.0, sgx = 0.0;
-    BJ p = bj_start(threadIdx.x, blockDim.x, HW);
-    for (i64 k = threadIdx.x; k < cnt; k += blockDim.x, bj_next(p)) {
-        i64 bb = p.b, j = p.j;
-        double g = (double)ldf(gy, off_bcj_fast(gy, gd, bb, c, j));
-        double v = (double)ldf(x, off_bcj_fast(x, xd, bb, c, j));
+    for (BJ p = bj_start(threadIdx.x, blockDim.x, HW); p.k < cnt; bj_next(p)) {
+        double g = (double)ldf(gy, off_bcj_fast(gy, gd, p.b, c, p.j));
+        double v = (double)ldf(x, off_bcj_fast(x, xd, p.b, c, p.j));
         sg += g;
         sgx += g * (v - mean) * inv;
     }
@@ -1063,18 +1064,16 @@ extern "C" __global__ void k_bn_bwd(T gy, T x, T w, T mean_t, T inv_t, int train
     }
     if (!gx.p) return;
     double wc = (double)opt_ld(w, c, 1.f);
-    p = bj_start(threadIdx.x, blockDim.x, HW);
-    for (i64 k = threadIdx.x; k < cnt; k += blockDim.x, bj_next(p)) {
-        i64 bb = p.b, j = p.j;
-        double g = (double)ldf(gy, off_bcj_fast(gy, gd, bb, c, j));
+    for (BJ p = bj_start(threadIdx.x, blockDim.x, HW); p.k < cnt; bj_next(p)) {
+        double g = (double)ldf(gy, off_bcj_fast(gy, gd, p.b, c, p.j));
         double r;
         if (train) {
-            double xh = ((double)ldf(x, off_bcj_fast(x, xd, bb, c, j)) - mean) * inv;
+            double xh = ((double)ldf(x, off_bcj_fast(x, xd, p.b, c, p.j)) - mean) * inv;
             r = wc * inv * (g - sg / (double)cnt - xh * sgx / (double)cnt);
         } else {
             r = wc * inv * g;
         }
-        stf(gx, gx.off + (bb * C + c) * HW + j, (float)r);
+        stf(gx, gx.off + (p.b * C + c) * HW + p.j, (float)r);
     }
 }
 

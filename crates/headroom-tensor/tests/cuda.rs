@@ -457,13 +457,18 @@ fn fast_paths_match_the_cpu() {
         });
         // Training batch norm and its backward walk (batch, plane index) by additions: planes
         // smaller and larger than a block, many elements per thread, and a transposed input
-        // (inner dims not dense) through the general offsets.
+        // (inner dims not dense) through the general offsets. The last three have channels of
+        // over 16384 elements, so each channel is split over 2, 4 and 16 blocks (the backward
+        // splits in f32 only: it passes its sums through f32 grads).
         both(rt, &format!("batch_norm train strides {dt}"), t, |d| {
             let mut out = Vec::new();
             for (n, c, h, w, transposed) in [
                 (8, 3, 9, 11, false),
                 (6, 2, 30, 31, false),
                 (5, 3, 7, 13, true),
+                (16, 3, 32, 40, false),
+                (9, 2, 60, 61, true),
+                (32, 2, 64, 64, false),
             ] {
                 let x = leaf(&[n, c, h, w], dt, d)?;
                 let xin = if transposed {

@@ -910,10 +910,56 @@ extern "C" __global__ void k_adaptive_avg_bwd(T gy, T gx, i64 C, i64 H, i64 W, i
 }
 
 // ---------------------------------------------------------------------------------------
-// Batch norm over [N, C, ...]: one block per channel for anything that needs statistics.
+// Batch norm over [N, C, ...]: one block per channel for anything that needs statistics,
+// or, for few channels of many elements, several (the split kernels after k_bn_bwd).
 
 __device__ __forceinline__ float opt_ld(const T& t, i64 c, float dflt) {
     return t.p ? ldf(t, toff(t, c)) : dflt;
+}
+
+// Channel c's batch statistics: the saved (mean, inverse std), and the running (mean,
+// unbiased variance) moved by `momentum`, as PyTorch updates them.
+__device__ void bn_store_stats(i64 c, i64 cnt, double mean, double var, double inv, double momentum, T smean,
+                               T sinv, T rm, T rv) {
+    std_(smean, toff(smean, c), mean);
+    std_(sinv, toff(sinv, c), inv);
+    if (rm.p) {
+        i64 o = toff(rm, c);
+        std_(rm, o, (1.0 - momentum) * ldd(rm, o) + momentum * mean);
+    }
+    if (rv.p) {
+        i64 o = toff(rv, c);
+        double unbias = cnt > 1 ? (double)cnt / (double)(cnt - 1) : 1.0;
+        std_(rv, o, (1.0 - momentum) * ldd(rv, o) + momentum * var * unbias);
+    }
+}
+
+// Mean and sum of squared deviations of channel c's flat elements [lo, hi), two passes,
+// block-wide: every thread gets both.
+__device__ void bn_mean_m2(const T& x, i64 c, i64 lo, i64 hi, i64 HW, double* sh, double& mean, double& m2) {
+    const bool xd = inner_dense(x);
+    const double n = (double)max(hi - lo, (i64)0);
+    double s = 0.0;
+    for (BJ p = bj_start(lo + threadIdx.x, blockDim.x, HW); p.k < hi; bj_next(p))
+        s += (double)ldf(x, off_bcj_fast(x, xd, p.b, c, p.j));
+    s = block_sum(s, sh);
+    mean = n > 0.0 ? s / n : 0.0;
+    double q = 0.0;
+    for (BJ p = bj_start(lo + threadIdx.x, blockDim.x, HW); p.k < hi; bj_next(p)) {
+        double d = (double)ldf(x, off_bcj_fast(x, xd, p.b, c, p.j)) - mean;
+        q += d * d;
+    }
+    m2 = block_sum(q, sh);
+}
+
+// out = (x - mean) * sc + shf over channel c's flat elements [lo, hi) (out contiguous).
+__device__ void bn_affine(const T& x, const T& out, i64 c, i64 lo, i64 hi, i64 C, i64 HW, double mean, double sc,
+                          double shf) {
+    const bool xd = inner_dense(x);
+    for (BJ p = bj_start(lo + threadIdx.x, blockDim.x, HW); p.k < hi; bj_next(p)) {
+        double v = (double)ldf(x, off_bcj_fast(x, xd, p.b, c, p.j));
+        stf(out, out.off + (p.b * C + c) * HW + p.j, (float)((v - mean) * sc + shf));
+    }
 }
 
 extern "C" __global__ void k_bn_train(T x, T w, T b, T rm, T rv, double momentum, double eps, T out, T smean,
@@ -922,37 +968,12 @@ extern "C" __global__ void k_bn_train(T x, T w, T b, T rm, T rv, double momentum
     i64 c = blockIdx.x;
     if (c >= C) return;
     i64 cnt = N * HW;
-    const bool xd = inner_dense(x);
-    double s = 0.0;
-    for (BJ p = bj_start(threadIdx.x, blockDim.x, HW); p.k < cnt; bj_next(p))
-        s += (double)ldf(x, off_bcj_fast(x, xd, p.b, c, p.j));
-    double mean = block_sum(s, sh) / (double)cnt;
-    double q = 0.0;
-    for (BJ p = bj_start(threadIdx.x, blockDim.x, HW); p.k < cnt; bj_next(p)) {
-        double d = (double)ldf(x, off_bcj_fast(x, xd, p.b, c, p.j)) - mean;
-        q += d * d;
-    }
-    double var = block_sum(q, sh) / (double)cnt;
+    double mean, m2;
+    bn_mean_m2(x, c, 0, cnt, HW, sh, mean, m2);
+    double var = m2 / (double)cnt;
     double inv = 1.0 / sqrt(var + eps);
-    double sc = inv * (double)opt_ld(w, c, 1.f);
-    double shf = (double)opt_ld(b, c, 0.f);
-    for (BJ p = bj_start(threadIdx.x, blockDim.x, HW); p.k < cnt; bj_next(p)) {
-        double v = (double)ldf(x, off_bcj_fast(x, xd, p.b, c, p.j));
-        stf(out, out.off + (p.b * C + c) * HW + p.j, (float)((v - mean) * sc + shf));
-    }
-    if (threadIdx.x == 0) {
-        std_(smean, toff(smean, c), mean);
-        std_(sinv, toff(sinv, c), inv);
-        if (rm.p) {
-            i64 o = toff(rm, c);
-            std_(rm, o, (1.0 - momentum) * ldd(rm, o) + momentum * mean);
-        }
-        if (rv.p) {
-            i64 o = toff(rv, c);
-            double unbias = cnt > 1 ? (double)cnt / (double)(cnt - 1) : 1.0;
-            std_(rv, o, (1.0 - momentum) * ldd(rv, o) + momentum * var * unbias);
-        }
-    }
+    bn_affine(x, out, c, 0, cnt, C, HW, mean, inv * (double)opt_ld(w, c, 1.f), (double)opt_ld(b, c, 0.f));
+    if (threadIdx.x == 0) bn_store_stats(c, cnt, mean, var, inv, momentum, smean, sinv, rm, rv);
 }
 
 // Eval batch norm's affine map, then ReLU when `relu` (the same `v > 0 ? v : 0` as the relu
@@ -1038,6 +1059,39 @@ extern "C" __global__ void k_bn_eval(T x, T w, T b, T rm, T rv, double eps, T ou
     }
 }
 
+// (sum g, sum g * xhat) over channel c's flat elements [lo, hi), block-wide.
+__device__ void bn_grad_sums(const T& gy, const T& x, i64 c, i64 lo, i64 hi, i64 HW, double mean, double inv,
+                             double* sh, double& sg, double& sgx) {
+    const bool gd = inner_dense(gy), xd = inner_dense(x);
+    double a = 0.0, b = 0.0;
+    for (BJ p = bj_start(lo + threadIdx.x, blockDim.x, HW); p.k < hi; bj_next(p)) {
+        double g = (double)ldf(gy, off_bcj_fast(gy, gd, p.b, c, p.j));
+        double v = (double)ldf(x, off_bcj_fast(x, xd, p.b, c, p.j));
+        a += g;
+        b += g * (v - mean) * inv;
+    }
+    sg = block_sum(a, sh);
+    sgx = block_sum(b, sh);
+}
+
+// gx over channel c's flat elements [lo, hi) (gx contiguous), with wc = w * inv. Train:
+// wc * (g - mean(g) - xhat * mean(g * xhat)), given those two means; eval: wc * g.
+__device__ void bn_grad_input(const T& gy, const T& x, const T& gx, i64 c, i64 lo, i64 hi, i64 C, i64 HW, double mean,
+                              double inv, double wc, double mg, double mgx, int train) {
+    const bool gd = inner_dense(gy), xd = inner_dense(x);
+    for (BJ p = bj_start(lo + threadIdx.x, blockDim.x, HW); p.k < hi; bj_next(p)) {
+        double g = (double)ldf(gy, off_bcj_fast(gy, gd, p.b, c, p.j));
+        double r;
+        if (train) {
+            double xh = ((double)ldf(x, off_bcj_fast(x, xd, p.b, c, p.j)) - mean) * inv;
+            r = wc * (g - mg - xh * mgx);
+        } else {
+            r = wc * g;
+        }
+        stf(gx, gx.off + (p.b * C + c) * HW + p.j, (float)r);
+    }
+}
+
 // train: (mean, inv) are the saved batch statistics; eval: (running mean, running var).
 extern "C" __global__ void k_bn_bwd(T gy, T x, T w, T mean_t, T inv_t, int train, double eps, T gx, T gw, T gb,
                                     i64 N, i64 C, i64 HW) {
@@ -1048,33 +1102,116 @@ extern "C" __global__ void k_bn_bwd(T gy, T x, T w, T mean_t, T inv_t, int train
     double mean = ldd(mean_t, toff(mean_t, c));
     double inv = ldd(inv_t, toff(inv_t, c));
     if (!train) inv = 1.0 / sqrt(inv + eps);
-    const bool gd = inner_dense(gy), xd = inner_dense(x);
-    double sg = 0.0, sgx = 0.0;
-    for (BJ p = bj_start(threadIdx.x, blockDim.x, HW); p.k < cnt; bj_next(p)) {
-        double g = (double)ldf(gy, off_bcj_fast(gy, gd, p.b, c, p.j));
-        double v = (double)ldf(x, off_bcj_fast(x, xd, p.b, c, p.j));
-        sg += g;
-        sgx += g * (v - mean) * inv;
-    }
-    sg = block_sum(sg, sh);
-    sgx = block_sum(sgx, sh);
+    double sg, sgx;
+    bn_grad_sums(gy, x, c, 0, cnt, HW, mean, inv, sh, sg, sgx);
     if (threadIdx.x == 0) {
         if (gw.p) std_(gw, toff(gw, c), sgx);
         if (gb.p) std_(gb, toff(gb, c), sg);
     }
     if (!gx.p) return;
-    double wc = (double)opt_ld(w, c, 1.f);
-    for (BJ p = bj_start(threadIdx.x, blockDim.x, HW); p.k < cnt; bj_next(p)) {
-        double g = (double)ldf(gy, off_bcj_fast(gy, gd, p.b, c, p.j));
-        double r;
-        if (train) {
-            double xh = ((double)ldf(x, off_bcj_fast(x, xd, p.b, c, p.j)) - mean) * inv;
-            r = wc * inv * (g - sg / (double)cnt - xh * sgx / (double)cnt);
-        } else {
-            r = wc * inv * g;
-        }
-        stf(gx, gx.off + (p.b * C + c) * HW + p.j, (float)r);
+    double wc = (double)opt_ld(w, c, 1.f) * inv;
+    bn_grad_input(gy, x, gx, c, 0, cnt, C, HW, mean, inv, wc, sg / (double)cnt, sgx / (double)cnt, train);
+}
+
+// Training batch norm with each channel split over gridDim.y slices, for few channels of
+// many elements: a block per channel left most SMs idle (ResNet-50's 64-channel layers at
+// bs32 are 64 blocks on 132 SMs, each reading 0.1 to 0.4 M elements per pass), which was
+// over half the training step. Three launches each way: per slice a partial result into
+// `ws`, per channel their combination in slice order (so every block of a channel sees the
+// same numbers), then the elementwise pass. `ws` lies in the output's own storage (gx's in
+// the backward), which nothing reads until the last launch overwrites it, so the split
+// takes no memory beyond the outputs PyTorch's kernels write too.
+
+// This block's channel c (blockIdx.x) and slice [lo, hi) (blockIdx.y) of the channel's cnt
+// elements; false past the last channel.
+__device__ __forceinline__ bool bn_slice(i64 C, i64 cnt, i64& c, i64& lo, i64& hi) {
+    c = blockIdx.x;
+    i64 per = (cnt + gridDim.y - 1) / gridDim.y;
+    lo = (i64)blockIdx.y * per;
+    hi = min(cnt, lo + per);
+    return c < C;
+}
+
+// Per slice: (count, mean, sum of squared deviations), as three doubles at ws[3 * (c * S + s)].
+extern "C" __global__ void k_bn_part_stats(T x, double* ws, i64 N, i64 C, i64 HW) {
+    __shared__ double sh[32];
+    i64 c, lo, hi;
+    if (!bn_slice(C, N * HW, c, lo, hi)) return;
+    double mean, m2;
+    bn_mean_m2(x, c, lo, hi, HW, sh, mean, m2);
+    if (threadIdx.x == 0) {
+        double* o = ws + 3 * (c * gridDim.y + blockIdx.y);
+        o[0] = (double)max(hi - lo, (i64)0);
+        o[1] = mean;
+        o[2] = m2;
     }
+}
+
+// Per channel: the slices combined in order (Chan et al.'s pairwise update), then the saved
+// statistics and the running ones, as k_bn_train writes them.
+extern "C" __global__ void k_bn_fin_stats(const double* ws, T rm, T rv, double momentum, double eps, T smean,
+                                          T sinv, i64 C, i64 S, i64 cnt) {
+    LOOP(c, C) {
+        double n = 0.0, mean = 0.0, m2 = 0.0;
+        for (i64 s = 0; s < S; ++s) {
+            const double* o = ws + 3 * (c * S + s);
+            double nb = o[0];
+            if (nb <= 0.0) continue;
+            double nn = n + nb, d = o[1] - mean;
+            mean += d * (nb / nn);
+            m2 += o[2] + d * d * (n * nb / nn);
+            n = nn;
+        }
+        double var = m2 / (double)cnt;
+        double inv = 1.0 / sqrt(var + eps);
+        bn_store_stats(c, cnt, mean, var, inv, momentum, smean, sinv, rm, rv);
+    }
+}
+
+// out = (x - mean) * inv * w + b over this block's slice, from the saved statistics.
+extern "C" __global__ void k_bn_apply(T x, T w, T b, T smean, T sinv, T out, i64 N, i64 C, i64 HW) {
+    i64 c, lo, hi;
+    if (!bn_slice(C, N * HW, c, lo, hi)) return;
+    double sc = ldd(sinv, toff(sinv, c)) * (double)opt_ld(w, c, 1.f);
+    bn_affine(x, out, c, lo, hi, C, HW, ldd(smean, toff(smean, c)), sc, (double)opt_ld(b, c, 0.f));
+}
+
+// Backward, per slice: (sum g, sum g * xhat) at ws[2 * (c * S + s)].
+extern "C" __global__ void k_bn_bwd_part(T gy, T x, T mean_t, T inv_t, double* ws, i64 N, i64 C, i64 HW) {
+    __shared__ double sh[32];
+    i64 c, lo, hi;
+    if (!bn_slice(C, N * HW, c, lo, hi)) return;
+    double sg, sgx;
+    bn_grad_sums(gy, x, c, lo, hi, HW, ldd(mean_t, toff(mean_t, c)), ldd(inv_t, toff(inv_t, c)), sh, sg, sgx);
+    if (threadIdx.x == 0) {
+        double* o = ws + 2 * (c * gridDim.y + blockIdx.y);
+        o[0] = sg;
+        o[1] = sgx;
+    }
+}
+
+// Backward, per channel: the slices' sums in order, written as the weight and bias grads.
+extern "C" __global__ void k_bn_bwd_fin(const double* ws, T gw, T gb, i64 C, i64 S) {
+    LOOP(c, C) {
+        double sg = 0.0, sgx = 0.0;
+        for (i64 s = 0; s < S; ++s) {
+            sg += ws[2 * (c * S + s)];
+            sgx += ws[2 * (c * S + s) + 1];
+        }
+        std_(gw, toff(gw, c), sgx);
+        std_(gb, toff(gb, c), sg);
+    }
+}
+
+// Backward (training), per slice: gx from the sums the previous launch left in gw and gb.
+extern "C" __global__ void k_bn_bwd_apply(T gy, T x, T w, T mean_t, T inv_t, T gw, T gb, T gx, i64 N, i64 C,
+                                          i64 HW) {
+    i64 c, lo, hi;
+    if (!bn_slice(C, N * HW, c, lo, hi)) return;
+    const double cnt = (double)(N * HW);
+    double inv = ldd(inv_t, toff(inv_t, c));
+    bn_grad_input(gy, x, gx, c, lo, hi, C, HW, ldd(mean_t, toff(mean_t, c)), inv, (double)opt_ld(w, c, 1.f) * inv,
+                  ldd(gb, toff(gb, c)) / cnt, ldd(gw, toff(gw, c)) / cnt, 1);
 }
 
 // ---------------------------------------------------------------------------------------

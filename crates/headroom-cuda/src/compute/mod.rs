@@ -234,6 +234,12 @@ pub(crate) enum K {
     NllBwd,
     SoftmaxWarp,
     LnWarp,
+    BnPartStats,
+    BnFinStats,
+    BnApply,
+    BnBwdPart,
+    BnBwdFin,
+    BnBwdApply,
 }
 
 const KERNEL_NAMES: &[(K, &str)] = &[
@@ -270,6 +276,12 @@ const KERNEL_NAMES: &[(K, &str)] = &[
     (K::NllBwd, "k_nll_bwd"),
     (K::SoftmaxWarp, "k_softmax_warp"),
     (K::LnWarp, "k_ln_warp"),
+    (K::BnPartStats, "k_bn_part_stats"),
+    (K::BnFinStats, "k_bn_fin_stats"),
+    (K::BnApply, "k_bn_apply"),
+    (K::BnBwdPart, "k_bn_bwd_part"),
+    (K::BnBwdFin, "k_bn_bwd_fin"),
+    (K::BnBwdApply, "k_bn_bwd_apply"),
 ];
 
 /// Codes a kernel writes to the error word, and the op each stands for.

@@ -164,6 +164,31 @@ fn row_block(d: i64) -> u32 {
     }
 }
 
+/// The bytes `[first, end)` a view's elements lie in.
+fn byte_span(t: &Strided) -> (u64, u64) {
+    let size = t.dt().size() as u64;
+    let last: i64 = (0..t.ndim as usize)
+        .map(|d| (t.shape[d] - 1).max(0) * t.strides[d])
+        .sum();
+    (t.addr(), t.addr() + (last as u64 + 1) * size)
+}
+
+/// Where a split batch-norm kernel may keep `bytes` of partial results: the start of the
+/// output's own storage, if the output is contiguous, 8-byte aligned, large enough and
+/// apart from every input (absent ones have no address). The last launch overwrites it.
+fn bn_scratch(out: &Strided, bytes: u64, inputs: &[&Strided]) -> Option<u64> {
+    let (lo, hi) = byte_span(out);
+    let fits = out.ptr != 0
+        && out.is_contiguous()
+        && lo % 8 == 0
+        && hi - lo >= bytes
+        && inputs.iter().all(|t| {
+            let (a, b) = byte_span(t);
+            t.ptr == 0 || b <= lo || a >= hi
+        });
+    fits.then_some(lo)
+}
+
 impl Gpu {
     fn launch1d(&self, k: K, n: i64, args: &mut [*mut std::ffi::c_void]) -> R {
         let g = self.grid_for(n, BLOCK);
@@ -428,6 +453,16 @@ impl Gpu {
         )
     }
 
+    /// Slices per channel for the split batch-norm kernels: enough blocks for 4 per SM,
+    /// each slice at least 8192 elements (16 a thread). 1: a block per channel.
+    fn bn_slices(&self, c: i64, cnt: i64) -> i64 {
+        let want = 4 * self.sm_count().max(1) as i64;
+        if c <= 0 || c >= want {
+            return 1;
+        }
+        ((want + c - 1) / c).min(cnt / 8192).clamp(1, 65535)
+    }
+
     fn nc_hw(x: &Strided) -> (i64, i64, i64) {
         let n = x.shape[0];
         let c = if x.ndim > 1 { x.shape[1] } else { 1 };
@@ -452,7 +487,42 @@ impl Gpu {
         save_invstd: &Strided,
     ) -> R {
         let (n, c, hw) = Self::nc_hw(x);
-        let block = row_block(n * hw).max(256);
+        let cnt = n * hw;
+        let slices = self.bn_slices(c, cnt);
+        let inputs = [x, w, b, rm, rv, save_mean, save_invstd];
+        if let Some(ws) = bn_scratch(out, 24 * (c * slices) as u64, &inputs).filter(|_| slices > 1)
+        {
+            let grid = (c as u32, slices as u32, 1);
+            self.launch(
+                K::BnPartStats,
+                grid,
+                (512, 1, 1),
+                &mut kargs![*x, ws, n, c, hw],
+            )?;
+            self.launch1d(
+                K::BnFinStats,
+                c,
+                &mut kargs![
+                    ws,
+                    *rm,
+                    *rv,
+                    momentum,
+                    eps,
+                    *save_mean,
+                    *save_invstd,
+                    c,
+                    slices,
+                    cnt
+                ],
+            )?;
+            return self.launch(
+                K::BnApply,
+                grid,
+                (512, 1, 1),
+                &mut kargs![*x, *w, *b, *save_mean, *save_invstd, *out, n, c, hw],
+            );
+        }
+        let block = row_block(cnt).max(256);
         self.launch(
             K::BnTrain,
             (c as u32, 1, 1),
@@ -546,7 +616,35 @@ impl Gpu {
         gb: &Strided,
     ) -> R {
         let (n, c, hw) = Self::nc_hw(x);
-        let block = row_block(n * hw).max(256);
+        let cnt = n * hw;
+        // The split backward hands the channel sums from one launch to the next in gw and
+        // gb, so it needs both, in f32 (a bf16 sum would cost gx its precision).
+        let sums_fit = [gw, gb]
+            .iter()
+            .all(|t| t.ptr != 0 && t.dtype == Dt::F32 as i32);
+        let slices = if train && sums_fit {
+            self.bn_slices(c, cnt)
+        } else {
+            1
+        };
+        let inputs = [gy, x, w, mean, inv, gw, gb];
+        if let Some(ws) = bn_scratch(gx, 16 * (c * slices) as u64, &inputs).filter(|_| slices > 1) {
+            let grid = (c as u32, slices as u32, 1);
+            self.launch(
+                K::BnBwdPart,
+                grid,
+                (512, 1, 1),
+                &mut kargs![*gy, *x, *mean, *inv, ws, n, c, hw],
+            )?;
+            self.launch1d(K::BnBwdFin, c, &mut kargs![ws, *gw, *gb, c, slices])?;
+            return self.launch(
+                K::BnBwdApply,
+                grid,
+                (512, 1, 1),
+                &mut kargs![*gy, *x, *w, *mean, *inv, *gw, *gb, *gx, n, c, hw],
+            );
+        }
+        let block = row_block(cnt).max(256);
         let tr = train as i32;
         self.launch(
             K::BnBwd,

@@ -189,6 +189,17 @@ fn bn_scratch(out: &Strided, bytes: u64, inputs: &[&Strided]) -> Option<u64> {
     fits.then_some(lo)
 }
 
+/// Slices per channel for the split batch-norm kernels, for `c` channels of `cnt` elements
+/// on `sms` SMs: enough blocks for 4 per SM, each slice at least 8192 elements (16 a
+/// thread). 1: a block per channel.
+fn bn_slices(sms: i32, c: i64, cnt: i64) -> i64 {
+    let want = 4 * sms.max(1) as i64;
+    if c <= 0 || c >= want {
+        return 1;
+    }
+    ((want + c - 1) / c).min(cnt / 8192).clamp(1, 65535)
+}
+
 impl Gpu {
     fn launch1d(&self, k: K, n: i64, args: &mut [*mut std::ffi::c_void]) -> R {
         let g = self.grid_for(n, BLOCK);
@@ -453,16 +464,6 @@ impl Gpu {
         )
     }
 
-    /// Slices per channel for the split batch-norm kernels: enough blocks for 4 per SM,
-    /// each slice at least 8192 elements (16 a thread). 1: a block per channel.
-    fn bn_slices(&self, c: i64, cnt: i64) -> i64 {
-        let want = 4 * self.sm_count().max(1) as i64;
-        if c <= 0 || c >= want {
-            return 1;
-        }
-        ((want + c - 1) / c).min(cnt / 8192).clamp(1, 65535)
-    }
-
     fn nc_hw(x: &Strided) -> (i64, i64, i64) {
         let n = x.shape[0];
         let c = if x.ndim > 1 { x.shape[1] } else { 1 };
@@ -488,7 +489,7 @@ impl Gpu {
     ) -> R {
         let (n, c, hw) = Self::nc_hw(x);
         let cnt = n * hw;
-        let slices = self.bn_slices(c, cnt);
+        let slices = bn_slices(self.sm_count(), c, cnt);
         let inputs = [x, w, b, rm, rv, save_mean, save_invstd];
         if let Some(ws) = bn_scratch(out, 24 * (c * slices) as u64, &inputs).filter(|_| slices > 1)
         {
@@ -623,7 +624,7 @@ impl Gpu {
             .iter()
             .all(|t| t.ptr != 0 && t.dtype == Dt::F32 as i32);
         let slices = if train && sums_fit {
-            self.bn_slices(c, cnt)
+            bn_slices(self.sm_count(), c, cnt)
         } else {
             1
         };
@@ -1055,6 +1056,43 @@ mod tests {
             rest = &after[j + 7..];
         }
         assert!(checked >= 25, "only {checked} launches found");
+    }
+
+    #[test]
+    fn batch_norm_splits_only_few_channels_of_many_elements() {
+        // ResNet-50 at bs32 on an H200 (132 SMs): 64 channels of 112x112 and 56x56 planes
+        // split 9 ways, 256 of 56x56 3 ways, 1024 channels stay a block each.
+        assert_eq!(bn_slices(132, 64, 32 * 112 * 112), 9);
+        assert_eq!(bn_slices(132, 64, 32 * 56 * 56), 9);
+        assert_eq!(bn_slices(132, 256, 32 * 56 * 56), 3);
+        assert_eq!(bn_slices(132, 1024, 32 * 14 * 14), 1);
+        // Small channels are not split below 8192 elements a slice.
+        assert_eq!(bn_slices(132, 3, 16 * 32 * 40), 2);
+        assert_eq!(bn_slices(132, 3, 8000), 1);
+        assert_eq!(bn_slices(0, 0, 0), 1);
+    }
+
+    #[test]
+    fn batch_norm_scratch_needs_a_separate_contiguous_aligned_output() {
+        let v = |ptr: u64, shape: &[usize], strides: &[usize]| {
+            Strided::new(ptr, Dt::F32, shape, strides, 0).unwrap()
+        };
+        let out = v(4096, &[2, 3, 4], &[12, 4, 1]);
+        let x = v(1 << 20, &[2, 3, 4], &[12, 4, 1]);
+        assert_eq!(bn_scratch(&out, 96, &[&x, &Strided::none()]), Some(4096));
+        // Too small (96 bytes of storage), overlapping an input, strided, misaligned.
+        assert_eq!(bn_scratch(&out, 97, &[&x]), None);
+        assert_eq!(bn_scratch(&out, 8, &[&v(4096 + 92, &[1], &[1])]), None);
+        assert_eq!(bn_scratch(&v(4096, &[2, 3, 4], &[1, 2, 6]), 8, &[&x]), None);
+        assert_eq!(
+            bn_scratch(&v(4100, &[2, 3, 4], &[12, 4, 1]), 8, &[&x]),
+            None
+        );
+        // An input just past the end is apart.
+        assert_eq!(
+            bn_scratch(&out, 8, &[&v(4096 + 96, &[4], &[1])]),
+            Some(4096)
+        );
     }
 
     #[test]

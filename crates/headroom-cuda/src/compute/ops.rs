@@ -189,18 +189,33 @@ fn bn_scratch(out: &Strided, bytes: u64, inputs: &[&Strided]) -> Option<u64> {
     fits.then_some(lo)
 }
 
+/// Threads of each block of the split batch-norm kernels.
+const BN_SPLIT_BLOCK: u32 = 512;
+
 /// Slices per channel for the split batch-norm kernels, for `c` channels of `cnt` elements
-/// on `sms` SMs: enough blocks for 4 per SM, each slice at least 8192 elements (16 a
-/// thread). 1: a block per channel.
+/// on `sms` SMs: enough blocks for 4 per SM, each slice at least 16 elements a thread
+/// (8192). 1: a block per channel.
 fn bn_slices(sms: i32, c: i64, cnt: i64) -> i64 {
     let want = 4 * sms.max(1) as i64;
     if c <= 0 || c >= want {
         return 1;
     }
-    ((want + c - 1) / c).min(cnt / 8192).clamp(1, 65535)
+    ((want + c - 1) / c)
+        .min(cnt / (16 * BN_SPLIT_BLOCK as i64))
+        .clamp(1, 65535)
 }
 
 impl Gpu {
+    /// A split batch-norm kernel: a block per (channel, slice).
+    fn launch_split(&self, k: K, c: i64, slices: i64, args: &mut [*mut std::ffi::c_void]) -> R {
+        self.launch(
+            k,
+            (c as u32, slices as u32, 1),
+            (BN_SPLIT_BLOCK, 1, 1),
+            args,
+        )
+    }
+
     fn launch1d(&self, k: K, n: i64, args: &mut [*mut std::ffi::c_void]) -> R {
         let g = self.grid_for(n, BLOCK);
         self.launch(k, (g, 1, 1), (BLOCK, 1, 1), args)
@@ -491,15 +506,11 @@ impl Gpu {
         let cnt = n * hw;
         let slices = bn_slices(self.sm_count(), c, cnt);
         let inputs = [x, w, b, rm, rv, save_mean, save_invstd];
-        if let Some(ws) = bn_scratch(out, 24 * (c * slices) as u64, &inputs).filter(|_| slices > 1)
+        // Per slice three doubles: (n, mean, M2).
+        if let Some(ws) =
+            bn_scratch(out, (c * slices) as u64 * 3 * 8, &inputs).filter(|_| slices > 1)
         {
-            let grid = (c as u32, slices as u32, 1);
-            self.launch(
-                K::BnPartStats,
-                grid,
-                (512, 1, 1),
-                &mut kargs![*x, ws, n, c, hw],
-            )?;
+            self.launch_split(K::BnPartStats, c, slices, &mut kargs![*x, ws, n, c, hw])?;
             self.launch1d(
                 K::BnFinStats,
                 c,
@@ -516,10 +527,10 @@ impl Gpu {
                     cnt
                 ],
             )?;
-            return self.launch(
+            return self.launch_split(
                 K::BnApply,
-                grid,
-                (512, 1, 1),
+                c,
+                slices,
                 &mut kargs![*x, *w, *b, *save_mean, *save_invstd, *out, n, c, hw],
             );
         }
@@ -629,19 +640,21 @@ impl Gpu {
             1
         };
         let inputs = [gy, x, w, mean, inv, gw, gb];
-        if let Some(ws) = bn_scratch(gx, 16 * (c * slices) as u64, &inputs).filter(|_| slices > 1) {
-            let grid = (c as u32, slices as u32, 1);
-            self.launch(
+        // Per slice two doubles: (sum g, sum g * xhat).
+        if let Some(ws) =
+            bn_scratch(gx, (c * slices) as u64 * 2 * 8, &inputs).filter(|_| slices > 1)
+        {
+            self.launch_split(
                 K::BnBwdPart,
-                grid,
-                (512, 1, 1),
+                c,
+                slices,
                 &mut kargs![*gy, *x, *mean, *inv, ws, n, c, hw],
             )?;
             self.launch1d(K::BnBwdFin, c, &mut kargs![ws, *gw, *gb, c, slices])?;
-            return self.launch(
+            return self.launch_split(
                 K::BnBwdApply,
-                grid,
-                (512, 1, 1),
+                c,
+                slices,
                 &mut kargs![*gy, *x, *w, *mean, *inv, *gw, *gb, *gx, n, c, hw],
             );
         }

@@ -17,6 +17,7 @@ use crate::history::HistoryMode;
 use crate::import::ImportSegment;
 use crate::oom::AllocError;
 use crate::policy::{fraction_limit, Allocation, Observer, State};
+use crate::private::MempoolId;
 use crate::snapshot::{BlockInfo, BlockState, Frame, SegmentInfo, Snapshot};
 use crate::stats::DeviceStats;
 
@@ -57,6 +58,38 @@ impl<D: Device> CachingAllocator<D> {
     /// after the work queued on `stream` at free time has finished.
     pub fn record_stream(&self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
         self.state.lock().record_stream(ptr, stream)
+    }
+
+    /// A request that goes to private pool `id` (made on first use), whatever is being
+    /// captured: how a replay re-issues a recorded request whose pool it knows.
+    pub fn malloc_in_pool(
+        &self,
+        size: u64,
+        stream: StreamId,
+        pool: MempoolId,
+    ) -> Result<Allocation, AllocError> {
+        self.state.lock().malloc_in_pool(size, stream, pool)
+    }
+
+    /// `createOrIncrefPool`: a CUDA graph or a `MemPool` starts using pool `id`.
+    pub fn create_or_incref_pool(&self, id: MempoolId) {
+        self.state.lock().create_or_incref_pool(id);
+    }
+
+    /// `releasePool`: a user of pool `id` is gone; once none is left, `empty_cache` gives
+    /// its free segments back.
+    pub fn release_pool(&self, id: MempoolId) {
+        self.state.lock().release_pool(id);
+    }
+
+    /// `beginAllocateToPool`: a capture (`Some(stream)`) or `use_mem_pool` (`None`: every
+    /// stream) sends requests to pool `id`.
+    pub fn begin_allocate_to_pool(&self, id: MempoolId, stream: Option<StreamId>) {
+        self.state.lock().begin_allocate_to_pool(id, stream);
+    }
+
+    pub fn end_allocate_to_pool(&self, id: MempoolId) {
+        self.state.lock().end_allocate_to_pool(id);
     }
 
     /// `torch.cuda.empty_cache()`.
@@ -114,6 +147,12 @@ impl<D: Device> CachingAllocator<D> {
         let total = st.device.total_memory();
         st.allowed_memory_maximum = fraction_limit(fraction, total);
         Ok(())
+    }
+
+    /// The limit behind a memory fraction, in bytes (`None`: no limit): for a replay that
+    /// knows the bytes a recording was allowed, not the fraction of which device.
+    pub fn set_memory_limit(&self, bytes: Option<u64>) {
+        self.state.lock().allowed_memory_maximum = bytes;
     }
 
     pub fn get_per_process_memory_fraction(&self) -> f64 {
@@ -247,9 +286,12 @@ fn segments<D: Device>(st: &State<D>) -> Vec<SegmentInfo> {
             allocated_size: 0,
             active_size: 0,
             requested_size: 0,
-            stream: b.stream,
+            stream: st.private.real(b.stream),
             segment_type: b.pool.segment_type().into(),
-            segment_pool_id: (0, 0),
+            segment_pool_id: {
+                let (a, b) = st.private.id_of(b.stream);
+                (a as i64, b as i64)
+            },
             is_expandable: b.is_expandable(),
             frames: a
                 .segment_context(head)

@@ -88,13 +88,16 @@ pub trait Device: Send {
 }
 
 const SIM_BASE: u64 = 0x7f00_0000_0000;
+/// How far ahead a `malloc` looks for a hint of its size.
+const HINT_LOOKAHEAD: usize = 64;
 const SIM_ALIGN: u64 = 2 << 20;
 
 /// Accounting only: a capacity in bytes and deterministic addresses. Replay and tests run on
 /// it. Addresses grow monotonically and are never reused, so a run is reproducible.
 ///
 /// Events complete at once unless their stream is held with [`SimDevice::hold_stream`]; a
-/// held stream's events complete when [`SimDevice::release_stream`] is called.
+/// held stream's events complete in order, one at each [`SimDevice::advance_stream`], or
+/// all at [`SimDevice::release_stream`].
 #[derive(Debug, Clone)]
 pub struct SimDevice {
     capacity: u64,
@@ -104,7 +107,9 @@ pub struct SimDevice {
     next_addr: u64,
     next_event: EventId,
     held: HashSet<StreamId>,
-    pending: HashMap<EventId, StreamId>,
+    /// Events not yet complete, per held stream in record order.
+    queues: HashMap<StreamId, std::collections::VecDeque<EventId>>,
+    waiting: HashSet<EventId>,
     mapped_pages: u64,
     clock_us: i64,
     fail_next: u32,
@@ -125,7 +130,8 @@ impl SimDevice {
             next_addr: SIM_BASE,
             next_event: 1,
             held: HashSet::new(),
-            pending: HashMap::new(),
+            queues: HashMap::new(),
+            waiting: HashSet::new(),
             mapped_pages: 0,
             clock_us: 0,
             fail_next: 0,
@@ -188,9 +194,24 @@ impl SimDevice {
     pub fn hold_stream(&mut self, s: StreamId) {
         self.held.insert(s);
     }
+    /// The stream's work is done: every event on it completes, and later ones at once.
     pub fn release_stream(&mut self, s: StreamId) {
         self.held.remove(&s);
-        self.pending.retain(|_, st| *st != s);
+        for e in self.queues.remove(&s).unwrap_or_default() {
+            self.waiting.remove(&e);
+        }
+    }
+    /// The oldest outstanding event recorded on held stream `s` completes.
+    pub fn advance_stream(&mut self, s: StreamId) {
+        let Some(q) = self.queues.get_mut(&s) else {
+            return;
+        };
+        while let Some(e) = q.pop_front() {
+            // skip events already waited for
+            if self.waiting.remove(&e) {
+                break;
+            }
+        }
     }
     pub fn set_clock_us(&mut self, t: i64) {
         self.clock_us = t;
@@ -216,13 +237,15 @@ impl SimDevice {
 impl Device for SimDevice {
     fn malloc(&mut self, size: u64) -> Result<u64, DeviceError> {
         self.take(size)?;
-        let hint = match self.malloc_hints.front() {
-            Some(&(s, a)) if s == size => {
-                self.malloc_hints.pop_front();
-                Some(a)
-            }
-            _ => None,
-        };
+        // The next hint of this size: a replay under another config asks for other sizes
+        // in between, and the driver's later answers still follow its earlier ones.
+        let hint = self
+            .malloc_hints
+            .iter()
+            .take(HINT_LOOKAHEAD)
+            .position(|&(s, _)| s == size)
+            .and_then(|i| self.malloc_hints.remove(i))
+            .map(|(_, a)| a);
         Ok(self.place(size, hint))
     }
     fn free(&mut self, ptr: u64, size: u64) -> Result<(), DeviceError> {
@@ -259,19 +282,20 @@ impl Device for SimDevice {
         let e = self.next_event;
         self.next_event += 1;
         if self.held.contains(&stream) {
-            self.pending.insert(e, stream);
+            self.waiting.insert(e);
+            self.queues.entry(stream).or_default().push_back(e);
         }
         e
     }
     fn query_event(&mut self, event: EventId) -> bool {
-        !self.pending.contains_key(&event)
+        !self.waiting.contains(&event)
     }
     fn synchronize_event(&mut self, event: EventId) {
         // Waiting for an event means the stream's work up to it finished.
-        self.pending.remove(&event);
+        self.waiting.remove(&event);
     }
     fn release_event(&mut self, event: EventId) {
-        self.pending.remove(&event);
+        self.waiting.remove(&event);
     }
     fn now_us(&mut self) -> i64 {
         self.clock_us += 1;

@@ -105,3 +105,25 @@ pub enum AllocEvent {
     /// A snapshot was taken; `active_bytes` is the device's total active size.
     Snapshot { active_bytes: u64 },
 }
+
+impl AllocEvent {
+    /// The event with its stream mapped through `f` (private pools file blocks under
+    /// virtual streams; listeners see the real one).
+    pub fn map_stream(mut self, f: impl FnOnce(StreamId) -> StreamId) -> Self {
+        match &mut self {
+            AllocEvent::Alloc { stream, .. }
+            | AllocEvent::FreeRequested { stream, .. }
+            | AllocEvent::FreeCompleted { stream, .. }
+            | AllocEvent::SegmentAlloc { stream, .. }
+            | AllocEvent::SegmentFree { stream, .. }
+            | AllocEvent::SegmentMap { stream, .. }
+            | AllocEvent::SegmentUnmap { stream, .. }
+            | AllocEvent::Oom { stream, .. } => *stream = f(*stream),
+            AllocEvent::InactiveSplit { .. }
+            | AllocEvent::AllocRetry
+            | AllocEvent::SyncAllStreams
+            | AllocEvent::Snapshot { .. } => {}
+        }
+        self
+    }
+}

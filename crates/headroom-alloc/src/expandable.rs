@@ -141,7 +141,8 @@ impl<D: Device> State<D> {
             page_size: page,
             max_pages,
             mapped: vec![false; max_pages as usize],
-            stream,
+            // the real stream: unmapping synchronises it
+            stream: self.private.real(stream),
         };
         // A block names its segment in 16 bits. Each segment reserves address space for
         // the whole device, so a process runs out of that long before it has 65,535.

@@ -12,6 +12,7 @@ use crate::device::{Device, DeviceError};
 use crate::event::{AllocEvent, PoolKind, StreamId};
 use crate::oom::AllocError;
 use crate::policy::State;
+use crate::private::{MempoolId, DEFAULT_POOL};
 
 /// A block that is live in an imported segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +37,9 @@ pub struct ImportSegment {
     /// Expandable only: (offset, length) ranges that are mapped, page-aligned.
     pub mapped: Vec<(u64, u64)>,
     pub live: Vec<LiveBlock>,
+    /// The private pool that owns the segment (`DEFAULT_POOL` for the default pool); made
+    /// alive (one user) if it does not exist yet.
+    pub pool_id: MempoolId,
 }
 
 impl<D: Device> State<D> {
@@ -44,14 +48,24 @@ impl<D: Device> State<D> {
     pub(crate) fn import_segment(&mut self, seg: &ImportSegment) -> Result<u64, AllocError> {
         let mut live = seg.live.clone();
         live.sort_by_key(|b| b.offset);
-        let (base, whole) = if seg.expandable && self.expandable_active {
+        // The key stream: a private pool files its blocks under a virtual stream.
+        let stream = if seg.pool_id == DEFAULT_POOL {
+            seg.stream
+        } else {
+            let slot = match self.private.slot(seg.pool_id) {
+                Some(s) => s,
+                None => self.private.create_or_incref(seg.pool_id),
+            };
+            self.private.virtual_stream(slot, seg.stream)
+        };
+        let (base, head) = if seg.expandable && self.expandable_active {
             // A fresh reservation; map the requested ranges into it.
-            let id = self.new_expandable_reservation(seg.pool, seg.stream)?;
+            let id = self.new_expandable_reservation(seg.pool, stream)?;
             let base = self.arena.get(id).ptr;
             let mut ranges = seg.mapped.clone();
             ranges.sort_unstable();
             for (off, len) in ranges {
-                let target = self.find_unmapped_at(seg.pool, seg.stream, base + off);
+                let target = self.find_unmapped_at(seg.pool, stream, base + off);
                 let Some(t) = target else { continue };
                 // Split off the part before `off` so the mapping starts exactly there.
                 let t = self.split_unmapped_front(t, base + off);
@@ -62,7 +76,7 @@ impl<D: Device> State<D> {
                     ));
                 }
             }
-            (base, None)
+            (base, id)
         } else {
             let size = seg.total_size;
             let ptr = match self.device.malloc(size) {
@@ -75,24 +89,29 @@ impl<D: Device> State<D> {
                 Err(DeviceError::Other(e)) => return Err(AllocError::Device(e)),
             };
             self.total_allocated_memory += size;
-            let id = self.arena.alloc(ptr, size, seg.stream, seg.pool);
+            let id = self.arena.alloc(ptr, size, stream, seg.pool);
             let oversize = size >= self.max_split();
             self.emit(
                 AllocEvent::SegmentAlloc {
                     pool: seg.pool,
                     ptr,
                     size,
-                    stream: seg.stream,
+                    stream,
                     oversize,
                 },
                 None,
             );
             self.insert_free(id);
-            (ptr, Some(id))
+            (ptr, id)
         };
-        let _ = whole;
+        // Live blocks in address order, each searched from where the last one ended: the
+        // walk along the segment is linear, whatever the number of segments.
+        let mut from = head;
+        while self.arena.get(from).prev != NIL {
+            from = self.arena.get(from).prev;
+        }
         for b in live {
-            self.carve_live(seg.pool, seg.stream, base + b.offset, b.size, b.requested)?;
+            from = self.carve_live(from, seg.pool, stream, base + b.offset, b.size, b.requested)?;
         }
         Ok(base)
     }
@@ -136,30 +155,36 @@ impl<D: Device> State<D> {
         id
     }
 
-    /// Mark [addr, addr+size) allocated inside the free mapped block that covers it.
+    /// Mark [addr, addr+size) allocated inside the free mapped block that covers it, found
+    /// by walking the segment's chain from block `from`. Returns the block after the live
+    /// one (where the next, higher live block is searched from).
     fn carve_live(
         &mut self,
+        from: BlockId,
         kind: PoolKind,
         stream: StreamId,
         addr: u64,
         size: u64,
         requested: u64,
-    ) -> Result<(), AllocError> {
+    ) -> Result<BlockId, AllocError> {
         let a = &self.arena;
-        let pool = self.pool_ref(kind);
-        let cover = pool
-            .blocks
-            .to_vec(a)
-            .into_iter()
-            .find(|&id| {
-                let b = a.get(id);
-                b.stream == stream && b.ptr <= addr && addr + size <= b.ptr + b.size
-            })
-            .ok_or_else(|| {
-                AllocError::Device(format!(
-                    "restoring the initial state: no free memory covers the live block at offset {addr:#x}"
-                ))
-            })?;
+        let mut cur = from;
+        let cover = loop {
+            if cur == NIL {
+                return Err(AllocError::Device(format!(
+                    "restoring the initial state: no free memory covers the live block at {addr:#x} ({size} bytes): the snapshot's blocks overlap or lie outside their segment"
+                )));
+            }
+            let b = a.get(cur);
+            if b.ptr > addr {
+                cur = NIL;
+                continue;
+            }
+            if b.is_free() && b.mapped && b.ptr <= addr && addr + size <= b.ptr + b.size {
+                break cur;
+            }
+            cur = b.next;
+        };
         let before = self.inactive_split_of_segment(cover);
         self.remove_free(cover);
         let (ptr, bsize, exp, prev, next) = {
@@ -195,6 +220,7 @@ impl<D: Device> State<D> {
         if next != NIL {
             self.arena.get_mut(next).prev = left;
         }
+        let resume = self.arena.get(live).next;
         {
             let b = self.arena.get_mut(live);
             b.allocated = true;
@@ -227,7 +253,7 @@ impl<D: Device> State<D> {
                 );
             }
         }
-        Ok(())
+        Ok(if resume == NIL { live } else { resume })
     }
 
     fn link(&mut self, left: BlockId, right: BlockId, exp: u16) {

@@ -37,6 +37,7 @@ mod lock;
 pub mod oom;
 pub mod policy;
 mod pool;
+pub mod private;
 mod ptrmap;
 mod release;
 pub mod size;
@@ -52,6 +53,7 @@ pub use history::HistoryMode;
 pub use import::{ImportSegment, LiveBlock};
 pub use oom::{AllocError, OutOfMemoryError};
 pub use policy::{Allocation, Observer};
+pub use private::{MempoolId, DEFAULT_POOL};
 pub use size::{format_size, human_bytes, parse_size, SizeError};
 pub use snapshot::{
     AllocatorSettings, Annotation, BlockInfo, BlockState, Frame, SegmentInfo, Snapshot,

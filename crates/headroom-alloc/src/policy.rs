@@ -1,4 +1,4 @@
-//! The allocation policy: PyTorch 2.11's `DeviceCachingAllocator`, minus CUDA graphs.
+//! The allocation policy: PyTorch 2.11's `DeviceCachingAllocator`.
 //!
 //! Design note: `State` is a plain single-threaded state machine; `CachingAllocator` wraps it
 //! in a mutex. Every decision follows pytorch-allocator.md sections 3-9 in PyTorch's order,
@@ -7,8 +7,9 @@
 //! and trace entries come out of the same points. State changes that matter to anyone outside
 //! are emitted as `AllocEvent`s (see `emit`): stats and history are observers of those.
 //!
-//! Releasing memory (empty_cache, GC, oversize release) lives in release.rs and expandable
-//! segments in expandable.rs; both are further `impl State` blocks.
+//! Releasing memory (empty_cache, GC, oversize release) lives in release.rs, expandable
+//! segments in expandable.rs and private pools (CUDA graphs, `MemPool`) in private.rs; the
+//! first two are further `impl State` blocks.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use crate::expandable::ExpandableSegment;
 use crate::history::History;
 use crate::oom::{AllocError, OutOfMemoryError};
 use crate::pool::BlockPool;
+use crate::private::PrivatePools;
 use crate::ptrmap::PtrMap;
 use crate::snapshot::Frame;
 use crate::stats::LiveStats;
@@ -69,6 +71,8 @@ pub(crate) struct State<D: Device> {
     /// The statistics (read them through `LiveStats::get`: `freed` is derived on read).
     pub stats: LiveStats,
     pub history: History,
+    /// CUDA graphs' and `MemPool`s' pools; their blocks sit in `pools` under virtual streams.
+    pub private: PrivatePools,
     pub observers: Vec<(usize, Box<dyn Observer>)>,
     /// `history.enabled() || !observers.is_empty()`, kept by `refresh_listening` whenever
     /// either changes: the hot paths ask several times a pair.
@@ -167,6 +171,7 @@ impl<D: Device> State<D> {
             expandable: Vec::new(),
             stats,
             history: History::default(),
+            private: PrivatePools::default(),
             observers: Vec::new(),
             listening: false,
             gc_ticked: false,
@@ -237,6 +242,11 @@ impl<D: Device> State<D> {
     /// that it is built in memory only on this path.
     #[inline(never)]
     fn notify(&mut self, ev: AllocEvent, ctx: Option<&Arc<[Frame]>>) {
+        let ev = if self.private.any() {
+            ev.map_stream(|s| self.private.real(s))
+        } else {
+            ev
+        };
         if self.history.enabled() {
             let t = self.device.now_us();
             self.history.record(&ev, t, ctx);
@@ -326,7 +336,26 @@ impl<D: Device> State<D> {
             // PyTorch never sends zero-byte requests to the allocator: a null pointer.
             return Ok(Allocation { ptr: 0, size: 0 });
         }
-        self.process_events();
+        let stream = if self.private.routing() {
+            // A capture or `use_mem_pool` is underway: no events are processed, as in
+            // PyTorch, and the request may go to a private pool.
+            self.private.route(stream)
+        } else {
+            self.process_events();
+            stream
+        };
+        self.malloc_keyed(n, stream, ctx)
+    }
+
+    /// `malloc` after routing: `stream` is the key stream (a private pool's virtual one, or
+    /// the real one for the default pool) and events were processed if they are to be.
+    #[inline(always)]
+    pub(crate) fn malloc_keyed(
+        &mut self,
+        n: u64,
+        stream: StreamId,
+        ctx: Option<Arc<[Frame]>>,
+    ) -> Result<Allocation, AllocError> {
         let s = if self.roundup_on {
             round_size(&self.config, n)
         } else {
@@ -361,7 +390,8 @@ impl<D: Device> State<D> {
         if found.is_none() && self.release_available_cached_blocks(kind, stream, s) {
             found = self.alloc_block(kind, stream, s, alloc_size, false, ctx)?;
         }
-        if found.is_none() {
+        // The last resort empties the cache, which PyTorch never does during a capture.
+        if found.is_none() && !self.private.routing() {
             self.release_cached_blocks();
             found = self.alloc_block(kind, stream, s, alloc_size, true, ctx)?;
         }
@@ -395,6 +425,7 @@ impl<D: Device> State<D> {
 
     fn out_of_memory(&mut self, n: u64, s: u64, alloc_size: u64, stream: StreamId) -> AllocError {
         let (free, total) = self.device.mem_get_info();
+        let private_pools = self.private_free_cached_bytes();
         self.emit(
             AllocEvent::Oom {
                 size: s,
@@ -412,7 +443,7 @@ impl<D: Device> State<D> {
             allowed: self.allowed_memory_maximum,
             allocated: self.stats.allocated_bytes_all().current.max(0) as u64,
             reserved: self.stats.reserved_bytes_all().current.max(0) as u64,
-            private_pools: 0,
+            private_pools,
             proc_info: self.device.process_memory_info(),
             exceeds_1eb: false,
         }))
@@ -754,8 +785,9 @@ impl<D: Device> State<D> {
             .active
             .get(ptr)
             .ok_or(AllocError::InvalidPointer(ptr))?;
+        let own = self.private.real(self.arena.get(id).stream);
         let b = self.arena.get_mut(id);
-        if stream != b.stream {
+        if stream != own {
             let uses = self.stream_uses.entry(id).or_default();
             if !uses.contains(&stream) {
                 if uses.len() >= MAX_STREAM_USES {

@@ -11,6 +11,7 @@ use crate::block::BlockId;
 use crate::device::Device;
 use crate::event::{AllocEvent, PoolKind, StreamId};
 use crate::policy::State;
+use crate::private::is_virtual;
 
 impl<D: Device> State<D> {
     /// `release_block`: cudaFree a whole, free, non-expandable segment.
@@ -41,12 +42,15 @@ impl<D: Device> State<D> {
     }
 
     /// `release_blocks(pool)`: every unsplit free segment, and every whole free page of
-    /// expandable segments.
-    fn release_blocks(&mut self, kind: PoolKind) {
+    /// expandable segments, of the default pool (`None`) or of one private pool.
+    pub(crate) fn release_pool_blocks(&mut self, kind: PoolKind, pool: Option<usize>) {
         let ids = self.pool_ref(kind).blocks.to_vec(&self.arena);
         let mut to_unmap = Vec::new();
         for id in ids {
             let b = self.arena.get(id);
+            if !self.in_pool(b.stream, pool) {
+                continue;
+            }
             if b.is_expandable() {
                 to_unmap.push(id);
             } else if !b.is_split() {
@@ -65,8 +69,11 @@ impl<D: Device> State<D> {
     /// `release_cached_blocks` = `torch.cuda.empty_cache()`.
     pub(crate) fn release_cached_blocks(&mut self) {
         self.synchronize_and_free_events();
-        self.release_blocks(PoolKind::Large);
-        self.release_blocks(PoolKind::Small);
+        self.release_pool_blocks(PoolKind::Large, None);
+        self.release_pool_blocks(PoolKind::Small, None);
+        if self.private.any() {
+            self.release_freeable_pools();
+        }
     }
 
     /// `release_available_cached_blocks`: with `max_split_size` set, free oversize cached
@@ -138,8 +145,10 @@ impl<D: Device> State<D> {
         let age = |st: &Self, id: BlockId| clock - st.arena.gc_count_base(id);
         let mut total_age = 0u64;
         let mut count = 0u64;
+        // Only the default large pool is collected; private pools' blocks are skipped.
         for id in self.pool_ref(PoolKind::Large).blocks.to_vec(&self.arena) {
-            if !self.arena.get(id).is_split() {
+            let b = self.arena.get(id);
+            if !b.is_split() && !is_virtual(b.stream) {
                 total_age += age(self, id);
                 count += 1;
             }
@@ -156,7 +165,11 @@ impl<D: Device> State<D> {
             // target, so GC does not fire again at once.
             for id in self.pool_ref(PoolKind::Large).blocks.to_vec(&self.arena) {
                 let b = self.arena.get(id);
-                if !b.is_split() && !b.is_expandable() && age(self, id) as f64 >= threshold_age {
+                if !b.is_split()
+                    && !b.is_expandable()
+                    && !is_virtual(b.stream)
+                    && age(self, id) as f64 >= threshold_age
+                {
                     freed_any = true;
                     reclaimed += b.size;
                     total_age -= age(self, id);

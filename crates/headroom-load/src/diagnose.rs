@@ -88,9 +88,10 @@ pub fn what_if_snapshot(
         };
         let opts = ReplayOptions {
             config,
-            capacity,
+            capacity: Some(capacity),
             stop_at_oom: false,
             record_history: false,
+            ..ReplayOptions::default()
         };
         match replay(snap, &opts) {
             Ok(rr) => rows.push(WhatIfRow {

@@ -104,9 +104,10 @@ fn parse_conf(s: &str) -> Result<AllocatorConfig, UserError> {
         .map_err(UserError)
 }
 
-fn parse_capacity(s: Option<&str>) -> Result<u64, UserError> {
+/// `--capacity`; none: the trace's own (see `ReplayOptions::capacity`).
+fn parse_capacity(s: Option<&str>) -> Result<Option<u64>, UserError> {
     match s {
-        None => Ok(headroom_trace::replay::DEFAULT_CAPACITY),
+        None => Ok(None),
         Some(s) => {
             let v = parse_size(s).with_context(|| format!("bad --capacity '{s}'"))?;
             if v == 0 {
@@ -114,7 +115,7 @@ fn parse_capacity(s: Option<&str>) -> Result<u64, UserError> {
                     "bad --capacity '{s}': must be greater than 0"
                 )));
             }
-            Ok(v)
+            Ok(Some(v))
         }
     }
 }
@@ -171,6 +172,7 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
             capacity,
             stop_at_oom: true,
             record_history: want_snapshot && i == 0,
+            ..ReplayOptions::default()
         };
         let mut r = run_replay(&snap, &opts)?;
         if a.min_capacity {
@@ -217,7 +219,8 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
             .collect();
         println!("{}", serde_json::to_string_pretty(&arr).unwrap_or_default());
     } else {
-        print_table(&a.snapshot, capacity, &results);
+        let shown = results.first().map_or(0, |r| r.1.capacity_bytes);
+        print_table(&a.snapshot, shown, &results);
         if a.recommend {
             match pick {
                 Some(i) => {
@@ -386,6 +389,7 @@ pub fn summary(a: SummaryArgs) -> Result<ExitCode, UserError> {
         capacity: parse_capacity(a.capacity.as_deref())?,
         stop_at_oom: true,
         record_history: false,
+        ..ReplayOptions::default()
     };
     let r = run_replay(&snap, &opts)?;
     let stats = headroom_alloc::DeviceStats::from_memory_stats(&r.stats);

@@ -25,15 +25,14 @@ mod initial;
 mod model;
 mod plan;
 mod pools;
+mod session;
 
 pub use plan::ReplayPlan;
+pub use session::Session;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use headroom_alloc::{
-    AllocError, AllocEvent, AllocatorConfig, CachingAllocator, Observer, SimDevice, Snapshot,
-    TraceAction, TraceEntry, DEFAULT_POOL,
-};
+use headroom_alloc::{AllocatorConfig, Snapshot, TraceAction, TraceEntry};
 
 /// Why a replay could not run.
 #[derive(Debug, thiserror::Error)]
@@ -148,27 +147,6 @@ pub fn recorded_segment_sizes(trace: &[TraceEntry]) -> Vec<u64> {
         .collect()
 }
 
-#[derive(Default)]
-struct SegmentLog {
-    allocs: Vec<u64>,
-    frees: u64,
-}
-
-struct LogObserver(std::sync::Arc<std::sync::Mutex<SegmentLog>>);
-
-impl Observer for LogObserver {
-    fn on_event(&mut self, ev: &AllocEvent) {
-        let Ok(mut log) = self.0.lock() else { return };
-        match ev {
-            AllocEvent::SegmentAlloc { size, .. } | AllocEvent::SegmentMap { size, .. } => {
-                log.allocs.push(*size)
-            }
-            AllocEvent::SegmentFree { .. } | AllocEvent::SegmentUnmap { .. } => log.frees += 1,
-            _ => {}
-        }
-    }
-}
-
 /// The first device's trace, or an error that says why there is none.
 pub fn device_trace(snapshot: &Snapshot) -> Result<&[TraceEntry], ReplayError> {
     match snapshot.device_traces.iter().find(|t| !t.is_empty()) {
@@ -204,239 +182,9 @@ pub fn replay_plan(
     plan: &ReplayPlan,
     opts: &ReplayOptions,
 ) -> Result<ReplayResult, ReplayError> {
-    // A bound inferred as a memory fraction limits the allocator, not the device.
-    let fraction = match (opts.capacity, plan.inferred_capacity) {
-        (None, Some(c)) if plan.inferred_is_fraction => Some(c),
-        _ => None,
-    };
-    let (capacity, capacity_source) = match (opts.capacity, plan.inferred_capacity) {
-        (Some(c), _) => (c, "given"),
-        (None, Some(c)) if fraction.is_some() => {
-            (c, "a memory fraction inferred from the trace's OOMs")
-        }
-        (None, Some(c)) => (c, "inferred from the trace's OOMs"),
-        (None, None) => (DEFAULT_CAPACITY, "the recording GPU's total"),
-    };
-    if capacity == 0 {
-        return Err(ReplayError::Invalid(
-            "capacity must be greater than 0".into(),
-        ));
-    }
-    let trace = snapshot
-        .device_traces
-        .get(plan.device)
-        .map(Vec::as_slice)
-        .unwrap_or(&[]);
-    let init = &plan.initial;
-    let mut dev = SimDevice::new(if fraction.is_some() {
-        DEFAULT_CAPACITY.max(capacity)
-    } else {
-        capacity
-    });
-    let hints: Vec<(u64, u64)> = init
-        .segments
-        .iter()
-        .filter(|s| !s.import.expandable)
-        .map(|s| (s.import.total_size, s.recorded_base))
-        .chain(
-            trace
-                .iter()
-                .filter(|e| e.action == TraceAction::SegmentAlloc)
-                .map(|e| (e.size, e.addr)),
-        )
-        .collect();
-    dev.set_malloc_hints(hints);
-    dev.set_reserve_hints(init.reserve_hints.clone());
-    dev.hold_stream(plan::NEVER);
-    let alloc = CachingAllocator::new(dev, opts.config.clone());
-    if let Some(limit) = fraction {
-        alloc.set_memory_limit(Some(limit));
-    }
-
-    // Address translation: recorded address -> replay address.
-    let mut addr_map: HashMap<u64, u64> = HashMap::new();
-    let mut initial_live = 0usize;
-    for seg in &init.segments {
-        match alloc.import_segment(&seg.import) {
-            Ok(base) => {
-                for b in &seg.import.live {
-                    addr_map.insert(seg.recorded_base + b.offset, base + b.offset);
-                    initial_live += 1;
-                }
-            }
-            Err(e) => {
-                return Err(ReplayError::Invalid(format!(
-                    "cannot rebuild the memory that was live before the trace began: {e}"
-                )))
-            }
-        }
-    }
-    for &(addr, req, stream, pool) in &init.loose {
-        match alloc.malloc_in_pool(req, stream, pool) {
-            Ok(a) => {
-                addr_map.insert(addr, a.ptr);
-                initial_live += 1;
-            }
-            Err(e) => {
-                return Err(ReplayError::Invalid(format!(
-                    "the memory live before the trace began does not fit: {e}"
-                )))
-            }
-        }
-    }
-    let initial_reserved = alloc.memory_reserved();
-
-    if opts.record_history {
-        alloc.record_memory_history(headroom_alloc::HistoryMode::All, usize::MAX);
-    }
-    let log = std::sync::Arc::new(std::sync::Mutex::new(SegmentLog::default()));
-    alloc.add_observer(Box::new(LogObserver(log.clone())));
-
-    let mut oom: Option<OomState> = None;
-    let mut unmatched = 0usize;
-    let mut recorded_ooms_avoided = 0usize;
-    let mut held: std::collections::HashSet<u64> = std::collections::HashSet::new();
-    let mut i = 0usize;
-    while i < trace.len() {
-        let e = &trace[i];
-        if opts.record_history {
-            // Headroom's entries carry the recorded times, so both timelines line up.
-            let t = e.time_us - 1;
-            alloc.with_device(|d| d.set_clock_us(t));
-        }
-        match e.action {
-            TraceAction::Alloc => {
-                let pool = plan.pools.of_alloc(&plan.facts, i);
-                let got = if pool == DEFAULT_POOL {
-                    alloc.malloc(e.size, e.stream)
-                } else {
-                    alloc.malloc_in_pool(e.size, e.stream, pool)
-                };
-                match got {
-                    Ok(a) => {
-                        addr_map.insert(e.addr, a.ptr);
-                    }
-                    Err(AllocError::OutOfMemory(o)) => {
-                        if oom.is_none() {
-                            oom = Some(OomState {
-                                event_index: i,
-                                requested_bytes: e.size,
-                                message: o.to_string(),
-                                allocated_bytes: alloc.memory_allocated(),
-                                reserved_bytes: alloc.memory_reserved(),
-                                segments: alloc.segment_count(),
-                                largest_free_block: alloc.largest_free_block(),
-                                memory_summary: alloc.memory_summary(false),
-                            });
-                        }
-                        if opts.stop_at_oom {
-                            break;
-                        }
-                    }
-                    Err(other) => return Err(ReplayError::Invalid(other.to_string())),
-                }
-            }
-            TraceAction::FreeRequested => {
-                let Some(ptr) = addr_map.remove(&e.addr) else {
-                    unmatched += 1;
-                    i += 1;
-                    continue;
-                };
-                match plan.defer_at.get(&i) {
-                    None => alloc
-                        .free(ptr)
-                        .map_err(|err| ReplayError::Invalid(err.to_string()))?,
-                    Some(&s) => {
-                        // Held on a simulated stream until its `free_completed` entry.
-                        if held.insert(s) {
-                            alloc.with_device(|d| d.hold_stream(s));
-                        }
-                        alloc
-                            .record_stream(ptr, s)
-                            .map_err(|err| ReplayError::Invalid(err.to_string()))?;
-                        alloc
-                            .free(ptr)
-                            .map_err(|err| ReplayError::Invalid(err.to_string()))?;
-                    }
-                }
-            }
-            TraceAction::Oom => {
-                // The request PyTorch failed (it has no `alloc` entry): re-issued, so the
-                // OOM happens here too, or is shown not to under this config (then the
-                // memory goes back at once: the client's next steps are the recorded ones).
-                match alloc.malloc(e.size, e.stream) {
-                    Ok(a) => {
-                        recorded_ooms_avoided += 1;
-                        alloc
-                            .free(a.ptr)
-                            .map_err(|err| ReplayError::Invalid(err.to_string()))?;
-                    }
-                    Err(AllocError::OutOfMemory(_)) => {}
-                    Err(other) => return Err(ReplayError::Invalid(other.to_string())),
-                }
-            }
-            TraceAction::FreeCompleted => {
-                if let Some(&s) = plan.complete_at.get(&i) {
-                    alloc.with_device(|d| d.advance_stream(s));
-                }
-            }
-            TraceAction::SegmentFree | TraceAction::SegmentUnmap => {
-                let Some(&k) = plan.run_at.get(&i) else {
-                    i += 1;
-                    continue;
-                };
-                for &p in plan.pools.freeable_at.get(&k).into_iter().flatten() {
-                    alloc.release_pool(p);
-                }
-                if plan.user_release.contains(&i) {
-                    alloc.empty_cache();
-                }
-                i = plan.facts.runs[k].end;
-                continue;
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-
-    let stats = alloc.memory_stats();
-    let log = log
-        .lock()
-        .map(|l| (l.allocs.clone(), l.frees))
-        .unwrap_or_default();
-    let (user_empty_cache, allocator_releases) = plan.releases();
-    Ok(ReplayResult {
-        alloc_conf: opts.config.last_conf.clone(),
-        device: plan.device,
-        capacity_bytes: capacity,
-        capacity_source,
-        events: trace.len(),
-        peak_allocated_bytes: stats["allocated_bytes.all.peak"] as u64,
-        peak_reserved_bytes: stats["reserved_bytes.all.peak"] as u64,
-        segment_allocs: log.0.len() as u64,
-        segment_frees: log.1,
-        segment_sizes: log.0,
-        num_alloc_retries: stats["num_alloc_retries"],
-        num_ooms: stats["num_ooms"],
-        oom_event: oom.as_ref().map(|o| o.event_index),
-        oom,
-        min_capacity_bytes: None,
-        initial_live_blocks: initial_live,
-        initial_reserved_bytes: initial_reserved,
-        unmatched_frees: unmatched,
-        recorded_ooms: plan.facts.ooms,
-        recorded_ooms_avoided,
-        private_pools: plan.private_pools(),
-        user_empty_cache,
-        allocator_releases,
-        memory_summary: alloc.memory_summary(false),
-        snapshot: opts.record_history.then(|| {
-            let mut s = alloc.snapshot();
-            s.external_annotations = snapshot.external_annotations.clone();
-            s
-        }),
-        stats,
-    })
+    let mut s = Session::new(snapshot, plan, opts)?;
+    s.run_to(s.trace_len())?;
+    Ok(s.finish())
 }
 
 /// The smallest capacity (to 2 MiB) on which the trace replays without OOM, by bisection

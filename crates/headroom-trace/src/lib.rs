@@ -25,6 +25,7 @@
 //! # Ok::<(), headroom_trace::TraceError>(())
 //! ```
 
+pub mod concurrency;
 pub mod error;
 pub mod pickle;
 pub mod replay;

@@ -141,6 +141,11 @@ impl ReplayPlan {
         v.len()
     }
 
+    /// The device whose trace this is.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
     /// Release runs re-issued as `empty_cache()`, and runs left to the policy.
     pub fn releases(&self) -> (usize, usize) {
         let user = self.user_release.len();

@@ -28,6 +28,20 @@ snapshot (and the OOM snapshot, if the service ran out of memory), replays it un
 allocator configs and adds the findings (fragmentation, cache held, the allocator state at
 the OOM) to its report. Prometheus can scrape the same endpoint.
 
+Request attribution: wrap each request's work so its allocations carry the request's tag
+(PyTorch copies a thread's memory metadata into every trace entry), and Headroom can cut
+the trace into requests, show memory per request against its size, and predict the
+concurrency at which the service runs out of memory (`headroom http --predict`):
+
+    with probe.request(tokens=input_ids.numel(), items=input_ids.shape[0]):
+        out = model(input_ids)
+
+    # standard library server: every do_GET/do_POST/... of the handler is one request
+    Handler = probe.track_handler(Handler)
+    # WSGI apps (Flask: app.wsgi_app = probe.wsgi(app.wsgi_app)): one request per call
+    # FastAPI / async code: `with probe.request(...)` inside a sync endpoint (it runs on
+    # one thread); tags are per thread, so async code awaiting between GPU calls mixes them.
+
 Endpoints:
 
     GET  /metrics       Prometheus text (format 0.0.4):
@@ -38,7 +52,13 @@ Endpoints:
                           torch_cuda_max_memory_reserved_bytes   (per device);
                           torch_cuda_device_free_bytes, torch_cuda_device_total_bytes,
                           torch_cuda_device_used_bytes   (torch.cuda.mem_get_info, per device);
-                          headroom_probe_ooms_total, headroom_probe_snapshots_total,
+                          torch_cuda_memory_fraction (per device: the per-process fraction,
+                            1 when unset), torch_cuda_device_capacity_bytes (per device: what
+                            this process may reserve: fraction x total memory),
+                          headroom_probe_ooms_total (the largest of the OOM observer's count,
+                            the allocators' num_ooms and the OOMs raised in tracked requests),
+                          headroom_probe_requests_total, headroom_probe_requests_in_flight,
+                          headroom_probe_request_ooms_total, headroom_probe_snapshots_total,
                           headroom_probe_info{version,torch,pid,record_history} 1.
     GET  /snapshot      the pickle of torch.cuda.memory._snapshot() (what
                         torch.cuda.memory._dump_snapshot() writes; opens in
@@ -76,9 +96,10 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-__all__ = ["start", "Probe", "main"]
+__all__ = ["start", "Probe", "main", "request"]
 
-VERSION = "0.1.0"
+VERSION = "0.2.0"
+TAG_PREFIX = "headroom:req="
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
 
 _lock = threading.Lock()
@@ -118,6 +139,9 @@ class Probe:
         self.record_history = bool(record_history)
         self.max_entries = int(max_entries)
         self.ooms = 0
+        self.requests = 0
+        self.in_flight = 0
+        self.request_ooms = 0
         self.snapshots = 0
         self.files = []
         self.last_oom_file = None
@@ -227,7 +251,10 @@ class Probe:
             except Exception:
                 pass  # an OOM must stay the service's error, not the probe's
 
-        attach(on_oom)
+        try:
+            attach(on_oom)
+        except Exception as e:  # no CUDA here: the probe still serves what it can
+            self.history_error = self.history_error or str(e)
 
     def all_devices(self):
         """Every device, once the service has initialised CUDA (none before)."""
@@ -274,8 +301,15 @@ class Probe:
             % (VERSION, _esc(getattr(torch, "__version__", "?")), os.getpid(),
                "true" if self.record_history and not self.history_error else "false")
         )
-        family("headroom_probe_ooms_total", "counter", "OOMs the allocator reported to the probe's observer.")
-        lines.append("headroom_probe_ooms_total %d" % self.ooms)
+        family("headroom_probe_ooms_total", "counter",
+               "CUDA OOMs: the largest of the observer's count, the allocators' num_ooms and tracked requests' OOMs.")
+        lines.append("headroom_probe_ooms_total %d" % self.oom_count())
+        family("headroom_probe_requests_total", "counter", "Requests tracked with probe.request().")
+        lines.append("headroom_probe_requests_total %d" % self.requests)
+        family("headroom_probe_requests_in_flight", "gauge", "Tracked requests running now.")
+        lines.append("headroom_probe_requests_in_flight %d" % self.in_flight)
+        family("headroom_probe_request_ooms_total", "counter", "Tracked requests that raised torch.OutOfMemoryError.")
+        lines.append("headroom_probe_request_ooms_total %d" % self.request_ooms)
         family("headroom_probe_snapshots_total", "counter", "Snapshots the probe wrote.")
         lines.append("headroom_probe_snapshots_total %d" % self.snapshots)
         devs = self.all_devices()
@@ -296,6 +330,19 @@ class Probe:
                 family(name, "gauge", help_text)
                 for d in devs:
                     lines.append('%s{device="%d"} %d' % (name, d, int(fn(d))))
+            caps = self.capacities()
+            if caps:
+                family("torch_cuda_memory_fraction", "gauge",
+                       "torch.cuda.get_per_process_memory_fraction(device); 1 when unset.")
+                for d, (frac, _, _) in sorted(caps.items()):
+                    lines.append('torch_cuda_memory_fraction{device="%d"} %s' % (d, repr(float(frac))))
+                family("torch_cuda_device_capacity_bytes", "gauge",
+                       "What this process may reserve on the device: fraction x total memory.")
+                for d, (_, cap, _) in sorted(caps.items()):
+                    lines.append('torch_cuda_device_capacity_bytes{device="%d"} %d' % (d, cap))
+                family("torch_cuda_device_total_memory_bytes", "gauge", "The device's total memory.")
+                for d, (_, _, total) in sorted(caps.items()):
+                    lines.append('torch_cuda_device_total_memory_bytes{device="%d"} %d' % (d, total))
             info = {}
             for d in self.devices():
                 try:
@@ -312,6 +359,72 @@ class Probe:
                     for d, (fr, to) in sorted(info.items()):
                         lines.append('%s{device="%d"} %d' % (name, d, int(pick(fr, to))))
         return "\n".join(lines) + "\n"
+
+    def capacities(self):
+        """{device: (fraction, capacity bytes, total bytes)} for every device of the process.
+
+        The capacity is what the allocator may reserve: PyTorch refuses a new segment when
+        reserved + its size would pass fraction x total, so a service capped with
+        set_per_process_memory_fraction runs out there, not at the card's size."""
+        torch = _torch()
+        out = {}
+        for d in self.all_devices():
+            try:
+                total = int(torch.cuda.get_device_properties(d).total_memory)
+                getf = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+                frac = float(getf(d)) if getf is not None else 1.0
+                cap = total if frac >= 1.0 else int(frac * total)
+                out[d] = (frac, cap, total)
+            except Exception:
+                pass
+        return out
+
+    def oom_count(self):
+        """OOMs, from every source that sees them: the observer (called by the caching
+        allocator), the allocators' own num_ooms, and tracked requests that raised."""
+        torch = _torch()
+        stats_ooms = 0
+        for d in self.all_devices():
+            try:
+                stats_ooms += int(torch.cuda.memory_stats(d).get("num_ooms", 0))
+            except Exception:
+                pass
+        return max(self.ooms, stats_ooms, self.request_ooms)
+
+    # -- requests ------------------------------------------------------------------------
+
+    def request(self, id=None, items=None, tokens=None, bytes=None):
+        """A context manager: the allocations made on this thread inside it are tagged as
+        one request (with its size, when given), and an OutOfMemoryError raised inside it
+        is counted. Nests: the outer tag comes back at exit."""
+        return _Request(self, id, items, tokens, bytes)
+
+    def track_handler(self, handler_cls):
+        """A subclass of an http.server handler whose do_* methods each run as one request."""
+        probe = self
+        methods = {}
+        for name in dir(handler_cls):
+            if name.startswith("do_") and callable(getattr(handler_cls, name)):
+                def wrap(fn):
+                    def run(handler, *a, **kw):
+                        n = handler.headers.get("Content-Length") if handler.headers else None
+                        with probe.request(bytes=int(n) if n and n.isdigit() else None):
+                            return fn(handler, *a, **kw)
+                    return run
+                methods[name] = wrap(getattr(handler_cls, name))
+        return type(handler_cls.__name__, (handler_cls,), methods)
+
+    def wsgi(self, app):
+        """WSGI middleware: each call of the app is one request (WSGI servers run a request
+        on one thread). The body size comes from CONTENT_LENGTH."""
+        probe = self
+
+        def wrapped(environ, start_response):
+            n = environ.get("CONTENT_LENGTH") or ""
+            with probe.request(bytes=int(n) if n.isdigit() else None):
+                return app(environ, start_response)
+
+        return wrapped
 
     def snapshot_bytes(self):
         torch = _torch()
@@ -342,7 +455,11 @@ class Probe:
             "devices": self.devices(),
             "record_history": self.record_history,
             "history_error": self.history_error,
-            "ooms": self.ooms,
+            "ooms": self.oom_count(),
+            "requests": self.requests,
+            "request_ooms": self.request_ooms,
+            "capacities": {str(d): {"fraction": f, "capacity_bytes": c, "total_bytes": t}
+                           for d, (f, c, t) in self.capacities().items()},
             "snapshot_dir": self.snapshot_dir,
             "snapshots": self.files,
             "endpoints": ["/metrics", "/snapshot", "/oom_snapshot", "POST /dump"],
@@ -358,6 +475,71 @@ class Probe:
         """Stops the HTTP server (the OOM observer stays attached: torch cannot detach it)."""
         self._server.shutdown()
         self._server.server_close()
+
+
+class _Request:
+    _ids = 0
+    _ids_lock = threading.Lock()
+
+    def __init__(self, probe, id, items, tokens, bytes_):
+        self.probe = probe
+        if id is None:
+            with _Request._ids_lock:
+                _Request._ids += 1
+                id = "%d-%d" % (os.getpid(), _Request._ids)
+        parts = [TAG_PREFIX + str(id).replace(";", ",")]
+        for k, v in (("items", items), ("tokens", tokens), ("bytes", bytes_)):
+            if v is not None:
+                parts.append("%s=%d" % (k, int(v)))
+        self.tag = ";".join(parts)
+        self.prev = None
+
+    def __enter__(self):
+        torch = _torch()
+        mem = torch.cuda.memory
+        get = getattr(mem, "_get_memory_metadata", None)
+        try:
+            self.prev = get() if get is not None else ""
+        except Exception:
+            self.prev = ""
+        setter = getattr(mem, "_set_memory_metadata", None)
+        if setter is not None:
+            try:
+                setter(self.tag)
+            except Exception:
+                pass
+        with self.probe._count_lock:
+            self.probe.requests += 1
+            self.probe.in_flight += 1
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        torch = _torch()
+        setter = getattr(torch.cuda.memory, "_set_memory_metadata", None)
+        if setter is not None:
+            try:
+                setter(self.prev or "")
+            except Exception:
+                pass
+        oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
+        is_oom = exc is not None and (
+            (oom_type is not None and isinstance(exc, oom_type))
+            or "CUDA out of memory" in str(exc)
+        )
+        with self.probe._count_lock:
+            self.probe.in_flight -= 1
+            if is_oom:
+                self.probe.request_ooms += 1
+        return False
+
+
+def request(id=None, items=None, tokens=None, bytes=None):
+    """`probe.request(...)` on the running probe; a plain context when none runs."""
+    p = _probe
+    if p is None:
+        import contextlib
+        return contextlib.nullcontext()
+    return p.request(id, items, tokens, bytes)
 
 
 def start(port=9464, host="127.0.0.1", snapshot_dir=None, record_history=True, max_entries=100000):

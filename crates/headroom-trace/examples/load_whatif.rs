@@ -1,6 +1,8 @@
 //! `cargo run --release -p headroom-trace --example load_whatif SNAPSHOT [LIMIT_BYTES]`:
 //! cut a trace into requests and predict the concurrency at which it runs out.
-use headroom_trace::concurrency::{attribution, predict_concurrency, split_requests, LoadWhatIf};
+use headroom_trace::concurrency::{
+    attribution, predict_concurrency, simulate_at, split_requests, LoadWhatIf,
+};
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
@@ -29,5 +31,19 @@ fn main() {
     println!("{:?} in {:?}", (p.first_oom, p.safe), t.elapsed());
     for pt in &p.points {
         println!("{pt:?}");
+    }
+    if let Some(conf) = a.get(3) {
+        let o = LoadWhatIf {
+            config: headroom_alloc::AllocatorConfig::parse(conf).expect("conf"),
+            memory_limit: limit,
+            requests_per_worker: w.requests.len() / 2,
+            ..Default::default()
+        };
+        println!("{conf} at 2: {:?}", simulate_at(&snap, 0, &w, 2, &o));
+        let o = LoadWhatIf {
+            config: headroom_alloc::AllocatorConfig::default(),
+            ..o
+        };
+        println!("default at 2: {:?}", simulate_at(&snap, 0, &w, 2, &o));
     }
 }

@@ -6,21 +6,20 @@
 //! recorded at low load holds each request's own allocation sequence; at concurrency N the
 //! same sequences run N at a time. So the trace is cut into requests (by the tag the probe's
 //! request helper puts in each entry's `user_metadata`, `headroom:req=ID;items=N;tokens=N;
-//! bytes=N`, else by where the memory made since a point was all given back), the trace up
-//! to the first request is replayed exactly (the allocator state the service really had),
-//! and then N simulated workers each run requests drawn from the recorded ones, back to back,
-//! their entries merged by each request's own recorded timing with the workers' starts
-//! spread over one mean request. Every request slows down alike as load grows, so the merge
-//! order holds. The exact allocator decides, under the service's capacity (its memory
-//! fraction, or the device less what the CUDA context and libraries hold), whether and when
-//! a request fails.
+//! bytes=N`, else by the pauses between requests), the trace up to the first request is
+//! replayed exactly (the allocator state the service really had), and then N simulated
+//! workers each run requests drawn from the recorded ones, back to back, in step: one
+//! allocation or free per worker per turn. That is how a saturated GPU paces a service's
+//! threads (see `run_once`), and the load where memory runs out is a saturated one. The
+//! exact allocator decides, under the service's capacity (its memory fraction, or the
+//! device less what the CUDA context and libraries hold), whether and when a request fails.
 //!
-//! The interleaving is a model, so each concurrency is run with several seeds (which
-//! requests, which offsets), and it counts as out of memory when at least half of them are.
+//! Which requests meet is chance, so each concurrency is run with several seeds (which
+//! requests each worker draws), and it counts as out of memory when at least half of them are.
 //! Monotone in N in practice; the search doubles, then bisects.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 
 use headroom_alloc::{AllocError, AllocatorConfig, Snapshot, TraceAction, TraceEntry};
 
@@ -73,24 +72,8 @@ pub fn parse_tag(meta: &str) -> Option<(String, RequestSize)> {
 
 #[derive(Clone, Copy, Debug)]
 enum Op {
-    Alloc {
-        t: i64,
-        size: u64,
-        stream: u64,
-        key: u32,
-    },
-    Free {
-        t: i64,
-        key: u32,
-    },
-}
-
-impl Op {
-    fn t(&self) -> i64 {
-        match *self {
-            Op::Alloc { t, .. } | Op::Free { t, .. } => t,
-        }
-    }
+    Alloc { size: u64, stream: u64, key: u32 },
+    Free { key: u32 },
 }
 
 /// One request's allocations and frees, timed from its first entry.
@@ -154,7 +137,6 @@ impl Building {
         let key = self.next_key;
         self.next_key += 1;
         self.ops.push(Op::Alloc {
-            t: e.time_us - self.start,
             size: e.size,
             stream: e.stream,
             key,
@@ -165,10 +147,7 @@ impl Building {
         key
     }
     fn free(&mut self, e: &TraceEntry, key: u32, size: u64) {
-        self.ops.push(Op::Free {
-            t: e.time_us - self.start,
-            key,
-        });
+        self.ops.push(Op::Free { key });
         self.live = self.live.saturating_sub(size);
         self.end = self.end.max(e.time_us);
     }
@@ -379,68 +358,64 @@ fn run_once(
         s.alloc.set_memory_limit(Some(l));
     }
     let mut rng = Rng(seed ^ (u64::from(n) << 32) ^ 0x5eed);
-    let mean =
-        pool.iter().map(|&r| w.requests[r].duration_us).sum::<i64>() / pool.len().max(1) as i64;
-    // Per worker: its requests, drawn up front, and where each starts.
+    // Per worker: its requests, drawn up front, and where it is.
     struct Worker {
         reqs: Vec<usize>,
-        start: i64,
         /// (request position, op index)
         at: (usize, usize),
     }
     let mut workers: Vec<Worker> = (0..n)
-        .map(|k| Worker {
+        .map(|_| Worker {
             reqs: (0..opts.requests_per_worker)
                 .map(|_| pool[rng.below(pool.len())])
                 .collect(),
-            start: mean * i64::from(k) / i64::from(n.max(1)) + (rng.below(1000) as i64),
             at: (0, 0),
         })
         .collect();
-    let mut heap: BinaryHeap<Reverse<(i64, u32)>> = BinaryHeap::new();
-    for (k, wk) in workers.iter().enumerate() {
-        if let Some(op) = wk.reqs.first().and_then(|&r| w.requests[r].ops.first()) {
-            heap.push(Reverse((wk.start + op.t(), k as u32)));
-        }
-    }
+    // Round robin, one op per worker per turn: at the load where memory runs out, the GPU
+    // is the bottleneck, every thread's launches wait on the one stream's queue, and the
+    // threads advance in step, each a kernel at a time; allocations and frees follow the
+    // launches. A stage starts all its workers together, so they start in step too.
     let mut ptrs: HashMap<(u32, usize, u32), u64> = HashMap::new();
     let mut oom = false;
-    while let Some(Reverse((_, k))) = heap.pop() {
-        let wk = &mut workers[k as usize];
-        let (ri, oi) = wk.at;
-        let req = &w.requests[wk.reqs[ri]];
-        match req.ops[oi] {
-            Op::Alloc {
-                size, stream, key, ..
-            } => match s.alloc.malloc(size, stream) {
-                Ok(a) => {
-                    ptrs.insert((k, ri, key), a.ptr);
-                }
-                Err(AllocError::OutOfMemory(_)) => {
-                    oom = true;
-                    break;
-                }
-                Err(e) => return Err(ReplayError::Invalid(e.to_string()).into()),
-            },
-            Op::Free { key, .. } => {
-                if let Some(p) = ptrs.remove(&(k, ri, key)) {
-                    s.alloc
-                        .free(p)
-                        .map_err(|e| ReplayError::Invalid(e.to_string()))?;
+    let mut active: Vec<u32> = (0..n).collect();
+    'turns: while !active.is_empty() {
+        let mut still = Vec::with_capacity(active.len());
+        for &k in &active {
+            let wk = &mut workers[k as usize];
+            let (ri, oi) = wk.at;
+            let Some(req) = wk.reqs.get(ri).map(|&r| &w.requests[r]) else {
+                continue;
+            };
+            match req.ops[oi] {
+                Op::Alloc { size, stream, key } => match s.alloc.malloc(size, stream) {
+                    Ok(a) => {
+                        ptrs.insert((k, ri, key), a.ptr);
+                    }
+                    Err(AllocError::OutOfMemory(_)) => {
+                        oom = true;
+                        break 'turns;
+                    }
+                    Err(e) => return Err(ReplayError::Invalid(e.to_string()).into()),
+                },
+                Op::Free { key } => {
+                    if let Some(p) = ptrs.remove(&(k, ri, key)) {
+                        s.alloc
+                            .free(p)
+                            .map_err(|e| ReplayError::Invalid(e.to_string()))?;
+                    }
                 }
             }
+            wk.at = if oi + 1 < req.ops.len() {
+                (ri, oi + 1)
+            } else {
+                (ri + 1, 0)
+            };
+            if wk.at.0 < wk.reqs.len() {
+                still.push(k);
+            }
         }
-        // The next op of this worker: the rest of this request, then its next request.
-        let (mut ri, mut oi) = (ri, oi + 1);
-        if oi >= req.ops.len() {
-            wk.start += req.duration_us;
-            ri += 1;
-            oi = 0;
-        }
-        wk.at = (ri, oi);
-        if let Some(op) = wk.reqs.get(ri).and_then(|&r| w.requests[r].ops.get(oi)) {
-            heap.push(Reverse((wk.start + op.t(), k)));
-        }
+        active = still;
     }
     Ok((
         oom,
@@ -453,14 +428,8 @@ fn plan_device(plan: &ReplayPlan) -> usize {
     plan.device()
 }
 
-/// The concurrency at which the service runs out of memory, from its trace.
-pub fn predict_concurrency(
-    snapshot: &Snapshot,
-    device: usize,
-    w: &Workload,
-    opts: &LoadWhatIf,
-) -> Result<LoadPrediction, LoadWhatIfError> {
-    let plan = ReplayPlan::new(snapshot, device, &own_config(snapshot))?;
+/// The pool of requests a what-if draws from (those under the size cap).
+fn request_pool(w: &Workload, opts: &LoadWhatIf) -> Result<Vec<usize>, LoadWhatIfError> {
     let pool: Vec<usize> = (0..w.requests.len())
         .filter(|&r| {
             let req = &w.requests[r];
@@ -475,25 +444,62 @@ pub fn predict_concurrency(
             "the trace holds no request to replay at higher load (tag requests with headroom_probe's request helper, or record while the service serves)".into(),
         ));
     }
+    Ok(pool)
+}
+
+/// One concurrency, every seed: how the service's memory behaves at `n` in flight.
+pub fn simulate_at(
+    snapshot: &Snapshot,
+    device: usize,
+    w: &Workload,
+    n: u32,
+    opts: &LoadWhatIf,
+) -> Result<ConcurrencyPoint, LoadWhatIfError> {
+    let plan = ReplayPlan::new(snapshot, device, &own_config(snapshot))?;
+    let pool = request_pool(w, opts)?;
+    point_at(snapshot, &plan, w, &pool, n, opts)
+}
+
+fn point_at(
+    snapshot: &Snapshot,
+    plan: &ReplayPlan,
+    w: &Workload,
+    pool: &[usize],
+    n: u32,
+    opts: &LoadWhatIf,
+) -> Result<ConcurrencyPoint, LoadWhatIfError> {
+    let mut p = ConcurrencyPoint {
+        concurrency: n,
+        runs: 0,
+        oom_runs: 0,
+        peak_reserved_bytes: 0,
+        peak_allocated_bytes: 0,
+    };
+    for seed in 0..opts.seeds.max(1) {
+        let (oom, res, alloc) = run_once(snapshot, plan, w, pool, n, seed, opts)?;
+        p.runs += 1;
+        p.oom_runs += u32::from(oom);
+        p.peak_reserved_bytes = p.peak_reserved_bytes.max(res);
+        p.peak_allocated_bytes = p.peak_allocated_bytes.max(alloc);
+    }
+    Ok(p)
+}
+
+/// The concurrency at which the service runs out of memory, from its trace.
+pub fn predict_concurrency(
+    snapshot: &Snapshot,
+    device: usize,
+    w: &Workload,
+    opts: &LoadWhatIf,
+) -> Result<LoadPrediction, LoadWhatIfError> {
+    let plan = ReplayPlan::new(snapshot, device, &own_config(snapshot))?;
+    let pool = request_pool(w, opts)?;
     let mut points: Vec<ConcurrencyPoint> = Vec::new();
     let at = |n: u32, points: &mut Vec<ConcurrencyPoint>| -> Result<bool, LoadWhatIfError> {
         if let Some(p) = points.iter().find(|p| p.concurrency == n) {
             return Ok(p.ooms());
         }
-        let mut p = ConcurrencyPoint {
-            concurrency: n,
-            runs: 0,
-            oom_runs: 0,
-            peak_reserved_bytes: 0,
-            peak_allocated_bytes: 0,
-        };
-        for seed in 0..opts.seeds.max(1) {
-            let (oom, res, alloc) = run_once(snapshot, &plan, w, &pool, n, seed, opts)?;
-            p.runs += 1;
-            p.oom_runs += u32::from(oom);
-            p.peak_reserved_bytes = p.peak_reserved_bytes.max(res);
-            p.peak_allocated_bytes = p.peak_allocated_bytes.max(alloc);
-        }
+        let p = point_at(snapshot, &plan, w, &pool, n, opts)?;
         let o = p.ooms();
         points.push(p);
         Ok(o)

@@ -26,6 +26,7 @@
 //! ```
 
 pub mod concurrency;
+pub mod diff;
 pub mod error;
 pub mod pickle;
 pub mod replay;

@@ -136,8 +136,15 @@ fn label(conf: &AllocatorConfig) -> String {
 }
 
 pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
-    let snap = load_trace(&a.snapshot)?;
     let capacity = parse_capacity(a.capacity.as_deref())?;
+    // Outputs are checked before the replays (a --min-capacity search takes a while).
+    if let Some(p) = &a.snapshot_out {
+        crate::run_cmd::check_out_file("--snapshot-out", p)?;
+    }
+    if let Some(p) = &a.rmm_out {
+        crate::run_cmd::check_out_file("--rmm-out", p)?;
+    }
+    let snap = load_trace(&a.snapshot)?;
     let own = AllocatorConfig::from_settings(&snap.allocator_settings)
         .context("the snapshot's allocator_settings")?;
     let mut configs: Vec<AllocatorConfig> = if a.alloc_conf.is_empty() {
@@ -417,11 +424,11 @@ fn load_trace(path: &std::path::Path) -> Result<headroom_trace::Snapshot, UserEr
         .with_context(|| format!("cannot read snapshot {}", path.display()))?)
 }
 
-/// Write through a temporary file so a failure never leaves a partial file.
+/// Write by `output::write_file`'s rules: a regular file through a temporary file (a
+/// failure never leaves a partial file), a device or FIFO written into, never replaced.
 fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<(), UserError> {
-    let tmp = path.with_extension("headroom-tmp");
-    std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", path.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    headroom_alloc::output::write_file(path, bytes)
+        .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
 }
 

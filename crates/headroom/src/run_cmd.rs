@@ -27,11 +27,26 @@ pub fn duration(flag: &str, v: &str) -> Result<Duration, UserError> {
     parse_duration(v).map_err(|m| UserError(anyhow!("bad {flag} {v:?}: {m}")))
 }
 
-pub fn check_out_dir(out: &Path) -> Result<(), UserError> {
-    if out.exists() && !out.is_dir() {
-        return Err(anyhow!("--out {} exists and is not a folder", out.display()).into());
-    }
-    Ok(())
+/// Checks the output folder before the run, so that a folder that cannot be written is
+/// found in the first second and not after the load, when the measurements would be lost:
+/// creates it (parents included) and writes and removes a probe file in it.
+/// Returns the folders it created, for [`discard_out_dir`].
+pub fn check_out_dir(out: &Path) -> Result<Vec<PathBuf>, UserError> {
+    headroom_alloc::output::probe_dir(out)
+        .map_err(|e| anyhow!("--out {}: cannot write there: {e}", out.display()).into())
+}
+
+/// The run failed before anything was measured (a dead URL, a model that does not
+/// build): take back the empty folders [`check_out_dir`] created, so that an exit 2
+/// leaves nothing behind.
+pub fn discard_out_dir(created: &[PathBuf]) {
+    headroom_alloc::output::remove_created(created);
+}
+
+/// Checks an output file's place before the work (see [`check_out_dir`]).
+pub fn check_out_file(flag: &str, path: &Path) -> Result<(), UserError> {
+    headroom_alloc::output::probe_file(path)
+        .map_err(|e| anyhow!("{flag} {}: cannot write there: {e}", path.display()).into())
 }
 
 /// The run's stop flag: the first Ctrl-C sets it (the run finishes what is in flight and
@@ -106,13 +121,21 @@ fn write_outputs(out: &Path, r: &RunResult) -> anyhow::Result<Vec<PathBuf>> {
 
 /// After the run: the files, the summary table (or the JSON with `--json`), the exit code.
 pub fn finish(out: &Path, json: bool, r: &RunResult) -> Result<ExitCode, UserError> {
-    let written = write_outputs(out, r).map_err(UserError)?;
-    if json {
+    let written = write_outputs(out, r);
+    // The measurements reach the terminal even when the files could not be written (a
+    // disk that filled during the run): the run is not lost with them.
+    if json || written.is_err() {
         println!("{}", r.to_json());
     } else {
         print!("{}", summary_table(r));
         println!();
     }
+    let written = written.map_err(|e| {
+        UserError(e.context(format!(
+            "the run finished but its files could not be written to {} (its results are on stdout above)",
+            out.display()
+        )))
+    })?;
     for p in &written {
         eprintln!("wrote {}", p.display());
     }

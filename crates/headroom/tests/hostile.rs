@@ -2,7 +2,10 @@
 //! result, or exit 2 with one line naming the problem), never a panic or an abort.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
 
 use headroom_alloc::{AllocatorSettings, Snapshot, TraceAction, TraceEntry};
 
@@ -252,4 +255,258 @@ fn sizes_follow_the_documented_rules() {
     let (code, out, err) = run(&["replay", t, "--capacity", " 1.5 GiB ", "--json"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(json(&out)[0]["capacity_bytes"], 3u64 << 29);
+}
+
+// ---------------------------------------------------------------------------------------
+// loadtest: hard limits
+
+#[test]
+fn loadtest_duration_is_a_hard_limit_whatever_c_is() {
+    let d = common::scratch("hostile", "c2048");
+    let (code, _, err) = common::run_in_within(
+        &d,
+        &[
+            "loadtest",
+            "-c",
+            "2048",
+            "-z",
+            "2s",
+            "--no-search",
+            "--quiet",
+            "--out",
+            "o",
+        ],
+        Duration::from_secs(90),
+    );
+    assert_eq!(code, 0, "{err}");
+    let v = common::read_json(&d.join("o/results.json"));
+    let wall = v["wall_s"].as_f64().unwrap();
+    assert!(wall < 5.0, "a 2 s load lasted {wall} s");
+    assert!(v["stages"][0]["workers_started"].as_u64().unwrap() <= 2048);
+    assert!(v["requests"]["stopped"].as_u64().is_some());
+}
+
+#[test]
+fn loadtest_refuses_absurd_concurrency_and_stage_lists_at_once() {
+    let d = common::scratch("hostile", "absurd");
+    let many = vec!["1:1ms"; 10_000].join(",");
+    for (args, says) in [
+        (
+            vec!["loadtest", "-c", "1000000", "-z", "1s"],
+            "at most 4096",
+        ),
+        (vec!["loadtest", "--stages", "5000:1s"], "at most 4096"),
+        (
+            vec!["loadtest", "--ramp-until-oom", "--ramp-max", "99999"],
+            "at most 4096",
+        ),
+        (vec!["loadtest", "--stages", many.as_str()], "at most 1000"),
+    ] {
+        let (code, _, err) = common::run_in_within(&d, &args, Duration::from_secs(20));
+        assert_clean(code, &err, says);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(says), "{err}");
+        assert!(
+            err.len() < 400,
+            "the error echoes the input: {} chars",
+            err.len()
+        );
+    }
+    assert!(
+        common::files_under(&d).is_empty(),
+        "a refused run writes nothing"
+    );
+}
+
+#[test]
+fn loadtest_thousand_short_stages_follow_their_durations() {
+    let d = common::scratch("hostile", "stages");
+    let stages = vec!["1:1ms"; 1000].join(",");
+    let (code, _, err) = common::run_in_within(
+        &d,
+        &[
+            "loadtest",
+            "--device",
+            "meta",
+            "--model",
+            "mlp-tiny",
+            "--stages",
+            &stages,
+            "--no-search",
+            "--quiet",
+            "--out",
+            "o",
+        ],
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, 0, "{err}");
+    let v = common::read_json(&d.join("o/results.json"));
+    assert!(v["wall_s"].as_f64().unwrap() < 3.0, "{}", v["wall_s"]);
+}
+
+#[test]
+fn ctrl_c_stops_a_4096_worker_run_promptly() {
+    let d = common::scratch("hostile", "ctrlc4096");
+    let mut child = common::bin()
+        .args([
+            "loadtest", "-c", "4096", "-z", "120s", "--quiet", "--out", "o",
+        ])
+        .current_dir(&d)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start headroom");
+    std::thread::sleep(Duration::from_millis(4000));
+    let st = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill -INT");
+    assert!(st.success());
+    let t = Instant::now();
+    let out = loop {
+        if child.try_wait().unwrap().is_some() {
+            break child.wait_with_output().unwrap();
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("headroom -c 4096 did not stop within 30 s of SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    let v = common::read_json(&d.join("o/results.json"));
+    assert_eq!(v["stop_reason"], "cancelled");
+    assert!(d.join("o/report.html").is_file());
+}
+
+// ---------------------------------------------------------------------------------------
+// Outputs: checked before the work; devices, FIFOs and links never replaced
+
+#[cfg(target_os = "linux")]
+#[test]
+fn an_unwritable_out_is_found_before_the_load() {
+    let d = common::scratch("hostile", "readonly");
+    // procfs takes no file, even from root
+    for out in ["/proc/self/headroom-out", "/proc/self"] {
+        let (code, _, err) = common::run_in_within(
+            &d,
+            &["loadtest", "-z", "60s", "--quiet", "--out", out],
+            Duration::from_secs(20),
+        );
+        assert_clean(code, &err, out);
+        assert_eq!(code, 2, "{out}: {err}");
+        assert!(err.contains("--out") && err.contains(out), "{err}");
+        let (code, _, err) = common::run_in_within(
+            &d,
+            &[
+                "http",
+                "http://127.0.0.1:9/",
+                "-z",
+                "60s",
+                "--quiet",
+                "--out",
+                out,
+            ],
+            Duration::from_secs(20),
+        );
+        assert_eq!(code, 2, "{out}: {err}");
+        assert!(err.contains("--out"), "{err}");
+    }
+    // a folder without write permission, for a user it applies to (root writes anyway)
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let ro = d.join("ro");
+        std::fs::create_dir(&ro).unwrap();
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+        let applies = std::fs::write(ro.join("x"), b"x").is_err();
+        if applies {
+            let (code, _, err) = common::run_in_within(
+                &d,
+                &["loadtest", "-z", "60s", "--quiet", "--out", "ro"],
+                Duration::from_secs(20),
+            );
+            assert_eq!(code, 2, "{err}");
+        }
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::remove_dir_all(&ro).unwrap();
+    }
+    // the probe leaves nothing behind where it could write
+    let (code, _, err) = common::run_in(&d, &["loadtest", "-c", "0", "--out", "fresh"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(!d.join("fresh").exists(), "a refused run created its --out");
+}
+
+#[cfg(unix)]
+#[test]
+fn replay_outputs_never_replace_devices_fifos_or_links() {
+    use std::os::unix::fs::FileTypeExt;
+    let t = trace("resnet50_infer_nograd__default.pickle");
+    let t = t.to_str().unwrap();
+    // /dev/null takes the bytes and stays a device
+    for flag in ["--snapshot-out", "--rmm-out"] {
+        let (code, _, err) = run(&["replay", t, flag, "/dev/null"]);
+        assert_eq!(code, 0, "{flag}: {err}");
+        assert!(std::fs::metadata("/dev/null")
+            .unwrap()
+            .file_type()
+            .is_char_device());
+    }
+    // /dev/full: a clean "no space" error, and the device node is still there
+    if Path::new("/dev/full").exists() {
+        for flag in ["--snapshot-out", "--rmm-out"] {
+            let (code, _, err) = run(&["replay", t, flag, "/dev/full"]);
+            assert_clean(code, &err, flag);
+            assert_eq!(code, 2, "{flag}: {err}");
+            assert!(err.to_lowercase().contains("no space"), "{err}");
+            assert!(std::fs::metadata("/dev/full")
+                .unwrap()
+                .file_type()
+                .is_char_device());
+        }
+    }
+    let d = tmpdir("outputs");
+    // a FIFO gets the bytes and stays a FIFO
+    let fifo = d.join("fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let reader = {
+        let f = fifo.clone();
+        std::thread::spawn(move || std::fs::read(f).unwrap())
+    };
+    let (code, _, err) = run(&["replay", t, "--rmm-out", fifo.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let bytes = reader.join().unwrap();
+    assert!(String::from_utf8_lossy(&bytes).lines().count() > 100);
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    // a symlink stays a link; its target gets the file
+    let target = d.join("real.pickle");
+    std::fs::write(&target, b"old").unwrap();
+    let link = d.join("link.pickle");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let (code, _, err) = run(&["replay", t, "--snapshot-out", link.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(headroom_trace::read_snapshot_file(&target).is_ok());
+    // a missing folder is found before the replay
+    let (code, _, err) = run(&["replay", t, "--snapshot-out", "/no/such/dir/s.pickle"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--snapshot-out") && err.contains("does not exist"),
+        "{err}"
+    );
+    // no temporary file is left anywhere
+    let left: Vec<_> = std::fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }

@@ -1,6 +1,7 @@
 //! What `headroom loadtest` and `headroom http` share around a run: Ctrl-C handling, the
-//! progress bar, the files written, the summary, and the exit code (0, 99 when a threshold
-//! broke, 130 when stopped by Ctrl-C, as k6 does).
+//! progress bar, the files written, the summary, and the exit code (0; 1 when no request
+//! of a `headroom http` run succeeded; 99 when a threshold broke and 130 when stopped by
+//! Ctrl-C, as k6 does).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -18,6 +19,10 @@ use crate::UserError;
 pub const EXIT_THRESHOLD: u8 = 99;
 /// Exit code of a run stopped by Ctrl-C (after writing what was measured).
 pub const EXIT_CANCELLED: u8 = 130;
+/// Exit code of a `headroom http` run in which no request succeeded (every one timed out,
+/// failed, was refused or shed): the report is written, but a load test of nothing that
+/// worked must not read as a pass in a script.
+pub const EXIT_NO_SUCCESS: u8 = 1;
 
 pub fn le(e: LoadError) -> UserError {
     UserError(anyhow!(e.to_string()))
@@ -139,6 +144,13 @@ pub fn finish(out: &Path, json: bool, r: &RunResult) -> Result<ExitCode, UserErr
     for p in &written {
         eprintln!("wrote {}", p.display());
     }
+    // Precedence: nothing succeeded (1) says more than a broken threshold (99), which says
+    // more than Ctrl-C (130); a run stopped by Ctrl-C before any answer is just cancelled.
+    let cancelled = r.stop_reason == StopReason::Cancelled;
+    if let Some(msg) = no_success(r).filter(|_| !cancelled) {
+        eprintln!("{msg}");
+        return Ok(ExitCode::from(EXIT_NO_SUCCESS));
+    }
     if !r.thresholds_passed() {
         let broken: Vec<&str> = r
             .thresholds
@@ -149,9 +161,36 @@ pub fn finish(out: &Path, json: bool, r: &RunResult) -> Result<ExitCode, UserErr
         eprintln!("threshold(s) broken: {}", broken.join(", "));
         return Ok(ExitCode::from(EXIT_THRESHOLD));
     }
-    if r.stop_reason == StopReason::Cancelled {
+    if cancelled {
         eprintln!("cancelled: the report holds what was measured before Ctrl-C");
         return Ok(ExitCode::from(EXIT_CANCELLED));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// For a `headroom http` run in which no request got a 1xx-3xx answer: one line saying
+/// what happened to them instead. `None` when one succeeded, or for `headroom loadtest`
+/// (whose requests failing with OOMs is what a ramp looks for).
+pub fn no_success(r: &RunResult) -> Option<String> {
+    let http = r.http.as_ref()?;
+    if r.requests.ok > 0 {
+        return None;
+    }
+    let sent = r.requests.total + http.shed;
+    let mut what: Vec<String> = r
+        .errors
+        .by_kind
+        .iter()
+        .map(|(k, n)| format!("{n} {k}"))
+        .collect();
+    if http.shed > 0 {
+        what.push(format!("{} shed (503)", http.shed));
+    }
+    if what.is_empty() {
+        what.push("none was answered".into());
+    }
+    Some(format!(
+        "no request succeeded: 0 of {sent} ({}); the report is written, exit code {EXIT_NO_SUCCESS}",
+        what.join(", ")
+    ))
 }

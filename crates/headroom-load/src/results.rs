@@ -64,6 +64,11 @@
 //!   measured (the others read 0); `final_memory_stats` is the probe's last
 //!   `torch.cuda.memory_stats()`, summed over devices.
 //!
+//! - `requests.stopped` (every `RequestSummary`): requests still in flight when the load's
+//!   duration ended (or Ctrl-C), stopped at their next op; not in `requests.total`.
+//!   `stages[].workers_started`: the workers that ran in the stage (fewer than its
+//!   `concurrency` only when the load ended before all could start).
+//!
 //! Each type below documents its own fields; the doc comment of a field is its schema entry.
 
 use std::collections::BTreeMap;

@@ -286,6 +286,44 @@ fn loadtest_duration_is_a_hard_limit_whatever_c_is() {
     assert!(v["requests"]["stopped"].as_u64().is_some());
 }
 
+/// The expandable segment's reservation is sized from the capacity; a 16 EiB one used to
+/// abort the process allocating a page table for it.
+#[test]
+fn loadtest_on_a_16_eib_device_with_expandable_segments_runs() {
+    for (i, cap) in ["18446744073709551615", "16383PiB"].iter().enumerate() {
+        for dev in ["cpu", "meta"] {
+            let d = common::scratch("hostile", &format!("cap{i}{dev}"));
+            let (code, _, err) = common::run_in_within(
+                &d,
+                &[
+                    "loadtest",
+                    "--device",
+                    dev,
+                    "--model",
+                    "mlp-tiny",
+                    "-n",
+                    "20",
+                    "-c",
+                    "2",
+                    "--capacity",
+                    cap,
+                    "--alloc-conf",
+                    "expandable_segments:True",
+                    "--quiet",
+                    "--out",
+                    "o",
+                ],
+                Duration::from_secs(120),
+            );
+            assert_clean(code, &err, cap);
+            assert_eq!(code, 0, "{cap} on {dev}: {err}");
+            let v = common::read_json(&d.join("o/results.json"));
+            assert_eq!(v["requests"]["ok"], 20, "{cap} on {dev}");
+            assert_eq!(v["requests"]["oom"], 0, "{cap} on {dev}");
+        }
+    }
+}
+
 #[test]
 fn loadtest_refuses_absurd_concurrency_and_stage_lists_at_once() {
     let d = common::scratch("hostile", "absurd");

@@ -872,7 +872,7 @@ impl AllocatorConfig {
             -1 => u64::MAX,
             v => {
                 let bytes = v as u64;
-                if bytes % MIB != 0 || bytes < c.large_segment_size {
+                if !bytes.is_multiple_of(MIB) || bytes < c.large_segment_size {
                     return Err(ConfigError::InvalidSetting {
                         field: "max_split_size".into(),
                         value: format!(

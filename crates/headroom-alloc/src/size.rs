@@ -145,7 +145,7 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
     let mut frac_bytes: u128 = 0;
     for d in frac_part.bytes().rev() {
         let x = u128::from(d - b'0') * u128::from(mult) + frac_bytes;
-        if x % 10 != 0 {
+        if !x.is_multiple_of(10) {
             return Err(SizeError::FractionalBytes { input });
         }
         frac_bytes = x / 10;
@@ -428,7 +428,7 @@ mod tests {
             let f: u128 = if frac.is_empty() { 0 } else { frac.parse().unwrap() };
             let scaled = (int as u128 * 10u128.pow(k) + f) * mult;
             let got = parse_size(&s);
-            if scaled % 10u128.pow(k) != 0 {
+            if !scaled.is_multiple_of(10u128.pow(k)) {
                 prop_assert!(matches!(got, Err(SizeError::FractionalBytes { .. })), "{} -> {:?}", s, got);
             } else {
                 let v = scaled / 10u128.pow(k);

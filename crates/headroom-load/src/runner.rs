@@ -603,7 +603,7 @@ pub(crate) fn drive(
         // start in time is not started, and the stage reports how many ran.
         let spawn_upto = |n: usize, spawned: &mut usize| -> Result<()> {
             while *spawned < n {
-                if *spawned % 64 == 0 && out_of_time() {
+                if spawned.is_multiple_of(64) && out_of_time() {
                     break;
                 }
                 let i = *spawned;

@@ -209,7 +209,8 @@ impl ServerHandle {
         self.app.sched.drain();
         // Stops accepting; connections with nothing in flight (idle, or still sending a
         // head) close now, bodies still arriving are answered 503.
-        let _ = self.app.shutdown.send(true);
+        // send_replace: the value changes even when no receiver is left to be told
+        self.app.shutdown.send_replace(true);
         let timeout = self.app.cfg.drain_timeout;
         let mut report = ShutdownReport {
             drained: true,

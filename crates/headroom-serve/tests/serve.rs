@@ -809,7 +809,10 @@ async fn a_drain_that_times_out_reports_what_was_left() {
             shed += 1;
         }
     }
-    assert_eq!(shed, report.queued_at_timeout, "{report:?}");
+    // the queued ones got their 503; one still being admitted may have too (a drain
+    // refuses new work)
+    assert!(shed >= report.queued_at_timeout, "{shed} {report:?}");
+    assert!(shed <= report.in_flight_at_start, "{shed} {report:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

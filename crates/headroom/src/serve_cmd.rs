@@ -206,30 +206,34 @@ async fn run(cfg: ServeConfig) -> Result<ExitCode, UserError> {
 /// What the drain did, in one line that is true of it: how many requests it waited for,
 /// and when it timed out, how many were still queued (answered 503) or running.
 pub fn shutdown_message(r: &headroom_serve::ShutdownReport) -> String {
-    let n = |k: usize, what: &str| format!("{k} request{} {what}", if k == 1 { "" } else { "s" });
+    // "1 request still queued was answered 503", "2 requests ... were ..."
+    let n = |k: usize, state: &str, then: &str| {
+        let (s, be) = if k == 1 { ("", "was") } else { ("s", "were") };
+        format!("{k} request{s} {state} {be} {then}")
+    };
     if r.drained {
         if r.in_flight_at_start == 0 {
             format!("drained in {:.0?}: no request was in flight", r.elapsed)
         } else {
             format!(
-                "drained in {:.0?}: {} answered",
+                "drained in {:.0?}: {}",
                 r.elapsed,
-                n(r.in_flight_at_start, "in flight were")
+                n(r.in_flight_at_start, "in flight", "answered")
             )
         }
     } else {
         let mut parts = Vec::new();
         if r.queued_at_timeout > 0 {
-            parts.push(n(r.queued_at_timeout, "still queued were answered 503"));
+            parts.push(n(r.queued_at_timeout, "still queued", "answered 503"));
         }
         if r.running_at_timeout > 0 {
-            parts.push(n(r.running_at_timeout, "still running were cut off"));
+            parts.push(n(r.running_at_timeout, "still running", "cut off"));
         }
         let other = r
             .in_flight_at_timeout
             .saturating_sub(r.queued_at_timeout + r.running_at_timeout);
         if other > 0 {
-            parts.push(n(other, "still in their handlers were cut off"));
+            parts.push(n(other, "still being read or admitted", "stopped"));
         }
         if parts.is_empty() {
             parts.push("connections were still sending their answers".into());
@@ -281,8 +285,11 @@ mod tests {
             m.contains("2 requests still queued were answered 503"),
             "{m}"
         );
-        assert!(m.contains("1 request still running"), "{m}");
-        assert!(m.contains("1 request still in their handlers"), "{m}");
+        assert!(m.contains("1 request still running was cut off"), "{m}");
+        assert!(
+            m.contains("1 request still being read or admitted was stopped"),
+            "{m}"
+        );
         // nothing queued at the timeout: the message never claims there was
         let m = shutdown_message(&r(false, 1, 0, 0, 0));
         assert!(!m.contains("queued"), "{m}");

@@ -862,8 +862,29 @@ impl AllocatorConfig {
             field: field.to_string(),
             value,
         };
-        // The int64 bit pattern round-trips SIZE_MAX through -1 and any clamped value.
-        c.max_split_size = s.max_split_size as u64;
+        // The int64 bit pattern round-trips SIZE_MAX through -1 and any clamped value
+        // (the largest, `(2^64/MiB - 1) MiB`, reads as -1 MiB). Any other value came through
+        // PyTorch's parser as whole MiB no smaller than the large segment size
+        // (`max_split_size_mb too small, must be >= 20`); a snapshot saying 0 or 1 byte was
+        // not written by PyTorch, and replaying it as a 1-byte split limit would answer
+        // for an allocator that cannot exist. It is refused, naming the rule.
+        c.max_split_size = match s.max_split_size {
+            -1 => u64::MAX,
+            v => {
+                let bytes = v as u64;
+                if !bytes.is_multiple_of(MIB) || bytes < c.large_segment_size {
+                    return Err(ConfigError::InvalidSetting {
+                        field: "max_split_size".into(),
+                        value: format!(
+                            "{v} (PyTorch's max_split_size is -1 for unlimited or whole MiB of at least the large segment size, {} bytes; max_split_size_mb too small, must be >= {})",
+                            c.large_segment_size,
+                            c.large_segment_size / MIB
+                        ),
+                    });
+                }
+                bytes
+            }
+        };
         let gc = s.garbage_collection_threshold;
         if !(0.0..1.0).contains(&gc) {
             return Err(bad("garbage_collection_threshold", gc.to_string()));
@@ -895,6 +916,24 @@ impl AllocatorConfig {
             c.roundup_power2_divisions[idx] = v as u64;
         }
         Ok(c)
+    }
+
+    /// What this config is, as a conf string a user can read and pass back: the string it
+    /// was parsed from (`last_conf`) when that string still says exactly what is in force,
+    /// else the canonical string of what is in force ([`fmt::Display`]). The two differ for
+    /// a config read from a snapshot whose settings fields say more than its string (a
+    /// runtime `_set_allocator_settings`, or a hand-edited `max_split_size`), and for a
+    /// string PyTorch's lenient parser took but ours does not. `""` for all defaults.
+    pub fn conf_string(&self) -> String {
+        let mut in_force = self.clone();
+        in_force.last_conf.clear();
+        if let Ok(mut parsed) = Self::parse(&self.last_conf) {
+            parsed.last_conf.clear();
+            if parsed == in_force {
+                return self.last_conf.clone();
+            }
+        }
+        in_force.to_string()
     }
 
     fn fmt_roundup(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -1874,6 +1913,68 @@ mod tests {
     }
 
     #[test]
+    fn from_settings_max_split_size_is_what_pytorch_could_have_written() {
+        let with = |v: i64| {
+            AllocatorConfig::from_settings(&AllocatorSettings {
+                max_split_size: v,
+                ..AllocatorSettings::default()
+            })
+        };
+        // -1 is unlimited; the clamped maximum (-1 MiB as int64) is a legal value too
+        assert_eq!(with(-1).unwrap().max_split_size, u64::MAX);
+        assert_eq!(
+            with(-(1 << 20)).unwrap().max_split_size,
+            (u64::MAX >> 20) << 20
+        );
+        let c = with(128 << 20).unwrap();
+        assert_eq!(c.max_split_size, 128 << 20);
+        // the label says what is in force, not the (empty) string
+        assert_eq!(c.conf_string(), "max_split_size_mb:128");
+        assert_eq!(
+            with(20 << 20).unwrap().conf_string(),
+            "max_split_size_mb:20"
+        );
+        // below the large segment size, not whole MiB, or another negative: refused
+        for bad in [0, 1, 512, (19 << 20), (20 << 20) + 1, -2, -5 << 20 | 7] {
+            let e = with(bad).unwrap_err();
+            assert!(
+                matches!(&e, ConfigError::InvalidSetting { field, .. } if field == "max_split_size"),
+                "{bad}: {e:?}"
+            );
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&bad.to_string()) && msg.contains(">= 20"),
+                "{msg}"
+            );
+        }
+        // the minimum follows the large segment size of the conf string
+        let s = AllocatorSettings {
+            pytorch_cuda_alloc_conf: "large_segment_size_mb:64".into(),
+            max_split_size: 32 << 20,
+            ..AllocatorSettings::default()
+        };
+        assert!(AllocatorConfig::from_settings(&s).is_err());
+    }
+
+    #[test]
+    fn conf_string_is_the_string_when_it_says_what_is_in_force() {
+        assert_eq!(AllocatorConfig::default().conf_string(), "");
+        let c = ok("expandable_segments:True, max_split_size_mb:128");
+        assert_eq!(
+            c.conf_string(),
+            "expandable_segments:True, max_split_size_mb:128"
+        );
+        // a lenient PyTorch string with fields laid over it: the canonical form
+        let c = AllocatorConfig::from_settings(&AllocatorSettings {
+            pytorch_cuda_alloc_conf: "max_split_size_mb:128MB".into(),
+            max_split_size: 128 << 20,
+            ..AllocatorSettings::default()
+        })
+        .unwrap();
+        assert_eq!(c.conf_string(), "max_split_size_mb:128");
+    }
+
+    #[test]
     fn from_settings_prefers_fields_over_a_partial_string() {
         let mut c = ok("large_segment_size_mb:32,expandable_segments:True");
         c.update("max_split_size_mb:64").unwrap();
@@ -2057,6 +2158,9 @@ mod tests {
             any::<u64>().prop_map(|n| n.to_string()),
             (0u32..64).prop_map(|k| (1u64 << k).to_string()),
             any::<f64>().prop_map(|f| f.to_string()),
+            // around u64::MAX / MiB and u64::MAX, where MiB values overflow bytes
+            (0u64..4).prop_map(|d| ((u64::MAX >> 20) - 1 + d).to_string()),
+            "[0-9]{15,25}",
             "[a-z_]{1,8}",
         ];
         prop::collection::vec(piece, 0..24).prop_map(|v| v.concat())
@@ -2078,6 +2182,59 @@ mod tests {
         fn settings_round_trip(c in valid_config()) {
             let c = ok(&c.to_string());
             prop_assert_eq!(AllocatorConfig::from_settings(&c.to_settings()), Ok(c));
+        }
+
+        /// Whatever parses has byte quantities that agree with each other: whole MiB,
+        /// above their minimums, nothing wrapped around to a small number.
+        #[test]
+        fn parsed_byte_quantities_are_consistent(s in conf_like()) {
+            if let Ok(c) = AllocatorConfig::parse(&s) {
+                prop_assert!(c.large_segment_size > MIN_LARGE_SEGMENT_MB * MIB, "{}", s);
+                prop_assert_eq!(c.large_segment_size % MIB, 0);
+                prop_assert!(c.max_non_split_rounding_size >= c.large_segment_size, "{}", s);
+                prop_assert_eq!(c.max_non_split_rounding_size % MIB, 0);
+                prop_assert!(
+                    c.max_split_size == u64::MAX
+                        || (c.max_split_size >= c.large_segment_size && c.max_split_size % MIB == 0),
+                    "{}", s
+                );
+                for d in c.roundup_power2_divisions {
+                    prop_assert!(d == 0 || d.is_power_of_two());
+                }
+                prop_assert!((0.0..1.0).contains(&c.garbage_collection_threshold));
+                prop_assert!((0.0..=1.0).contains(&c.per_process_memory_fraction));
+                // and the settings dict of it reads back as the same config
+                prop_assert_eq!(AllocatorConfig::from_settings(&c.to_settings()), Ok(c.clone()));
+                prop_assert!(AllocatorConfig::parse(&c.conf_string()).is_ok());
+            }
+        }
+
+        /// MiB values saturate at `u64::MAX / MiB` MiB, as PyTorch clamps them: a larger
+        /// value never gives fewer bytes than a smaller one (no wrap-around).
+        #[test]
+        fn mib_values_saturate_and_never_wrap(a in any::<u64>(), b in any::<u64>(), small in 0u64..1_000_000) {
+            for key in ["large_segment_size_mb", "max_split_size_mb", "max_non_split_rounding_mb"] {
+                let bytes = |v: u64| -> Option<u64> {
+                    let c = AllocatorConfig::parse(&format!("{key}:{v}")).ok()?;
+                    Some(match key {
+                        "large_segment_size_mb" => c.large_segment_size,
+                        "max_split_size_mb" => c.max_split_size,
+                        _ => c.max_non_split_rounding_size,
+                    })
+                };
+                for v in [a, b, small] {
+                    if let Some(x) = bytes(v) {
+                        prop_assert_eq!(x, v.min(u64::MAX / MIB) * MIB, "{}:{}", key, v);
+                    } else {
+                        // refused only for being below the key's minimum
+                        prop_assert!(v <= 20, "{}:{} refused", key, v);
+                    }
+                }
+                let (lo, hi) = (a.min(b), a.max(b));
+                if let (Some(x), Some(y)) = (bytes(lo), bytes(hi)) {
+                    prop_assert!(x <= y, "{}: {} -> {} but {} -> {}", key, lo, x, hi, y);
+                }
+            }
         }
 
         #[test]

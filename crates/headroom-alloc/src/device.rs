@@ -150,12 +150,19 @@ impl SimDevice {
         self.reserve_hints = hints.into_iter().collect();
     }
     fn bump_past_hints(&mut self) {
-        if let Some(end) = self.malloc_hints.iter().map(|(s, a)| a + s).max() {
-            self.next_addr = self.next_addr.max(end.div_ceil(SIM_ALIGN) * SIM_ALIGN);
+        // Hints come from a snapshot file: saturate rather than wrap on absurd ones.
+        if let Some(end) = self
+            .malloc_hints
+            .iter()
+            .map(|(s, a)| a.saturating_add(*s))
+            .max()
+        {
+            let aligned = end.div_ceil(SIM_ALIGN).saturating_mul(SIM_ALIGN);
+            self.next_addr = self.next_addr.max(aligned);
         }
     }
     fn overlaps(&self, start: u64, size: u64) -> bool {
-        let end = start + size;
+        let end = start.saturating_add(size);
         if let Some((_, &e)) = self.live.range(..end).next_back() {
             if e > start {
                 return true;
@@ -163,18 +170,23 @@ impl SimDevice {
         }
         false
     }
-    fn place(&mut self, size: u64, hinted: Option<u64>) -> u64 {
+    /// An address range of `size` bytes: the hint when it is free, else the next fresh
+    /// range. `OutOfMemory` when the range would run past the end of the 64-bit address
+    /// space, as `cudaMalloc` or `cuMemAddressReserve` fail on a real device; a huge
+    /// simulated capacity (or a 16 EiB `large_segment_size`) must not wrap addresses around.
+    fn place(&mut self, size: u64, hinted: Option<u64>) -> Result<u64, DeviceError> {
         let p = match hinted {
-            Some(h) if !self.overlaps(h, size) => h,
+            Some(h) if h.checked_add(size).is_some() && !self.overlaps(h, size) => h,
             _ => loop {
-                let p = self.next_range(size);
+                let p = self.next_range(size)?;
                 if !self.overlaps(p, size) {
                     break p;
                 }
             },
         };
-        self.live.insert(p, p + size);
-        p
+        let end = p.checked_add(size).ok_or(DeviceError::OutOfMemory)?;
+        self.live.insert(p, end);
+        Ok(p)
     }
     /// Bytes taken by the allocator's segments and mapped pages.
     pub fn used(&self) -> u64 {
@@ -221,16 +233,27 @@ impl SimDevice {
             self.fail_next -= 1;
             return Err(DeviceError::OutOfMemory);
         }
-        if self.used + self.external + size > self.capacity {
+        // Checked: a size near 2^64 (a huge `large_segment_size`) must fail, not wrap.
+        let fits = self
+            .used
+            .checked_add(self.external)
+            .and_then(|u| u.checked_add(size))
+            .is_some_and(|end| end <= self.capacity);
+        if !fits {
             return Err(DeviceError::OutOfMemory);
         }
         self.used += size;
         Ok(())
     }
-    fn next_range(&mut self, size: u64) -> u64 {
+    fn next_range(&mut self, size: u64) -> Result<u64, DeviceError> {
         let p = self.next_addr;
-        self.next_addr += size.div_ceil(SIM_ALIGN).max(1) * SIM_ALIGN;
-        p
+        let step = size
+            .div_ceil(SIM_ALIGN)
+            .max(1)
+            .checked_mul(SIM_ALIGN)
+            .ok_or(DeviceError::OutOfMemory)?;
+        self.next_addr = p.checked_add(step).ok_or(DeviceError::OutOfMemory)?;
+        Ok(p)
     }
 }
 
@@ -246,7 +269,7 @@ impl Device for SimDevice {
             .position(|&(s, _)| s == size)
             .and_then(|i| self.malloc_hints.remove(i))
             .map(|(_, a)| a);
-        Ok(self.place(size, hint))
+        self.place(size, hint).inspect_err(|_| self.used -= size)
     }
     fn free(&mut self, ptr: u64, size: u64) -> Result<(), DeviceError> {
         self.used = self.used.saturating_sub(size);
@@ -255,7 +278,8 @@ impl Device for SimDevice {
     }
     fn mem_get_info(&self) -> (u64, u64) {
         (
-            self.capacity.saturating_sub(self.used + self.external),
+            self.capacity
+                .saturating_sub(self.used.saturating_add(self.external)),
             self.capacity,
         )
     }
@@ -264,7 +288,7 @@ impl Device for SimDevice {
     }
     fn reserve(&mut self, size: u64) -> Result<u64, DeviceError> {
         let hint = self.reserve_hints.pop_front();
-        Ok(self.place(size, hint))
+        self.place(size, hint)
     }
     fn release_reservation(&mut self, ptr: u64, _size: u64) {
         self.live.remove(&ptr);
@@ -330,11 +354,20 @@ impl HostDevice {
 
 impl Device for HostDevice {
     fn malloc(&mut self, size: u64) -> Result<u64, DeviceError> {
-        if size == 0 || self.used + size > self.capacity {
+        // Checked: a segment near 2^64 bytes is out of memory, not a wrapped small one.
+        if size == 0
+            || self
+                .used
+                .checked_add(size)
+                .is_none_or(|end| end > self.capacity)
+        {
             return Err(DeviceError::OutOfMemory);
         }
-        let layout = std::alloc::Layout::from_size_align(size as usize, HOST_ALIGN)
-            .map_err(|e| DeviceError::Other(e.to_string()))?;
+        // A size no layout can describe is memory the host does not have.
+        let layout = usize::try_from(size)
+            .ok()
+            .and_then(|n| std::alloc::Layout::from_size_align(n, HOST_ALIGN).ok())
+            .ok_or(DeviceError::OutOfMemory)?;
         // SAFETY: layout has non-zero size.
         let p = unsafe { std::alloc::alloc(layout) };
         if p.is_null() {
@@ -383,7 +416,11 @@ impl Device for HostDevice {
     }
     #[cfg(unix)]
     fn map_page(&mut self, ptr: u64, page_size: u64) -> Result<(), DeviceError> {
-        if self.used + page_size > self.capacity {
+        if self
+            .used
+            .checked_add(page_size)
+            .is_none_or(|end| end > self.capacity)
+        {
             return Err(DeviceError::OutOfMemory);
         }
         // SAFETY: ptr..ptr+page_size lies inside one of our reservations.

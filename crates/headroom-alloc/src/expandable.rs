@@ -16,17 +16,50 @@ use crate::oom::AllocError;
 use crate::policy::{State, SMALL_BUFFER};
 use crate::snapshot::Frame;
 
+/// The most address space one reservation takes: 4 TiB, over 20 times the memory of any
+/// GPU PyTorch 2.11 runs on, so for every real capacity the reservation is PyTorch's
+/// `total + total/8`. Only a simulated capacity above ~3.5 TiB is affected: its segments
+/// reserve 4 TiB (or the request, when larger) instead of more than the address space has.
+pub const MAX_RESERVATION: u64 = 1 << 42;
+
 pub struct ExpandableSegment {
     pub base: u64,
     pub page_size: u64,
     pub max_pages: u64,
-    pub mapped: Vec<bool>,
+    /// Which pages are mapped, grown on demand up to the highest page ever mapped: the
+    /// bookkeeping follows the memory really mapped, not the reservation (a 16 EiB
+    /// simulated device would otherwise need a terabyte of flags).
+    mapped: Vec<bool>,
     pub stream: StreamId,
 }
 
 impl ExpandableSegment {
     pub fn size(&self) -> u64 {
         self.page_size * self.max_pages
+    }
+
+    /// How many pages are mapped now.
+    pub fn mapped_pages(&self) -> u64 {
+        self.mapped.iter().filter(|m| **m).count() as u64
+    }
+
+    fn is_mapped(&self, page: u64) -> bool {
+        usize::try_from(page)
+            .ok()
+            .and_then(|i| self.mapped.get(i))
+            .copied()
+            .unwrap_or(false)
+    }
+
+    fn set_mapped(&mut self, page: u64, on: bool) {
+        let i = page as usize; // page < max_pages, whose flags fit in memory once mapped
+        if i >= self.mapped.len() {
+            if !on {
+                return;
+            }
+            self.mapped.resize(i + 1, false);
+        }
+        self.mapped[i] = on;
     }
 
     /// Map the pages covering [ptr, ptr+size). Returns the mapped range; size 0 when the
@@ -42,21 +75,21 @@ impl ExpandableSegment {
             .div_ceil(self.page_size)
             .min(self.max_pages);
         for i in begin..end {
-            if self.mapped[i as usize] {
+            if self.is_mapped(i) {
                 continue;
             }
             let page = self.base + i * self.page_size;
             if let Err(e) = dev.map_page(page, self.page_size) {
                 for j in begin..i {
                     dev.unmap_page(self.base + j * self.page_size, self.page_size);
-                    self.mapped[j as usize] = false;
+                    self.set_mapped(j, false);
                 }
                 return match e {
                     DeviceError::OutOfMemory => Ok((ptr, 0)),
                     DeviceError::Other(m) => Err(AllocError::Device(m)),
                 };
             }
-            self.mapped[i as usize] = true;
+            self.set_mapped(i, true);
         }
         Ok((
             self.base + begin * self.page_size,
@@ -74,9 +107,9 @@ impl ExpandableSegment {
         // Unmapping does not wait for the stream's work; the allocator must.
         dev.synchronize_stream(self.stream);
         for i in begin..end {
-            if self.mapped[i as usize] {
+            if self.is_mapped(i) {
                 dev.unmap_page(self.base + i * self.page_size, self.page_size);
-                self.mapped[i as usize] = false;
+                self.set_mapped(i, false);
             }
         }
         (
@@ -96,19 +129,19 @@ impl<D: Device> State<D> {
 
     /// `find_expandable_block`: the lowest unmapped range of this stream that, with the free
     /// block before it and the free/unmapped chain after it, offers `size` bytes; else a new
-    /// reservation.
+    /// reservation. `None` when the device has no address space for one (an OOM).
     fn find_expandable_block(
         &mut self,
         kind: PoolKind,
         stream: StreamId,
         size: u64,
-    ) -> Result<BlockId, AllocError> {
+    ) -> Result<Option<BlockId>, AllocError> {
         let a = &self.arena;
         let allocatable = |id: BlockId| id != NIL && a.get(id).is_free();
         let has_space = |mut id: BlockId| {
             let mut bytes = 0u64;
             while bytes < size && allocatable(id) {
-                bytes += a.get(id).size;
+                bytes = bytes.saturating_add(a.get(id).size);
                 id = a.get(id).next;
             }
             bytes >= size
@@ -125,22 +158,57 @@ impl<D: Device> State<D> {
                 c = prev;
             }
             if has_space(c) {
-                return Ok(c);
+                return Ok(Some(c));
             }
             it = pool.unmapped.successor(a, c0);
         }
+        self.new_reservation(kind, stream, size)
+    }
+
+    /// Pages of a new reservation: PyTorch's `ceil((total + total/8) / page)`, computed
+    /// without overflow. Above [`MAX_RESERVATION`] (only simulated capacities get there) it
+    /// is that bound, or the request (`min_bytes`) when larger, so that a request the
+    /// capacity allows still fits a fresh reservation. `None` when the reservation cannot
+    /// be expressed in 64 bits (a page near 16 EiB).
+    fn reservation_pages(&self, page: u64, min_bytes: u64) -> Option<u64> {
+        let total = self.device.total_memory() as u128;
+        let pytorch = total + total / 8;
+        let page = page.max(1) as u128;
+        let pages = if pytorch <= MAX_RESERVATION as u128 {
+            pytorch.div_ceil(page)
+        } else {
+            (MAX_RESERVATION as u128)
+                .div_ceil(page)
+                .max((min_bytes as u128).div_ceil(page))
+        }
+        .max(1);
+        let pages = u64::try_from(pages).ok()?;
+        u64::try_from(page * pages as u128).ok().map(|_| pages)
+    }
+
+    /// A new reservation, as one unmapped block spanning it, with room for at least
+    /// `min_bytes`. `Ok(None)` when the device has no address space for it.
+    pub(crate) fn new_reservation(
+        &mut self,
+        kind: PoolKind,
+        stream: StreamId,
+        min_bytes: u64,
+    ) -> Result<Option<BlockId>, AllocError> {
         let page = self.page_size(kind);
-        let total = self.device.total_memory();
-        let max_pages = (total + total / 8).div_ceil(page).max(1);
-        let base = self
-            .device
-            .reserve(page * max_pages)
-            .map_err(|e| AllocError::Device(e.to_string()))?;
+        let Some(max_pages) = self.reservation_pages(page, min_bytes) else {
+            return Ok(None);
+        };
+        let base = match self.device.reserve(page * max_pages) {
+            Ok(b) => b,
+            // `cuMemAddressReserve` out of address space: the request does not fit.
+            Err(DeviceError::OutOfMemory) => return Ok(None),
+            Err(DeviceError::Other(e)) => return Err(AllocError::Device(e)),
+        };
         let seg = ExpandableSegment {
             base,
             page_size: page,
             max_pages,
-            mapped: vec![false; max_pages as usize],
+            mapped: Vec::new(),
             // the real stream: unmapping synchronises it
             stream: self.private.real(stream),
         };
@@ -169,7 +237,7 @@ impl<D: Device> State<D> {
         b.mapped = false;
         b.expandable = idx as u16;
         self.insert_unmapped(id);
-        Ok(id)
+        Ok(Some(id))
     }
 
     /// `map_block`: map the front `size` bytes of unmapped block `id` and merge the result
@@ -224,15 +292,6 @@ impl<D: Device> State<D> {
         Ok(true)
     }
 
-    pub(crate) fn find_expandable_block_pub(
-        &mut self,
-        kind: PoolKind,
-        stream: StreamId,
-        size: u64,
-    ) -> Result<BlockId, AllocError> {
-        self.find_expandable_block(kind, stream, size)
-    }
-
     pub(crate) fn map_block_pub(&mut self, id: BlockId, size: u64) -> Result<bool, AllocError> {
         self.map_block(id, size, None)
     }
@@ -246,7 +305,9 @@ impl<D: Device> State<D> {
         size: u64,
         ctx: Option<&Arc<[Frame]>>,
     ) -> Result<Option<BlockId>, AllocError> {
-        let mut cand = self.find_expandable_block(kind, stream, size)?;
+        let Some(mut cand) = self.find_expandable_block(kind, stream, size)? else {
+            return Ok(None);
+        };
         // cand is: unmapped -> ..., or free -> unmapped -> ...
         if !self.arena.get(cand).mapped {
             let sz = self.arena.get(cand).size.min(size);

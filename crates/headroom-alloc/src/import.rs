@@ -121,9 +121,11 @@ impl<D: Device> State<D> {
         kind: PoolKind,
         stream: StreamId,
     ) -> Result<BlockId, AllocError> {
-        // find_expandable_block creates a reservation when no unmapped range of this
-        // stream can hold the request; asking for more than any reservation guarantees it.
-        self.find_expandable_block_pub(kind, stream, u64::MAX)
+        self.new_reservation(kind, stream, 0)?.ok_or_else(|| {
+            AllocError::Device(
+                "no address space to restore the snapshot's expandable segment".into(),
+            )
+        })
     }
 
     fn find_unmapped_at(&self, kind: PoolKind, stream: StreamId, addr: u64) -> Option<BlockId> {

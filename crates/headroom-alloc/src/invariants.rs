@@ -136,7 +136,7 @@ pub(crate) fn check<D: Device>(st: &State<D>) -> Result<(), String> {
     // Expandable segments: mapped pages equal mapped block bytes.
     let mut pages = 0u64;
     for s in st.expandable.iter().flatten() {
-        pages += s.mapped.iter().filter(|m| **m).count() as u64 * s.page_size;
+        pages += s.mapped_pages() * s.page_size;
     }
     let exp_mapped: u64 = a
         .live_ids()

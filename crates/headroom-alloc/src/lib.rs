@@ -35,6 +35,8 @@ mod import;
 mod invariants;
 mod lock;
 pub mod oom;
+/// Writing output files: atomic for regular files, never replacing devices, FIFOs or links.
+pub mod output;
 pub mod policy;
 mod pool;
 pub mod private;

@@ -522,7 +522,8 @@ impl<D: Device> State<D> {
             self.emit(AllocEvent::AllocRetry, None);
         }
         if let Some(allowed) = self.allowed_memory_maximum {
-            if self.total_allocated_memory + alloc_size > allowed {
+            // saturating: a segment near 2^64 bytes (huge large_segment_size) must not wrap
+            if self.total_allocated_memory.saturating_add(alloc_size) > allowed {
                 return Ok(None);
             }
         }

@@ -25,7 +25,7 @@ pub enum SizeError {
     UnknownUnit { input: String, unit: String },
     #[error("size {input:?} does not fit in 64 bits")]
     Overflow { input: String },
-    #[error("size {input:?} is not a whole number of bytes")]
+    #[error("size {input:?} is not a whole number of bytes (a size is never rounded: write it in a smaller unit or in bytes)")]
     FractionalBytes { input: String },
 }
 
@@ -71,16 +71,23 @@ pub fn human_bytes(n: u64) -> String {
 
 /// Parse a byte size.
 ///
-/// Accepted: a non-negative decimal number (`4096`, `1.5`, `.5`, `+2`), optional whitespace,
-/// then an optional case-insensitive unit:
-/// * none, `B`, `byte`, `bytes` → bytes;
-/// * decimal `KB`/`MB`/`GB`/`TB`/`PB` → 10^3 … 10^15;
-/// * binary `KiB`/`MiB`/`GiB`/`TiB`/`PiB` → 2^10 … 2^50;
-/// * shorthand `K`/`M`/`G`/`T`/`P` → **binary** (as in `80G` meaning a GPU's 80 GiB, and as
-///   PyTorch's own `*_mb` keys count MiB).
+/// The rules, each pinned by a test below:
+/// * surrounding whitespace is ignored, and whitespace may stand between the number and the
+///   unit (`" 12 MiB "`); none inside the number (`"1 024"` is an unknown unit `024`);
+/// * a non-negative decimal number: `4096`, `1.5`, `.5`, `5.`, a leading `+`; no exponent;
+///   any sign `-` is refused as negative, `-0` included;
+/// * then an optional case-insensitive unit: none, `B`, `byte`, `bytes` → bytes; decimal
+///   `KB`/`MB`/`GB`/`TB`/`PB` → 10^3 … 10^15; binary `KiB`/`MiB`/`GiB`/`TiB`/`PiB` → 2^10 …
+///   2^50; shorthand `K`/`M`/`G`/`T`/`P` → **binary** (as in `80G` meaning a GPU's 80 GiB,
+///   and as PyTorch's own `*_mb` keys count MiB);
+/// * the value must be a whole number of bytes, exactly: `0.5KiB` = 512 and `1.5GB` =
+///   1,500,000,000 are sizes, `0.1KiB` (102.4 bytes) and `1.5` are refused — no rounding,
+///   so the size used is the size typed;
+/// * it must fit in a `u64` (`16383PiB` does, `16384PiB` does not);
+/// * zero is a size (`0`, `0KiB`); callers for which zero makes no sense (a capacity)
+///   refuse it themselves, naming their flag.
 ///
-/// The value must come out as a whole number of bytes (`0.5KiB` = 512 is fine, `1.5` is
-/// not) and fit in a `u64`.
+/// Time and memory are linear in the input's length.
 pub fn parse_size(s: &str) -> Result<u64, SizeError> {
     let input = s.to_string();
     let t = s.trim();
@@ -128,34 +135,36 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
             })
         }
     };
-    // Exact arithmetic: value = digits * mult / 10^k with k = significant fraction digits.
-    let mut frac = frac_part.trim_end_matches('0');
-    if mult > 1 && frac.len() > 18 {
-        // Digits past 10^-18 of a unit are far below one byte (units are ≤ 2^50): drop them.
-        frac = &frac[..18];
-    }
-    let digits = format!("{}{}", int_part.trim_start_matches('0'), frac);
     let overflow = || SizeError::Overflow {
         input: input.clone(),
     };
-    // 10^38 is the largest power of ten below u128::MAX; more fraction digits than that
-    // cannot yield a whole byte count.
-    if frac.len() > 38 {
-        return Err(SizeError::FractionalBytes { input });
+    // The fraction in bytes, exactly, by Horner's rule from the last digit:
+    // x_k = d_k * mult, x_i = d_i * mult + x_{i+1} / 10, bytes = x_1 / 10. Each x is below
+    // 10 * mult, so u128 never overflows, however many digits there are. A division by 10
+    // that leaves a remainder means a fraction of a byte that no later digit can cancel.
+    let mut frac_bytes: u128 = 0;
+    for d in frac_part.bytes().rev() {
+        let x = u128::from(d - b'0') * u128::from(mult) + frac_bytes;
+        if !x.is_multiple_of(10) {
+            return Err(SizeError::FractionalBytes { input });
+        }
+        frac_bytes = x / 10;
     }
-    let mantissa: u128 = if digits.is_empty() {
+    let int_digits = int_part.trim_start_matches('0');
+    // More than 20 significant digits is more than u64::MAX before any unit.
+    if int_digits.len() > 20 {
+        return Err(overflow());
+    }
+    let int_value: u128 = if int_digits.is_empty() {
         0
     } else {
-        digits.parse::<u128>().map_err(|_| overflow())?
+        int_digits.parse::<u128>().map_err(|_| overflow())?
     };
-    let scale = 10u128.pow(frac.len() as u32);
-    let scaled = mantissa.checked_mul(mult as u128).ok_or_else(overflow)?;
-    // `1.2GiB` is a size people type; a fraction of a byte under a unit rounds down.
-    // Plain byte counts must be whole: `1.5` bytes is a mistake worth reporting.
-    if scaled % scale != 0 && mult == 1 {
-        return Err(SizeError::FractionalBytes { input });
-    }
-    u64::try_from(scaled / scale).map_err(|_| overflow())
+    let total = int_value
+        .checked_mul(u128::from(mult))
+        .and_then(|v| v.checked_add(frac_bytes))
+        .ok_or_else(overflow)?;
+    u64::try_from(total).map_err(|_| overflow())
 }
 
 #[cfg(test)]
@@ -240,6 +249,14 @@ mod tests {
                 "1.500000000000000000000000000000000000000000000GiB",
                 3 << 29,
             ),
+            ("0.0009765625KiB", 1),
+            ("0.00000095367431640625MiB", 1),
+            ("0.000001MB", 1),
+            ("16383PiB", 16383 << 50),
+            ("16383.5PiB", (16383 << 50) + (1 << 49)),
+            ("0KiB", 0),
+            ("\t7\n", 7),
+            ("7\u{00a0}KiB", 7 << 10),
             ("18446744073709551615", u64::MAX),
             ("0000000000000000000000000000000000000001", 1),
         ];
@@ -294,12 +311,70 @@ mod tests {
             parse_size("1.5"),
             Err(SizeError::FractionalBytes { .. })
         ));
-        assert_eq!(parse_size("0.1KiB").ok(), Some(102));
-        assert_eq!(parse_size("1.2GiB").ok(), Some(1_288_490_188));
+        assert!(matches!(parse_size("-0"), Err(SizeError::Negative { .. })));
+        assert!(matches!(
+            parse_size(" -1 KiB"),
+            Err(SizeError::Negative { .. })
+        ));
+        assert!(matches!(
+            parse_size("1 024"),
+            Err(SizeError::UnknownUnit { .. })
+        ));
+        assert!(matches!(
+            parse_size("16384PiB"),
+            Err(SizeError::Overflow { .. })
+        ));
+        assert!(matches!(
+            parse_size("18446744073709551615.5KiB"),
+            Err(SizeError::Overflow { .. })
+        ));
+        assert!(matches!(
+            parse_size("18446744073709551616B"),
+            Err(SizeError::Overflow { .. })
+        ));
+    }
+
+    #[test]
+    fn fractions_of_a_byte_are_refused_never_rounded() {
+        // The module's promise: 0.1KiB is 102.4 bytes and is refused, not rounded to 102.
+        for bad in [
+            "0.1KiB",
+            "1.2GiB",
+            "0.5",
+            "0.0001KB",
+            "1.0000000000000000000000000000000000000001GiB",
+            "0.00048828125KiB", // half a byte
+            "1.1",
+            "0.000000000000000000000000000000000000000000000000000000001PiB",
+        ] {
+            let e = parse_size(bad).unwrap_err();
+            assert!(
+                matches!(&e, SizeError::FractionalBytes { input } if input == bad),
+                "{bad}: {e:?}"
+            );
+            assert!(e.to_string().contains("whole number of bytes"), "{e}");
+        }
+        // trailing zeros are not a fraction
         assert_eq!(
-            parse_size("1.0000000000000000000000000000000000000001GiB").ok(),
-            Some(1 << 30)
+            parse_size("1.000000000000000000000000000000000000000000000"),
+            Ok(1)
         );
+        assert_eq!(
+            parse_size("3.0000000000000000000000000000000000000000KB"),
+            Ok(3000)
+        );
+    }
+
+    #[test]
+    fn long_inputs_are_linear_not_slow() {
+        // 200,000 fraction digits: answered at once, and correctly.
+        let long = format!("1.{}5KiB", "0".repeat(200_000));
+        assert!(matches!(
+            parse_size(&long),
+            Err(SizeError::FractionalBytes { .. })
+        ));
+        let zeros = format!("{}1MiB", "0".repeat(200_000));
+        assert_eq!(parse_size(&zeros), Ok(1 << 20));
     }
 
     proptest! {
@@ -331,6 +406,51 @@ mod tests {
         #[test]
         fn parse_size_never_panics(s in ".{0,40}") {
             let _ = parse_size(&s);
+        }
+
+        /// A number in any unit parses to exactly `digits * unit / 10^k` when that is a
+        /// whole number of bytes that fits, is refused as fractional when it is not whole,
+        /// and as overflow when it does not fit: checked against u128 arithmetic.
+        #[test]
+        fn parse_size_is_exact_in_every_unit(
+            int in 0u64..100_000,
+            frac in "[0-9]{0,12}",
+            unit in prop::sample::select(vec![
+                ("", 1u128), ("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30),
+                ("TiB", 1 << 40), ("PiB", 1 << 50), ("KB", 1_000), ("MB", 1_000_000),
+                ("GB", 1_000_000_000), ("TB", 1_000_000_000_000), ("PB", 1_000_000_000_000_000),
+            ]),
+            space in any::<bool>(),
+        ) {
+            let (u, mult) = unit;
+            let s = format!("{int}{}{frac}{}{u}", if frac.is_empty() { "" } else { "." }, if space { " " } else { "" });
+            let k = frac.len() as u32;
+            let f: u128 = if frac.is_empty() { 0 } else { frac.parse().unwrap() };
+            let scaled = (int as u128 * 10u128.pow(k) + f) * mult;
+            let got = parse_size(&s);
+            if !scaled.is_multiple_of(10u128.pow(k)) {
+                prop_assert!(matches!(got, Err(SizeError::FractionalBytes { .. })), "{} -> {:?}", s, got);
+            } else {
+                let v = scaled / 10u128.pow(k);
+                match u64::try_from(v) {
+                    Ok(v) => prop_assert_eq!(got, Ok(v), "{}", s),
+                    Err(_) => prop_assert!(matches!(got, Err(SizeError::Overflow { .. })), "{} -> {:?}", s, got),
+                }
+            }
+        }
+
+        /// Sizes around u64::MAX in every binary unit: the exact value or Overflow, never a
+        /// wrapped one.
+        #[test]
+        fn parse_size_overflows_instead_of_wrapping(n in any::<u64>(), shift in 0u32..=50) {
+            let s = format!("{n}B");
+            prop_assert_eq!(parse_size(&s), Ok(n));
+            let unit = match shift { 0..=9 => ("KiB", 10), 10..=19 => ("MiB", 20), 20..=29 => ("GiB", 30), 30..=39 => ("TiB", 40), _ => ("PiB", 50) };
+            let got = parse_size(&format!("{n}{}", unit.0));
+            match n.checked_mul(1u64 << unit.1) {
+                Some(v) if (v >> unit.1) == n => prop_assert_eq!(got, Ok(v)),
+                _ => prop_assert!(matches!(got, Err(SizeError::Overflow { .. })), "{:?}", got),
+            }
         }
     }
 }

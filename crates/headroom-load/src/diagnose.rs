@@ -105,7 +105,9 @@ pub fn what_if_snapshot(
                 },
                 num_alloc_retries: rr.num_alloc_retries,
                 num_ooms: rr.num_ooms,
-                fits_capacity: rr.num_ooms == 0,
+                // An allocation of 1 EB or more fails without counting an OOM (as in
+                // PyTorch): any failed allocation means the config does not fit.
+                fits_capacity: rr.num_ooms == 0 && rr.oom_event.is_none(),
                 saving_vs_run_bytes: 0,
             }),
             Err(e) => warn!(conf = %c, error = %e, "what-if replay failed"),

@@ -43,7 +43,7 @@ pub use memsource::{FnSource, MemoryReading, MemorySource, NvmlDevice, NvmlSourc
 pub use results::*;
 pub use runner::{
     parse_duration, parse_stages, run, DeviceChoice, LoadConfig, LoadPlan, RampStep, Stage,
-    DEFAULT_CAPACITY,
+    DEFAULT_CAPACITY, MAX_STAGES, MAX_WORKERS,
 };
 pub use scenario::{AccumPattern, InputDist, Mode, ModelSpec, OptimKind, Scenario};
 pub use search::{oom_search, SearchAxis, SearchConfig};

@@ -64,6 +64,11 @@
 //!   measured (the others read 0); `final_memory_stats` is the probe's last
 //!   `torch.cuda.memory_stats()`, summed over devices.
 //!
+//! - `requests.stopped` (every `RequestSummary`): requests still in flight when the load's
+//!   duration ended (or Ctrl-C), stopped at their next op; not in `requests.total`.
+//!   `stages[].workers_started`: the workers that ran in the stage (fewer than its
+//!   `concurrency` only when the load ended before all could start).
+//!
 //! Each type below documents its own fields; the doc comment of a field is its schema entry.
 
 use std::collections::BTreeMap;
@@ -241,6 +246,10 @@ pub struct RequestSummary {
     pub other_errors: u64,
     /// Samples (batch elements) processed by successful requests.
     pub items: u64,
+    /// Requests still in flight when the load ended (the duration was over, or Ctrl-C),
+    /// stopped at their next op; not in `total` (they neither succeeded nor failed).
+    #[serde(default)]
+    pub stopped: u64,
 }
 
 /// Latency percentiles from an HDR histogram (microsecond resolution, 3 significant
@@ -289,6 +298,10 @@ pub struct StageResult {
     pub peak_allocated_bytes: u64,
     /// Peak reserved bytes during the stage.
     pub peak_reserved_bytes: u64,
+    /// Workers running when the stage ended: below `concurrency` only when the load
+    /// ended (its duration, or Ctrl-C) before all of them could be started.
+    #[serde(default)]
+    pub workers_started: usize,
 }
 
 /// One concurrency level, all stages at that level merged.

@@ -240,12 +240,33 @@ fn secs(v: f64, t: &str) -> std::result::Result<Duration, String> {
     Ok(Duration::from_secs_f64(v))
 }
 
+/// Most stages a plan may have. Each stage is a row of the report and a band on its
+/// plots; a thousand already makes both unreadable, and more is a script gone wrong.
+pub const MAX_STAGES: usize = 1000;
+
+/// Most concurrent workers of a run (`-c`, a stage, `--ramp-max`). Workers are OS threads
+/// of one process sharing one device, and the meta device's virtual clock schedules at
+/// most this many ([`crate::devices::MAX_WORKERS`]). k6 and oha accept more because their
+/// virtual users are cheap; an in-process model worker is not.
+pub const MAX_WORKERS: usize = crate::devices::MAX_WORKERS;
+
 /// Parses k6-style stages `workers:duration,...`, e.g. `1:10s,4:20s,16:20s`.
 pub fn parse_stages(s: &str) -> Result<Vec<Stage>> {
     let err = |msg: String| LoadError::Stages {
-        input: s.to_string(),
+        // the message quotes the input: a long one is cut, so the error stays one line
+        // a person can read
+        input: if s.chars().count() > 60 {
+            format!("{}…", s.chars().take(60).collect::<String>())
+        } else {
+            s.to_string()
+        },
         msg,
     };
+    let n = s.split(',').count();
+    if n > MAX_STAGES {
+        // refused before parsing any of them: the message is the same at any length
+        return Err(err(format!("{n} stages; at most {MAX_STAGES} are allowed")));
+    }
     let mut out = Vec::new();
     for (i, part) in s.split(',').enumerate() {
         let part = part.trim();
@@ -268,8 +289,11 @@ pub fn parse_stages(s: &str) -> Result<Vec<Stage>> {
         if workers == 0 {
             return Err(err(format!("stage {}: workers must be at least 1", i + 1)));
         }
-        if workers > 4096 {
-            return Err(err(format!("stage {}: at most 4096 workers", i + 1)));
+        if workers > MAX_WORKERS {
+            return Err(err(format!(
+                "stage {}: {workers} workers; at most {MAX_WORKERS} are allowed",
+                i + 1
+            )));
         }
         let dur = parse_duration(d).map_err(|m| err(format!("stage {}: {m}", i + 1)))?;
         out.push(Stage::timed(workers, dur));
@@ -309,15 +333,30 @@ impl LoadConfig {
             }
             Ok(())
         };
+        let check_workers = |what: &str, n: usize| -> Result<()> {
+            if n > MAX_WORKERS {
+                return Err(LoadError::Config(format!(
+                    "{what} {n}: at most {MAX_WORKERS} workers are allowed"
+                )));
+            }
+            Ok(())
+        };
         match &self.plan {
             LoadPlan::Stages(v) => {
                 if v.is_empty() {
                     return Err(LoadError::Config("at least one stage is needed".into()));
                 }
+                if v.len() > MAX_STAGES {
+                    return Err(LoadError::Config(format!(
+                        "{} stages: at most {MAX_STAGES} are allowed",
+                        v.len()
+                    )));
+                }
                 for s in v {
                     if s.concurrency == 0 {
                         return Err(LoadError::Config("concurrency must be at least 1".into()));
                     }
+                    check_workers("concurrency", s.concurrency)?;
                     check_stage(s)?;
                 }
             }
@@ -327,6 +366,7 @@ impl LoadConfig {
                         "concurrency and request count must be at least 1".into(),
                     ));
                 }
+                check_workers("concurrency", *concurrency)?;
             }
             LoadPlan::RampUntilOom {
                 start,
@@ -340,6 +380,7 @@ impl LoadConfig {
                         "ramp start must be at least 1 and at most the maximum".into(),
                     ));
                 }
+                check_workers("ramp maximum", *max_concurrency)?;
                 match step {
                     RampStep::Add(0) | RampStep::Mul(0) | RampStep::Mul(1) => {
                         return Err(LoadError::Config(
@@ -416,6 +457,7 @@ fn error_kind(e: &TensorError) -> &'static str {
         TensorError::InvalidArgument { .. } => "invalid_argument",
         TensorError::IndexOutOfRange { .. } => "index",
         TensorError::Cuda(_) => "cuda",
+        TensorError::Interrupted => "interrupted",
     }
 }
 
@@ -434,13 +476,41 @@ struct Control {
     records: Mutex<Vec<RequestRecord>>,
     oom_records: Mutex<Vec<OomRecord>>,
     oom_snapshot: Mutex<Option<Snapshot>>,
+    /// Idle workers wait here rather than polling: thousands of threads waking every few
+    /// milliseconds would take the cores from the workers that run requests (and from
+    /// the controller spawning the rest).
+    wake_lock: Mutex<()>,
+    wake: parking_lot::Condvar,
 }
+
+impl Control {
+    /// Waits until `ready()` may have become true: a [`Control::wake_all`], or at the
+    /// latest [`IDLE_RECHECK`] (a safety net; the stop flag is also seen then).
+    fn idle_until(&self, ready: impl Fn() -> bool) {
+        let mut g = self.wake_lock.lock();
+        if !ready() {
+            self.wake.wait_for(&mut g, IDLE_RECHECK);
+        }
+    }
+    /// After changing `target` or `done`: every idle worker looks again.
+    fn wake_all(&self) {
+        let _g = self.wake_lock.lock();
+        self.wake.notify_all();
+    }
+}
+
+/// How long past its planned end a load may run before the deadline thread ends it.
+const END_GRACE: Duration = Duration::from_millis(250);
+
+/// How often an idle worker looks at the stop flag without being woken.
+const IDLE_RECHECK: Duration = Duration::from_millis(100);
 
 /// The measurement of a load phase, before diagnosis. Also what the OOM search's probes
 /// return.
 pub(crate) struct LoadOutcome {
     pub records: Vec<RequestRecord>,
-    pub stages_run: Vec<(Stage, f64, f64)>,
+    /// Each stage as it ran: the stage, start and end (s), workers started.
+    pub stages_run: Vec<(Stage, f64, f64, usize)>,
     pub stop_reason: StopReason,
     pub wall_s: f64,
     pub oom_records: Vec<OomRecord>,
@@ -472,16 +542,70 @@ pub(crate) fn drive(
         records: Mutex::new(Vec::new()),
         oom_records: Mutex::new(Vec::new()),
         oom_snapshot: Mutex::new(None),
+        wake_lock: Mutex::new(()),
+        wake: parking_lot::Condvar::new(),
     };
     let t = || timeline_start.elapsed().as_secs_f64();
-    let mut stages_run: Vec<(Stage, f64, f64)> = Vec::new();
+    let mut stages_run: Vec<(Stage, f64, f64, usize)> = Vec::new();
     let mut stop_reason = StopReason::Completed;
     let load_start = Instant::now();
+    // Stage ends are absolute, from the start of the load: the overhead of starting a
+    // stage (spawning its workers, the controller's tick) never adds up over the stages,
+    // so the load lasts what its stages say, however many there are.
+    let mut stage_end_offset = Duration::ZERO;
+    // The hard end of the load, when the plan has one: every timed stage's duration
+    // summed, or the ramp's time limit. At that point, or on Ctrl-C, requests still in
+    // flight are interrupted at their next op instead of being waited for.
+    // The deadline thread acts [`END_GRACE`] after the planned end: normally the controller
+    // has ended the load by then, having run every stage; the thread is the backstop for a
+    // controller held up behind the workers.
+    let hard_end: Option<Instant> = match plan {
+        LoadPlan::Stages(v) => v
+            .iter()
+            .map(|s| s.duration)
+            .sum::<Option<Duration>>()
+            .map(|d| load_start + d + END_GRACE),
+        LoadPlan::RampUntilOom { time_limit, .. } => Some(load_start + *time_limit + END_GRACE),
+        LoadPlan::Requests { .. } => None,
+    };
+    let out_of_time =
+        || stop.load(Ordering::Relaxed) || hard_end.is_some_and(|e| Instant::now() >= e);
 
-    std::thread::scope(|scope| -> Result<()> {
+    // Ends the load at its hard end, or at Ctrl-C: the workers leave and requests in
+    // flight stop at their next op. A thread of its own that takes no lock, because the
+    // controller may wait behind thousands of workers for the allocator's lock (its
+    // progress reads the stats) and must not be what decides when the load ends.
+    let end_load = || {
+        ctl.done.store(true, Ordering::SeqCst);
+        dev.device.interrupt(true);
+        ctl.wake_all();
+    };
+    let scoped = std::thread::scope(|scope| -> Result<()> {
+        let ctl_ref = &ctl;
+        let end_load = &end_load;
+        std::thread::Builder::new()
+            .name("headroom-deadline".into())
+            .spawn_scoped(scope, move || {
+                while !ctl_ref.done.load(Ordering::Relaxed) {
+                    let now = Instant::now();
+                    if stop.load(Ordering::Relaxed) || hard_end.is_some_and(|e| now >= e) {
+                        end_load();
+                        break;
+                    }
+                    let nap = Duration::from_millis(10);
+                    let nap = hard_end.map_or(nap, |e| nap.min(e.saturating_duration_since(now)));
+                    std::thread::sleep(nap.max(Duration::from_micros(100)));
+                }
+            })
+            .map_err(|e| LoadError::Thread(e.to_string()))?;
         let mut spawned = 0usize;
+        // Stops spawning when the load is over (time, or Ctrl-C): a worker that cannot
+        // start in time is not started, and the stage reports how many ran.
         let spawn_upto = |n: usize, spawned: &mut usize| -> Result<()> {
             while *spawned < n {
+                if spawned.is_multiple_of(64) && out_of_time() {
+                    break;
+                }
                 let i = *spawned;
                 let ctl = &ctl;
                 std::thread::Builder::new()
@@ -500,110 +624,151 @@ pub(crate) fn drive(
             LoadPlan::RampUntilOom { start, .. } => *start,
             _ => 0,
         };
-        'stages: loop {
-            let stage = match plan {
-                LoadPlan::Stages(v) => match v.get(index) {
-                    Some(s) => *s,
-                    None => break,
-                },
-                LoadPlan::Requests { concurrency, .. } => {
-                    if index > 0 {
-                        break;
+        let result = (|| -> Result<()> {
+            'stages: loop {
+                let stage = match plan {
+                    LoadPlan::Stages(v) => match v.get(index) {
+                        Some(s) => *s,
+                        None => break,
+                    },
+                    LoadPlan::Requests { concurrency, .. } => {
+                        if index > 0 {
+                            break;
+                        }
+                        Stage {
+                            concurrency: *concurrency,
+                            duration: None,
+                            requests_per_worker: None,
+                        }
                     }
-                    Stage {
-                        concurrency: *concurrency,
-                        duration: None,
-                        requests_per_worker: None,
+                    LoadPlan::RampUntilOom {
+                        stage,
+                        max_concurrency,
+                        ..
+                    } => {
+                        if ramp_c > *max_concurrency {
+                            break;
+                        }
+                        Stage {
+                            concurrency: ramp_c,
+                            ..*stage
+                        }
                     }
-                }
-                LoadPlan::RampUntilOom {
-                    stage,
-                    max_concurrency,
-                    ..
-                } => {
-                    if ramp_c > *max_concurrency {
-                        break;
-                    }
-                    Stage {
-                        concurrency: ramp_c,
-                        ..*stage
-                    }
-                }
-            };
-            phase.stage.store(index, Ordering::Relaxed);
-            phase
-                .concurrency
-                .store(stage.concurrency, Ordering::Relaxed);
-            let stage_start = t();
-            let done_at_start = ctl.completed.load(Ordering::Relaxed)
-                + ctl.ooms.load(Ordering::Relaxed)
-                + ctl.errors.load(Ordering::Relaxed);
-            debug!(
-                stage = index,
-                concurrency = stage.concurrency,
-                "stage start"
-            );
-            if let Some(clock) = dev.clock.as_ref() {
-                clock.gate(stage.concurrency);
-            }
-            spawn_upto(stage.concurrency, &mut spawned)?;
-            ctl.target.store(stage.concurrency, Ordering::SeqCst);
-            let started = Instant::now();
-            loop {
-                std::thread::sleep(Duration::from_millis(5));
-                let finished = ctl.completed.load(Ordering::Relaxed)
+                };
+                phase.stage.store(index, Ordering::Relaxed);
+                phase
+                    .concurrency
+                    .store(stage.concurrency, Ordering::Relaxed);
+                let stage_start = t();
+                let done_at_start = ctl.completed.load(Ordering::Relaxed)
                     + ctl.ooms.load(Ordering::Relaxed)
                     + ctl.errors.load(Ordering::Relaxed);
-                on_tick(&ControlView {
-                    stage: index,
-                    concurrency: stage.concurrency,
-                    completed: finished,
-                    ooms: ctl.ooms.load(Ordering::Relaxed),
-                    errors: ctl.errors.load(Ordering::Relaxed),
-                });
-                if stop.load(Ordering::Relaxed) {
-                    stop_reason = StopReason::Cancelled;
-                    stages_run.push((stage, stage_start, t()));
-                    break 'stages;
-                }
-                if let LoadPlan::RampUntilOom { time_limit, .. } = plan {
-                    if ctl.ooms.load(Ordering::Relaxed) > 0 {
-                        stop_reason = StopReason::OomFound;
-                        stages_run.push((stage, stage_start, t()));
-                        break 'stages;
-                    }
-                    if load_start.elapsed() >= *time_limit {
-                        stop_reason = StopReason::TimeLimit;
-                        stages_run.push((stage, stage_start, t()));
-                        break 'stages;
-                    }
-                }
-                if let Some(limit) = ctl.request_limit {
-                    if finished >= limit {
-                        break;
-                    }
-                }
-                if stage.duration.is_some_and(|d| started.elapsed() >= d) {
-                    break;
-                }
-                if let Some(r) = stage.requests_per_worker {
-                    if finished - done_at_start >= r * stage.concurrency as u64 {
-                        break;
-                    }
-                }
-            }
-            stages_run.push((stage, stage_start, t()));
-            index += 1;
-            if let LoadPlan::RampUntilOom { step, .. } = plan {
-                ramp_c = match step {
-                    RampStep::Add(n) => ramp_c + n,
-                    RampStep::Mul(n) => ramp_c * n,
+                debug!(
+                    stage = index,
+                    concurrency = stage.concurrency,
+                    "stage start"
+                );
+                let stage_end = match plan {
+                    // a ramp stage lasts its full length, wherever it starts
+                    LoadPlan::RampUntilOom { .. } => stage.duration.map(|d| Instant::now() + d),
+                    _ => stage.duration.map(|d| {
+                        stage_end_offset += d;
+                        load_start + stage_end_offset
+                    }),
                 };
+                if let Some(clock) = dev.clock.as_ref() {
+                    clock.gate(stage.concurrency);
+                }
+                spawn_upto(stage.concurrency, &mut spawned)?;
+                let running = spawned.min(stage.concurrency);
+                if running < stage.concurrency {
+                    warn!(
+                        stage = index,
+                        started = running,
+                        planned = stage.concurrency,
+                        "the load ended before all workers of the stage could start"
+                    );
+                }
+                ctl.target.store(stage.concurrency, Ordering::SeqCst);
+                ctl.wake_all();
+                loop {
+                    let tick = Duration::from_millis(5);
+                    let nap = match stage_end {
+                        Some(e) => tick.min(e.saturating_duration_since(Instant::now())),
+                        None => tick,
+                    };
+                    if !nap.is_zero() {
+                        std::thread::sleep(nap);
+                    }
+                    let finished = ctl.completed.load(Ordering::Relaxed)
+                        + ctl.ooms.load(Ordering::Relaxed)
+                        + ctl.errors.load(Ordering::Relaxed);
+                    on_tick(&ControlView {
+                        stage: index,
+                        concurrency: stage.concurrency,
+                        completed: finished,
+                        ooms: ctl.ooms.load(Ordering::Relaxed),
+                        errors: ctl.errors.load(Ordering::Relaxed),
+                    });
+                    if stop.load(Ordering::Relaxed) {
+                        stop_reason = StopReason::Cancelled;
+                        stages_run.push((stage, stage_start, t(), running));
+                        break 'stages;
+                    }
+                    if ctl.done.load(Ordering::Relaxed) {
+                        // the deadline thread ended the load at its hard end
+                        if let LoadPlan::RampUntilOom { .. } = plan {
+                            stop_reason = StopReason::TimeLimit;
+                        }
+                        stages_run.push((stage, stage_start, t(), running));
+                        break 'stages;
+                    }
+                    if let LoadPlan::RampUntilOom { time_limit, .. } = plan {
+                        if ctl.ooms.load(Ordering::Relaxed) > 0 {
+                            stop_reason = StopReason::OomFound;
+                            stages_run.push((stage, stage_start, t(), running));
+                            break 'stages;
+                        }
+                        if load_start.elapsed() >= *time_limit {
+                            stop_reason = StopReason::TimeLimit;
+                            stages_run.push((stage, stage_start, t(), running));
+                            break 'stages;
+                        }
+                    }
+                    if let Some(limit) = ctl.request_limit {
+                        if finished >= limit {
+                            break;
+                        }
+                    }
+                    if stage_end.is_some_and(|e| Instant::now() >= e) {
+                        break;
+                    }
+                    if let Some(r) = stage.requests_per_worker {
+                        if finished - done_at_start >= r * stage.concurrency as u64 {
+                            break;
+                        }
+                    }
+                }
+                stages_run.push((stage, stage_start, t(), running));
+                index += 1;
+                if let LoadPlan::RampUntilOom { step, .. } = plan {
+                    ramp_c = match step {
+                        RampStep::Add(n) => ramp_c.saturating_add(*n),
+                        RampStep::Mul(n) => ramp_c.saturating_mul(*n),
+                    };
+                }
             }
-        }
-        ctl.done.store(true, Ordering::SeqCst);
-        Ok(())
-    })?;
+            Ok(())
+        })();
+        // The load is over: workers leave, and a request in flight stops at its next op
+        // (it cannot be preempted) instead of holding the end of the run for as long as
+        // it takes — under thousands of workers on a few cores, minutes.
+        end_load();
+        result
+    });
+    // Scoped workers have all returned here; later phases allocate on this device again.
+    dev.device.interrupt(false);
+    scoped?;
     let wall_s = load_start.elapsed().as_secs_f64();
     let mut records = std::mem::take(&mut *ctl.records.lock());
     records.sort_by_key(|r| r.request);
@@ -644,13 +809,15 @@ fn worker(
             break;
         }
         if i >= ctl.target.load(Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(2));
+            ctl.idle_until(|| {
+                i < ctl.target.load(Ordering::Relaxed) || ctl.done.load(Ordering::Relaxed)
+            });
             continue;
         }
         let request = ctl.next_request.fetch_add(1, Ordering::Relaxed);
         if ctl.request_limit.is_some_and(|l| request >= l) {
             // -n reached: idle until the controller ends the load.
-            std::thread::sleep(Duration::from_millis(2));
+            ctl.idle_until(|| ctl.done.load(Ordering::Relaxed));
             continue;
         }
         let stage = phase.stage.load(Ordering::Relaxed);
@@ -681,6 +848,7 @@ fn worker(
                 debug!(worker = i, request, "request OOM");
                 (Outcome::Oom, 0)
             }
+            Ok(Err(e)) if e.is_interrupted() => (Outcome::Stopped, 0),
             Ok(Err(e)) => {
                 ctl.errors.fetch_add(1, Ordering::Relaxed);
                 warn!(worker = i, request, error = %e, "request failed");
@@ -747,6 +915,10 @@ fn oom_record(
 fn summarize(records: &[&RequestRecord]) -> RequestSummary {
     let mut s = RequestSummary::default();
     for r in records {
+        if r.outcome == Outcome::Stopped {
+            s.stopped += 1;
+            continue;
+        }
         s.total += 1;
         match r.outcome {
             Outcome::Ok => {
@@ -755,6 +927,7 @@ fn summarize(records: &[&RequestRecord]) -> RequestSummary {
             }
             Outcome::Oom => s.oom += 1,
             Outcome::Error(_) => s.other_errors += 1,
+            Outcome::Stopped => {}
         }
     }
     s
@@ -974,13 +1147,23 @@ fn aggregate(
             *errors.by_kind.entry(k.to_string()).or_default() += 1;
         }
     }
+    // Records grouped by stage and by concurrency in one pass each: a plan of thousands of
+    // short stages must cost time linear in records + stages, not their product.
+    let mut by_stage: Vec<Vec<&RequestRecord>> = vec![Vec::new(); out.stages_run.len()];
+    let mut by_level: BTreeMap<usize, Vec<&RequestRecord>> = BTreeMap::new();
+    for r in &out.records {
+        if let Some(v) = by_stage.get_mut(r.stage) {
+            v.push(r);
+        }
+        by_level.entry(r.concurrency).or_default().push(r);
+    }
     let stages: Vec<StageResult> = out
         .stages_run
         .iter()
+        .zip(&by_stage)
         .enumerate()
-        .map(|(i, (st, s0, s1))| {
-            let recs: Vec<&RequestRecord> = out.records.iter().filter(|r| r.stage == i).collect();
-            let req = summarize(&recs);
+        .map(|(i, ((st, s0, s1, started), recs))| {
+            let req = summarize(recs);
             let p = stage_peaks.get(i).copied().unwrap_or_default();
             StageResult {
                 index: i,
@@ -988,43 +1171,32 @@ fn aggregate(
                 start_s: *s0,
                 end_s: *s1,
                 requests: req,
-                latency: lat(&recs),
+                latency: lat(recs),
                 throughput: throughput(&req, s1 - s0),
                 peak_allocated_bytes: p.allocated,
                 peak_reserved_bytes: p.reserved,
+                workers_started: *started,
             }
         })
         .collect();
-    let mut levels: Vec<usize> = stages.iter().map(|s| s.concurrency).collect();
-    levels.sort_unstable();
-    levels.dedup();
-    let by_concurrency = levels
+    // Per level: seconds and peaks of its stages.
+    let mut level_stages: BTreeMap<usize, (f64, u64, u64)> = BTreeMap::new();
+    for s in &stages {
+        let e = level_stages.entry(s.concurrency).or_default();
+        e.0 += s.end_s - s.start_s;
+        e.1 = e.1.max(s.peak_allocated_bytes);
+        e.2 = e.2.max(s.peak_reserved_bytes);
+    }
+    let empty: Vec<&RequestRecord> = Vec::new();
+    let by_concurrency = level_stages
         .into_iter()
-        .map(|c| {
-            let recs: Vec<&RequestRecord> =
-                out.records.iter().filter(|r| r.concurrency == c).collect();
-            let req = summarize(&recs);
-            let secs: f64 = stages
-                .iter()
-                .filter(|s| s.concurrency == c)
-                .map(|s| s.end_s - s.start_s)
-                .sum();
-            let pa = stages
-                .iter()
-                .filter(|s| s.concurrency == c)
-                .map(|s| s.peak_allocated_bytes)
-                .max()
-                .unwrap_or(0);
-            let pr = stages
-                .iter()
-                .filter(|s| s.concurrency == c)
-                .map(|s| s.peak_reserved_bytes)
-                .max()
-                .unwrap_or(0);
+        .map(|(c, (secs, pa, pr))| {
+            let recs = by_level.get(&c).unwrap_or(&empty);
+            let req = summarize(recs);
             ConcurrencyResult {
                 concurrency: c,
                 requests: req,
-                latency: lat(&recs),
+                latency: lat(recs),
                 throughput: throughput(&req, secs),
                 peak_allocated_bytes: pa,
                 peak_reserved_bytes: pr,

@@ -267,6 +267,9 @@ pub enum Outcome {
     Oom,
     /// Another error, by kind.
     Error(&'static str),
+    /// Cut off in flight when the load ended (its duration was over, or Ctrl-C): neither
+    /// a success nor a failure of the service, counted apart.
+    Stopped,
 }
 
 /// One request as it ran.

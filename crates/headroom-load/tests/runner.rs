@@ -306,3 +306,112 @@ fn variable_gpt2_on_cpu() {
     let r = go(&c);
     assert_eq!(r.requests.ok, 6, "{:?}", r.errors);
 }
+
+// ---------------------------------------------------------------------------------------
+// Hard limits: a duration ends the load whatever -c is; absurd plans are refused.
+
+/// Heavy requests on the cpu device under far more workers than cores: each request takes
+/// seconds of wall time, so waiting for the requests in flight used to hold the end of a
+/// 1 s load for minutes. They are interrupted at their next op instead.
+#[test]
+fn a_duration_is_a_hard_limit_whatever_the_concurrency() {
+    let cfg = LoadConfig {
+        device: DeviceChoice::Cpu,
+        scenario: Scenario::default(),
+        capacity: 1 << 30,
+        plan: LoadPlan::Stages(vec![Stage::timed(512, Duration::from_secs(1))]),
+        search: None,
+        what_if: vec![],
+        diagnose: false,
+        history_entries: 10_000,
+        ..Default::default()
+    };
+    let t = Instant::now();
+    let r = go(&cfg);
+    let took = t.elapsed();
+    // one op of grace, generous for a loaded CI machine; it used to be minutes
+    assert!(r.wall_s < 4.0, "load lasted {} s", r.wall_s);
+    assert!(took < Duration::from_secs(60), "run took {took:?}");
+    assert_eq!(r.stop_reason, StopReason::Completed);
+    let s = &r.stages[0];
+    assert!(s.workers_started > 0 && s.workers_started <= 512);
+    // requests cut off are counted apart, not as errors
+    assert_eq!(r.requests.other_errors, 0);
+    assert_eq!(r.requests.stopped, s.requests.stopped);
+}
+
+#[test]
+fn a_stop_flag_ends_a_big_load_promptly() {
+    let cfg = LoadConfig {
+        device: DeviceChoice::Cpu,
+        scenario: Scenario::default(),
+        capacity: 1 << 30,
+        plan: LoadPlan::Stages(vec![Stage::timed(1024, Duration::from_secs(300))]),
+        search: None,
+        what_if: vec![],
+        diagnose: false,
+        history_entries: 10_000,
+        ..Default::default()
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        flag.store(true, Ordering::SeqCst);
+    });
+    let t = Instant::now();
+    let r = run(&cfg, stop, |_| {}).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(r.stop_reason, StopReason::Cancelled);
+}
+
+/// Stage ends are on one schedule from the start of the load: a thousand 1 ms stages take
+/// about a second, not a thousand times the controller's tick.
+#[test]
+fn many_short_stages_follow_their_durations() {
+    let spec = vec!["2:1ms"; MAX_STAGES].join(",");
+    let r = go(&base(LoadPlan::Stages(parse_stages(&spec).unwrap())));
+    assert_eq!(r.stages.len(), MAX_STAGES);
+    assert!(r.wall_s < 3.0, "1000 x 1 ms took {} s", r.wall_s);
+}
+
+#[test]
+fn absurd_plans_are_refused_naming_the_limit() {
+    let spec = vec!["1:1ms"; MAX_STAGES + 1].join(",");
+    let e = parse_stages(&spec).unwrap_err().to_string();
+    assert!(e.contains("at most 1000"), "{e}");
+    assert!(
+        e.len() < 300,
+        "the error quotes the whole input: {} chars",
+        e.len()
+    );
+    let e = parse_stages(&format!("{}:1s", MAX_WORKERS + 1))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("at most 4096"), "{e}");
+    for plan in [
+        LoadPlan::Requests {
+            concurrency: 1_000_000,
+            total: 10,
+        },
+        LoadPlan::Stages(vec![Stage::timed(MAX_WORKERS + 1, Duration::from_secs(1))]),
+        LoadPlan::Stages(vec![
+            Stage::timed(1, Duration::from_millis(1));
+            MAX_STAGES + 1
+        ]),
+        LoadPlan::RampUntilOom {
+            start: 1,
+            step: RampStep::Mul(2),
+            stage: Stage::timed(1, Duration::from_secs(1)),
+            max_concurrency: 100_000,
+            time_limit: Duration::from_secs(10),
+        },
+    ] {
+        let e = base(plan).validate().unwrap_err().to_string();
+        assert!(e.contains("at most"), "{e}");
+    }
+}

@@ -159,6 +159,8 @@ pub struct ServeConfig {
     pub addr: SocketAddr,
     /// How long a graceful shutdown waits for queued and running requests.
     pub drain_timeout: Duration,
+    /// Connection limits: how many, head size and time, idle and body timeouts.
+    pub limits: crate::conn::ConnLimits,
 }
 
 /// Default capacity: the same small simulated GPU `headroom loadtest` uses.
@@ -181,6 +183,7 @@ impl Default for ServeConfig {
             workers: 1,
             addr: SocketAddr::from(([127, 0, 0, 1], 8000)),
             drain_timeout: Duration::from_secs(30),
+            limits: crate::conn::ConnLimits::default(),
         }
     }
 }
@@ -210,6 +213,14 @@ impl ServeConfig {
         }
         if self.workers == 0 || self.workers > 256 {
             return bad("--workers must be in 1..=256".into());
+        }
+        if self.limits.max_connections == 0
+            || self.limits.max_connections > crate::conn::MAX_CONNECTIONS_LIMIT
+        {
+            return bad(format!(
+                "--max-connections must be in 1..={}",
+                crate::conn::MAX_CONNECTIONS_LIMIT
+            ));
         }
         Ok(())
     }

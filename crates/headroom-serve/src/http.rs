@@ -28,17 +28,19 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Version};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use serde::Serialize;
 
 use headroom_load::AllocatorProbe;
+use tokio::sync::watch;
 
 use crate::config::ServeConfig;
+use crate::conn::ConnStats;
 use crate::error::ApiError;
 use crate::metrics::{MemoryView, Metrics, SchedView};
 use crate::model::{BatchKey, Input, Predictor, SampleOutput, ServedModel};
@@ -60,6 +62,11 @@ pub struct App {
     next_id: AtomicU64,
     next_ticket: AtomicU64,
     pub(crate) draining: AtomicBool,
+    /// Connection counts (open, closed for deadlines, requests in flight).
+    pub conns: Arc<ConnStats>,
+    /// Turns true at shutdown: connections with nothing in flight close, and requests
+    /// still sending their body are answered 503 instead of holding the drain.
+    pub(crate) shutdown: watch::Sender<bool>,
 }
 
 impl App {
@@ -86,6 +93,8 @@ impl App {
             next_id: AtomicU64::new(1),
             next_ticket: AtomicU64::new(1),
             draining: AtomicBool::new(false),
+            conns: Arc::new(ConnStats::default()),
+            shutdown: watch::channel(false).0,
         }
     }
 
@@ -111,7 +120,40 @@ impl App {
             quiet_cost_fixed_s: quiet.alpha,
             quiet_cost_per_unit_s: quiet.beta,
         };
-        self.metrics.render(&mem, &sched)
+        let mut o = self.metrics.render(&mem, &sched);
+        let conns = &self.conns;
+        crate::metrics::gauge(
+            &mut o,
+            "headroom_connections_open",
+            "HTTP connections open now (at most --max-connections).",
+            conns.open.load(Ordering::Relaxed) as u64,
+        );
+        crate::metrics::counter(
+            &mut o,
+            "headroom_connections_accepted_total",
+            "HTTP connections accepted since start.",
+            conns.accepted.load(Ordering::Relaxed),
+        );
+        crate::metrics::counter(
+            &mut o,
+            "headroom_connections_closed_idle_total",
+            "Connections the server closed with no request in flight: no request head in time, idle past the keep-alive timeout, or at shutdown.",
+            conns.closed_idle.load(Ordering::Relaxed),
+        );
+        let (entries, evicted) = self.predictor.cache_stats();
+        crate::metrics::gauge(
+            &mut o,
+            "headroom_prediction_cache_entries",
+            "Memory predictions cached by (input shape, batch size); bounded, least recently used evicted.",
+            entries as u64,
+        );
+        crate::metrics::counter(
+            &mut o,
+            "headroom_prediction_cache_evictions_total",
+            "Predictions evicted from the bounded cache.",
+            evicted,
+        );
+        o
     }
 }
 
@@ -196,11 +238,16 @@ pub struct InferResponse {
     pub padded_len: Option<usize>,
 }
 
-async fn infer(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+async fn infer(
+    State(app): State<Arc<App>>,
+    version: Version,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let arrived = Instant::now();
     let id = request_id(&headers)
         .unwrap_or_else(|| format!("req-{}", app.next_id.fetch_add(1, Ordering::Relaxed)));
-    let mut resp = match infer_inner(&app, &headers, body, &id).await {
+    let mut resp = match infer_inner(&app, version, &headers, body, &id).await {
         Ok(r) => {
             app.metrics
                 .observe_duration(arrived.elapsed().as_secs_f64());
@@ -226,7 +273,65 @@ enum Format {
     Binary,
 }
 
-async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+/// How much of an oversized HTTP/2 body is read and thrown away after the 413, and for how
+/// long. HTTP/2 lets a server answer early and then reset the stream with NO_ERROR, but
+/// some clients (curl 7.x) drop the answer when that reset comes while they are still
+/// sending. So the 413 goes at once, and the rest of the body is read and dropped in the
+/// background (nothing is kept) until it ends or these bounds are reached; only then is the
+/// stream reset. The request is no longer in flight meanwhile: it holds no drain.
+const H2_DRAIN_BYTES: u64 = 256 << 20;
+const H2_DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(5);
+
+enum BodyErr {
+    /// Over the limit; the body, for the rest to be drained.
+    TooBig(Body),
+    Read(axum::Error),
+}
+
+/// Reads the body into memory up to `limit` bytes.
+async fn collect_limited(mut body: Body, limit: usize) -> Result<Bytes, BodyErr> {
+    let mut buf = bytes::BytesMut::new();
+    let mut seen: u64 = 0;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(BodyErr::Read)?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        seen += data.len() as u64;
+        if seen > limit as u64 {
+            return Err(BodyErr::TooBig(body));
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok(buf.freeze())
+}
+
+/// HTTP/2: reads and drops the rest of an oversized body in the background (see
+/// [`H2_DRAIN_BYTES`]).
+fn drain_in_background(version: Version, mut body: Body) {
+    if version != Version::HTTP_2 {
+        return; // HTTP/1: hyper closes the connection after the answer
+    }
+    tokio::spawn(async move {
+        let rest = async {
+            let mut seen: u64 = 0;
+            while let Some(Ok(f)) = body.frame().await {
+                seen += f.data_ref().map_or(0, |d| d.len() as u64);
+                if seen > H2_DRAIN_BYTES {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(H2_DRAIN_TIME, rest).await;
+    });
+}
+
+async fn read_body(
+    app: &App,
+    version: Version,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Bytes, ApiError> {
     let limit = app.cfg.max_body;
     let too_big = || {
         ApiError::new(
@@ -240,15 +345,37 @@ async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Bytes, 
         .and_then(|v| v.trim().parse::<u64>().ok())
     {
         if n > limit as u64 {
+            drain_in_background(version, body);
             return Err(too_big());
         }
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_big()),
-        Err(e) => Err(ApiError::bad_request(format!(
+    let timeout = app.cfg.limits.body_timeout;
+    let mut shutdown = app.shutdown.subscribe();
+    let read = tokio::time::timeout(timeout, collect_limited(body, limit));
+    // A body still arriving at shutdown is not work the drain should wait for.
+    let Some(read) = crate::conn::unless_shutdown(read, &mut shutdown).await else {
+        return Err(ApiError::shed(
+            crate::error::Reject::Shutdown,
+            1,
+            "the server is shutting down; the request body had not arrived",
+        ));
+    };
+    match read {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(BodyErr::TooBig(rest))) => {
+            drain_in_background(version, rest);
+            Err(too_big())
+        }
+        Ok(Err(BodyErr::Read(e))) => Err(ApiError::bad_request(format!(
             "could not read the request body: {e}"
         ))),
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {} s",
+                timeout.as_secs_f64()
+            ),
+        )),
     }
 }
 
@@ -256,7 +383,16 @@ fn content_format(headers: &HeaderMap) -> Result<Format, ApiError> {
     let Some(ct) = headers.get(header::CONTENT_TYPE) else {
         return Ok(Format::Json);
     };
-    let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
+    // A content type that is not text (0xFF bytes, say) is no type this server knows:
+    // 415, not read as JSON as if it were absent.
+    let Ok(ct) = ct.to_str() else {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "the Content-Type header is not ASCII text (application/json or \
+             application/octet-stream)",
+        ));
+    };
+    let ct = ct.to_ascii_lowercase();
     let essence = ct.split(';').next().unwrap_or("").trim();
     match essence {
         "application/json" | "" => Ok(Format::Json),
@@ -338,12 +474,13 @@ fn decode(app: &App, headers: &HeaderMap, fmt: Format, body: &[u8]) -> Result<In
 
 async fn infer_inner(
     app: &Arc<App>,
+    version: Version,
     headers: &HeaderMap,
     body: Body,
     id: &str,
 ) -> Result<InferResponse, ApiError> {
     let fmt = content_format(headers)?;
-    let body = read_body(app, headers, body).await?;
+    let body = read_body(app, version, headers, body).await?;
     let input = if body.len() <= INLINE_DECODE_BYTES {
         decode(app, headers, fmt, &body)?
     } else {

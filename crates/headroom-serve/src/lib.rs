@@ -41,6 +41,7 @@
 //! ```
 
 pub mod config;
+pub mod conn;
 pub mod device;
 pub mod error;
 pub mod http;
@@ -54,7 +55,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 
 pub use config::{parse_duration, Margin, ServeConfig, ServeDevice};
 pub use device::{open_device, OpenedDevice};
@@ -68,8 +68,7 @@ pub use scheduler::{LatencyTarget, SchedConfig, Scheduler};
 pub struct ServerHandle {
     addr: SocketAddr,
     app: Arc<App>,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 /// How a shutdown went.
@@ -78,6 +77,14 @@ pub struct ShutdownReport {
     /// Every queued and running request was answered within the drain timeout.
     pub drained: bool,
     pub elapsed: Duration,
+    /// Requests being served when the drain began (queued, running, or between: reading
+    /// a body, predicting); what the drain waited for.
+    pub in_flight_at_start: usize,
+    /// When the drain timed out: requests still queued (answered 503 then), still
+    /// running (cut off), and in flight elsewhere in a handler. All 0 when drained.
+    pub queued_at_timeout: usize,
+    pub running_at_timeout: usize,
+    pub in_flight_at_timeout: usize,
 }
 
 /// The batch key calibration and the start-up fit check use: the smallest input.
@@ -168,21 +175,15 @@ pub async fn start(cfg: ServeConfig) -> Result<ServerHandle, ServeError> {
     let app = tokio::task::spawn_blocking(move || build_app(cfg))
         .await
         .map_err(|e| ServeError::Config(format!("start-up failed: {e}")))??;
-    let (stop, stopped) = oneshot::channel::<()>();
     let router = http::router(app.clone());
-    let task = tokio::spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                let _ = stopped.await;
-            })
-            .await
-    });
-    Ok(ServerHandle {
-        addr,
-        app,
-        stop: Some(stop),
-        task,
-    })
+    let task = tokio::spawn(conn::serve(
+        listener,
+        router,
+        app.cfg.limits,
+        app.conns.clone(),
+        app.shutdown.subscribe(),
+    ));
+    Ok(ServerHandle { addr, app, task })
 }
 
 impl ServerHandle {
@@ -203,32 +204,41 @@ impl ServerHandle {
     /// Then join the compute threads.
     pub async fn shutdown(mut self) -> ShutdownReport {
         let t0 = Instant::now();
+        let in_flight_at_start = self.app.conns.in_flight.load(Ordering::Acquire);
         self.app.draining.store(true, Ordering::Relaxed);
         self.app.sched.drain();
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
+        // Stops accepting; connections with nothing in flight (idle, or still sending a
+        // head) close now, bodies still arriving are answered 503.
+        // send_replace: the value changes even when no receiver is left to be told
+        self.app.shutdown.send_replace(true);
         let timeout = self.app.cfg.drain_timeout;
-        let drained = match tokio::time::timeout(timeout, &mut self.task).await {
-            Ok(_) => true,
-            Err(_) => {
-                self.app.sched.abort_queued();
-                // The 503s are on their way; give connections a moment to flush them.
-                if tokio::time::timeout(Duration::from_secs(1), &mut self.task)
-                    .await
-                    .is_err()
-                {
-                    self.task.abort();
-                }
-                false
-            }
+        let mut report = ShutdownReport {
+            drained: true,
+            elapsed: Duration::ZERO,
+            in_flight_at_start,
+            queued_at_timeout: 0,
+            running_at_timeout: 0,
+            in_flight_at_timeout: 0,
         };
+        if tokio::time::timeout(timeout, &mut self.task).await.is_err() {
+            report.drained = false;
+            let (queued, _, running) = self.app.sched.depth();
+            report.queued_at_timeout = queued;
+            report.running_at_timeout = running;
+            report.in_flight_at_timeout = self.app.conns.in_flight.load(Ordering::Acquire);
+            self.app.sched.abort_queued();
+            // The 503s are on their way; give connections a moment to flush them.
+            if tokio::time::timeout(Duration::from_secs(1), &mut self.task)
+                .await
+                .is_err()
+            {
+                self.task.abort();
+            }
+        }
         let sched = self.app.sched.clone();
         let _ = tokio::task::spawn_blocking(move || sched.close_and_join()).await;
-        ShutdownReport {
-            drained,
-            elapsed: t0.elapsed(),
-        }
+        report.elapsed = t0.elapsed();
+        report
     }
 }
 

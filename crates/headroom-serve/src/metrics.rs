@@ -435,11 +435,11 @@ impl Metrics {
     }
 }
 
-fn gauge(o: &mut String, name: &str, help: &str, v: u64) {
+pub(crate) fn gauge(o: &mut String, name: &str, help: &str, v: u64) {
     let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
 }
 
-fn counter(o: &mut String, name: &str, help: &str, v: u64) {
+pub(crate) fn counter(o: &mut String, name: &str, help: &str, v: u64) {
     let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
 }
 

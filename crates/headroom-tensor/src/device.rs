@@ -117,6 +117,9 @@ pub struct DeviceContext {
     rng: Mutex<u64>,
     workspace: RwLock<Arc<dyn WorkspacePolicy>>,
     blas: Mutex<BlasState>,
+    /// Set by [`Device::interrupt`]: every tensor allocation fails with
+    /// `TensorError::Interrupted` until cleared.
+    interrupted: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for DeviceContext {
@@ -158,7 +161,18 @@ impl Device {
             rng: Mutex::new(0x853c_49e6_748f_ea9b),
             workspace: RwLock::new(Arc::new(NoWorkspace)),
             blas: Mutex::new(BlasState::default()),
+            interrupted: std::sync::atomic::AtomicBool::new(false),
         }))
+    }
+    /// Interrupts (`true`) or resumes (`false`) the device: while interrupted, every tensor
+    /// allocation fails with `TensorError::Interrupted`, so work in flight on other threads
+    /// stops at its next op instead of running to its end. Ops cannot be preempted; this is
+    /// how a load test ends its requests at the duration it was given.
+    pub fn interrupt(&self, on: bool) {
+        self.0.interrupted.store(on, Ordering::SeqCst);
+    }
+    pub fn is_interrupted(&self) -> bool {
+        self.0.interrupted.load(Ordering::Relaxed)
     }
     pub fn kind(&self) -> DeviceKind {
         self.0.kind

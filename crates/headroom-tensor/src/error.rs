@@ -53,6 +53,11 @@ pub enum TensorError {
     /// The CUDA driver or a CUDA library failed (no GPU, a missing library, a launch error).
     #[error("CUDA: {0}")]
     Cuda(String),
+    /// The device was interrupted ([`crate::Device::interrupt`]): the op stopped before
+    /// allocating its output, so a request in flight ends at its next op (a load test's
+    /// duration is over, or Ctrl-C).
+    #[error("stopped: the device was interrupted")]
+    Interrupted,
 }
 
 impl TensorError {
@@ -70,6 +75,9 @@ impl TensorError {
     }
     pub fn is_oom(&self) -> bool {
         matches!(self, TensorError::OutOfMemory { .. })
+    }
+    pub fn is_interrupted(&self) -> bool {
+        matches!(self, TensorError::Interrupted)
     }
     pub(crate) fn oom(message: String) -> Self {
         TensorError::OutOfMemory {

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use crate::device::Device;
-use crate::error::Result;
+use crate::error::{Result, TensorError};
 use crate::memory::{current_category, Allocation, MemoryCategory};
 
 pub struct Storage {
@@ -27,6 +27,9 @@ impl Storage {
         let alloc = if nbytes == 0 {
             Allocation { ptr: 0, size: 0 }
         } else {
+            if device.is_interrupted() {
+                return Err(TensorError::Interrupted);
+            }
             let a = device.0.allocator.allocate(nbytes)?;
             device.0.tracker.lock().add(category, a.size);
             a

@@ -41,7 +41,6 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::io::Write;
 use std::path::Path;
 
 use headroom_alloc::snapshot::{
@@ -79,38 +78,16 @@ pub fn write_snapshot(s: &Snapshot) -> Vec<u8> {
     enc.finish()
 }
 
-/// Writes [`write_snapshot`]'s bytes to `path` through a temporary file in the same
-/// directory and a rename, so a crash or a full disk never leaves a partial file behind.
+/// Writes [`write_snapshot`]'s bytes to `path` by `headroom_alloc::output::write_file`'s
+/// rules: a regular file through a temporary file and a rename (a crash or a full disk never
+/// leaves a partial file), a symlink's target rather than the link, and a device or FIFO
+/// written into, never replaced.
 pub fn write_snapshot_file(s: &Snapshot, path: &Path) -> Result<(), TraceError> {
     let bytes = write_snapshot(s);
-    let io_err = |p: &Path| {
-        let p = p.to_path_buf();
-        move |source| TraceError::Io { path: p, source }
-    };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "snapshot".into());
-    // pid + counter: two writers, in one process or two, never share a temp file
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
-        f.write_all(&bytes).map_err(io_err(&tmp))?;
-        f.sync_all().map_err(io_err(&tmp))?;
-        drop(f);
-        std::fs::rename(&tmp, path).map_err(io_err(path))
-    })();
-    if result.is_err() {
-        // best effort: the first error is the one worth reporting
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    headroom_alloc::output::write_file(path, &bytes).map_err(|source| TraceError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// The pickle machine, into an arena (see the module docs).

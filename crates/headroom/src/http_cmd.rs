@@ -29,7 +29,8 @@ use headroom_load::http::HttpConfig;
 use headroom_load::{parse_thresholds, NvmlDevice, Progress};
 
 use crate::run_cmd::{
-    check_out_dir, duration, finish, le, load_fraction, progress_bar, stop_on_ctrl_c,
+    check_out_dir, discard_out_dir, duration, finish, le, load_fraction, progress_bar,
+    stop_on_ctrl_c,
 };
 use crate::UserError;
 
@@ -136,7 +137,8 @@ pub struct HttpArgs {
     /// 'peak_reserved<60GiB', 'oom_count==0'. A broken one makes the run exit 99.
     #[arg(long = "threshold", value_name = "EXPR")]
     threshold: Vec<String>,
-    /// Folder for report.html, results.json and the probe's snapshots (created after the run).
+    /// Folder for report.html, results.json and the probe's snapshots (created, and checked
+    /// with a probe file, before the run; the files are written after it).
     #[arg(long, default_value = "out/http", value_name = "DIR")]
     out: PathBuf,
     /// Print the results as JSON on stdout instead of the summary table.
@@ -319,7 +321,7 @@ fn position(p: &Progress) -> u64 {
 
 pub fn http(a: HttpArgs) -> Result<ExitCode, UserError> {
     let cfg = config(&a)?;
-    check_out_dir(&a.out)?;
+    let created = check_out_dir(&a.out)?;
     let stop = stop_on_ctrl_c();
     let pb = progress_bar(a.quiet);
     let result = headroom_load::http::run(&cfg, stop.clone(), |p| {
@@ -327,7 +329,10 @@ pub fn http(a: HttpArgs) -> Result<ExitCode, UserError> {
         pb.set_message(progress_message(p));
     });
     pb.finish_and_clear();
-    let r = result.map_err(le)?;
+    let r = result.map_err(|e| {
+        discard_out_dir(&created);
+        le(e)
+    })?;
     // The summary table says it otherwise; with --json, say once on stderr.
     if a.json && !a.quiet {
         for m in r.memory_sources.iter().filter(|m| m.status == "absent") {

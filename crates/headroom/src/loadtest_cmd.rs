@@ -15,12 +15,13 @@ use clap::Args;
 use headroom_alloc::size::{human_bytes, parse_size};
 use headroom_load::{
     parse_stages, parse_thresholds, AccumPattern, DeviceChoice, InputDist, LoadConfig, LoadPlan,
-    Mode, ModelSpec, OptimKind, Progress, RampStep, Scenario, Stage,
+    Mode, ModelSpec, OptimKind, Progress, RampStep, Scenario, Stage, MAX_WORKERS,
 };
 use headroom_tensor::DType;
 
 use crate::run_cmd::{
-    check_out_dir, duration, finish, le, load_fraction, progress_bar, stop_on_ctrl_c,
+    check_out_dir, discard_out_dir, duration, finish, le, load_fraction, progress_bar,
+    stop_on_ctrl_c,
 };
 use crate::UserError;
 
@@ -86,7 +87,7 @@ pub struct LoadtestArgs {
     /// Extra allocator configs to replay the run's trace under (the what-if table).
     #[arg(long = "what-if", value_name = "CONF")]
     what_if: Vec<String>,
-    /// Concurrent workers (closed model).
+    /// Concurrent workers (closed model), at most 4096 (each is a thread of this process).
     #[arg(short = 'c', long = "concurrency", value_name = "N")]
     concurrency: Option<usize>,
     /// Total requests to make, then stop.
@@ -125,7 +126,8 @@ pub struct LoadtestArgs {
     /// A broken one makes the run exit 99.
     #[arg(long = "threshold", value_name = "EXPR")]
     threshold: Vec<String>,
-    /// Folder for report.html, results.json and snapshot.pickle (created after the run).
+    /// Folder for report.html, results.json and snapshot.pickle (created, and checked with a
+    /// probe file, before the run; the files are written after it).
     #[arg(long, default_value = "out/loadtest", value_name = "DIR")]
     out: PathBuf,
     /// Print the results as JSON on stdout instead of the summary table.
@@ -237,6 +239,17 @@ fn scenario(a: &LoadtestArgs) -> Result<Scenario, UserError> {
 fn plan(a: &LoadtestArgs, default: &LoadPlan) -> Result<LoadPlan, UserError> {
     if a.concurrency == Some(0) {
         return Err(anyhow!("-c must be at least 1").into());
+    }
+    // Workers are threads of this process: refused here, before one is spawned.
+    if let Some(c) = a.concurrency.filter(|&c| c > MAX_WORKERS) {
+        return Err(anyhow!("-c {c}: at most {MAX_WORKERS} workers are allowed").into());
+    }
+    if a.ramp_until_oom && a.ramp_max > MAX_WORKERS {
+        return Err(anyhow!(
+            "--ramp-max {}: at most {MAX_WORKERS} workers are allowed",
+            a.ramp_max
+        )
+        .into());
     }
     let c = a.concurrency.unwrap_or(1);
     if a.ramp_until_oom {
@@ -372,7 +385,7 @@ fn position(p: &Progress) -> u64 {
 
 pub fn loadtest(a: LoadtestArgs) -> Result<ExitCode, UserError> {
     let cfg = config(&a)?;
-    check_out_dir(&a.out)?;
+    let created = check_out_dir(&a.out)?;
 
     let stop = stop_on_ctrl_c();
     let pb = progress_bar(a.quiet);
@@ -381,7 +394,10 @@ pub fn loadtest(a: LoadtestArgs) -> Result<ExitCode, UserError> {
         pb.set_message(progress_message(p));
     });
     pb.finish_and_clear();
-    let r = result.map_err(le)?;
+    let r = result.map_err(|e| {
+        discard_out_dir(&created);
+        le(e)
+    })?;
 
     finish(&a.out, a.json, &r)
 }

@@ -59,11 +59,16 @@ pub const CANDIDATE_CONFS: &[&str] = &[
 
 /// The row `--recommend` picks: no OOM, then the lowest peak reserved, then the earliest
 /// (simplest) config. `None` when every config OOMs.
+///
+/// "No OOM" means no allocation failed at all (`oom_event` unset), not only `num_ooms == 0`:
+/// a request of 1 EB or more fails, as in PyTorch, without touching any stat, so a replay
+/// that stopped there has `num_ooms == 0` and a peak of whatever came before it (0 B when it
+/// was the first event). Such a config does not fit.
 pub fn recommended(results: &[(String, ReplayResult)]) -> Option<usize> {
     results
         .iter()
         .enumerate()
-        .filter(|(_, (_, r))| r.num_ooms == 0)
+        .filter(|(_, (_, r))| r.num_ooms == 0 && r.oom_event.is_none() && r.oom.is_none())
         .min_by_key(|(i, (_, r))| (r.peak_reserved_bytes, *i))
         .map(|(i, _)| i)
 }
@@ -120,17 +125,27 @@ fn parse_capacity(s: Option<&str>) -> Result<Option<u64>, UserError> {
     }
 }
 
+/// The config's name in the table and the JSON: what is in force, so a snapshot whose
+/// settings fields differ from its conf string is not labelled by the string alone.
 fn label(conf: &AllocatorConfig) -> String {
-    if conf.last_conf.trim().is_empty() {
+    let s = conf.conf_string();
+    if s.trim().is_empty() {
         "default".into()
     } else {
-        conf.last_conf.clone()
+        s
     }
 }
 
 pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
-    let snap = load_trace(&a.snapshot)?;
     let capacity = parse_capacity(a.capacity.as_deref())?;
+    // Outputs are checked before the replays (a --min-capacity search takes a while).
+    if let Some(p) = &a.snapshot_out {
+        crate::run_cmd::check_out_file("--snapshot-out", p)?;
+    }
+    if let Some(p) = &a.rmm_out {
+        crate::run_cmd::check_out_file("--rmm-out", p)?;
+    }
+    let snap = load_trace(&a.snapshot)?;
     let own = AllocatorConfig::from_settings(&snap.allocator_settings)
         .context("the snapshot's allocator_settings")?;
     let mut configs: Vec<AllocatorConfig> = if a.alloc_conf.is_empty() {
@@ -177,7 +192,7 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
         let mut r = run_replay(&snap, &opts)?;
         if a.min_capacity {
             if let Some(pb) = &bar {
-                pb.set_message(format!("minimum capacity under {}", label(conf)));
+                pb.set_message(format!("minimum capacity under {}", cell(&label(conf))));
             }
             r.min_capacity_bytes = Some(min_capacity(&snap, &opts)?);
         }
@@ -228,10 +243,10 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
                     let base = results[0].1.peak_reserved_bytes.max(1);
                     println!(
                         "\nrecommended: PYTORCH_CUDA_ALLOC_CONF={} (peak reserved {}, {:.1}% below the snapshot's own config {})",
-                        if l == "default" { "\"\"" } else { l.as_str() },
+                        if l == "default" { "\"\"".to_string() } else { cell(l) },
                         human_bytes(r.peak_reserved_bytes),
                         100.0 * (1.0 - r.peak_reserved_bytes as f64 / base as f64),
-                        results[0].0
+                        cell(&results[0].0)
                     );
                 }
                 None => println!("\nno config runs this trace without an OOM on this device"),
@@ -296,6 +311,7 @@ fn print_table(path: &std::path::Path, capacity: u64, results: &[(String, Replay
         .collect();
     print_rows(&header, &rows);
     for (l, r) in results {
+        let l = cell(l);
         if let Some(o) = &r.oom {
             println!(
                 "\n[{l}] OOM at event {} (alloc of {} bytes): {}",
@@ -319,38 +335,80 @@ fn print_table(path: &std::path::Path, capacity: u64, results: &[(String, Replay
     }
 }
 
+/// The longest cell [`print_rows`] prints in full; longer ones (a 70,000-character conf
+/// string from a snapshot) are cut to this many characters with a `…` and their length, so
+/// the table stays readable. `--json` keeps the whole string.
+pub const MAX_CELL_CHARS: usize = 80;
+
+/// `s` cut to [`MAX_CELL_CHARS`] characters (not bytes: a cut never splits a character).
+pub fn cell(s: &str) -> String {
+    let n = s.chars().count();
+    if n <= MAX_CELL_CHARS {
+        return s.to_string();
+    }
+    let note = format!("… ({n} chars)");
+    let keep = MAX_CELL_CHARS.saturating_sub(note.chars().count());
+    s.chars().take(keep).chain(note.chars()).collect()
+}
+
+/// `c` padded with spaces to `width` characters, on the right (`left_align`) or the left.
+/// Done by hand: `format!("{c:<w$}")` panics when `w` exceeds `u16::MAX` ("Formatting
+/// argument out of range"), and a width computed from input must never do that.
+fn pad(c: &str, width: usize, left_align: bool) -> String {
+    let fill = " ".repeat(width.saturating_sub(c.chars().count()));
+    if left_align {
+        format!("{c}{fill}")
+    } else {
+        format!("{fill}{c}")
+    }
+}
+
+/// A plain-text table. Cells are cut to [`MAX_CELL_CHARS`] characters, so neither the
+/// widths nor the output grow with the input.
 pub fn print_rows(header: &[&str], rows: &[Vec<String>]) {
-    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in rows {
+    print!("{}", format_rows(header, rows));
+}
+
+/// [`print_rows`]' text.
+pub fn format_rows(header: &[&str], rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| cell(c)).collect())
+        .collect();
+    let mut w: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in &rows {
         for (i, c) in r.iter().enumerate() {
-            w[i] = w[i].max(c.len());
+            if let Some(wi) = w.get_mut(i) {
+                *wi = (*wi).max(c.chars().count());
+            }
         }
     }
-    let line = |cells: Vec<String>| {
+    let line = |cells: &[String]| {
         cells
             .iter()
+            .zip(&w)
             .enumerate()
-            .map(|(i, c)| {
-                if i == 0 {
-                    format!("{c:<w$}", w = w[i])
-                } else {
-                    format!("{c:>w$}", w = w[i])
-                }
-            })
+            .map(|(i, (c, &wi))| pad(c, wi, i == 0))
             .collect::<Vec<_>>()
             .join("  ")
     };
-    println!("{}", line(header.iter().map(|s| s.to_string()).collect()));
-    println!(
-        "{}",
-        w.iter()
+    let mut out = String::new();
+    out.push_str(&line(
+        &header.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+    ));
+    out.push('\n');
+    out.push_str(
+        &w.iter()
             .map(|n| "-".repeat(*n))
             .collect::<Vec<_>>()
-            .join("  ")
+            .join("  "),
     );
-    for r in rows {
-        println!("{}", line(r.clone()));
+    out.push('\n');
+    for r in &rows {
+        out.push_str(&line(r));
+        out.push('\n');
     }
+    out
 }
 
 /// A snapshot pickle, or an RMM CSV log (by extension `.csv`).
@@ -369,11 +427,11 @@ fn load_trace(path: &std::path::Path) -> Result<headroom_trace::Snapshot, UserEr
         .with_context(|| format!("cannot read snapshot {}", path.display()))?)
 }
 
-/// Write through a temporary file so a failure never leaves a partial file.
+/// Write by `output::write_file`'s rules: a regular file through a temporary file (a
+/// failure never leaves a partial file), a device or FIFO written into, never replaced.
 fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<(), UserError> {
-    let tmp = path.with_extension("headroom-tmp");
-    std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", path.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    headroom_alloc::output::write_file(path, bytes)
+        .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! What `headroom loadtest` and `headroom http` share around a run: Ctrl-C handling, the
-//! progress bar, the files written, the summary, and the exit code (0, 99 when a threshold
-//! broke, 130 when stopped by Ctrl-C, as k6 does).
+//! progress bar, the files written, the summary, and the exit code (0; 1 when no request
+//! of a `headroom http` run succeeded; 99 when a threshold broke and 130 when stopped by
+//! Ctrl-C, as k6 does).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -18,6 +19,10 @@ use crate::UserError;
 pub const EXIT_THRESHOLD: u8 = 99;
 /// Exit code of a run stopped by Ctrl-C (after writing what was measured).
 pub const EXIT_CANCELLED: u8 = 130;
+/// Exit code of a `headroom http` run in which no request succeeded (every one timed out,
+/// failed, was refused or shed): the report is written, but a load test of nothing that
+/// worked must not read as a pass in a script.
+pub const EXIT_NO_SUCCESS: u8 = 1;
 
 pub fn le(e: LoadError) -> UserError {
     UserError(anyhow!(e.to_string()))
@@ -27,11 +32,26 @@ pub fn duration(flag: &str, v: &str) -> Result<Duration, UserError> {
     parse_duration(v).map_err(|m| UserError(anyhow!("bad {flag} {v:?}: {m}")))
 }
 
-pub fn check_out_dir(out: &Path) -> Result<(), UserError> {
-    if out.exists() && !out.is_dir() {
-        return Err(anyhow!("--out {} exists and is not a folder", out.display()).into());
-    }
-    Ok(())
+/// Checks the output folder before the run, so that a folder that cannot be written is
+/// found in the first second and not after the load, when the measurements would be lost:
+/// creates it (parents included) and writes and removes a probe file in it.
+/// Returns the folders it created, for [`discard_out_dir`].
+pub fn check_out_dir(out: &Path) -> Result<Vec<PathBuf>, UserError> {
+    headroom_alloc::output::probe_dir(out)
+        .map_err(|e| anyhow!("--out {}: cannot write there: {e}", out.display()).into())
+}
+
+/// The run failed before anything was measured (a dead URL, a model that does not
+/// build): take back the empty folders [`check_out_dir`] created, so that an exit 2
+/// leaves nothing behind.
+pub fn discard_out_dir(created: &[PathBuf]) {
+    headroom_alloc::output::remove_created(created);
+}
+
+/// Checks an output file's place before the work (see [`check_out_dir`]).
+pub fn check_out_file(flag: &str, path: &Path) -> Result<(), UserError> {
+    headroom_alloc::output::probe_file(path)
+        .map_err(|e| anyhow!("{flag} {}: cannot write there: {e}", path.display()).into())
 }
 
 /// The run's stop flag: the first Ctrl-C sets it (the run finishes what is in flight and
@@ -106,15 +126,30 @@ fn write_outputs(out: &Path, r: &RunResult) -> anyhow::Result<Vec<PathBuf>> {
 
 /// After the run: the files, the summary table (or the JSON with `--json`), the exit code.
 pub fn finish(out: &Path, json: bool, r: &RunResult) -> Result<ExitCode, UserError> {
-    let written = write_outputs(out, r).map_err(UserError)?;
-    if json {
+    let written = write_outputs(out, r);
+    // The measurements reach the terminal even when the files could not be written (a
+    // disk that filled during the run): the run is not lost with them.
+    if json || written.is_err() {
         println!("{}", r.to_json());
     } else {
         print!("{}", summary_table(r));
         println!();
     }
+    let written = written.map_err(|e| {
+        UserError(e.context(format!(
+            "the run finished but its files could not be written to {} (its results are on stdout above)",
+            out.display()
+        )))
+    })?;
     for p in &written {
         eprintln!("wrote {}", p.display());
+    }
+    // Precedence: nothing succeeded (1) says more than a broken threshold (99), which says
+    // more than Ctrl-C (130); a run stopped by Ctrl-C before any answer is just cancelled.
+    let cancelled = r.stop_reason == StopReason::Cancelled;
+    if let Some(msg) = no_success(r).filter(|_| !cancelled) {
+        eprintln!("{msg}");
+        return Ok(ExitCode::from(EXIT_NO_SUCCESS));
     }
     if !r.thresholds_passed() {
         let broken: Vec<&str> = r
@@ -126,9 +161,36 @@ pub fn finish(out: &Path, json: bool, r: &RunResult) -> Result<ExitCode, UserErr
         eprintln!("threshold(s) broken: {}", broken.join(", "));
         return Ok(ExitCode::from(EXIT_THRESHOLD));
     }
-    if r.stop_reason == StopReason::Cancelled {
+    if cancelled {
         eprintln!("cancelled: the report holds what was measured before Ctrl-C");
         return Ok(ExitCode::from(EXIT_CANCELLED));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// For a `headroom http` run in which no request got a 1xx-3xx answer: one line saying
+/// what happened to them instead. `None` when one succeeded, or for `headroom loadtest`
+/// (whose requests failing with OOMs is what a ramp looks for).
+pub fn no_success(r: &RunResult) -> Option<String> {
+    let http = r.http.as_ref()?;
+    if r.requests.ok > 0 {
+        return None;
+    }
+    let sent = r.requests.total + http.shed;
+    let mut what: Vec<String> = r
+        .errors
+        .by_kind
+        .iter()
+        .map(|(k, n)| format!("{n} {k}"))
+        .collect();
+    if http.shed > 0 {
+        what.push(format!("{} shed (503)", http.shed));
+    }
+    if what.is_empty() {
+        what.push("none was answered".into());
+    }
+    Some(format!(
+        "no request succeeded: 0 of {sent} ({}); the report is written, exit code {EXIT_NO_SUCCESS}",
+        what.join(", ")
+    ))
 }

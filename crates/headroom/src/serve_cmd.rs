@@ -79,9 +79,13 @@ pub struct ServeArgs {
     /// Compute threads (each runs one batch at a time).
     #[arg(long, default_value_t = 1)]
     workers: usize,
-    /// How long a shutdown waits for queued and running requests.
+    /// How long a shutdown waits for queued and running requests (connections with no
+    /// request in flight are closed at once).
     #[arg(long = "drain-timeout", default_value = "30s", value_name = "DURATION")]
     drain_timeout: String,
+    /// Most HTTP connections open at once; past it new clients wait in the kernel's backlog.
+    #[arg(long = "max-connections", default_value_t = headroom_serve::conn::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
+    max_connections: usize,
 }
 
 fn duration(flag: &str, s: &str) -> Result<std::time::Duration, UserError> {
@@ -135,6 +139,10 @@ fn config(a: &ServeArgs) -> Result<ServeConfig, UserError> {
         workers: a.workers,
         addr,
         drain_timeout: duration("--drain-timeout", &a.drain_timeout)?,
+        limits: headroom_serve::conn::ConnLimits {
+            max_connections: a.max_connections,
+            ..Default::default()
+        },
     };
     cfg.validate()?;
     Ok(cfg)
@@ -185,20 +193,56 @@ async fn run(cfg: ServeConfig) -> Result<ExitCode, UserError> {
     let again = headroom_serve::shutdown_signal();
     tokio::select! {
         report = server.shutdown() => {
-            if report.drained {
-                eprintln!("drained in {:.0?}", report.elapsed);
-            } else {
-                eprintln!(
-                    "drain timed out after {:.0?}: requests still queued were answered 503",
-                    report.elapsed
-                );
-            }
+            eprintln!("{}", shutdown_message(&report));
             Ok(ExitCode::SUCCESS)
         }
         _ = again => {
             eprintln!("stopped before the drain finished");
             Ok(ExitCode::from(EXIT_INTERRUPTED))
         }
+    }
+}
+
+/// What the drain did, in one line that is true of it: how many requests it waited for,
+/// and when it timed out, how many were still queued (answered 503) or running.
+pub fn shutdown_message(r: &headroom_serve::ShutdownReport) -> String {
+    // "1 request still queued was answered 503", "2 requests ... were ..."
+    let n = |k: usize, state: &str, then: &str| {
+        let (s, be) = if k == 1 { ("", "was") } else { ("s", "were") };
+        format!("{k} request{s} {state} {be} {then}")
+    };
+    if r.drained {
+        if r.in_flight_at_start == 0 {
+            format!("drained in {:.0?}: no request was in flight", r.elapsed)
+        } else {
+            format!(
+                "drained in {:.0?}: {}",
+                r.elapsed,
+                n(r.in_flight_at_start, "in flight", "answered")
+            )
+        }
+    } else {
+        let mut parts = Vec::new();
+        if r.queued_at_timeout > 0 {
+            parts.push(n(r.queued_at_timeout, "still queued", "answered 503"));
+        }
+        if r.running_at_timeout > 0 {
+            parts.push(n(r.running_at_timeout, "still running", "cut off"));
+        }
+        let other = r
+            .in_flight_at_timeout
+            .saturating_sub(r.queued_at_timeout + r.running_at_timeout);
+        if other > 0 {
+            parts.push(n(other, "still being read or admitted", "stopped"));
+        }
+        if parts.is_empty() {
+            parts.push("connections were still sending their answers".into());
+        }
+        format!(
+            "drain timed out after {:.0?}: {}",
+            r.elapsed,
+            parts.join(", ")
+        )
     }
 }
 
@@ -218,6 +262,37 @@ mod tests {
         v.extend_from_slice(args);
         let cli = Cli::try_parse_from(v).map_err(|e| e.to_string())?;
         config(&cli.a).map_err(|e| e.0.to_string())
+    }
+
+    #[test]
+    fn the_shutdown_message_says_what_happened() {
+        use headroom_serve::ShutdownReport;
+        use std::time::Duration;
+        let r = |drained, start, q, run, inflight| ShutdownReport {
+            drained,
+            elapsed: Duration::from_millis(12),
+            in_flight_at_start: start,
+            queued_at_timeout: q,
+            running_at_timeout: run,
+            in_flight_at_timeout: inflight,
+        };
+        let m = shutdown_message(&r(true, 0, 0, 0, 0));
+        assert!(m.contains("no request was in flight"), "{m}");
+        let m = shutdown_message(&r(true, 3, 0, 0, 0));
+        assert!(m.contains("3 requests in flight were answered"), "{m}");
+        let m = shutdown_message(&r(false, 5, 2, 1, 4));
+        assert!(
+            m.contains("2 requests still queued were answered 503"),
+            "{m}"
+        );
+        assert!(m.contains("1 request still running was cut off"), "{m}");
+        assert!(
+            m.contains("1 request still being read or admitted was stopped"),
+            "{m}"
+        );
+        // nothing queued at the timeout: the message never claims there was
+        let m = shutdown_message(&r(false, 1, 0, 0, 0));
+        assert!(!m.contains("queued"), "{m}");
     }
 
     #[test]

@@ -283,3 +283,63 @@ fn ctrl_c_exits_130_with_the_report_of_what_was_measured() {
     assert!(v["requests"]["ok"].as_u64().unwrap() > 10);
     assert!(d.join("o/report.html").is_file());
 }
+
+/// Every request failed (500s, timeouts, 503s): the report is written, but the run exits 1
+/// with one line that says what happened, instead of passing as 0.
+#[test]
+fn no_successful_request_exits_1_with_a_message() {
+    let cases: Vec<(TestServer, Vec<&str>, &str)> = vec![
+        (
+            TestServer::start(1, Arc::new(|_: &Seen| Reply::status(500))).unwrap(),
+            vec!["-n", "20"],
+            "status_500",
+        ),
+        (
+            TestServer::start(
+                1,
+                Arc::new(|_: &Seen| Reply::ok("late").after(Duration::from_millis(800))),
+            )
+            .unwrap(),
+            vec!["-n", "4", "-c", "2", "--timeout", "50ms"],
+            "timeout",
+        ),
+        (
+            TestServer::start(1, Arc::new(|_: &Seen| Reply::status(503))).unwrap(),
+            vec!["-n", "10"],
+            "shed (503)",
+        ),
+    ];
+    for (i, (s, extra, says)) in cases.into_iter().enumerate() {
+        let d = scratch(&format!("nosuccess{i}"));
+        let url = s.url("/");
+        let mut args = vec!["http", url.as_str(), "--no-nvml", "--quiet", "--out", "o"];
+        args.extend(extra);
+        let (code, out, err) = run_in(&d, &args);
+        assert_eq!(code, 1, "{says}: stdout {out}\nstderr {err}");
+        let last = err.lines().last().unwrap_or("");
+        assert!(last.starts_with("no request succeeded: 0 of"), "{err}");
+        assert!(last.contains(says), "{says}: {err}");
+        let v = read_json(&d.join("o/results.json"));
+        assert_eq!(v["requests"]["ok"], 0);
+        assert!(d.join("o/report.html").is_file());
+    }
+    // one success is enough for 0
+    let s = TestServer::start(
+        1,
+        Arc::new(|seen: &Seen| {
+            if seen.seq == 0 {
+                Reply::ok("ok")
+            } else {
+                Reply::status(500)
+            }
+        }),
+    )
+    .unwrap();
+    let d = scratch("onesuccess");
+    let url = s.url("/");
+    let (code, _, err) = run_in(
+        &d,
+        &["http", &url, "-n", "5", "-c", "1", "--no-nvml", "--quiet"],
+    );
+    assert_eq!(code, 0, "{err}");
+}

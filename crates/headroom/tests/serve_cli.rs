@@ -138,3 +138,75 @@ fn serves_on_port_0_and_drains_on_sigterm() {
         "still listening after exit"
     );
 }
+
+/// 50 slowloris connections and nothing queued: SIGTERM ends the server at once (it used
+/// to wait out the whole drain timeout), and what it says is true: nothing was in flight.
+#[test]
+fn slowloris_connections_do_not_hold_sigterm() {
+    let child = bin()
+        .args([
+            "serve",
+            "--model",
+            "mlp-tiny",
+            "--port",
+            "0",
+            "--drain-timeout",
+            "31s",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn headroom serve");
+    let mut child = Killed(child);
+    let stdout = child.0.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the listening line within 60 s");
+    let url = line
+        .trim()
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    let mut lorises = Vec::new();
+    for _ in 0..50 {
+        let mut s = TcpStream::connect(&url).expect("connect");
+        s.write_all(b"POST /v1/infer HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            .unwrap();
+        lorises.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = child.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "SIGTERM waited on slowloris connections"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+    let mut err = String::new();
+    child
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(err.contains("no request was in flight"), "{err}");
+    assert!(!err.contains("still queued"), "{err}");
+}

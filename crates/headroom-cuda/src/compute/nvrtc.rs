@@ -86,9 +86,10 @@ pub fn cubin(src: &str, arch: (i32, i32)) -> Result<Vec<u8>, CudaError> {
     if let Some(p) = &path {
         if let Some(dir) = p.parent() {
             if std::fs::create_dir_all(dir).is_ok() {
-                let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-                if std::fs::write(&tmp, &bin).is_ok() && std::fs::rename(&tmp, p).is_err() {
-                    let _ = std::fs::remove_file(&tmp);
+                // atomic for a regular file, and never replacing a link or device there;
+                // a cache that cannot be written is only a slower next start
+                if let Err(e) = headroom_alloc::output::write_file(p, &bin) {
+                    tracing::debug!("kernel cache {} not written: {e}", p.display());
                 }
             }
         }

@@ -947,6 +947,7 @@ fn summary(s: &StageAcc) -> RequestSummary {
         oom: 0,
         other_errors: s.failed_status_n + s.errors_total(),
         items: s.ok_n,
+        stopped: 0,
     }
 }
 
@@ -956,6 +957,7 @@ fn add_summary(a: &mut RequestSummary, b: &RequestSummary) {
     a.oom += b.oom;
     a.other_errors += b.other_errors;
     a.items += b.items;
+    a.stopped += b.stopped;
 }
 
 fn throughput(ok: u64, secs: f64) -> Throughput {
@@ -1088,6 +1090,10 @@ impl Aggregate<'_> {
                 throughput: throughput(acc.ok_n, s1 - s0),
                 peak_allocated_bytes: mem.iter().map(|m| m.allocated_bytes).max().unwrap_or(0),
                 peak_reserved_bytes: mem.iter().map(|m| m.reserved_bytes).max().unwrap_or(0),
+                workers_started: match load {
+                    Load::Closed(c) => c,
+                    Load::Open(_) => peak_flight,
+                },
             });
             http_stages.push(HttpStageResult {
                 index: i,

@@ -12,39 +12,19 @@ pub mod http;
 pub mod plots;
 pub mod terminal;
 
-use std::fs;
-use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::io;
+use std::path::Path;
 
 use crate::results::RunResult;
 
 pub use html::render_html;
 pub use terminal::summary_table;
 
-/// Writes `bytes` to `path` atomically: a temporary file beside it, flushed to disk, then
-/// renamed over `path`. On error the temporary file is removed and `path` is untouched.
+/// Writes `bytes` to `path` by `headroom_alloc::output::write_file`'s rules: atomically
+/// (a temporary file beside it, flushed, then renamed) for a regular file, through a
+/// symlink to its target, and into a device or FIFO without replacing it.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?
-        .to_string_lossy()
-        .into_owned();
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let res = (|| {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, path)
-    })();
-    if res.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    res
+    headroom_alloc::output::write_file(path, bytes)
 }
 
 /// Writes the run as pretty JSON (the documented schema of [`crate::results`]).
@@ -107,6 +87,7 @@ mod browser_test;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn atomic_write_leaves_no_temp_and_fails_cleanly() {

@@ -67,6 +67,7 @@ pub fn synthetic() -> RunResult {
             oom,
             other_errors: 0,
             items: req * 4,
+            stopped: 0,
         };
         stages.push(StageResult {
             index: i,
@@ -81,6 +82,7 @@ pub fn synthetic() -> RunResult {
             },
             peak_allocated_bytes: base + per / 2 + 4 * MIB,
             peak_reserved_bytes: base + per + 8 * MIB,
+            workers_started: c,
         });
         t0 += d;
     }
@@ -123,6 +125,7 @@ pub fn synthetic() -> RunResult {
         oom: 3,
         other_errors: 0,
         items: stages.iter().map(|s| s.requests.items).sum(),
+        stopped: 0,
     };
     let cap = 100 * MIB;
     let points: Vec<LoadPoint> = [1usize, 2, 4, 8]

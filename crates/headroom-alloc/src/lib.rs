@@ -42,6 +42,7 @@ mod pool;
 pub mod private;
 mod ptrmap;
 mod release;
+pub mod rng;
 pub mod size;
 pub mod snapshot;
 pub mod stats;

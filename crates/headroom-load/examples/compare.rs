@@ -4,6 +4,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use headroom_load::*;
+use headroom_workload::{DeviceChoice, Scenario};
 
 fn main() -> Result<()> {
     let a: Vec<String> = std::env::args().skip(1).collect();

@@ -438,13 +438,13 @@ fn activations_claim() -> Claim {
 /// model the OOM search stands on; `matches_pytorch` uses a 10% tolerance for grad on, and
 /// no_grad figures (transient, so sensitive to how requests overlap) are context.
 pub fn concurrency_vs_pytorch() -> ClaimVerdict {
-    use crate::devices::{Interleave, RunDevice};
     use crate::runner::{drive_for_probe, LoadPlan};
-    use crate::scenario::{InputDist, Scenario};
+    use headroom_workload::device::{Interleave, RunDevice};
+    use headroom_workload::{InputDist, Scenario};
 
     let run = |grad: bool, c: usize| -> crate::error::Result<(f64, f64)> {
         let mut sc = Scenario::inference(
-            crate::scenario::ModelSpec::ResNet50 { classes: 1000 },
+            headroom_workload::ModelSpec::ResNet50 { classes: 1000 },
             8,
             InputDist::Fixed(224),
         );

@@ -29,9 +29,9 @@ use headroom_trace::{replay, ReplayOptions};
 use tracing::{debug, warn};
 
 use crate::results::*;
-use crate::scenario::{AccumPattern, Mode, Scenario};
 use crate::search::{probe, SearchAxis, SearchConfig};
 use crate::timeline::linear_fit;
+use headroom_workload::{AccumPattern, Mode, Scenario};
 
 const MIB: f64 = 1048576.0;
 

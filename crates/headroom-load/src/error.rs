@@ -5,7 +5,7 @@
 //! the CLI can print it and exit 2 before any output file exists. Failures *during* a run
 //! (an OOM, a bad request) are not errors of the run: they are counted in the result.
 
-use headroom_tensor::TensorError;
+use headroom_workload::WorkloadError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -15,24 +15,18 @@ pub enum LoadError {
     /// A malformed `--threshold` value.
     #[error("invalid threshold {input:?}: {msg}")]
     Threshold { input: String, msg: String },
-    /// A scenario option that does not make sense (unknown model, batch 0, ...).
-    #[error("invalid scenario: {0}")]
-    Scenario(String),
     /// A load/run option that does not make sense (capacity 0, concurrency 0, ...).
     #[error("invalid configuration: {0}")]
     Config(String),
     /// The allocator config string did not parse.
     #[error("invalid alloc conf: {0}")]
     AllocConf(String),
-    /// Setting up the workload failed (e.g. the model alone does not fit the capacity).
-    #[error("setup failed: {0}")]
-    Setup(TensorError),
-    /// The requested device has no backend in this build.
-    #[error("device {0} is not available: {1}")]
-    DeviceUnavailable(String, String),
     /// A worker thread could not be started.
     #[error("could not start a thread: {0}")]
     Thread(String),
+    /// The workload vocabulary (model, input sizes, stages, device) refused the input.
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
     /// `headroom http`: the target or the metrics URL cannot be used (not a URL, the host
     /// does not resolve, nothing listens). Checked before the run, so nothing is written.
     #[error("{0}")]

@@ -8,23 +8,22 @@
 //! - [`run`]`(&LoadConfig, stop, progress) -> Result<RunResult>`: the whole load test —
 //!   load, timeline, latency, OOM search, what-if replay, diagnosis, thresholds.
 //! - [`claims::run_claims`]`() -> ClaimsResult`: the five claims of ground-truth.md.
-//! - Parsers for user input: [`parse_stages`], [`parse_duration`],
-//!   [`threshold::parse_thresholds`], `str::parse` for [`ModelSpec`], [`InputDist`],
-//!   [`DeviceChoice`], [`OptimKind`], [`AccumPattern`].
+//! - Parsers for user input: [`parse_stages`] (the loadtest's stages, on
+//!   headroom-workload's parser), [`threshold::parse_thresholds`]; the workload's own
+//!   vocabulary (models, input sizes, devices, durations) is headroom-workload's.
 //!
 //! - [`http::run()`]`(&HttpConfig, stop, progress) -> Result<RunResult>`: `headroom http`, load
 //!   on any HTTP endpoint (closed or open model, stages), with the service's memory (NVML, a
 //!   Prometheus endpoint, the `headroom_probe.py` probe) on the same timeline; the result is
 //!   the same [`RunResult`] with its `http` part, so reports and thresholds are shared.
 //!
-//! Modules: [`results`] (the result types and the documented JSON schema), [`scenario`]
-//! (workloads and planted mistakes), [`runner`] (closed-model load), [`timeline`]
-//! (measurement), [`search`] (OOM search), [`diagnose`] (findings and what-if),
-//! [`threshold`], [`claims`], [`devices`], [`http`] (the HTTP load client), [`memsource`]
-//! (memory from outside the allocator: NVML, fakes).
+//! Modules: [`results`] (the result types and the documented JSON schema), [`runner`]
+//! (closed-model load), [`timeline`] (measurement), [`search`] (OOM search), [`diagnose`]
+//! (findings and what-if), [`threshold`], [`claims`], [`http`] (the HTTP load client),
+//! [`memsource`] (memory from outside the allocator: NVML, fakes). Workloads, devices and
+//! stages come from headroom-workload.
 
 pub mod claims;
-pub mod devices;
 pub mod diagnose;
 pub mod error;
 pub mod http;
@@ -32,19 +31,13 @@ pub mod memsource;
 pub mod report;
 pub mod results;
 pub mod runner;
-pub mod scenario;
 pub mod search;
 pub mod threshold;
 pub mod timeline;
 
-pub use devices::{AllocatorProbe, DeviceProvider, Interleave, RunDevice};
 pub use error::{LoadError, Result};
 pub use memsource::{FnSource, MemoryReading, MemorySource, NvmlDevice, NvmlSource};
 pub use results::*;
-pub use runner::{
-    parse_duration, parse_stages, run, DeviceChoice, LoadConfig, LoadPlan, RampStep, Stage,
-    DEFAULT_CAPACITY, MAX_STAGES, MAX_WORKERS,
-};
-pub use scenario::{AccumPattern, InputDist, Mode, ModelSpec, OptimKind, Scenario};
+pub use runner::{parse_stages, run, LoadConfig, LoadPlan, RampStep, Stage, DEFAULT_CAPACITY};
 pub use search::{oom_search, SearchAxis, SearchConfig};
 pub use threshold::{parse_thresholds, Threshold};

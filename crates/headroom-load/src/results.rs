@@ -74,6 +74,7 @@
 use std::collections::BTreeMap;
 
 use headroom_alloc::Snapshot;
+pub use headroom_workload::{Mistakes, ScenarioInfo};
 use serde::{Deserialize, Serialize};
 
 /// Version of the JSON layout below. Bumped on any incompatible change.
@@ -165,50 +166,6 @@ pub enum StopReason {
     OomFound,
     /// `--ramp-until-oom` hit its time bound before any OOM.
     TimeLimit,
-}
-
-/// What workload ran. Mirrors [`crate::scenario::Scenario`] as plain strings and numbers.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct ScenarioInfo {
-    /// Short name, e.g. `"default"`, `"mlp-infer"`.
-    pub name: String,
-    /// `"inference"` or `"training"`.
-    pub kind: String,
-    /// `"mlp"`, `"resnet18"`, `"resnet50"`, `"gpt2"`, `"gpt2-tiny"`, ...
-    pub model: String,
-    /// Samples per request (per micro-batch in training).
-    pub batch: usize,
-    /// The per-request input size distribution, human-readable: `"fixed 224x224"`,
-    /// `"seq_len uniform 16..128 (seed 7)"`.
-    pub input: String,
-    /// Training only: `"sgd"` / `"adamw"`.
-    pub optimizer: Option<String>,
-    /// Training only: micro-steps per optimizer step.
-    pub accum_steps: Option<usize>,
-    /// Training only: `"each"` (backward every micro-step) or `"sum"` (sum, then one
-    /// backward).
-    pub accum_pattern: Option<String>,
-    /// The planted mistakes that were switched on.
-    pub mistakes: Mistakes,
-    /// Seed of the input-size draws.
-    pub seed: u64,
-    /// One line describing the whole scenario.
-    pub description: String,
-}
-
-/// The known mistakes, each a switch. All false is the clean scenario.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Mistakes {
-    /// Inference with autograd on (no `no_grad`): activations are saved for a backward that
-    /// never comes.
-    pub grad_at_inference: bool,
-    /// Training: `total = total + loss/N` then one backward — N graphs alive at once.
-    pub sum_losses: bool,
-    /// Every request's output is kept (appended to a list): a leak.
-    pub keep_outputs: bool,
-    /// Named temporaries (`h = l1(x); out = l2(h)`) instead of chained calls. A myth test:
-    /// it is expected to make *no* difference.
-    pub named_temporaries: bool,
 }
 
 /// How the load was driven.

@@ -26,52 +26,14 @@ use tracing::{debug, info, warn};
 use headroom_alloc::{AllocatorConfig, HistoryMode, Snapshot};
 use headroom_tensor::TensorError;
 
-use crate::devices::{DeviceProvider, Interleave, RunDevice};
 use crate::error::{LoadError, Result};
 use crate::results::*;
-use crate::scenario::{Scenario, WorkerState, Workload};
 use crate::search::{oom_search, SearchConfig};
 use crate::threshold::{evaluate_thresholds, Threshold};
 use crate::timeline::{category_bytes, latency_stats, Outcome, Phase, RequestRecord, Timeline};
-
-/// Which device runs the load.
-#[derive(Clone)]
-pub enum DeviceChoice {
-    /// Real compute on host memory, limited to the capacity.
-    Cpu,
-    /// No data, same allocations: fast.
-    Meta,
-    /// A device from elsewhere (the CUDA backend).
-    Custom(Arc<dyn DeviceProvider>),
-}
-
-impl std::fmt::Debug for DeviceChoice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DeviceChoice::Cpu => f.write_str("Cpu"),
-            DeviceChoice::Meta => f.write_str("Meta"),
-            DeviceChoice::Custom(p) => write!(f, "Custom({})", p.name()),
-        }
-    }
-}
-
-impl std::str::FromStr for DeviceChoice {
-    type Err = LoadError;
-    /// `cpu`, `meta`, or `cuda`/`cuda:N` (a [`crate::devices::CudaProvider`]; on a machine
-    /// without that GPU, [`LoadError::DeviceUnavailable`] saying why).
-    fn from_str(s: &str) -> Result<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "cpu" => Ok(DeviceChoice::Cpu),
-            "meta" => Ok(DeviceChoice::Meta),
-            d if d.starts_with("cuda") => Ok(DeviceChoice::Custom(Arc::new(
-                crate::devices::CudaProvider::parse(d)?,
-            ))),
-            d => Err(LoadError::Config(format!(
-                "unknown device {d:?} (expected cpu, meta or cuda)"
-            ))),
-        }
-    }
-}
+use headroom_workload::device::{make_device, DeviceChoice, RunDevice, MAX_WORKERS};
+use headroom_workload::stages::{StageLoad, MAX_STAGES};
+use headroom_workload::{Scenario, WorkerState, Workload};
 
 /// One stage: `concurrency` workers until `duration` passes or, when set, until
 /// `requests_per_worker × concurrency` requests have completed, whichever comes first.
@@ -153,9 +115,7 @@ pub struct LoadConfig {
     pub memory_source: Option<Arc<dyn crate::memsource::MemorySource>>,
 }
 
-/// The default capacity of `headroom loadtest`: a small simulated card, so the default
-/// scenario comes close to it on a laptop in seconds.
-pub const DEFAULT_CAPACITY: u64 = 128 << 20;
+pub use headroom_workload::device::DEFAULT_CAPACITY;
 
 /// The default what-if configs.
 pub const DEFAULT_WHAT_IF: [&str; 3] = [
@@ -187,118 +147,23 @@ impl Default for LoadConfig {
     }
 }
 
-/// Parses a duration: `10s`, `500ms`, `2m`, `1m30s`, `1.5s`, or a bare number of seconds.
-pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
-    let t = s.trim();
-    if t.is_empty() {
-        return Err("empty duration".into());
-    }
-    if let Ok(v) = t.parse::<f64>() {
-        return secs(v, t);
-    }
-    let mut total = 0.0;
-    let mut rest = t;
-    while !rest.is_empty() {
-        let num_end = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        if num_end == 0 {
-            return Err(format!(
-                "{t:?} is not a duration (expected e.g. 10s, 500ms, 2m)"
-            ));
-        }
-        let v: f64 = rest[..num_end]
-            .parse()
-            .map_err(|_| format!("{:?} is not a number", &rest[..num_end]))?;
-        rest = &rest[num_end..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let mult = match &rest[..unit_end] {
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            u => {
-                return Err(format!(
-                    "unknown time unit {u:?} in {t:?} (expected ms, s, m or h)"
-                ))
-            }
-        };
-        total += v * mult;
-        rest = &rest[unit_end..];
-    }
-    secs(total, t)
-}
-
-fn secs(v: f64, t: &str) -> std::result::Result<Duration, String> {
-    if !v.is_finite() || v <= 0.0 || v > 7.0 * 86400.0 {
-        return Err(format!(
-            "duration {t:?} must be more than 0 and at most 7 days"
-        ));
-    }
-    Ok(Duration::from_secs_f64(v))
-}
-
-/// Most stages a plan may have. Each stage is a row of the report and a band on its
-/// plots; a thousand already makes both unreadable, and more is a script gone wrong.
-pub const MAX_STAGES: usize = 1000;
-
-/// Most concurrent workers of a run (`-c`, a stage, `--ramp-max`). Workers are OS threads
-/// of one process sharing one device, and the meta device's virtual clock schedules at
-/// most this many ([`crate::devices::MAX_WORKERS`]). k6 and oha accept more because their
-/// virtual users are cheap; an in-process model worker is not.
-pub const MAX_WORKERS: usize = crate::devices::MAX_WORKERS;
-
-/// Parses k6-style stages `workers:duration,...`, e.g. `1:10s,4:20s,16:20s`.
+/// Parses the loadtest's k6-style stages `workers:duration,...`, e.g. `1:10s,4:20s,16:20s`
+/// (headroom-workload's parser; a rate is `headroom http`'s open model, refused here).
 pub fn parse_stages(s: &str) -> Result<Vec<Stage>> {
-    let err = |msg: String| LoadError::Stages {
-        // the message quotes the input: a long one is cut, so the error stays one line
-        // a person can read
-        input: if s.chars().count() > 60 {
-            format!("{}…", s.chars().take(60).collect::<String>())
-        } else {
-            s.to_string()
-        },
-        msg,
-    };
-    let n = s.split(',').count();
-    if n > MAX_STAGES {
-        // refused before parsing any of them: the message is the same at any length
-        return Err(err(format!("{n} stages; at most {MAX_STAGES} are allowed")));
-    }
-    let mut out = Vec::new();
-    for (i, part) in s.split(',').enumerate() {
-        let part = part.trim();
-        if part.is_empty() {
-            return Err(err(format!("stage {} is empty", i + 1)));
-        }
-        let (w, d) = part.split_once(':').ok_or_else(|| {
-            err(format!(
-                "stage {} {part:?} is not WORKERS:DURATION (e.g. 4:20s)",
-                i + 1
-            ))
-        })?;
-        let workers: usize = w.trim().parse().map_err(|_| {
-            err(format!(
-                "stage {}: workers {:?} is not a whole number",
-                i + 1,
-                w.trim()
-            ))
-        })?;
-        if workers == 0 {
-            return Err(err(format!("stage {}: workers must be at least 1", i + 1)));
-        }
-        if workers > MAX_WORKERS {
-            return Err(err(format!(
-                "stage {}: {workers} workers; at most {MAX_WORKERS} are allowed",
-                i + 1
-            )));
-        }
-        let dur = parse_duration(d).map_err(|m| err(format!("stage {}: {m}", i + 1)))?;
-        out.push(Stage::timed(workers, dur));
-    }
-    Ok(out)
+    headroom_workload::parse_stages(s, MAX_WORKERS)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, st)| match st.load {
+            StageLoad::Workers(n) => Ok(Stage::timed(n, st.duration)),
+            StageLoad::Rate(_) => Err(LoadError::Stages {
+                input: s.to_string(),
+                msg: format!(
+                    "stage {}: a rate is the open model of headroom http; loadtest stages are worker counts",
+                    i + 1
+                ),
+            }),
+        })
+        .collect()
 }
 
 impl LoadConfig {
@@ -428,19 +293,6 @@ impl LoadConfig {
             time_limit_s,
             sample_period_ms: self.sample_period.as_secs_f64() * 1e3,
         }
-    }
-}
-
-/// Creates the run's device.
-pub fn make_device(
-    choice: &DeviceChoice,
-    capacity: u64,
-    config: &AllocatorConfig,
-) -> Result<RunDevice> {
-    match choice {
-        DeviceChoice::Cpu => Ok(RunDevice::cpu(capacity, config)),
-        DeviceChoice::Meta => Ok(RunDevice::meta(capacity, config, Interleave::Virtual)),
-        DeviceChoice::Custom(p) => p.create(capacity, config),
     }
 }
 
@@ -1362,14 +1214,6 @@ mod tests {
     }
 
     #[test]
-    fn durations() {
-        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert!(parse_duration("0s").is_err());
-        assert!(parse_duration("s").is_err());
-    }
-
-    #[test]
     fn config_validation() {
         let mut c = LoadConfig {
             capacity: 0,
@@ -1385,7 +1229,7 @@ mod tests {
         match headroom_cuda::unavailable_reason() {
             Some(_) => assert!(matches!(
                 "cuda".parse::<DeviceChoice>(),
-                Err(LoadError::DeviceUnavailable(..))
+                Err(headroom_workload::WorkloadError::DeviceUnavailable(..))
             )),
             None => assert!("cuda:0".parse::<DeviceChoice>().is_ok()),
         }

@@ -26,12 +26,12 @@ use std::time::{Duration, Instant};
 use headroom_alloc::AllocatorConfig;
 use tracing::debug;
 
-use crate::devices::{Interleave, RunDevice};
 use crate::error::Result;
 use crate::results::{LinearFit, LoadPoint, OomSearch};
 use crate::runner::{drive, LoadPlan};
-use crate::scenario::{Scenario, Workload};
 use crate::timeline::{linear_fit, Phase};
+use headroom_workload::device::{Interleave, RunDevice};
+use headroom_workload::{Scenario, Workload};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SearchAxis {
@@ -104,14 +104,16 @@ pub fn probe(
     };
     let workload = match Workload::build(&sc, &dev.device) {
         Ok(w) => w,
-        Err(crate::LoadError::Setup(e)) if e.is_oom() => return Ok(point(&dev, true)),
-        Err(e) => return Err(e),
+        Err(headroom_workload::WorkloadError::Setup(e)) if e.is_oom() => {
+            return Ok(point(&dev, true))
+        }
+        Err(e) => return Err(e.into()),
     };
     // One request alone first, as a server warms up: it teaches the virtual clock how long
     // a request runs (so the workers' phases can be spread) and warms the cache.
     if let Some(clock) = dev.clock.as_ref() {
-        let mut st = crate::scenario::WorkerState::new();
-        let turn = clock.enter(crate::devices::MAX_WORKERS - 1);
+        let mut st = headroom_workload::WorkerState::new();
+        let turn = clock.enter(headroom_workload::device::MAX_WORKERS - 1);
         let r = workload.run_request(&mut st, u64::MAX / 2);
         drop(turn);
         drop(st);

@@ -5,6 +5,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use headroom_load::*;
+use headroom_workload::{AccumPattern, DeviceChoice, InputDist, OptimKind, Scenario};
 
 const MIB: u64 = 1 << 20;
 

@@ -8,10 +8,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use headroom_load::report::render_html;
-use headroom_load::{
-    run, DeviceChoice, FnSource, InputDist, LoadConfig, LoadPlan, MemoryReading, MemorySource,
-    ModelSpec, RunResult, Scenario,
-};
+use headroom_load::{run, FnSource, LoadConfig, LoadPlan, MemoryReading, MemorySource, RunResult};
+use headroom_workload::{DeviceChoice, InputDist, ModelSpec, Scenario};
 
 const MIB: u64 = 1 << 20;
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use headroom_alloc::AllocatorConfig;
 use headroom_load::*;
+use headroom_workload::{DeviceChoice, InputDist, ModelSpec, Scenario};
 
 fn scenario() -> Scenario {
     // Wide inputs into a small MLP with autograd left on (so the input is saved for

@@ -5,6 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use headroom_load::*;
+use headroom_workload::{
+    AccumPattern, DeviceChoice, InputDist, ModelSpec, OptimKind, Scenario, MAX_STAGES, MAX_WORKERS,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -222,7 +225,7 @@ fn bad_configuration_is_a_clear_error() {
     c.scenario.batch = 0;
     assert!(matches!(
         run(&c, Arc::new(AtomicBool::new(false)), |_| {}).unwrap_err(),
-        LoadError::Scenario(_)
+        LoadError::Workload(headroom_workload::WorkloadError::Scenario(_))
     ));
     // The model alone does not fit.
     let mut c = base(LoadPlan::Requests {
@@ -232,7 +235,13 @@ fn bad_configuration_is_a_clear_error() {
     c.scenario.model = "mlp".parse().unwrap();
     c.capacity = 16 * MIB;
     let e = run(&c, Arc::new(AtomicBool::new(false)), |_| {}).unwrap_err();
-    assert!(matches!(e, LoadError::Setup(_)), "{e}");
+    assert!(
+        matches!(
+            e,
+            LoadError::Workload(headroom_workload::WorkloadError::Setup(_))
+        ),
+        "{e}"
+    );
     assert!(e.to_string().contains("out of memory"), "{e}");
     assert!("gpt7".parse::<ModelSpec>().is_err());
     assert!(parse_stages("4:20x").is_err());

@@ -20,11 +20,11 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use headroom_alloc::AllocatorConfig;
-use headroom_load::ModelSpec;
 use headroom_serve::{
     open_device, parse_duration, start, BatchKey, Family, LatencyTarget, Margin, Predictor,
     ServeConfig, ServeDevice, ServedModel,
 };
+use headroom_workload::ModelSpec;
 
 struct Args {
     model: String,

@@ -11,7 +11,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use headroom_alloc::AllocatorConfig;
-use headroom_load::ModelSpec;
+use headroom_workload::ModelSpec;
 
 use crate::error::ServeError;
 use crate::scheduler::LatencyTarget;
@@ -135,7 +135,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, ServeError> {
             .map(|v| Duration::from_secs_f64(v / 1e6))
             .ok_or_else(|| ServeError::Config(format!("bad duration {s:?}")));
     }
-    headroom_load::parse_duration(t).map_err(|e| ServeError::Config(e.to_string()))
+    headroom_workload::parse_duration(t).map_err(|e| ServeError::Config(e.to_string()))
 }
 
 /// Everything `headroom serve` takes.
@@ -164,7 +164,7 @@ pub struct ServeConfig {
 }
 
 /// Default capacity: the same small simulated GPU `headroom loadtest` uses.
-pub const DEFAULT_CAPACITY: u64 = headroom_load::DEFAULT_CAPACITY;
+pub const DEFAULT_CAPACITY: u64 = headroom_workload::device::DEFAULT_CAPACITY;
 pub const DEFAULT_MAX_BODY: usize = 4 << 20;
 
 impl Default for ServeConfig {

@@ -13,10 +13,10 @@
 use std::sync::Arc;
 
 use headroom_alloc::{AllocatorConfig, CachingAllocator, SimDevice};
-use headroom_load::RunDevice;
 use headroom_tensor::backend::cuda::CudnnWorkspace;
 use headroom_tensor::predict::UNBOUNDED;
 use headroom_tensor::Device;
+use headroom_workload::RunDevice;
 
 use crate::config::ServeDevice;
 use crate::error::ServeError;

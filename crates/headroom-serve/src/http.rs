@@ -36,7 +36,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use serde::Serialize;
 
-use headroom_load::AllocatorProbe;
+use headroom_workload::AllocatorProbe;
 use tokio::sync::watch;
 
 use crate::config::ServeConfig;

@@ -29,11 +29,11 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use headroom_load::scenario::Net;
-use headroom_load::ModelSpec;
 use headroom_tensor::{
     category_scope, no_grad, ops, DType, Device, MemoryCategory, Tensor, TensorError,
 };
+use headroom_workload::ModelSpec;
+use headroom_workload::Net;
 
 use crate::error::ApiError;
 
@@ -904,7 +904,7 @@ mod tests {
     }
 
     use headroom_alloc::AllocatorConfig;
-    use headroom_load::RunDevice;
+    use headroom_workload::RunDevice;
     use proptest::prelude::*;
 
     fn lm() -> ServedModel {

@@ -52,7 +52,7 @@ use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
 
 use headroom_alloc::{AllocEvent, DeviceStats, Observer};
-use headroom_load::AllocatorProbe;
+use headroom_workload::AllocatorProbe;
 
 use crate::error::{ApiError, Reject};
 use crate::metrics::{BatchRecord, Metrics};

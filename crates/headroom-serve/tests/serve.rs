@@ -12,13 +12,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use headroom_alloc::AllocatorConfig;
-use headroom_load::scenario::Net;
-use headroom_load::{ModelSpec, RunDevice};
 use headroom_serve::{
     open_device, start, BatchKey, LatencyTarget, Margin, Predictor, ServeConfig, ServeDevice,
     ServedModel, ServerHandle,
 };
 use headroom_tensor::{no_grad, DType, Device, Tensor};
+use headroom_workload::Net;
+use headroom_workload::{ModelSpec, RunDevice};
 
 use common::*;
 

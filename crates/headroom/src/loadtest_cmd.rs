@@ -14,10 +14,12 @@ use anyhow::{anyhow, Context};
 use clap::Args;
 use headroom_alloc::size::{human_bytes, parse_size};
 use headroom_load::{
-    parse_stages, parse_thresholds, AccumPattern, DeviceChoice, InputDist, LoadConfig, LoadPlan,
-    Mode, ModelSpec, OptimKind, Progress, RampStep, Scenario, Stage, MAX_WORKERS,
+    parse_stages, parse_thresholds, LoadConfig, LoadPlan, Progress, RampStep, Stage,
 };
 use headroom_tensor::DType;
+use headroom_workload::{
+    AccumPattern, DeviceChoice, InputDist, Mode, ModelSpec, OptimKind, Scenario, MAX_WORKERS,
+};
 
 use crate::run_cmd::{
     check_out_dir, discard_out_dir, duration, finish, le, load_fraction, progress_bar,
@@ -141,7 +143,7 @@ pub struct LoadtestArgs {
 /// On a real GPU: the whole card unless `--capacity` says less, and NVML's process and
 /// device figures beside the allocator's (the context and library overhead as a series).
 fn cuda_defaults(cfg: &mut LoadConfig, device: &str, whole_card: bool) {
-    let Ok(p) = headroom_load::devices::CudaProvider::parse(device.trim()) else {
+    let Ok(p) = headroom_workload::CudaProvider::parse(device.trim()) else {
         return;
     };
     if whole_card {

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use headroom_load::report::{summary_table, write_html, write_json};
-use headroom_load::{parse_duration, LoadError, Progress, RunResult, StopReason};
+use headroom_load::{LoadError, Progress, RunResult, StopReason};
+use headroom_workload::parse_duration;
 
 use crate::UserError;
 
@@ -24,8 +25,9 @@ pub const EXIT_CANCELLED: u8 = 130;
 /// worked must not read as a pass in a script.
 pub const EXIT_NO_SUCCESS: u8 = 1;
 
-pub fn le(e: LoadError) -> UserError {
-    UserError(anyhow!(e.to_string()))
+/// A load or workload error as the one-line message of exit 2.
+pub fn le(e: impl Into<LoadError>) -> UserError {
+    UserError(anyhow!(e.into().to_string()))
 }
 
 pub fn duration(flag: &str, v: &str) -> Result<Duration, UserError> {

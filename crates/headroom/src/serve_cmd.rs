@@ -14,8 +14,8 @@ use anyhow::{anyhow, Context};
 use clap::Args;
 use headroom_alloc::size::{human_bytes, parse_size};
 use headroom_alloc::AllocatorConfig;
-use headroom_load::ModelSpec;
 use headroom_serve::{parse_duration, LatencyTarget, Margin, ServeConfig, ServeDevice};
+use headroom_workload::ModelSpec;
 
 use crate::UserError;
 

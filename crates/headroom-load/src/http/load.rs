@@ -27,14 +27,12 @@ use std::time::Duration;
 
 use crate::error::{LoadError, Result};
 use crate::http::body::Rng;
-use crate::runner::parse_duration;
+use headroom_workload::stages::{parse_stages, StageLoad};
 
 /// Connections the open model may open when `-c` does not say.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 /// Most workers or connections.
 pub const MAX_CONCURRENCY: usize = 16_384;
-/// Highest rate accepted (1/s).
-pub const MAX_RATE: f64 = 10_000_000.0;
 
 /// The load of one stage.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -81,92 +79,21 @@ impl Arrival {
     }
 }
 
-/// A rate: `100`, `100/s`, `100rps`, `6000/m`, `2.5/s`.
-pub fn parse_rate(s: &str) -> std::result::Result<f64, String> {
-    let t = s.trim();
-    let (num, per) = if let Some(n) = t.strip_suffix("/s") {
-        (n, 1.0)
-    } else if let Some(n) = t.strip_suffix("rps") {
-        (n, 1.0)
-    } else if let Some(n) = t.strip_suffix("/m") {
-        (n, 60.0)
-    } else if let Some(n) = t.strip_suffix("/h") {
-        (n, 3600.0)
-    } else {
-        (t, 1.0)
-    };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{t:?} is not a rate (expected e.g. 100, 100/s, 6000/m)"))?;
-    let r = v / per;
-    if !r.is_finite() || r <= 0.0 || r > MAX_RATE {
-        return Err(format!(
-            "rate {t:?} must be more than 0 and at most {MAX_RATE}/s"
-        ));
-    }
-    Ok(r)
-}
+pub use headroom_workload::stages::{parse_rate, MAX_RATE};
 
-/// Whether a stage value is a rate (`100/s`, `100rps`, `6000/m`) rather than a count.
-fn is_rate(s: &str) -> bool {
-    let t = s.trim();
-    t.ends_with("/s") || t.ends_with("rps") || t.ends_with("/m") || t.ends_with("/h")
-}
-
-/// k6-style stages: `4:10s,16:20s` (workers) or `100/s:10s,400/s:20s` (rates).
+/// k6-style stages: `4:10s,16:20s` (workers) or `100/s:10s,400/s:20s` (rates), on
+/// headroom-workload's parser (one syntax and one set of messages for every command).
 pub fn parse_http_stages(s: &str) -> Result<Vec<HttpStage>> {
-    let err = |msg: String| LoadError::Stages {
-        input: s.to_string(),
-        msg,
-    };
-    let mut out = Vec::new();
-    for (i, part) in s.split(',').enumerate() {
-        let part = part.trim();
-        if part.is_empty() {
-            return Err(err(format!("stage {} is empty", i + 1)));
-        }
-        let (w, d) = part.rsplit_once(':').ok_or_else(|| {
-            err(format!(
-                "stage {} {part:?} is not LOAD:DURATION (e.g. 4:20s or 100/s:20s)",
-                i + 1
-            ))
-        })?;
-        let load = if is_rate(w) {
-            Load::Open(parse_rate(w).map_err(|m| err(format!("stage {}: {m}", i + 1)))?)
-        } else {
-            let n: usize = w.trim().parse().map_err(|_| {
-                err(format!(
-                    "stage {}: {:?} is neither a worker count nor a rate like 100/s",
-                    i + 1,
-                    w.trim()
-                ))
-            })?;
-            if n == 0 || n > MAX_CONCURRENCY {
-                return Err(err(format!(
-                    "stage {}: workers must be 1..={MAX_CONCURRENCY}",
-                    i + 1
-                )));
-            }
-            Load::Closed(n)
-        };
-        let duration = parse_duration(d).map_err(|m| err(format!("stage {}: {m}", i + 1)))?;
-        out.push(HttpStage {
-            load,
-            duration: Some(duration),
-        });
-    }
-    let open = out
-        .iter()
-        .filter(|s| matches!(s.load, Load::Open(_)))
-        .count();
-    if open != 0 && open != out.len() {
-        return Err(err(
-            "stages mix worker counts and rates: use one model (4:10s,8:10s or 100/s:10s,200/s:10s)"
-                .into(),
-        ));
-    }
-    Ok(out)
+    Ok(parse_stages(s, MAX_CONCURRENCY)?
+        .into_iter()
+        .map(|st| HttpStage {
+            load: match st.load {
+                StageLoad::Workers(n) => Load::Closed(n),
+                StageLoad::Rate(r) => Load::Open(r),
+            },
+            duration: Some(st.duration),
+        })
+        .collect())
 }
 
 /// The open model's schedule: gaps between intended send times.
@@ -219,14 +146,6 @@ mod tests {
             let e = parse_http_stages(bad).expect_err(bad).to_string();
             assert!(e.contains("invalid stages"), "{bad}: {e}");
         }
-    }
-
-    #[test]
-    fn rates() {
-        assert_eq!(parse_rate("250").unwrap(), 250.0);
-        assert_eq!(parse_rate("120/m").unwrap(), 2.0);
-        assert!(parse_rate("-1").is_err() && parse_rate("fast").is_err());
-        assert!(parse_rate("1e12").is_err());
     }
 
     #[test]

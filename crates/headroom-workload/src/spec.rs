@@ -1,4 +1,5 @@
-//! Scenarios: what one request does, with the known mistakes as switches.
+//! Workload specs: what one request does, with the known mistakes as switches, and the
+//! parsing of every name a user types for them.
 //!
 //! Design note: a request is the loop body a PyTorch user writes, statement for statement,
 //! on headroom-tensor's runtime — so the allocator sees the request sequence PyTorch's would.
@@ -23,19 +24,13 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
 
-use parking_lot::Mutex;
+use headroom_alloc::rng::splitmix64;
+use headroom_tensor::models::Gpt2Config;
+use headroom_tensor::DType;
+use serde::{Deserialize, Serialize};
 
-use headroom_tensor::models::{Gpt2, Gpt2Config, Mlp, ResNet};
-use headroom_tensor::nn::{Init, Module};
-use headroom_tensor::optim::{Adam, Optimizer, Sgd};
-use headroom_tensor::{
-    category_scope, enable_grad, no_grad, ops, DType, Device, MemoryCategory, Tensor, TensorError,
-};
-
-use crate::error::{LoadError, Result};
-use crate::results::{Mistakes, ScenarioInfo};
+use crate::error::{Result, WorkloadError};
 
 /// The model a scenario runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -111,7 +106,7 @@ impl ModelSpec {
 }
 
 impl FromStr for ModelSpec {
-    type Err = LoadError;
+    type Err = WorkloadError;
     fn from_str(s: &str) -> Result<Self> {
         Ok(match s.trim().to_ascii_lowercase().as_str() {
             "mlp" => ModelSpec::Mlp {
@@ -129,7 +124,7 @@ impl FromStr for ModelSpec {
             "gpt2-small" => ModelSpec::Gpt2(ModelSpec::gpt2_small_config()),
             "gpt2-tiny" => ModelSpec::Gpt2(Gpt2Config::tiny()),
             other => {
-                return Err(LoadError::Scenario(format!(
+                return Err(WorkloadError::Scenario(format!(
                     "unknown model {other:?} (expected one of {})",
                     MODEL_NAMES.join(", ")
                 )))
@@ -206,11 +201,11 @@ impl fmt::Display for InputDist {
 }
 
 impl FromStr for InputDist {
-    type Err = LoadError;
+    type Err = WorkloadError;
     /// `128`, `fixed:128`, `uniform:16..128`, `choice:32,64,128`.
     fn from_str(s: &str) -> Result<Self> {
         let bad = |m: &str| {
-            LoadError::Scenario(format!(
+            WorkloadError::Scenario(format!(
                 "input size {s:?}: {m} (expected N, fixed:N, uniform:LO..HI or choice:A,B,...)"
             ))
         };
@@ -250,13 +245,6 @@ impl FromStr for InputDist {
     }
 }
 
-fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OptimKind {
     Sgd,
@@ -264,12 +252,12 @@ pub enum OptimKind {
 }
 
 impl FromStr for OptimKind {
-    type Err = LoadError;
+    type Err = WorkloadError;
     fn from_str(s: &str) -> Result<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
             "sgd" => Ok(OptimKind::Sgd),
             "adamw" => Ok(OptimKind::AdamW),
-            o => Err(LoadError::Scenario(format!(
+            o => Err(WorkloadError::Scenario(format!(
                 "unknown optimizer {o:?} (expected sgd, adamw)"
             ))),
         }
@@ -285,12 +273,12 @@ pub enum AccumPattern {
 }
 
 impl FromStr for AccumPattern {
-    type Err = LoadError;
+    type Err = WorkloadError;
     fn from_str(s: &str) -> Result<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
             "each" => Ok(AccumPattern::Each),
             "sum" => Ok(AccumPattern::Sum),
-            o => Err(LoadError::Scenario(format!(
+            o => Err(WorkloadError::Scenario(format!(
                 "unknown accumulation pattern {o:?} (expected each, sum)"
             ))),
         }
@@ -397,7 +385,7 @@ impl Scenario {
 
     /// Checks the scenario before anything is built.
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(LoadError::Scenario(m));
+        let bad = |m: String| Err(WorkloadError::Scenario(m));
         if self.batch == 0 {
             return bad("batch must be at least 1".into());
         }
@@ -519,401 +507,46 @@ impl Scenario {
     }
 }
 
-/// A model built on a device.
-pub enum Net {
-    Mlp(Mlp),
-    ResNet(ResNet),
-    Gpt2(Gpt2),
+/// What workload ran. Mirrors [`crate::Scenario`] as plain strings and numbers.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ScenarioInfo {
+    /// Short name, e.g. `"default"`, `"mlp-infer"`.
+    pub name: String,
+    /// `"inference"` or `"training"`.
+    pub kind: String,
+    /// `"mlp"`, `"resnet18"`, `"resnet50"`, `"gpt2"`, `"gpt2-tiny"`, ...
+    pub model: String,
+    /// Samples per request (per micro-batch in training).
+    pub batch: usize,
+    /// The per-request input size distribution, human-readable: `"fixed 224x224"`,
+    /// `"seq_len uniform 16..128 (seed 7)"`.
+    pub input: String,
+    /// Training only: `"sgd"` / `"adamw"`.
+    pub optimizer: Option<String>,
+    /// Training only: micro-steps per optimizer step.
+    pub accum_steps: Option<usize>,
+    /// Training only: `"each"` (backward every micro-step) or `"sum"` (sum, then one
+    /// backward).
+    pub accum_pattern: Option<String>,
+    /// The planted mistakes that were switched on.
+    pub mistakes: Mistakes,
+    /// Seed of the input-size draws.
+    pub seed: u64,
+    /// One line describing the whole scenario.
+    pub description: String,
 }
 
-impl Net {
-    pub fn build(
-        spec: &ModelSpec,
-        dev: &Device,
-        dtype: DType,
-    ) -> std::result::Result<Net, TensorError> {
-        let init = Init::new(dev, dtype);
-        Ok(match spec {
-            ModelSpec::Mlp { sizes } => Net::Mlp(Mlp::new(&init, sizes)?),
-            ModelSpec::ResNet18 { classes } => Net::ResNet(ResNet::resnet18(&init, *classes)?),
-            ModelSpec::ResNet50 { classes } => Net::ResNet(ResNet::resnet50(&init, *classes)?),
-            ModelSpec::Gpt2(c) => Net::Gpt2(Gpt2::new(&init, *c)?),
-        })
-    }
-    pub fn module(&self) -> &dyn Module {
-        match self {
-            Net::Mlp(m) => m,
-            Net::ResNet(m) => m,
-            Net::Gpt2(m) => m,
-        }
-    }
-    pub fn set_train(&mut self, on: bool) {
-        match self {
-            Net::Mlp(m) => m.train(on),
-            Net::ResNet(m) => m.train(on),
-            Net::Gpt2(m) => m.train(on),
-        }
-    }
-    /// The model's forward. With `named`, every intermediate (each layer's output for the
-    /// MLP, each block's for ResNet and GPT-2) is kept in a local until the forward returns,
-    /// as `h1 = ...; h2 = ...` in a Python function keeps them; otherwise each dies once the
-    /// next layer has consumed it.
-    pub fn forward(&self, x: &Tensor, named: bool) -> std::result::Result<Tensor, TensorError> {
-        if !named {
-            return match self {
-                Net::Mlp(m) => m.forward(x),
-                Net::ResNet(m) => m.forward(x),
-                Net::Gpt2(m) => m.forward(x),
-            };
-        }
-        let mut locals: Vec<Tensor> = Vec::new();
-        let out = match self {
-            Net::Mlp(m) => {
-                let last = m.layers.len().saturating_sub(1);
-                let mut h = x.clone();
-                for (i, l) in m.layers.iter().enumerate() {
-                    let z = l.forward(&h)?;
-                    locals.push(h);
-                    h = if i < last {
-                        let a = z.relu()?;
-                        locals.push(z);
-                        a
-                    } else {
-                        z
-                    };
-                }
-                h
-            }
-            Net::ResNet(m) => {
-                let mut h = m.conv1.forward(x)?;
-                locals.push(h.clone());
-                h = m.bn1.forward(&h)?;
-                locals.push(h.clone());
-                h = h.relu()?;
-                locals.push(h.clone());
-                h = m.maxpool.forward(&h)?;
-                for layer in &m.layers {
-                    for b in layer {
-                        locals.push(h.clone());
-                        h = b.forward(&h)?;
-                    }
-                }
-                locals.push(h.clone());
-                h = m.avgpool.forward(&h)?.flatten(1, -1)?;
-                m.fc.forward(&h)?
-            }
-            Net::Gpt2(m) => {
-                let t = x.shape().get(1).copied().unwrap_or(0);
-                let pos = {
-                    let _c = category_scope(MemoryCategory::Input);
-                    Tensor::arange(t, DType::I64, x.device())?.reshape(&[1, t])?
-                };
-                let tok = m.wte.forward(x)?;
-                let pose = m.wpe.forward(&pos)?;
-                let mut h = tok.add(&pose)?;
-                locals.extend([pos, tok, pose]);
-                h = m.drop.forward(&h)?;
-                for block in &m.h {
-                    locals.push(h.clone());
-                    h = block.forward(&h)?;
-                }
-                locals.push(h.clone());
-                h = m.ln_f.forward(&h)?;
-                locals.push(h.clone());
-                ops::linear(&h, &m.wte.weight, None)?
-            }
-        };
-        drop(locals);
-        Ok(out)
-    }
-    fn loss(&self, out: &Tensor, target: &Tensor) -> std::result::Result<Tensor, TensorError> {
-        match self {
-            Net::Gpt2(m) => m.loss(out, target),
-            _ => ops::cross_entropy(out, target),
-        }
-    }
-}
-
-/// Everything a worker needs that is not shared.
-pub struct WorkerState {
-    /// Training: this worker's replica and optimizer (built on its first request).
-    replica: Option<(Net, Box<dyn Optimizer + Send>)>,
-}
-
-impl WorkerState {
-    pub fn new() -> WorkerState {
-        WorkerState { replica: None }
-    }
-}
-
-impl Default for WorkerState {
-    fn default() -> Self {
-        WorkerState::new()
-    }
-}
-
-/// A scenario built on a device: the shared model and the kept-outputs list.
-pub struct Workload {
-    pub scenario: Scenario,
-    pub device: Device,
-    /// Inference: the shared model (training workers use replicas instead).
-    net: Option<Arc<Net>>,
-    /// Training: the first worker takes the setup replica (so the baseline holds one model
-    /// and its optimizer); later workers build their own.
-    first_replica: Mutex<Option<(Net, Box<dyn Optimizer + Send>)>>,
-    /// The `keep_outputs` leak: outputs of every request.
-    kept: Mutex<Vec<Tensor>>,
-}
-
-// Compile-time check that the model can be shared by worker threads.
-#[allow(dead_code)]
-fn _assert_send_sync() {
-    fn f<T: Send + Sync>() {}
-    f::<Net>();
-    f::<Tensor>();
-}
-
-fn make_optimizer(
-    net: &Net,
-    kind: OptimKind,
-) -> std::result::Result<Box<dyn Optimizer + Send>, TensorError> {
-    let params = net.module().parameters();
-    Ok(match kind {
-        OptimKind::Sgd => Box::new(Sgd::new(params, 0.01, 0.9, 0.0)?),
-        OptimKind::AdamW => Box::new(Adam::adamw(params, 1e-3, 0.01)?),
-    })
-}
-
-impl Workload {
-    /// Builds the model (and, for training, worker 0's optimizer) on `device`.
-    pub fn build(scenario: &Scenario, device: &Device) -> Result<Workload> {
-        scenario.validate()?;
-        let mut net = {
-            let _p = category_scope(MemoryCategory::Parameter);
-            Net::build(&scenario.model, device, scenario.dtype).map_err(LoadError::Setup)?
-        };
-        let (net, first_replica) = match &scenario.mode {
-            Mode::Inference => {
-                net.set_train(false);
-                (Some(Arc::new(net)), None)
-            }
-            Mode::Training { optimizer, .. } => {
-                net.set_train(true);
-                let opt = make_optimizer(&net, *optimizer).map_err(LoadError::Setup)?;
-                (None, Some((net, opt)))
-            }
-        };
-        Ok(Workload {
-            scenario: scenario.clone(),
-            device: device.clone(),
-            net,
-            first_replica: Mutex::new(first_replica),
-            kept: Mutex::new(Vec::new()),
-        })
-    }
-
-    /// Bytes of outputs kept by the `keep_outputs` leak (their storages' block sizes are in
-    /// `memory_allocated` already; this is just the count).
-    pub fn kept_outputs(&self) -> usize {
-        self.kept.lock().len()
-    }
-
-    /// Drops the kept outputs and any training replicas' state that the workload holds.
-    pub fn release(&self) {
-        self.kept.lock().clear();
-        *self.first_replica.lock() = None;
-    }
-
-    fn input(
-        &self,
-        size: usize,
-        rows: usize,
-    ) -> std::result::Result<(Tensor, Tensor), TensorError> {
-        let dev = &self.device;
-        let sc = &self.scenario;
-        let _c = category_scope(MemoryCategory::Input);
-        match &sc.model {
-            ModelSpec::Mlp { sizes } => {
-                let inp = sizes.first().copied().unwrap_or(1);
-                Ok((
-                    Tensor::zeros(&[size, inp], sc.dtype, dev)?,
-                    Tensor::zeros(&[size], DType::I64, dev)?,
-                ))
-            }
-            ModelSpec::ResNet18 { .. } | ModelSpec::ResNet50 { .. } => Ok((
-                Tensor::zeros(&[rows, 3, size, size], sc.dtype, dev)?,
-                Tensor::zeros(&[rows], DType::I64, dev)?,
-            )),
-            ModelSpec::Gpt2(_) => Ok((
-                Tensor::zeros(&[rows, size], DType::I64, dev)?,
-                Tensor::zeros(&[rows * size], DType::I64, dev)?,
-            )),
-        }
-    }
-
-    /// Samples a request of this size processes.
-    fn items(&self, size: usize) -> u64 {
-        match self.scenario.model {
-            ModelSpec::Mlp { .. } => size as u64,
-            _ => self.scenario.batch as u64,
-        }
-    }
-
-    /// The size drawn for request `request`. The MLP's variable dimension is its rows; a
-    /// fixed MLP input uses `batch` rows.
-    pub fn size_for(&self, request: u64) -> usize {
-        let sc = &self.scenario;
-        match (&sc.model, &sc.input) {
-            (ModelSpec::Mlp { .. }, InputDist::Fixed(_)) => sc.batch,
-            _ => sc.input.draw(sc.seed, request),
-        }
-    }
-
-    /// Runs request number `request` on the calling thread. Returns the samples processed.
-    /// An error (OOM included) fails this request only: everything it allocated is freed
-    /// as the error propagates, as when PyTorch raises inside a request handler.
-    pub fn run_request(
-        &self,
-        state: &mut WorkerState,
-        request: u64,
-    ) -> std::result::Result<u64, TensorError> {
-        let sc = &self.scenario;
-        let size = self.size_for(request);
-        match &sc.mode {
-            Mode::Inference => {
-                let (x, _t) = self.input(size, sc.batch)?;
-                let _g = if sc.mistakes.grad_at_inference {
-                    enable_grad()
-                } else {
-                    no_grad()
-                };
-                let Some(net) = self.net.as_ref() else {
-                    return Err(TensorError::invalid(
-                        "loadtest",
-                        "inference without a model",
-                    ));
-                };
-                let y = net.forward(&x, sc.mistakes.named_temporaries)?;
-                // A service answers with the result: on a GPU the request ends when its
-                // kernels have run (a no-op on cpu and meta).
-                self.device.backend().synchronize()?;
-                if sc.mistakes.keep_outputs {
-                    self.kept.lock().push(y);
-                } else {
-                    drop(y);
-                }
-                Ok(self.items(size))
-            }
-            Mode::Training {
-                optimizer,
-                accum_steps,
-                ..
-            } => {
-                if state.replica.is_none() {
-                    let taken = self.first_replica.lock().take();
-                    state.replica = match taken {
-                        Some(r) => Some(r),
-                        None => {
-                            let mut net = {
-                                let _p = category_scope(MemoryCategory::Parameter);
-                                Net::build(&sc.model, &self.device, sc.dtype)?
-                            };
-                            net.set_train(true);
-                            let opt = make_optimizer(&net, *optimizer)?;
-                            Some((net, opt))
-                        }
-                    };
-                }
-                let Some((net, opt)) = state.replica.as_mut() else {
-                    return Err(TensorError::invalid("loadtest", "no replica"));
-                };
-                let n = *accum_steps as f64;
-                let pattern = sc.effective_pattern().unwrap_or(AccumPattern::Each);
-                let mut total: Option<Tensor> = None;
-                let mut items = 0;
-                let result = (|| -> std::result::Result<(), TensorError> {
-                    for k in 0..*accum_steps {
-                        // Each micro-step draws its own size (a new batch from the loader).
-                        let size = if k == 0 {
-                            size
-                        } else {
-                            sc.input
-                                .draw(sc.seed, request.wrapping_mul(1_000_003) + k as u64)
-                        };
-                        let (x, t) = self.input(size, sc.batch)?;
-                        let out = net.forward(&x, sc.mistakes.named_temporaries)?;
-                        let loss = net.loss(&out, &t)?.div_scalar(n)?;
-                        if sc.mistakes.keep_outputs && k + 1 == *accum_steps {
-                            // `outputs.append(out)`: the logits outlive the step (after
-                            // backward they no longer hold saved tensors, only themselves).
-                            self.kept.lock().push(out);
-                        } else {
-                            drop(out);
-                        }
-                        items += self.items(size);
-                        match pattern {
-                            AccumPattern::Each => loss.backward()?,
-                            AccumPattern::Sum => {
-                                total = Some(match total.take() {
-                                    Some(tt) => tt.add(&loss)?,
-                                    None => loss,
-                                })
-                            }
-                        }
-                    }
-                    if let Some(tt) = total.take() {
-                        tt.backward()?;
-                    }
-                    opt.step()?;
-                    Ok(())
-                })();
-                // Whether or not the step finished, gradients are dropped as
-                // `zero_grad(set_to_none=True)` would, so a failed request leaves no state.
-                opt.zero_grad(true)?;
-                result?;
-                self.device.backend().synchronize()?;
-                Ok(items)
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parse_input_dists() {
-        assert_eq!("64".parse::<InputDist>().unwrap(), InputDist::Fixed(64));
-        assert_eq!(
-            "uniform:16..128".parse::<InputDist>().unwrap(),
-            InputDist::Uniform { lo: 16, hi: 128 }
-        );
-        assert_eq!(
-            "choice:1,2".parse::<InputDist>().unwrap(),
-            InputDist::Choice(vec![1, 2])
-        );
-        for bad in ["0", "uniform:9..3", "normal:3", "choice:", "x"] {
-            assert!(bad.parse::<InputDist>().is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn draws_are_deterministic_and_in_range() {
-        let d = InputDist::Uniform { lo: 16, hi: 128 };
-        let a: Vec<usize> = (0..100).map(|i| d.draw(7, i)).collect();
-        let b: Vec<usize> = (0..100).map(|i| d.draw(7, i)).collect();
-        assert_eq!(a, b);
-        assert!(a.iter().all(|&x| (16..=128).contains(&x)));
-        assert!(a.iter().collect::<std::collections::HashSet<_>>().len() > 30);
-    }
-
-    #[test]
-    fn unknown_model_is_a_clear_error() {
-        let e = "resnet9000".parse::<ModelSpec>().unwrap_err().to_string();
-        assert!(
-            e.contains("unknown model") && e.contains("gpt2-tiny"),
-            "{e}"
-        );
-    }
+/// The known mistakes, each a switch. All false is the clean scenario.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mistakes {
+    /// Inference with autograd on (no `no_grad`): activations are saved for a backward that
+    /// never comes.
+    pub grad_at_inference: bool,
+    /// Training: `total = total + loss/N` then one backward — N graphs alive at once.
+    pub sum_losses: bool,
+    /// Every request's output is kept (appended to a list): a leak.
+    pub keep_outputs: bool,
+    /// Named temporaries (`h = l1(x); out = l2(h)`) instead of chained calls. A myth test:
+    /// it is expected to make *no* difference.
+    pub named_temporaries: bool,
 }

@@ -29,7 +29,11 @@ use headroom_alloc::{
 };
 use headroom_tensor::{Allocation, Device, StorageAllocator};
 
-use crate::error::Result;
+use crate::error::{Result, WorkloadError};
+
+/// The default capacity of `headroom loadtest` and `headroom serve` on cpu and meta: a small simulated card, so the default
+/// scenario comes close to it on a laptop in seconds.
+pub const DEFAULT_CAPACITY: u64 = 128 << 20;
 
 /// The caching allocator's API as a load run needs it, for any device type.
 pub trait AllocatorProbe: Send + Sync {
@@ -383,22 +387,16 @@ impl CudaProvider {
                 .and_then(|n| n.parse::<i32>().ok())
                 .filter(|n| *n >= 0)
                 .ok_or_else(|| {
-                    crate::error::LoadError::Config(format!(
-                        "unknown device {s:?} (expected cuda or cuda:N)"
-                    ))
+                    WorkloadError::Config(format!("unknown device {s:?} (expected cuda or cuda:N)"))
                 })?,
-            None => {
-                return Err(crate::error::LoadError::Config(format!(
-                    "unknown device {s:?}"
-                )))
-            }
+            None => return Err(WorkloadError::Config(format!("unknown device {s:?}"))),
         };
         if let Some(why) = headroom_cuda::unavailable_reason() {
-            return Err(crate::error::LoadError::DeviceUnavailable(s.into(), why));
+            return Err(WorkloadError::DeviceUnavailable(s.into(), why));
         }
         let count = headroom_cuda::device_count();
         if ordinal >= count {
-            return Err(crate::error::LoadError::DeviceUnavailable(
+            return Err(WorkloadError::DeviceUnavailable(
                 s.into(),
                 format!("this machine has {count} CUDA device(s)"),
             ));
@@ -419,12 +417,12 @@ impl DeviceProvider for CudaProvider {
     }
     fn create(&self, capacity: u64, config: &AllocatorConfig) -> Result<RunDevice> {
         let rt = Device::cuda(self.ordinal, config.clone())
-            .map_err(|e| crate::error::LoadError::DeviceUnavailable(self.name(), e.to_string()))?;
+            .map_err(|e| WorkloadError::DeviceUnavailable(self.name(), e.to_string()))?;
         let (_, total) = rt.allocator.mem_get_info();
         if capacity < total {
             rt.allocator
                 .set_per_process_memory_fraction(capacity as f64 / total as f64)
-                .map_err(|e| crate::error::LoadError::Config(e.to_string()))?;
+                .map_err(|e| WorkloadError::Config(e.to_string()))?;
         }
         Ok(RunDevice {
             device: rt.device.clone(),
@@ -477,5 +475,57 @@ impl RunDevice {
             has_device_usage: false,
             clock,
         }
+    }
+}
+
+/// Which device runs the load.
+#[derive(Clone)]
+pub enum DeviceChoice {
+    /// Real compute on host memory, limited to the capacity.
+    Cpu,
+    /// No data, same allocations: fast.
+    Meta,
+    /// A device from elsewhere (the CUDA backend).
+    Custom(Arc<dyn DeviceProvider>),
+}
+
+impl std::fmt::Debug for DeviceChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceChoice::Cpu => f.write_str("Cpu"),
+            DeviceChoice::Meta => f.write_str("Meta"),
+            DeviceChoice::Custom(p) => write!(f, "Custom({})", p.name()),
+        }
+    }
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = WorkloadError;
+    /// `cpu`, `meta`, or `cuda`/`cuda:N` (a [`CudaProvider`]; on a machine
+    /// without that GPU, [`WorkloadError::DeviceUnavailable`] saying why).
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "meta" => Ok(DeviceChoice::Meta),
+            d if d.starts_with("cuda") => {
+                Ok(DeviceChoice::Custom(Arc::new(CudaProvider::parse(d)?)))
+            }
+            d => Err(WorkloadError::Config(format!(
+                "unknown device {d:?} (expected cpu, meta or cuda)"
+            ))),
+        }
+    }
+}
+
+/// Creates the run's device.
+pub fn make_device(
+    choice: &DeviceChoice,
+    capacity: u64,
+    config: &AllocatorConfig,
+) -> Result<RunDevice> {
+    match choice {
+        DeviceChoice::Cpu => Ok(RunDevice::cpu(capacity, config)),
+        DeviceChoice::Meta => Ok(RunDevice::meta(capacity, config, Interleave::Virtual)),
+        DeviceChoice::Custom(p) => p.create(capacity, config),
     }
 }

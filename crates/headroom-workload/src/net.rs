@@ -1,0 +1,130 @@
+//! The network builder: a spec's model on a device, and its forward as a user writes it.
+//!
+//! Design note: `Net` is the one place that knows which layers each zoo model has, so the
+//! named-temporaries forward (every intermediate kept in a local, as `h1 = ...; h2 = ...`
+//! keeps them in Python) sits beside the plain one and cannot drift from it.
+
+use headroom_tensor::models::{Gpt2, Mlp, ResNet};
+use headroom_tensor::nn::{Init, Module};
+use headroom_tensor::{category_scope, ops, DType, Device, MemoryCategory, Tensor, TensorError};
+
+use crate::spec::ModelSpec;
+
+/// A model built on a device.
+pub enum Net {
+    Mlp(Mlp),
+    ResNet(ResNet),
+    Gpt2(Gpt2),
+}
+
+impl Net {
+    pub fn build(
+        spec: &ModelSpec,
+        dev: &Device,
+        dtype: DType,
+    ) -> std::result::Result<Net, TensorError> {
+        let init = Init::new(dev, dtype);
+        Ok(match spec {
+            ModelSpec::Mlp { sizes } => Net::Mlp(Mlp::new(&init, sizes)?),
+            ModelSpec::ResNet18 { classes } => Net::ResNet(ResNet::resnet18(&init, *classes)?),
+            ModelSpec::ResNet50 { classes } => Net::ResNet(ResNet::resnet50(&init, *classes)?),
+            ModelSpec::Gpt2(c) => Net::Gpt2(Gpt2::new(&init, *c)?),
+        })
+    }
+    pub fn module(&self) -> &dyn Module {
+        match self {
+            Net::Mlp(m) => m,
+            Net::ResNet(m) => m,
+            Net::Gpt2(m) => m,
+        }
+    }
+    pub fn set_train(&mut self, on: bool) {
+        match self {
+            Net::Mlp(m) => m.train(on),
+            Net::ResNet(m) => m.train(on),
+            Net::Gpt2(m) => m.train(on),
+        }
+    }
+    /// The model's forward. With `named`, every intermediate (each layer's output for the
+    /// MLP, each block's for ResNet and GPT-2) is kept in a local until the forward returns,
+    /// as `h1 = ...; h2 = ...` in a Python function keeps them; otherwise each dies once the
+    /// next layer has consumed it.
+    pub fn forward(&self, x: &Tensor, named: bool) -> std::result::Result<Tensor, TensorError> {
+        if !named {
+            return match self {
+                Net::Mlp(m) => m.forward(x),
+                Net::ResNet(m) => m.forward(x),
+                Net::Gpt2(m) => m.forward(x),
+            };
+        }
+        let mut locals: Vec<Tensor> = Vec::new();
+        let out = match self {
+            Net::Mlp(m) => {
+                let last = m.layers.len().saturating_sub(1);
+                let mut h = x.clone();
+                for (i, l) in m.layers.iter().enumerate() {
+                    let z = l.forward(&h)?;
+                    locals.push(h);
+                    h = if i < last {
+                        let a = z.relu()?;
+                        locals.push(z);
+                        a
+                    } else {
+                        z
+                    };
+                }
+                h
+            }
+            Net::ResNet(m) => {
+                let mut h = m.conv1.forward(x)?;
+                locals.push(h.clone());
+                h = m.bn1.forward(&h)?;
+                locals.push(h.clone());
+                h = h.relu()?;
+                locals.push(h.clone());
+                h = m.maxpool.forward(&h)?;
+                for layer in &m.layers {
+                    for b in layer {
+                        locals.push(h.clone());
+                        h = b.forward(&h)?;
+                    }
+                }
+                locals.push(h.clone());
+                h = m.avgpool.forward(&h)?.flatten(1, -1)?;
+                m.fc.forward(&h)?
+            }
+            Net::Gpt2(m) => {
+                let t = x.shape().get(1).copied().unwrap_or(0);
+                let pos = {
+                    let _c = category_scope(MemoryCategory::Input);
+                    Tensor::arange(t, DType::I64, x.device())?.reshape(&[1, t])?
+                };
+                let tok = m.wte.forward(x)?;
+                let pose = m.wpe.forward(&pos)?;
+                let mut h = tok.add(&pose)?;
+                locals.extend([pos, tok, pose]);
+                h = m.drop.forward(&h)?;
+                for block in &m.h {
+                    locals.push(h.clone());
+                    h = block.forward(&h)?;
+                }
+                locals.push(h.clone());
+                h = m.ln_f.forward(&h)?;
+                locals.push(h.clone());
+                ops::linear(&h, &m.wte.weight, None)?
+            }
+        };
+        drop(locals);
+        Ok(out)
+    }
+    pub(crate) fn loss(
+        &self,
+        out: &Tensor,
+        target: &Tensor,
+    ) -> std::result::Result<Tensor, TensorError> {
+        match self {
+            Net::Gpt2(m) => m.loss(out, target),
+            _ => ops::cross_entropy(out, target),
+        }
+    }
+}

@@ -309,8 +309,13 @@ impl<'s, W: Write> Encoder<'s, W> {
             e.out.push(TUPLE2);
             e.str("is_expandable");
             e.bool(s.is_expandable);
-            e.str("frames");
-            e.frames(&s.frames);
+            // PyTorch 2.11 adds a segment's stack after its blocks, and an empty one
+            // before them
+            let stack_last = !s.frames.is_empty();
+            if !stack_last {
+                e.str("frames");
+                e.frames(&s.frames);
+            }
             e.str("blocks");
             e.list(&s.blocks, |e, b| {
                 e.dict(false, |e| {
@@ -326,6 +331,10 @@ impl<'s, W: Write> Encoder<'s, W> {
                     e.frames(&b.frames);
                 })
             });
+            if stack_last {
+                e.str("frames");
+                e.frames(&s.frames);
+            }
         });
     }
 

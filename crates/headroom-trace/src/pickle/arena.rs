@@ -54,7 +54,7 @@ impl Scalar {
 
 /// A slot on the stack, in a container or in the memo: a container index with the top
 /// bit set, or a scalar index.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) struct Item(u32);
 
 /// What an [`Item`] refers to.

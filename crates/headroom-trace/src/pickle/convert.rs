@@ -462,6 +462,10 @@ struct Conv<'d> {
     frame_ids: FxHashMap<(&'d str, &'d str, u64), u32>,
     /// Distinct stacks; a frames list's node slot holds its index here.
     stacks: Vec<Stack>,
+    /// Stacks by the items of their list: lists of the same memoized frame dicts are
+    /// found here without looking at a frame.
+    stacks_by_items: FxHashMap<&'d [Item], u32>,
+    /// Stacks by their frames, for equal lists made of different dicts.
     stack_ids: FxHashMap<Box<[u32]>, u32>,
     /// The frame indices of the list being converted (reused).
     ids: Vec<u32>,
@@ -479,6 +483,7 @@ pub(super) fn snapshot(doc: &Doc, input_len: u64) -> Result<Snapshot, TraceError
         frames: Vec::new(),
         frame_ids: FxHashMap::default(),
         stacks: Vec::new(),
+        stacks_by_items: FxHashMap::default(),
         stack_ids: FxHashMap::default(),
         ids: Vec::new(),
         strings: FxHashMap::default(),
@@ -659,6 +664,12 @@ impl<'d> Conv<'d> {
                 return Ok(s.clone());
             }
         }
+        if let Some(&id) = self.stacks_by_items.get(items) {
+            if let Some(n) = node {
+                n.slot.set(id);
+            }
+            return Ok(self.stacks.get(id as usize).cloned().unwrap_or_default());
+        }
         let mut ids = std::mem::take(&mut self.ids);
         ids.clear();
         for (i, f) in items.iter().enumerate() {
@@ -692,6 +703,8 @@ impl<'d> Conv<'d> {
             }
         };
         self.ids = ids;
+        self.charge(std::mem::size_of_val(items) as u64 + SHARED_OVERHEAD)?;
+        self.stacks_by_items.insert(items, id);
         if let Some(n) = node {
             n.slot.set(id);
         }

@@ -99,6 +99,19 @@ impl<R: Read> Source<R> {
         Ok(self.end)
     }
 
+    /// What is buffered after the next byte, for a caller that decodes straight from it
+    /// (then [`Self::consume`] what it used). May be empty.
+    #[inline]
+    pub(super) fn buffered(&self) -> &[u8] {
+        self.buf.get(self.pos..self.end).unwrap_or(&[])
+    }
+
+    /// Marks `n` bytes of [`Self::buffered`] as read.
+    #[inline]
+    pub(super) fn consume(&mut self, n: usize) {
+        self.pos = (self.pos + n).min(self.end);
+    }
+
     /// The next byte, or `None` at end of input.
     #[inline]
     pub(super) fn byte(&mut self) -> Result<Option<u8>, TraceError> {

@@ -1,9 +1,15 @@
 //! Replay and allocator findings of the `snapshot_replay` fuzz target and its stable
-//! stand-in (`replay_semantic.rs`): minimal snapshots that the reader accepts and on which
-//! `replay` panics or does not return. They are `#[ignore]`d because the fix belongs to
-//! replay.rs and the allocator, which are being rewritten; run them with
-//! `cargo test -p headroom-trace --release --test replay_findings -- --ignored`.
-//! Each fails (never hangs) when replay panics or runs past its watchdog.
+//! stand-in (`replay_semantic.rs`), minimized: snapshots that the reader accepts and on
+//! which `replay` panics or does not return. They are `#[ignore]`d because the fixes
+//! belong to replay.rs (being rewritten) and the allocator; run them with
+//!
+//! ```sh
+//! cargo test -p headroom-trace --test replay_findings -- --ignored
+//! ```
+//!
+//! without `--release`: most are arithmetic overflows or `debug_assert`s, which panic only
+//! with debug assertions (release builds wrap and go on with a wrong address or size).
+//! Each test fails, never hangs: replay runs under a watchdog.
 
 use std::time::Duration;
 
@@ -48,13 +54,38 @@ fn segment(address: u64, total_size: u64, expandable: bool, blocks: Vec<BlockInf
     }
 }
 
-fn live(address: u64, size: u64, requested_size: u64) -> BlockInfo {
+fn block(address: u64, size: u64, requested_size: u64, state: BlockState) -> BlockInfo {
     BlockInfo {
         address,
         size,
         requested_size,
-        state: BlockState::ActiveAllocated,
+        state,
         frames: Stack::empty(),
+    }
+}
+
+fn live(address: u64, size: u64, requested_size: u64) -> BlockInfo {
+    block(address, size, requested_size, BlockState::ActiveAllocated)
+}
+
+fn snapshot(segments: Vec<SegmentInfo>, trace: Vec<TraceEntry>) -> Snapshot {
+    Snapshot {
+        segments,
+        device_traces: vec![trace],
+        ..Snapshot::default()
+    }
+}
+
+fn opts(expandable: bool, capacity: u64, stop_at_oom: bool, record_history: bool) -> ReplayOptions {
+    ReplayOptions {
+        config: if expandable {
+            AllocatorConfig::parse("expandable_segments:True").unwrap()
+        } else {
+            AllocatorConfig::default()
+        },
+        capacity,
+        stop_at_oom,
+        record_history,
     }
 }
 
@@ -78,66 +109,113 @@ fn must_return(s: Snapshot, opts: ReplayOptions) {
     }
 }
 
-fn expandable_opts(capacity: u64) -> ReplayOptions {
-    ReplayOptions {
-        config: AllocatorConfig::parse("expandable_segments:True").unwrap(),
-        capacity,
-        stop_at_oom: true,
-        record_history: false,
-    }
-}
+const MIB: u64 = 1 << 20;
 
-/// replay.rs `initial_state`: the page walk over an expandable segment that predates the
-/// trace steps through `total_size` one page at a time, scanning the trace's maps at each
-/// page: 2^62 bytes are 2^38 steps. (Python reads this snapshot in microseconds.)
+// ---- replay.rs ----
+
+/// `initial_state`: the page walk over an expandable segment that predates the trace
+/// steps through `total_size` one page at a time and scans the trace's maps at each page:
+/// 2^62 bytes are 2^38 steps. Never returns, in release builds too. (Python reads this
+/// snapshot in microseconds.)
 #[test]
 #[ignore = "replay.rs: initial_state walks a huge expandable segment page by page"]
-fn huge_expandable_segment_returns() {
-    let s = Snapshot {
-        segments: vec![segment(0, 1 << 62, true, vec![])],
-        device_traces: vec![vec![entry(TraceAction::Alloc, 1 << 63, 512)]],
-        ..Snapshot::default()
-    };
-    must_return(s, expandable_opts(64 << 20));
+fn replay_huge_expandable_segment() {
+    let s = snapshot(
+        vec![segment(0, 1 << 62, true, vec![])],
+        vec![entry(TraceAction::Alloc, 1 << 63, 512)],
+    );
+    must_return(s, opts(true, 64 * MIB, true, false));
 }
 
-/// replay.rs `initial_state`: `s.address + s.total_size` (and `a + size` in `take_live`)
-/// overflow for a segment at the top of the address space: a panic with overflow checks
-/// (debug builds, the fuzzer), a wrapped, empty range without them.
+/// `initial_state`, line 261: `s.address + s.total_size` of an expandable segment
+/// overflows.
 #[test]
-#[ignore = "replay.rs: address + size overflows for a segment near u64::MAX"]
-fn segment_at_the_top_of_the_address_space_returns() {
-    let top = u64::MAX - (2 << 20) + 1;
-    let s = Snapshot {
-        segments: vec![segment(
-            top,
-            4 << 20,
-            false,
-            vec![live(top, 4 << 20, 4 << 20)],
-        )],
-        device_traces: vec![vec![entry(TraceAction::Alloc, 0x1000, 512)]],
-        ..Snapshot::default()
-    };
-    let opts = ReplayOptions {
-        capacity: 64 << 20,
-        ..ReplayOptions::default()
-    };
-    must_return(s.clone(), opts);
-    must_return(s, expandable_opts(64 << 20));
+#[ignore = "replay.rs: address + total_size overflows (expandable segment)"]
+fn replay_expandable_segment_end_overflows() {
+    let top = 0xffff_ffff_ffff_ff6d;
+    let s = snapshot(
+        vec![segment(top, top, true, vec![])],
+        vec![entry(TraceAction::Alloc, 0, 0)],
+    );
+    must_return(s, opts(true, 64 * MIB, false, true));
 }
 
-/// headroom-alloc expandable.rs `ExpandableSegment::unmap` indexes `mapped` up to the end
-/// of the block it releases without the `.min(max_pages)` clamp that `map` has: an
-/// expandable segment at an unaligned address, with live blocks outside it that replay
-/// must allocate loose, panics with "index out of bounds: the len is 5 but the index is 5"
-/// when the first malloc frees cached blocks.
+/// `initial_state`, line 240: `addr + size` of a non-expandable segment overflows.
+#[test]
+#[ignore = "replay.rs: addr + size overflows (plain segment)"]
+fn replay_plain_segment_end_overflows() {
+    let s = snapshot(
+        vec![segment(0xffff_ffff_ffff_ff90, 0xd2_e600, false, vec![])],
+        vec![entry(TraceAction::Oom, 2 * MIB, 0x8000_0000_0001_6800)],
+    );
+    must_return(s, opts(false, 64 * MIB, false, true));
+}
+
+/// `initial_state::take_live`, line 204: `a + size` of a live block overflows.
+#[test]
+#[ignore = "replay.rs: a + size overflows (live block)"]
+fn replay_live_block_end_overflows() {
+    let s = snapshot(
+        vec![
+            segment(
+                u64::MAX,
+                20 * MIB,
+                false,
+                vec![block(
+                    u64::MAX,
+                    20 * MIB,
+                    20 * MIB,
+                    BlockState::ActivePendingFree,
+                )],
+            ),
+            segment(20 * MIB, 20 * MIB, true, vec![]),
+        ],
+        vec![entry(TraceAction::Alloc, 0, 0)],
+    );
+    must_return(s, opts(true, 32 << 30, false, true));
+}
+
+/// `initial_state`, line 286: `a + l` of a traced `segment_map` overflows in the page
+/// walk.
+#[test]
+#[ignore = "replay.rs: a + l overflows (segment_map in the page walk)"]
+fn replay_segment_map_end_overflows() {
+    let s = snapshot(
+        vec![segment(0x7fff_ffff_ffff_ff00, 30 * MIB, true, vec![])],
+        vec![entry(
+            TraceAction::SegmentMap,
+            0x8000_0000_0001_5200,
+            0x7fff_ffff_ffff_ff00,
+        )],
+    );
+    must_return(s, opts(true, 32 << 30, false, true));
+}
+
+/// `replay`, line 409: `e.time_us - 1` overflows for `time_us = i64::MIN` when history
+/// is recorded.
+#[test]
+#[ignore = "replay.rs: time_us - 1 overflows with record_history"]
+fn replay_earliest_time_overflows() {
+    let mut e = entry(TraceAction::Alloc, 0, 0);
+    e.time_us = i64::MIN;
+    must_return(snapshot(vec![], vec![e]), opts(true, 4 * MIB, true, true));
+}
+
+// ---- headroom-alloc ----
+
+/// expandable.rs `ExpandableSegment::unmap` indexes `mapped` up to the end of the block it
+/// releases without the `.min(max_pages)` clamp that `map` has: an expandable segment at
+/// an unaligned address, with live blocks outside it that replay must allocate loose,
+/// panics with "index out of bounds: the len is 5 but the index is 5" when the first
+/// malloc frees cached blocks. This one panics in release builds (`--release`); with debug
+/// assertions replay.rs:204 overflows on these blocks first.
 #[test]
 #[ignore = "headroom-alloc: ExpandableSegment::unmap indexes past max_pages"]
-fn unaligned_expandable_segment_with_outside_blocks_returns() {
-    let s = Snapshot {
-        segments: vec![segment(
+fn alloc_unmap_past_the_last_page() {
+    let s = snapshot(
+        vec![segment(
             0x677b,
-            2 << 20,
+            2 * MIB,
             true,
             vec![
                 live(0x8000_0000_0001_f000, 0x140_0000, 0x8000_1540_0000),
@@ -148,10 +226,80 @@ fn unaligned_expandable_segment_with_outside_blocks_returns() {
                 ),
             ],
         )],
-        device_traces: vec![vec![entry(TraceAction::Alloc, 0, 0)]],
-        ..Snapshot::default()
-    };
-    let mut opts = expandable_opts(8 << 20);
-    opts.record_history = true;
-    must_return(s, opts);
+        vec![entry(TraceAction::Alloc, 0, 0)],
+    );
+    must_return(s, opts(true, 8 * MIB, true, true));
+}
+
+/// expandable.rs line 192, `debug_assert_eq!(mptr, ptr)` in `map_block`: two expandable
+/// segments that predate the trace, at 20 MiB and 255 MiB, with no blocks.
+#[test]
+#[ignore = "headroom-alloc: map_block maps at another address than the block's"]
+fn alloc_map_block_address_mismatch() {
+    let s = snapshot(
+        vec![
+            segment(20 * MIB, 20 * MIB, true, vec![]),
+            segment(255 * MIB, 255 * MIB, true, vec![]),
+        ],
+        vec![entry(TraceAction::Alloc, 0, 0)],
+    );
+    must_return(s, opts(true, 256 * MIB, true, false));
+}
+
+/// ptrmap.rs line 163, `debug_assert!` "address 0x1400000 already mapped": an expandable
+/// segment with two empty pending-free blocks, one at its base, rebuilt as live.
+#[test]
+#[ignore = "headroom-alloc: two live blocks imported at one address"]
+fn alloc_same_address_mapped_twice() {
+    let pending = BlockState::ActivePendingFree;
+    let s = snapshot(
+        vec![segment(
+            20 * MIB,
+            20 * MIB,
+            true,
+            vec![
+                block(20 * MIB, 0, 0, pending),
+                block(0x8000_0000_013f_ff00, 0, 35 * MIB, pending),
+            ],
+        )],
+        vec![entry(TraceAction::Alloc, 0, 0)],
+    );
+    must_return(s, opts(true, 256 * MIB, true, false));
+}
+
+/// device.rs line 147, `SimDevice::bump_past_hints`: `a + s` of a traced `segment_alloc`
+/// hint overflows.
+#[test]
+#[ignore = "headroom-alloc: SimDevice hint end overflows"]
+fn alloc_device_hint_end_overflows() {
+    let s = snapshot(
+        vec![],
+        vec![entry(TraceAction::SegmentAlloc, u64::MAX, 1 << 63)],
+    );
+    must_return(s, opts(true, 1 << 30, true, false));
+}
+
+/// device.rs line 148, `SimDevice::bump_past_hints`: rounding the hint's end up to the
+/// device alignment overflows for a segment freed at the top of the address space.
+#[test]
+#[ignore = "headroom-alloc: SimDevice hint rounding overflows"]
+fn alloc_device_hint_rounding_overflows() {
+    let s = snapshot(
+        vec![],
+        vec![entry(TraceAction::SegmentFree, 0xffff_ffff_ffff_ff97, 0)],
+    );
+    must_return(s, opts(false, MIB, false, true));
+}
+
+/// policy.rs line 101, `round_512`: rounding a request of u64::MAX bytes overflows (in
+/// release it wraps to 0, a zero-byte block for a u64::MAX request), reached here through
+/// a `free_requested` of a block that predates the trace.
+#[test]
+#[ignore = "headroom-alloc: round_512 overflows for sizes near u64::MAX"]
+fn alloc_round_512_overflows() {
+    let s = snapshot(
+        vec![],
+        vec![entry(TraceAction::FreeRequested, u64::MAX, u64::MAX)],
+    );
+    must_return(s, opts(true, MIB, false, true));
 }

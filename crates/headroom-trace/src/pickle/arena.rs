@@ -1,5 +1,5 @@
 //! What the decoder builds: an arena of scalars and containers that refer to each other
-//! by index, and the check that it is a tree of bounded depth.
+//! by index, and the check that it has no cycle and a bounded depth.
 //!
 //! Design note: the arena is the only thing held for the whole input, so its size is the
 //! reader's peak memory. A real snapshot is millions of references to a few hundred
@@ -7,9 +7,17 @@
 //! container from a scalar (half the size of a pointer, a quarter of a tagged enum).
 //! A memo reference is the same index again, exactly as Python's unpickler pushes the same
 //! object again, so sharing costs nothing while decoding; the converter then builds each
-//! shared part once (see `convert.rs`). Containers keep their items in exact-size
-//! vectors, and scalars are at most 24 bytes (`Box<str>`, 64-bit integers; wider integers
-//! keep only their sign, and bytes only their presence: all the schema needs to reject them).
+//! shared part once (see `convert.rs`). All containers keep their items in one vector,
+//! each in one run, and scalars are at most 24 bytes (`Box<str>`, 64-bit integers; wider
+//! integers keep only their sign, and bytes only their presence: all the schema needs to
+//! reject them).
+//!
+//! The arena lives until the snapshot is built. Freeing each frames list's items once it
+//! is converted, which per-container vectors would allow, was weighed and measured: for
+//! the 8.6 MB `hf_bert_varlen_infer` recording the heap peaks at 20.0 MB (massif), of
+//! which the built snapshot is 2.8 MB and the arena the rest, so freeing could save at
+//! most those 2.8 MB, while one vector per container costs more than that in headers and
+//! allocator overhead (and an allocation and a free for each of 43,000 containers).
 //!
 //! The converter follows the snapshot schema and never recurses into anything else, so
 //! structure is checked once here instead of on every walk: nesting deeper than

@@ -2,7 +2,7 @@
 //! on what is built.
 //!
 //! Design note: conversion is where sharing either survives or explodes. A real snapshot
-//! references a few hundred frame dicts millions of times through a few ten thousand
+//! references a few hundred frame dicts millions of times through tens of thousands of
 //! frame lists, most of them equal (a loop allocates from the same line each step). So a
 //! frame dict converts once and a frames list converts once (memoized on its arena node),
 //! and both are then interned by content: equal frames are one `Arc<Frame>`, equal lists
@@ -703,7 +703,8 @@ impl<'d> Conv<'d> {
             }
         };
         self.ids = ids;
-        self.charge(std::mem::size_of_val(items) as u64 + SHARED_OVERHEAD)?;
+        // the key borrows the arena: only the map's slot is new
+        self.charge(SHARED_OVERHEAD)?;
         self.stacks_by_items.insert(items, id);
         if let Some(n) = node {
             n.slot.set(id);

@@ -4,7 +4,8 @@
 //! Design note: the arena is the only thing held for the whole input, so its size is the
 //! reader's peak memory. A real snapshot is millions of references to a few hundred
 //! shared frame dicts; each reference is one [`Item`], a `u32` whose top bit tells a
-//! container from a scalar (half the size of a pointer, a quarter of a tagged enum).
+//! container from a scalar (half the size of a pointer, a quarter of a tagged enum), and
+//! 64-bit integers, most of a snapshot's scalars, are kept in 8 bytes each.
 //! A memo reference is the same index again, exactly as Python's unpickler pushes the same
 //! object again, so sharing costs nothing while decoding; the converter then builds each
 //! shared part once (see `convert.rs`). All containers keep their items in one vector,
@@ -14,7 +15,7 @@
 //!
 //! The arena lives until the snapshot is built. Freeing each frames list's items once it
 //! is converted, which per-container vectors would allow, was weighed and measured: for
-//! the 8.6 MB `hf_bert_varlen_infer` recording the heap peaks at 20.0 MB (massif), of
+//! the 8.6 MB `hf_bert_varlen_infer` recording the heap peaks at 17.9 MB (massif), of
 //! which the built snapshot is 2.8 MB and the arena the rest, so freeing could save at
 //! most those 2.8 MB, while one vector per container costs more than that in headers and
 //! allocator overhead (and an allocation and a free for each of 43,000 containers).
@@ -60,8 +61,22 @@ impl Scalar {
     }
 }
 
+/// A scalar as the converter sees it, wherever it is stored.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Val<'d> {
+    None,
+    Bool(bool),
+    Int(i64),
+    UInt(u64),
+    HugeInt { negative: bool },
+    Float(f64),
+    Str(&'d str),
+    Bytes,
+}
+
 /// A slot on the stack, in a container or in the memo: a container index with the top
-/// bit set, or a scalar index.
+/// bit set; else, with the next bit set, the index of a 64-bit integer (most scalars of a
+/// snapshot are integers, and they are kept in 8 bytes); else a scalar index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) struct Item(u32);
 
@@ -69,19 +84,27 @@ pub(super) struct Item(u32);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Ref {
     Leaf(usize),
+    Int(usize),
     Node(usize),
 }
 
 const NODE_BIT: u32 = 1 << 31;
+const INT_BIT: u32 = 1 << 30;
 
-/// Most scalars, and most containers, one arena holds (each).
-pub(super) const MAX_INDEX: usize = NODE_BIT as usize;
+/// Most containers one arena holds.
+pub(super) const MAX_NODES: usize = NODE_BIT as usize;
+/// Most integers, and most other scalars, one arena holds (each).
+pub(super) const MAX_LEAVES: usize = INT_BIT as usize;
 
 impl Item {
-    /// Only for indices below [`MAX_INDEX`]; the decoder checks before it pushes.
+    /// Only for indices below [`MAX_LEAVES`]; the arena checks before it hands one out.
     pub(super) fn leaf(i: usize) -> Item {
-        Item(i as u32 & !NODE_BIT)
+        Item(i as u32 & !(NODE_BIT | INT_BIT))
     }
+    fn int(i: usize) -> Item {
+        Item((i as u32 & !NODE_BIT) | INT_BIT)
+    }
+    /// Only for indices below [`MAX_NODES`].
     pub(super) fn node(i: usize) -> Item {
         Item(i as u32 | NODE_BIT)
     }
@@ -89,6 +112,8 @@ impl Item {
     pub(super) fn get(self) -> Ref {
         if self.0 & NODE_BIT != 0 {
             Ref::Node((self.0 & !NODE_BIT) as usize)
+        } else if self.0 & INT_BIT != 0 {
+            Ref::Int((self.0 & !INT_BIT) as usize)
         } else {
             Ref::Leaf(self.0 as usize)
         }
@@ -124,7 +149,8 @@ pub(super) struct Node {
 
 /// A decoded pickle, and the decoder's builder of one.
 pub(super) struct Doc {
-    pub(super) leaves: Vec<Scalar>,
+    leaves: Vec<Scalar>,
+    ints: Vec<i64>,
     nodes: Vec<Node>,
     /// The items of every container, each container's in one run: one allocation instead
     /// of one per container (tens of thousands of small dicts in a real snapshot).
@@ -145,6 +171,7 @@ impl Doc {
     pub(super) fn new() -> Doc {
         Doc {
             leaves: Vec::new(),
+            ints: Vec::new(),
             nodes: Vec::new(),
             items: Vec::new(),
             root: Item::leaf(0),
@@ -152,9 +179,25 @@ impl Doc {
         }
     }
 
-    pub(super) fn scalar(&self, i: usize) -> &Scalar {
-        // indices come from the decoder, never from the input; None is unreachable
-        self.leaves.get(i).unwrap_or(&NONE)
+    /// The scalar `item` is; `None` for a container.
+    pub(super) fn val(&self, item: Item) -> Option<Val<'_>> {
+        // indices come from the arena, never from the input; the defaults are unreachable
+        Some(match item.get() {
+            Ref::Node(_) => return None,
+            Ref::Int(i) => Val::Int(self.ints.get(i).copied().unwrap_or(0)),
+            Ref::Leaf(i) => match self.leaves.get(i).unwrap_or(&NONE) {
+                Scalar::None => Val::None,
+                Scalar::Bool(b) => Val::Bool(*b),
+                Scalar::Int(i) => Val::Int(*i),
+                Scalar::UInt(u) => Val::UInt(*u),
+                Scalar::HugeInt { negative } => Val::HugeInt {
+                    negative: *negative,
+                },
+                Scalar::Float(f) => Val::Float(*f),
+                Scalar::Str(s) => Val::Str(s),
+                Scalar::Bytes => Val::Bytes,
+            },
+        })
     }
 
     pub(super) fn node(&self, i: usize) -> Option<&Node> {
@@ -177,10 +220,17 @@ impl Doc {
         }
     }
 
-    /// Adds a scalar; `None` when the arena holds [`MAX_INDEX`] of them.
+    /// Adds a scalar; `None` when the arena holds [`MAX_LEAVES`] of its kind.
     pub(super) fn add_leaf(&mut self, s: Scalar) -> Option<Item> {
+        if let Scalar::Int(v) = s {
+            let i = self.ints.len();
+            return (i < MAX_LEAVES).then(|| {
+                self.ints.push(v);
+                Item::int(i)
+            });
+        }
         let i = self.leaves.len();
-        (i < MAX_INDEX).then(|| {
+        (i < MAX_LEAVES).then(|| {
             self.leaves.push(s);
             Item::leaf(i)
         })
@@ -194,7 +244,7 @@ impl Doc {
         at: u64,
     ) -> Result<Item, TraceError> {
         let i = self.nodes.len();
-        if i >= MAX_INDEX {
+        if i >= MAX_NODES {
             return Err(bad(at, "more than 2^31 containers"));
         }
         self.nodes.push(Node {
@@ -305,7 +355,7 @@ impl Doc {
         while let Some(top) = path.last_mut() {
             let (node, next, _) = *top;
             match self.items(node).1.get(next).map(|i| i.get()) {
-                Some(Ref::Leaf(_)) => top.1 += 1,
+                Some(Ref::Leaf(_) | Ref::Int(_)) => top.1 += 1,
                 Some(Ref::Node(j)) => {
                     top.1 += 1;
                     match state.get(j).copied() {
@@ -356,7 +406,16 @@ mod tests {
         assert_eq!(std::mem::size_of::<Scalar>(), 24);
         assert_eq!(Item::node(5).get(), Ref::Node(5));
         assert_eq!(Item::leaf(5).get(), Ref::Leaf(5));
-        assert_eq!(Item::node(MAX_INDEX - 1).get(), Ref::Node(MAX_INDEX - 1));
+        assert_eq!(Item::int(5).get(), Ref::Int(5));
+        assert_eq!(Item::node(MAX_NODES - 1).get(), Ref::Node(MAX_NODES - 1));
+        assert_eq!(Item::int(MAX_LEAVES - 1).get(), Ref::Int(MAX_LEAVES - 1));
+        assert_eq!(Item::leaf(MAX_LEAVES - 1).get(), Ref::Leaf(MAX_LEAVES - 1));
+        let mut doc = Doc::new();
+        let i = doc.add_leaf(Scalar::Int(-7)).unwrap();
+        let s = doc.add_leaf(Scalar::Str("x".into())).unwrap();
+        assert!(matches!(doc.val(i), Some(Val::Int(-7))));
+        assert!(matches!(doc.val(s), Some(Val::Str("x"))));
+        assert_eq!(doc.ints.len(), 1);
     }
 
     #[test]

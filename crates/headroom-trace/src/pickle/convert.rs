@@ -35,7 +35,7 @@ use headroom_alloc::snapshot::{
 };
 use rustc_hash::FxHashMap;
 
-use super::arena::{Doc, Item, Kind, Ref, Scalar, NO_SLOT};
+use super::arena::{Doc, Item, Kind, Ref, Val, NO_SLOT};
 use crate::error::TraceError;
 
 /// Bytes any snapshot may build, whatever its size on disk.
@@ -100,17 +100,19 @@ struct V<'d> {
 }
 
 enum Shape<'d> {
-    Scalar(&'d Scalar),
+    Scalar(Val<'d>),
     Container(Kind, &'d [Item]),
 }
 
 impl<'d> V<'d> {
     fn shape(self) -> Shape<'d> {
         match self.item.get() {
-            Ref::Leaf(i) => Shape::Scalar(self.doc.scalar(i)),
             Ref::Node(i) => {
                 let (kind, items) = self.doc.items(i);
                 Shape::Container(kind, items)
+            }
+            Ref::Leaf(_) | Ref::Int(_) => {
+                Shape::Scalar(self.doc.val(self.item).unwrap_or(Val::None))
             }
         }
     }
@@ -120,14 +122,14 @@ impl<'d> V<'d> {
             item,
         }
     }
-    fn scalar(self) -> Option<&'d Scalar> {
+    fn scalar(self) -> Option<Val<'d>> {
         match self.shape() {
             Shape::Scalar(s) => Some(s),
             Shape::Container(..) => None,
         }
     }
     fn is_none(self) -> bool {
-        matches!(self.scalar(), Some(Scalar::None))
+        matches!(self.scalar(), Some(Val::None))
     }
     /// The items of a list or tuple.
     fn list(self) -> Option<&'d [Item]> {
@@ -139,22 +141,22 @@ impl<'d> V<'d> {
     /// Python's name for the value's type, and the value when it is short.
     fn describe(self) -> String {
         match self.shape() {
-            Shape::Scalar(Scalar::None) => "None".into(),
-            Shape::Scalar(Scalar::Bool(b)) => {
-                if *b {
+            Shape::Scalar(Val::None) => "None".into(),
+            Shape::Scalar(Val::Bool(b)) => {
+                if b {
                     "True".into()
                 } else {
                     "False".into()
                 }
             }
-            Shape::Scalar(Scalar::Int(i)) => format!("int {i}"),
-            Shape::Scalar(Scalar::UInt(u)) => format!("int {u}"),
-            Shape::Scalar(Scalar::HugeInt { negative: true }) => "a huge negative int".into(),
-            Shape::Scalar(Scalar::HugeInt { negative: false }) => "a huge int".into(),
-            Shape::Scalar(Scalar::Float(f)) => format!("float {f}"),
-            Shape::Scalar(Scalar::Str(s)) if s.chars().count() <= 40 => format!("str {s:?}"),
-            Shape::Scalar(Scalar::Str(_)) => "a long str".into(),
-            Shape::Scalar(Scalar::Bytes) => "bytes".into(),
+            Shape::Scalar(Val::Int(i)) => format!("int {i}"),
+            Shape::Scalar(Val::UInt(u)) => format!("int {u}"),
+            Shape::Scalar(Val::HugeInt { negative: true }) => "a huge negative int".into(),
+            Shape::Scalar(Val::HugeInt { negative: false }) => "a huge int".into(),
+            Shape::Scalar(Val::Float(f)) => format!("float {f}"),
+            Shape::Scalar(Val::Str(s)) if s.chars().count() <= 40 => format!("str {s:?}"),
+            Shape::Scalar(Val::Str(_)) => "a long str".into(),
+            Shape::Scalar(Val::Bytes) => "bytes".into(),
             Shape::Container(Kind::List, items) => format!("list of {}", items.len()),
             Shape::Container(Kind::Tuple, items) => format!("tuple of {}", items.len()),
             Shape::Container(Kind::Dict, items) => format!("dict of {}", items.len() / 2),
@@ -212,8 +214,8 @@ impl<'d, 'a, const N: usize> Obj<'d, 'a, N> {
             let field = match cache.0.iter().position(|c| *c == Some(*k)) {
                 Some(f) => Some(f),
                 None => match v.at(*k).scalar() {
-                    Some(Scalar::Str(s)) => {
-                        let f = schema.names.iter().position(|n| *n == &**s);
+                    Some(Val::Str(s)) => {
+                        let f = schema.names.iter().position(|n| *n == s);
                         if let Some(slot) = f.and_then(|f| cache.0.get_mut(f)) {
                             *slot = Some(*k);
                         }
@@ -269,42 +271,40 @@ impl<'d, 'a, const N: usize> Obj<'d, 'a, N> {
 
 fn to_u64(v: V<'_>, at: At<'_>) -> Result<u64, TraceError> {
     match v.scalar() {
-        Some(Scalar::Int(i)) => {
-            u64::try_from(*i).map_err(|_| wrong(at, "a non-negative integer", v))
-        }
-        Some(Scalar::UInt(u)) => Ok(*u),
-        Some(Scalar::HugeInt { negative: false }) => Err(wrong(at, "an integer below 2^64", v)),
+        Some(Val::Int(i)) => u64::try_from(i).map_err(|_| wrong(at, "a non-negative integer", v)),
+        Some(Val::UInt(u)) => Ok(u),
+        Some(Val::HugeInt { negative: false }) => Err(wrong(at, "an integer below 2^64", v)),
         _ => Err(wrong(at, "a non-negative integer", v)),
     }
 }
 
 fn to_i64(v: V<'_>, at: At<'_>) -> Result<i64, TraceError> {
     match v.scalar() {
-        Some(Scalar::Int(i)) => Ok(*i),
+        Some(Val::Int(i)) => Ok(i),
         _ => Err(wrong(at, "a 64-bit signed integer", v)),
     }
 }
 
 fn to_f64(v: V<'_>, at: At<'_>) -> Result<f64, TraceError> {
     match v.scalar() {
-        Some(Scalar::Float(f)) => Ok(*f),
+        Some(Val::Float(f)) => Ok(f),
         // a Python int where a float is meant (e.g. `0` for 0.0) is still a number
-        Some(Scalar::Int(i)) => Ok(*i as f64),
-        Some(Scalar::UInt(u)) => Ok(*u as f64),
+        Some(Val::Int(i)) => Ok(i as f64),
+        Some(Val::UInt(u)) => Ok(u as f64),
         _ => Err(wrong(at, "a float", v)),
     }
 }
 
 fn to_bool(v: V<'_>, at: At<'_>) -> Result<bool, TraceError> {
     match v.scalar() {
-        Some(Scalar::Bool(b)) => Ok(*b),
+        Some(Val::Bool(b)) => Ok(b),
         _ => Err(wrong(at, "a bool", v)),
     }
 }
 
 fn to_str<'d>(v: V<'d>, at: At<'_>) -> Result<&'d str, TraceError> {
     match v.scalar() {
-        Some(Scalar::Str(s)) => Ok(s),
+        Some(Val::Str(s)) => Ok(s),
         _ => Err(wrong(at, "a str", v)),
     }
 }
@@ -617,7 +617,7 @@ impl<'d> Conv<'d> {
     fn frame(&mut self, v: V<'d>, at: At<'_>) -> Result<u32, TraceError> {
         let node = match v.item.get() {
             Ref::Node(n) => self.doc.node(n).filter(|n| n.kind == Kind::Dict),
-            Ref::Leaf(_) => None,
+            Ref::Leaf(_) | Ref::Int(_) => None,
         };
         if let Some(slot) = node.map(|n| n.slot.get()).filter(|s| *s != NO_SLOT) {
             return Ok(slot);
@@ -657,7 +657,7 @@ impl<'d> Conv<'d> {
         }
         let node = match v.item.get() {
             Ref::Node(n) => self.doc.node(n),
-            Ref::Leaf(_) => None,
+            Ref::Leaf(_) | Ref::Int(_) => None,
         };
         if let Some(slot) = node.map(|n| n.slot.get()).filter(|s| *s != NO_SLOT) {
             if let Some(s) = self.stacks.get(slot as usize) {
@@ -835,9 +835,9 @@ impl<'d> Conv<'d> {
                     let [k, val] = kv else { continue };
                     let (k, val) = (v.at(*k), v.at(*val));
                     let key = match k.scalar() {
-                        Some(Scalar::Str(s)) => s.to_string(),
-                        Some(Scalar::Int(i)) => i.to_string(),
-                        Some(Scalar::UInt(u)) => u.to_string(),
+                        Some(Val::Str(s)) => s.to_string(),
+                        Some(Val::Int(i)) => i.to_string(),
+                        Some(Val::UInt(u)) => u.to_string(),
                         _ => return Err(wrong(at, "str keys", k)),
                     };
                     // a map node: the key, the value, links

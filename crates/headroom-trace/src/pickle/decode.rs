@@ -27,7 +27,7 @@ use std::io::Read;
 
 use rustc_hash::FxBuildHasher;
 
-use super::arena::{Doc, Item, Kind, Ref, Scalar};
+use super::arena::{Doc, Item, Kind, Ref, Scalar, Val};
 use super::source::{bad, Source};
 use super::MAX_DEPTH;
 use crate::error::TraceError;
@@ -270,15 +270,13 @@ impl<R: Read> Machine<R> {
             let text = std::str::from_utf8(b).map_err(|_| bad(at, "string is not valid UTF-8"))?;
             let hash = strings.hasher().hash_one(text);
             if let Some(&seen) = strings.get(&hash) {
-                if let Ref::Leaf(i) = seen.get() {
-                    if matches!(doc.scalar(i), Scalar::Str(s) if **s == *text) {
-                        return Ok(seen);
-                    }
+                if matches!(doc.val(seen), Some(Val::Str(s)) if s == text) {
+                    return Ok(seen);
                 }
             }
             let item = doc
                 .add_leaf(Scalar::Str(text.into()))
-                .ok_or_else(|| bad(at, "more than 2^31 values"))?;
+                .ok_or_else(|| bad(at, "more than 2^30 strings"))?;
             strings.insert(hash, item);
             Ok(item)
         })??;
@@ -297,7 +295,7 @@ impl<R: Read> Machine<R> {
         let item = self
             .doc
             .add_leaf(s)
-            .ok_or_else(|| bad(at, "more than 2^31 values"))?;
+            .ok_or_else(|| bad(at, "more than 2^30 scalars of one kind"))?;
         self.stack.push(item);
         Ok(())
     }

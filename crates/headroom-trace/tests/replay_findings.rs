@@ -303,3 +303,26 @@ fn alloc_round_512_overflows() {
     );
     must_return(s, opts(true, MIB, false, true));
 }
+
+/// policy.rs line 117, `roundup_power2_next_division`: `r + step` overflows when a size
+/// near u64::MAX is rounded up to the next power-of-two division (in release it wraps to
+/// a tiny size); reached through a `free_requested` of a block that predates the trace.
+#[test]
+#[ignore = "headroom-alloc: roundup_power2_next_division overflows near u64::MAX"]
+fn alloc_roundup_division_overflows() {
+    let s = snapshot(
+        vec![],
+        vec![entry(
+            TraceAction::FreeRequested,
+            2 * MIB,
+            0xffff_ffff_ffff_ffb1,
+        )],
+    );
+    let opts = ReplayOptions {
+        config: AllocatorConfig::parse("roundup_power2_divisions:[256:1,512:2,>:4]").unwrap(),
+        capacity: 64 << 30,
+        stop_at_oom: true,
+        record_history: false,
+    };
+    must_return(s, opts);
+}

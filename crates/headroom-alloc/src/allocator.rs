@@ -5,7 +5,6 @@
 //! deterministic; everything here is locking, queries and the snapshot.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use crate::lock::Mutex;
 
@@ -18,7 +17,7 @@ use crate::import::ImportSegment;
 use crate::oom::AllocError;
 use crate::policy::{fraction_limit, Allocation, Observer, State};
 use crate::private::MempoolId;
-use crate::snapshot::{BlockInfo, BlockState, Frame, SegmentInfo, Snapshot};
+use crate::snapshot::{BlockInfo, BlockState, SegmentInfo, Snapshot, Stack};
 use crate::stats::DeviceStats;
 
 pub struct CachingAllocator<D: Device> {
@@ -43,7 +42,7 @@ impl<D: Device> CachingAllocator<D> {
         &self,
         size: u64,
         stream: StreamId,
-        ctx: Arc<[Frame]>,
+        ctx: Stack,
     ) -> Result<Allocation, AllocError> {
         self.state.lock().malloc(size, stream, Some(ctx))
     }
@@ -293,11 +292,7 @@ fn segments<D: Device>(st: &State<D>) -> Vec<SegmentInfo> {
                 (a as i64, b as i64)
             },
             is_expandable: b.is_expandable(),
-            frames: a
-                .segment_context(head)
-                .map(|f| &**f)
-                .map(<[Frame]>::to_vec)
-                .unwrap_or_default(),
+            frames: a.segment_context(head).cloned().unwrap_or_default(),
             blocks: Vec::new(),
         };
         let mut cur = head;
@@ -325,12 +320,9 @@ fn segments<D: Device>(st: &State<D>) -> Vec<SegmentInfo> {
                 requested_size: x.requested,
                 state,
                 frames: if active {
-                    a.context(cur)
-                        .map(|f| &**f)
-                        .map(<[Frame]>::to_vec)
-                        .unwrap_or_default()
+                    a.context(cur).cloned().unwrap_or_default()
                 } else {
-                    Vec::new()
+                    Stack::empty()
                 },
             });
             cur = x.next;

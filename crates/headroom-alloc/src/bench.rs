@@ -585,8 +585,8 @@ pub fn synthetic_trace(events: usize, seed: u64) -> Snapshot {
         size,
         stream: 0,
         time_us: time,
-        compile_context: String::new(),
-        user_metadata: String::new(),
+        compile_context: "".into(),
+        user_metadata: "".into(),
         frames: None,
     };
     let mut alloc = |t: &mut Vec<TraceEntry>, size: u64, time: &mut i64| {

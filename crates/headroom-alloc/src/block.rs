@@ -14,10 +14,8 @@
 //! so; recorded streams in the allocator's map, flagged by `has_uses`. At a few thousand
 //! live blocks the working set is what the pair costs, so halving it is the point.
 
-use std::sync::Arc;
-
 use crate::event::{PoolKind, StreamId};
-use crate::snapshot::Frame;
+use crate::snapshot::Stack;
 
 /// Slot index of a block; `NIL` means none.
 pub type BlockId = u32;
@@ -79,8 +77,8 @@ const _: () = assert!(std::mem::size_of::<Block>() == 64);
 pub struct Cold {
     /// Pool GC clock when the block was last inserted into the pool.
     pub gc_count_base: u64,
-    pub context: Option<Arc<[Frame]>>,
-    pub segment_context: Option<Arc<[Frame]>>,
+    pub context: Option<Stack>,
+    pub segment_context: Option<Stack>,
 }
 
 impl Block {
@@ -272,7 +270,7 @@ impl Arena {
 
     /// The stack that allocated the block, if recorded.
     #[inline(always)]
-    pub fn context(&self, id: BlockId) -> Option<&Arc<[Frame]>> {
+    pub fn context(&self, id: BlockId) -> Option<&Stack> {
         if !self.get(id).has_ctx {
             return None;
         }
@@ -280,7 +278,7 @@ impl Arena {
     }
 
     /// The stack that allocated the block's segment, if recorded.
-    pub fn segment_context(&self, id: BlockId) -> Option<&Arc<[Frame]>> {
+    pub fn segment_context(&self, id: BlockId) -> Option<&Stack> {
         if !self.get(id).has_ctx {
             return None;
         }
@@ -288,26 +286,26 @@ impl Arena {
     }
 
     #[inline(always)]
-    pub fn set_context(&mut self, id: BlockId, ctx: Option<Arc<[Frame]>>) {
+    pub fn set_context(&mut self, id: BlockId, ctx: Option<Stack>) {
         if let Some(c) = self.cold_for_write(id, ctx.is_some()) {
             c.context = ctx;
         }
     }
 
     #[inline(always)]
-    pub fn set_segment_context(&mut self, id: BlockId, ctx: Option<Arc<[Frame]>>) {
+    pub fn set_segment_context(&mut self, id: BlockId, ctx: Option<Stack>) {
         if let Some(c) = self.cold_for_write(id, ctx.is_some()) {
             c.segment_context = ctx;
         }
     }
 
     #[inline(always)]
-    pub fn take_context(&mut self, id: BlockId) -> Option<Arc<[Frame]>> {
+    pub fn take_context(&mut self, id: BlockId) -> Option<Stack> {
         self.cold_for_write(id, false)?.context.take()
     }
 
     #[inline(always)]
-    pub fn take_segment_context(&mut self, id: BlockId) -> Option<Arc<[Frame]>> {
+    pub fn take_segment_context(&mut self, id: BlockId) -> Option<Stack> {
         self.cold_for_write(id, false)?.segment_context.take()
     }
 

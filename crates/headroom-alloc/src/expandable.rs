@@ -7,14 +7,12 @@
 //! free block before it, which is why a growing tensor lands right after the last one. Page
 //! size is 2 MiB for the small pool and `large_segment_size` (20 MiB) for the large pool.
 
-use std::sync::Arc;
-
 use crate::block::{BlockId, NIL, NO_SEGMENT};
 use crate::device::{Device, DeviceError};
 use crate::event::{AllocEvent, PoolKind, StreamId};
 use crate::oom::AllocError;
 use crate::policy::{State, SMALL_BUFFER};
-use crate::snapshot::Frame;
+use crate::snapshot::Stack;
 
 /// The most address space one reservation takes: 4 TiB, over 20 times the memory of any
 /// GPU PyTorch 2.11 runs on, so for every real capacity the reservation is PyTorch's
@@ -246,7 +244,7 @@ impl<D: Device> State<D> {
         &mut self,
         id: BlockId,
         size: u64,
-        ctx: Option<&Arc<[Frame]>>,
+        ctx: Option<&Stack>,
     ) -> Result<bool, AllocError> {
         let (ptr, bsize, seg_idx, stream, kind) = {
             let b = self.arena.get(id);
@@ -303,7 +301,7 @@ impl<D: Device> State<D> {
         kind: PoolKind,
         stream: StreamId,
         size: u64,
-        ctx: Option<&Arc<[Frame]>>,
+        ctx: Option<&Stack>,
     ) -> Result<Option<BlockId>, AllocError> {
         let Some(mut cand) = self.find_expandable_block(kind, stream, size)? else {
             return Ok(None);

@@ -6,10 +6,9 @@
 //! `max_entries` events.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 use crate::event::AllocEvent;
-use crate::snapshot::{Frame, TraceAction, TraceEntry};
+use crate::snapshot::{Stack, TraceAction, TraceEntry};
 
 /// The `enabled` argument of `_record_memory_history`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -55,7 +54,7 @@ impl History {
         self.mode != HistoryMode::Off
     }
 
-    pub fn record(&mut self, ev: &AllocEvent, time_us: i64, ctx: Option<&Arc<[Frame]>>) {
+    pub fn record(&mut self, ev: &AllocEvent, time_us: i64, ctx: Option<&Stack>) {
         let Some(entry) = entry_for(ev, time_us, ctx) else {
             return;
         };
@@ -75,7 +74,7 @@ impl History {
     }
 }
 
-fn entry_for(ev: &AllocEvent, time_us: i64, ctx: Option<&Arc<[Frame]>>) -> Option<TraceEntry> {
+fn entry_for(ev: &AllocEvent, time_us: i64, ctx: Option<&Stack>) -> Option<TraceEntry> {
     let (action, addr, size, stream) = match *ev {
         AllocEvent::Alloc {
             ptr,
@@ -124,7 +123,8 @@ fn entry_for(ev: &AllocEvent, time_us: i64, ctx: Option<&Arc<[Frame]>>) -> Optio
         stream,
         time_us,
         compile_context: "N/A".into(),
-        user_metadata: String::new(),
-        frames: ctx.map(|c| c.to_vec()),
+        user_metadata: "".into(),
+        // shared with the block, as PyTorch shares the context object
+        frames: ctx.cloned(),
     })
 }

@@ -59,7 +59,7 @@ pub use policy::{Allocation, Observer};
 pub use private::{MempoolId, DEFAULT_POOL};
 pub use size::{format_size, human_bytes, parse_size, SizeError};
 pub use snapshot::{
-    AllocatorSettings, Annotation, BlockInfo, BlockState, Frame, SegmentInfo, Snapshot,
+    AllocatorSettings, Annotation, BlockInfo, BlockState, Frame, SegmentInfo, Snapshot, Stack,
     TraceAction, TraceEntry,
 };
 pub use stats::{DeviceStats, Stat, StatArray, StatType};

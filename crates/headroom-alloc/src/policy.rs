@@ -12,7 +12,6 @@
 //! first two are further `impl State` blocks.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 
 use crate::block::{Arena, BlockId, Membership, MAX_STREAM_USES, NIL};
 use crate::config::AllocatorConfig;
@@ -24,7 +23,7 @@ use crate::oom::{AllocError, OutOfMemoryError};
 use crate::pool::BlockPool;
 use crate::private::PrivatePools;
 use crate::ptrmap::PtrMap;
-use crate::snapshot::Frame;
+use crate::snapshot::Stack;
 use crate::stats::LiveStats;
 
 pub const MIN_BLOCK_SIZE: u64 = 512;
@@ -204,7 +203,7 @@ impl<D: Device> State<D> {
     /// Always inlined: every call site builds one known variant, so the stats' `match`
     /// folds away and only that variant's cell updates remain.
     #[inline(always)]
-    pub fn emit(&mut self, ev: AllocEvent, ctx: Option<&Arc<[Frame]>>) {
+    pub fn emit(&mut self, ev: AllocEvent, ctx: Option<&Stack>) {
         self.stats.observe(&ev);
         if self.has_listeners() {
             self.notify(ev, ctx);
@@ -241,7 +240,7 @@ impl<D: Device> State<D> {
     /// the hot paths carry only the stats' cell updates; the event is taken by value so
     /// that it is built in memory only on this path.
     #[inline(never)]
-    fn notify(&mut self, ev: AllocEvent, ctx: Option<&Arc<[Frame]>>) {
+    fn notify(&mut self, ev: AllocEvent, ctx: Option<&Stack>) {
         let ev = if self.private.any() {
             ev.map_stream(|s| self.private.real(s))
         } else {
@@ -327,7 +326,7 @@ impl<D: Device> State<D> {
         &mut self,
         n: u64,
         stream: StreamId,
-        ctx: Option<Arc<[Frame]>>,
+        ctx: Option<Stack>,
     ) -> Result<Allocation, AllocError> {
         if n >= ONE_EB {
             return Err(self.exceeds_one_eb(n));
@@ -354,7 +353,7 @@ impl<D: Device> State<D> {
         &mut self,
         n: u64,
         stream: StreamId,
-        ctx: Option<Arc<[Frame]>>,
+        ctx: Option<Stack>,
     ) -> Result<Allocation, AllocError> {
         let s = if self.roundup_on {
             round_size(&self.config, n)
@@ -380,7 +379,7 @@ impl<D: Device> State<D> {
         stream: StreamId,
         s: u64,
         n: u64,
-        ctx: Option<&Arc<[Frame]>>,
+        ctx: Option<&Stack>,
     ) -> Result<BlockId, AllocError> {
         let alloc_size = allocation_size(&self.config, s);
         if self.gc_enabled() {
@@ -516,7 +515,7 @@ impl<D: Device> State<D> {
         s: u64,
         alloc_size: u64,
         retry: bool,
-        ctx: Option<&Arc<[Frame]>>,
+        ctx: Option<&Stack>,
     ) -> Result<Option<BlockId>, AllocError> {
         if retry {
             self.emit(AllocEvent::AllocRetry, None);
@@ -570,7 +569,7 @@ impl<D: Device> State<D> {
         s: u64,
         n: u64,
         split: bool,
-        ctx: Option<Arc<[Frame]>>,
+        ctx: Option<Stack>,
     ) -> Allocation {
         let (already_split, expandable, kind) = {
             let b = self.arena.get(block);

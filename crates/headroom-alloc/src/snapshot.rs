@@ -2,15 +2,129 @@
 //!
 //! These are plain data. `headroom-trace` reads and writes them as pickles; the allocator
 //! produces them from its live state and its history ring buffer.
+//!
+//! Design note: stacks are shared, not copied. PyTorch records a stack per allocation, and
+//! a long recording repeats the same few dozen stacks tens of thousands of times (a real
+//! 8.6 MB snapshot holds 1.7 million frame references but 73 distinct stacks). A [`Stack`]
+//! is therefore a reference-counted slice of reference-counted [`Frame`]s: cloning one is a
+//! counter increment, and the pickle reader and writer keep one copy of each stack, so a
+//! snapshot in memory is about as large as its distinct content, not its expansion. The
+//! strings repeated on every trace entry (`compile_context`, `user_metadata`) are shared
+//! `Arc<str>` for the same reason. Equality is by value throughout; sharing is only a
+//! matter of memory.
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
 
 /// One stack frame: `{"name", "filename", "line"}`.
 #[derive(Clone, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Frame {
     pub name: String,
     pub filename: String,
-    pub line: i64,
+    /// PyTorch stores it as an unsigned 64-bit integer: frames of code that
+    /// `torch.compile` generated carry 2^64 - 1 (C++'s -1) for "no line".
+    pub line: u64,
+}
+
+/// A call stack, innermost frame first, as PyTorch stores it in `frames`.
+///
+/// Shared by reference: clones are cheap and equal stacks may be one allocation (see the
+/// module docs). The empty stack allocates nothing.
+#[derive(Clone, Default)]
+pub struct Stack(Option<Arc<[Arc<Frame>]>>);
+
+impl Stack {
+    /// The empty stack.
+    pub const fn empty() -> Self {
+        Stack(None)
+    }
+
+    /// Whether `self` and `other` are the same allocation (both empty counts as the same).
+    /// Equal stacks need not be the same allocation; see [`PartialEq`] for equality.
+    pub fn ptr_eq(&self, other: &Stack) -> bool {
+        match (&self.0, &other.0) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+
+    /// An identity for this allocation while it lives (0 for the empty stack), for writers
+    /// that emit each shared stack once.
+    pub fn addr(&self) -> usize {
+        self.0
+            .as_ref()
+            .map_or(0, |a| a.as_ptr() as *const () as usize)
+    }
+}
+
+impl Deref for Stack {
+    type Target = [Arc<Frame>];
+    fn deref(&self) -> &[Arc<Frame>] {
+        self.0.as_deref().unwrap_or(&[])
+    }
+}
+
+impl From<Vec<Arc<Frame>>> for Stack {
+    fn from(frames: Vec<Arc<Frame>>) -> Self {
+        if frames.is_empty() {
+            Stack(None)
+        } else {
+            Stack(Some(frames.into()))
+        }
+    }
+}
+
+impl From<Vec<Frame>> for Stack {
+    fn from(frames: Vec<Frame>) -> Self {
+        frames.into_iter().map(Arc::new).collect::<Vec<_>>().into()
+    }
+}
+
+impl From<&[Frame]> for Stack {
+    fn from(frames: &[Frame]) -> Self {
+        frames
+            .iter()
+            .cloned()
+            .map(Arc::new)
+            .collect::<Vec<_>>()
+            .into()
+    }
+}
+
+impl FromIterator<Arc<Frame>> for Stack {
+    fn from_iter<I: IntoIterator<Item = Arc<Frame>>>(iter: I) -> Self {
+        iter.into_iter().collect::<Vec<_>>().into()
+    }
+}
+
+impl PartialEq for Stack {
+    fn eq(&self, other: &Stack) -> bool {
+        self.ptr_eq(other) || **self == **other
+    }
+}
+
+impl Eq for Stack {}
+
+impl fmt::Debug for Stack {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter().map(|fr| &**fr)).finish()
+    }
+}
+
+/// A list of frames, as in the pickle.
+impl serde::Serialize for Stack {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.iter().map(|fr| &**fr))
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Stack {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Vec::<Frame>::deserialize(d).map(Stack::from)
+    }
 }
 
 /// A block's `state` string.
@@ -48,7 +162,7 @@ pub struct BlockInfo {
     pub size: u64,
     pub requested_size: u64,
     pub state: BlockState,
-    pub frames: Vec<Frame>,
+    pub frames: Stack,
 }
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -64,7 +178,7 @@ pub struct SegmentInfo {
     pub segment_type: String,
     pub segment_pool_id: (i64, i64),
     pub is_expandable: bool,
-    pub frames: Vec<Frame>,
+    pub frames: Stack,
     pub blocks: Vec<BlockInfo>,
 }
 
@@ -122,10 +236,11 @@ pub struct TraceEntry {
     pub size: u64,
     pub stream: u64,
     pub time_us: i64,
-    pub compile_context: String,
-    pub user_metadata: String,
+    /// `"N/A"` unless recorded under `torch.compile`; shared, as most entries repeat it.
+    pub compile_context: Arc<str>,
+    pub user_metadata: Arc<str>,
     /// Present only when a stack was stored for the entry.
-    pub frames: Option<Vec<Frame>>,
+    pub frames: Option<Stack>,
 }
 
 /// `allocator_settings` of a snapshot.

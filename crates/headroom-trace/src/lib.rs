@@ -34,7 +34,7 @@ pub mod rmm;
 
 pub use error::TraceError;
 pub use headroom_alloc::snapshot::{
-    AllocatorSettings, Annotation, BlockInfo, BlockState, Frame, SegmentInfo, Snapshot,
+    AllocatorSettings, Annotation, BlockInfo, BlockState, Frame, SegmentInfo, Snapshot, Stack,
     TraceAction, TraceEntry,
 };
 pub use pickle::{read_snapshot, read_snapshot_file, write_snapshot, write_snapshot_file};

@@ -166,7 +166,7 @@ pub fn snapshot_from_rmm(events: &[RmmEvent]) -> Snapshot {
             stream: e.stream,
             time_us: t,
             compile_context: "N/A".into(),
-            user_metadata: String::new(),
+            user_metadata: "".into(),
             frames: None,
         };
         match e.action {
@@ -393,7 +393,7 @@ mod tests {
             stream: 7,
             time_us,
             compile_context: "N/A".into(),
-            user_metadata: String::new(),
+            user_metadata: "".into(),
             frames: None,
         };
         let s = Snapshot {

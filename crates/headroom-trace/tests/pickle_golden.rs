@@ -64,8 +64,8 @@ fn golden_dump_details() {
     assert_eq!(first.frames[0].line, 313);
     let t0 = &s.device_traces[0][0];
     assert_eq!(t0.action, TraceAction::SegmentAlloc);
-    assert_eq!(t0.compile_context, "N/A");
-    assert_eq!(t0.frames.as_ref().map(Vec::len), Some(3));
+    assert_eq!(&*t0.compile_context, "N/A");
+    assert_eq!(t0.frames.as_ref().map(|f| f.len()), Some(3));
     assert!(s.device_traces[0].iter().any(|t| t.frames.is_none()));
     assert_eq!(s.external_annotations.len(), 2);
     assert_eq!(s.external_annotations[0].stage, "START");

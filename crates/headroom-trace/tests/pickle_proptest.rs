@@ -3,7 +3,7 @@
 
 use headroom_trace::pickle::{read_snapshot, write_snapshot};
 use headroom_trace::{
-    AllocatorSettings, Annotation, BlockInfo, BlockState, Frame, SegmentInfo, Snapshot,
+    AllocatorSettings, Annotation, BlockInfo, BlockState, Frame, SegmentInfo, Snapshot, Stack,
     TraceAction, TraceEntry,
 };
 use proptest::prelude::*;
@@ -13,15 +13,16 @@ fn text() -> impl Strategy<Value = String> {
     prop_oneof!["[a-z_./]{0,12}", any::<String>(), "[a-zé😀]{250,300}",]
 }
 
-fn frames() -> impl Strategy<Value = Vec<Frame>> {
+fn frames() -> impl Strategy<Value = Stack> {
     prop::collection::vec(
-        (text(), text(), any::<i64>()).prop_map(|(name, filename, line)| Frame {
+        (text(), text(), any::<u64>()).prop_map(|(name, filename, line)| Frame {
             name,
             filename,
             line,
         }),
         0..3,
     )
+    .prop_map(Stack::from)
 }
 
 fn block() -> impl Strategy<Value = BlockInfo> {
@@ -97,8 +98,8 @@ fn entry() -> impl Strategy<Value = TraceEntry> {
                     size,
                     stream,
                     time_us,
-                    compile_context,
-                    user_metadata,
+                    compile_context: compile_context.into(),
+                    user_metadata: user_metadata.into(),
                     frames,
                 }
             },

@@ -104,11 +104,19 @@ fn bad_input_exits_2_with_one_line() {
     std::fs::write(&truncated, &good[..good.len() / 2]).unwrap();
     let garbage = dir.join("garbage.pickle");
     std::fs::write(&garbage, b"this is not a pickle at all").unwrap();
+    // {"segments": [], "device_traces": one dict referenced 2^30 times through tuples}
+    let bomb = dir.join("bomb.pickle");
+    let mut b = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces}".to_vec();
+    b.extend(b"2\x86".repeat(30));
+    b.extend(b"u.");
+    std::fs::write(&bomb, &b).unwrap();
     let t = trace("resnet50_infer_nograd__default.pickle");
     let t = t.to_str().unwrap();
-    let cases: Vec<Vec<&str>> = vec![
+    let mut cases: Vec<Vec<&str>> = vec![
         vec!["replay", truncated.to_str().unwrap()],
         vec!["replay", garbage.to_str().unwrap()],
+        vec!["replay", bomb.to_str().unwrap()],
+        vec!["replay", dir.to_str().unwrap()],
         vec!["replay", "/no/such/file.pickle"],
         vec!["replay", t, "--alloc-conf", "bogus:1"],
         vec!["replay", t, "--alloc-conf", "max_split_size_mb:abc"],
@@ -122,6 +130,10 @@ fn bad_input_exits_2_with_one_line() {
             "garbage_collection_threshold:2",
         ],
     ];
+    if std::path::Path::new("/dev/zero").exists() {
+        // an endless file: refused at its first byte, not read forever
+        cases.push(vec!["replay", "/dev/zero"]);
+    }
     for args in cases {
         let (code, out, err) = run(&args);
         assert_eq!(code, 2, "{args:?}: {err}");

@@ -54,8 +54,8 @@ fn alloc(addr: u64, size: u64) -> TraceEntry {
         size,
         stream: 0,
         time_us: 0,
-        compile_context: String::new(),
-        user_metadata: String::new(),
+        compile_context: "".into(),
+        user_metadata: "".into(),
         frames: None,
     }
 }

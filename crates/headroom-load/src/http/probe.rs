@@ -407,14 +407,14 @@ mod tests {
                     size: 20 * MIB - free,
                     requested_size: 0,
                     state: BlockState::ActiveAllocated,
-                    frames: vec![],
+                    frames: headroom_alloc::Stack::empty(),
                 },
                 headroom_alloc::BlockInfo {
                     address: 20 * MIB - free,
                     size: free,
                     requested_size: 0,
                     state: BlockState::Inactive,
-                    frames: vec![],
+                    frames: headroom_alloc::Stack::empty(),
                 },
             ],
             device: 0,
@@ -426,7 +426,7 @@ mod tests {
             segment_type: "large".into(),
             segment_pool_id: (0, 0),
             is_expandable: false,
-            frames: vec![],
+            frames: headroom_alloc::Stack::empty(),
         };
         r.oom_snapshot = Some(Snapshot {
             segments: vec![seg(8 * MIB), seg(2 * MIB)],

@@ -7,7 +7,7 @@
 use super::*;
 use crate::autograd::Saved;
 use crate::backend::{BinaryOp, UnaryOp};
-use crate::layout::broadcast_shapes;
+use crate::layout::{broadcast_shapes, Layout};
 
 /// The backward of `self + alpha * other` (`AddBackward0`), shared by `add_scaled` and
 /// `add_scaled_`: `sa`, `sb` are the input shapes the gradient is reduced back to.
@@ -42,7 +42,11 @@ impl Tensor {
         let shape = broadcast_shapes(self.shape(), other.shape(), name)?;
         let a = self.layout().expand(&shape)?;
         let b = other.layout().expand(&shape)?;
-        let out = Tensor::empty(&shape, self.dtype(), self.device())?;
+        let out = Tensor::empty_dense(
+            Layout::iter_output(&shape, &[&a, &b]),
+            self.dtype(),
+            self.device(),
+        )?;
         self.device().backend().binary(
             op,
             crate::backend::TRef {
@@ -166,7 +170,11 @@ impl Tensor {
     }
 
     fn unary_raw(&self, op: UnaryOp) -> Result<Tensor> {
-        let out = Tensor::empty(self.shape(), self.dtype(), self.device())?;
+        let out = Tensor::empty_dense(
+            Layout::iter_output(self.shape(), &[self.layout()]),
+            self.dtype(),
+            self.device(),
+        )?;
         self.device().backend().unary(op, self.kref(), out.kref())?;
         Ok(out)
     }
@@ -439,7 +447,11 @@ impl Tensor {
                 ),
             )
         })?;
-        let out = Tensor::empty(self.shape(), self.dtype(), self.device())?;
+        let out = Tensor::empty_dense(
+            Layout::iter_output(self.shape(), &[self.layout(), &ml]),
+            self.dtype(),
+            self.device(),
+        )?;
         let mref = crate::backend::TRef {
             ptr: mask.storage().ptr(),
             layout: &ml,

@@ -228,6 +228,59 @@ impl Tensor {
             BinaryOp::SigmoidBackward,
         )
     }
+    /// `F.silu` (SiLU / swish): one kernel, `SiluBackward0` saves the input.
+    pub fn silu(&self) -> Result<Tensor> {
+        self.unary_with(
+            UnaryOp::Silu,
+            "SiluBackward0",
+            false,
+            BinaryOp::SiluBackward,
+        )
+    }
+    /// `torch.cos`; backward `grad * -self.sin()` (saves the input).
+    pub fn cos(&self) -> Result<Tensor> {
+        need_float(self, "cos")?;
+        let out = self.unary_raw(UnaryOp::Cos)?;
+        if autograd::should_record(&[self]) {
+            let s = Saved::new(self);
+            record("CosBackward0", &[Some(self)], &[&out], move |g, _| {
+                let g = grad0(g, "CosBackward0")?;
+                let x = s.get("CosBackward0")?;
+                Ok(vec![Some(g.mul(&x.sin()?.neg()?)?)])
+            });
+        }
+        Ok(out)
+    }
+    /// `torch.sin`; backward `grad * self.cos()` (saves the input).
+    pub fn sin(&self) -> Result<Tensor> {
+        need_float(self, "sin")?;
+        let out = self.unary_raw(UnaryOp::Sin)?;
+        if autograd::should_record(&[self]) {
+            let s = Saved::new(self);
+            record("SinBackward0", &[Some(self)], &[&out], move |g, _| {
+                let g = grad0(g, "SinBackward0")?;
+                let x = s.get("SinBackward0")?;
+                Ok(vec![Some(g.mul(&x.cos()?)?)])
+            });
+        }
+        Ok(out)
+    }
+    /// `torch.rsqrt`; `RsqrtBackward0` saves the result and computes
+    /// `-0.5 * grad * result.pow(3)` in that order (three tensors, as PyTorch's formula).
+    pub fn rsqrt(&self) -> Result<Tensor> {
+        need_float(self, "rsqrt")?;
+        let out = self.unary_raw(UnaryOp::Rsqrt)?;
+        if autograd::should_record(&[self]) {
+            let s = Saved::new(&out);
+            record("RsqrtBackward0", &[Some(self)], &[&out], move |g, _| {
+                let g = grad0(g, "RsqrtBackward0")?;
+                let y = s.get("RsqrtBackward0")?;
+                let a = g.mul_scalar(-0.5)?;
+                Ok(vec![Some(a.mul(&y.pow_scalar(3.0)?)?)])
+            });
+        }
+        Ok(out)
+    }
     pub fn exp(&self) -> Result<Tensor> {
         self.unary_with(UnaryOp::Exp, "ExpBackward0", true, BinaryOp::Mul)
     }

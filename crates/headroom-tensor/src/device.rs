@@ -274,6 +274,17 @@ impl Device {
         }
         Ok(())
     }
+    /// Frees the cuBLAS workspaces (PyTorch's `torch._C._cuda_clearCublasWorkspaces()`,
+    /// which `torch.compile`'s CUDA-graph trees call): the next matmul on each thread
+    /// allocates them again.
+    pub fn clear_blas_workspaces(&self) {
+        let mut st = self.0.blas.lock();
+        let mut tr = self.0.tracker.lock();
+        for a in st.all() {
+            tr.sub(crate::memory::MemoryCategory::Temporary, a.size);
+            self.0.allocator.free(a.ptr);
+        }
+    }
     /// Bytes the library handles hold on this device now (cuBLAS workspaces).
     pub fn library_workspace_bytes(&self) -> u64 {
         let st = self.0.blas.lock();

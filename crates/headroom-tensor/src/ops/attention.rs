@@ -4,18 +4,15 @@
 //! ([`sdpa_backend`]); what each allocates was read out of the recorded snapshots of
 //! transformers 5.17 models (`scripts/hf_memory.py`), and that is what this op allocates:
 //! - **cuDNN** (f16/bf16; on sm90 with cuDNN > 9.15 it comes first in PyTorch's priority
-//!   order, ahead of flash): a device seed and offset (8 bytes each), the output in
-//!   [B, H, T, D] order, with grad the softmax stats [B, H, T, 1] f32, and a 256-byte
-//!   workspace freed right away. Its output is not in the [B, T, H, D] order transformers
-//!   transposes to, so transformers' `transpose(1, 2).contiguous()` copies it.
-//! - **flash** (f16/bf16 where cuDNN declines: a key length of 1): output in [B, T, H, D]
-//!   order, logsumexp [B, H, T] f32 and a 16-byte RNG state (freed without grad).
+//!   order, ahead of flash): a device seed and offset (8 bytes each), the output, with grad
+//!   the softmax stats [B, H, T, 1] f32, and a 256-byte workspace freed right away.
+//! - **flash** (f16/bf16 where cuDNN declines: a key length of 1): the output, logsumexp
+//!   [B, H, T] f32 and a 16-byte RNG state (freed without grad).
 //! - **memory-efficient** (f32 and the rest, when query and key heads match): the output,
 //!   and with grad the logsumexp [B, H, ceil32(T)] f32; seed and offset live on the host.
-//!   The output is laid out [B, T, H, D] (no copy after the transpose) when the kernel runs
-//!   for a backward or with dropout, or when q, k and v are all in that order; a no-grad call
-//!   with the key and value in [B, H, S, D] order (a KV cache's concatenations) gets a
-//!   [B, H, T, D] output, which transformers then copies.
+//!
+//!   The three fused kernels write their output in [B, T, H, D] memory order, so
+//!   transformers' `transpose(1, 2).contiguous()` after them copies nothing.
 //! - **math** (f32 with grouped-query heads: PyTorch 2.11's memory-efficient kernel takes
 //!   `enable_gqa` only for matching head counts): the composite, op by op, as
 //!   `_scaled_dot_product_attention_math` runs it — q scaled by sqrt(scale), the causal
@@ -146,13 +143,6 @@ fn check(q: &Tensor, k: &Tensor, v: &Tensor, a: &SdpaArgs) -> Result<Dims> {
     Ok(dm)
 }
 
-/// Whether a [B, H, T, D] view is laid out [B, T, H, D] in memory (heads inside the
-/// sequence), as the views of a projection's output are.
-fn seq_outer(t: &Tensor) -> bool {
-    let (sh, st) = (t.shape(), t.strides());
-    sh[1] == 1 || sh[2] == 1 || st[1] < st[2]
-}
-
 /// The backend PyTorch 2.11 chooses on an H200 for these inputs (see the module note).
 pub fn sdpa_backend(q: &Tensor, k: &Tensor, v: &Tensor, a: &SdpaArgs) -> Result<SdpaBackend> {
     let dm = check(q, k, v, a)?;
@@ -258,7 +248,7 @@ impl Fused {
             SdpaBackend::Cudnn => {
                 rng.push(Tensor::empty(&[1], DType::I64, dev)?);
                 rng.push(Tensor::empty(&[1], DType::I64, dev)?);
-                let out = Tensor::empty(&osh, q.dtype(), dev)?;
+                let out = empty_bthd(osh, q.dtype(), dev)?;
                 let lse = if grad {
                     Some(Tensor::empty(&[dm.b, dm.hq, dm.t, 1], DType::F32, dev)?.squeeze_dim(3)?)
                 } else {
@@ -273,14 +263,7 @@ impl Fused {
                 (out, Some(lse))
             }
             _ => {
-                let bthd = grad
-                    || self.params.dropout > 0.0
-                    || (seq_outer(q) && seq_outer(k) && seq_outer(v));
-                let out = if bthd {
-                    empty_bthd(osh, q.dtype(), dev)?
-                } else {
-                    Tensor::empty(&osh, q.dtype(), dev)?
-                };
+                let out = empty_bthd(osh, q.dtype(), dev)?;
                 let lse = if grad {
                     let padded = dm.t.div_ceil(32) * 32;
                     let l = Tensor::empty(&[dm.b, dm.hq, padded], DType::F32, dev)?;

@@ -56,10 +56,19 @@ fn process(scores: Tensor, eos_mask: &Tensor, below_min: [bool; 2], v: usize) ->
         drop(inf);
         Ok(out)
     };
+    // torch.isin(vocab_tensor, eos): its [V] bool result, then two [V] bool temporaries
+    // of the comparison against the few EOS ids.
+    let isin = |like: &Tensor| -> Result<Tensor> {
+        let out = shadow(&[v], DType::Bool, like)?;
+        let t1 = shadow(&[v], DType::Bool, like)?;
+        let t2 = shadow(&[v], DType::Bool, like)?;
+        drop((t2, t1));
+        Ok(out)
+    };
     // MinLengthLogitsProcessor: arange(V), isin, clone, [where]
     let s1 = {
         let ar = shadow(&[v], DType::I64, &scores)?;
-        let isin = shadow(&[v], DType::Bool, &scores)?;
+        let isin = isin(&scores)?;
         let mut sp = scores.clone_tensor()?;
         if below_min[0] {
             sp = mask_eos(&scores)?;
@@ -72,7 +81,7 @@ fn process(scores: Tensor, eos_mask: &Tensor, below_min: [bool; 2], v: usize) ->
     let s2 = {
         let mut sp = s1.clone_tensor()?;
         let ar = shadow(&[v], DType::I64, &s1)?;
-        let isin = shadow(&[v], DType::Bool, &s1)?;
+        let isin = isin(&s1)?;
         if below_min[1] {
             sp = mask_eos(&s1)?;
         }

@@ -12,7 +12,8 @@
 //! `model(input_ids=ids, labels=ids).loss`, `backward()`, `step()`,
 //! `zero_grad(set_to_none=True)` (BERT trains `BertForMaskedLM`). [`predict`] runs the same
 //! on a fresh meta device with PyTorch's caching allocator: peak allocated and reserved as
-//! PyTorch would report them.
+//! PyTorch would report them. On a device that ran earlier workloads, [`run`] continues
+//! from its allocator state (cached segments, cuBLAS workspaces), as a process does.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -221,6 +222,8 @@ pub fn run(path: &Path, device: &Device, w: &Workload, o: &RunOptions) -> HfResu
             cfg.max_position_embeddings
         )));
     }
+    // gc.collect(); torch.cuda.empty_cache() after the weights are on the device.
+    device.empty_cache();
     model.train(train);
     let params = model.parameters();
     let mut opt: Option<Box<dyn Optimizer>> = match w {

@@ -241,6 +241,7 @@ impl Bert {
                     dropout: if self.training { self.cfg.attn_pdrop } else { 0.0 },
                     scaling: (d as f64).powf(-0.5),
                     kv_groups: 1,
+                    causal: false,
                 },
             )?
             .reshape(&[b, t, nh * d])?

@@ -160,6 +160,7 @@ impl Gpt2LmHead {
                 dropout: if self.training { self.cfg.attn_pdrop } else { 0.0 },
                 scaling,
                 kv_groups: 1,
+                causal: true,
             },
         )?
         .reshape(&[b, t, nh * d])?

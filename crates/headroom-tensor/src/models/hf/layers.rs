@@ -133,6 +133,8 @@ pub(crate) struct AttnCall<'a> {
     pub scaling: f64,
     /// `module.num_key_value_groups` (query heads per key head).
     pub kv_groups: usize,
+    /// `module.is_causal` (decoders; BERT's encoder is not).
+    pub causal: bool,
 }
 
 /// `sdpa_attention_forward(module, q, k, v, mask, dropout, scaling)` → [B, T, H, D]
@@ -150,7 +152,7 @@ pub(crate) fn sdpa_attention(q: &Tensor, k: &Tensor, v: &Tensor, c: &AttnCall) -
         }
     }
     let (q_len, kv_len) = (q.shape()[2], k.shape()[2]);
-    let is_causal = q_len > 1 && c.mask.is_none();
+    let is_causal = q_len > 1 && c.mask.is_none() && c.causal;
     if is_causal && kv_len > q_len {
         // A static cache's prefill: keep only the filled part, so flash/cuDNN can run.
         k = k.narrow(2, 0, q_len)?;

@@ -179,6 +179,7 @@ impl LlamaForCausalLm {
                 dropout: if self.training { self.cfg.attn_pdrop } else { 0.0 },
                 scaling: (hd as f64).powf(-0.5),
                 kv_groups: groups,
+                causal: true,
             },
         )?
         // attn_output = attn_output.reshape(*input_shape, -1).contiguous()

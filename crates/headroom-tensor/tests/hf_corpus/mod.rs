@@ -194,6 +194,7 @@ pub fn fixtures() -> PathBuf {
 /// PyTorch's side of one snapshot.
 pub struct Torch {
     pub peak_allocated: u64,
+    pub peak_reserved: u64,
     /// Allocated when the recording began (weights and what the process held).
     pub initial_allocated: u64,
     /// cuBLAS handle workspaces (32 MiB blocks) alive when the recording began.
@@ -237,6 +238,7 @@ pub fn torch(path: &Path) -> Torch {
     let freed: u64 = freed_pre.iter().map(|&s| s.div_ceil(512) * 512).sum();
     Torch {
         peak_allocated: r.peak_allocated_bytes,
+        peak_reserved: r.peak_reserved_bytes,
         initial_allocated: end_alloc.saturating_sub(in_trace) + freed,
         warm_handles,
     }
@@ -247,6 +249,7 @@ pub struct Row {
     pub file: String,
     pub torch: Torch,
     pub process_peak: u64,
+    pub process_reserved: u64,
     pub fresh_peak: u64,
 }
 
@@ -304,6 +307,7 @@ pub fn compare_model(model: &'static str, snaps: &Path) -> Vec<Row> {
             file: s.file.clone(),
             torch: t,
             process_peak: r.peak_allocated_bytes,
+            process_reserved: r.peak_reserved_bytes,
             fresh_peak: fresh.peak_allocated_bytes,
         });
     }

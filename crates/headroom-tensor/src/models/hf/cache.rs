@@ -162,7 +162,7 @@ impl Cache {
     /// The mask-relevant kind and fill, before this forward's tokens are added.
     pub(crate) fn kind(&self) -> super::masking::CacheKind {
         match self {
-            Cache::Dynamic(c) => super::masking::CacheKind::Dynamic { past: c.seq_len() },
+            Cache::Dynamic(_) => super::masking::CacheKind::Dynamic,
             Cache::Static(c) => super::masking::CacheKind::Static {
                 past: c.seq_len(),
                 max_len: c.max_len(),

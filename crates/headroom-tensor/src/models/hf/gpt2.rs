@@ -8,7 +8,6 @@
 //! `logits_to_keep`. `GPT2Model.forward` keeps `inputs_embeds` and `position_embeds` as
 //! locals until it returns, so they stay alive through the blocks, as here.
 
-use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops;
 use crate::tensor::Tensor;
@@ -260,9 +259,5 @@ impl Gpt2LmHead {
             loss,
             cache: own,
         })
-    }
-
-    pub(crate) fn dtype(&self) -> DType {
-        self.store.dtype()
     }
 }

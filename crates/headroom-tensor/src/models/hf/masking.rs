@@ -63,8 +63,8 @@ pub(crate) struct CausalMaskArgs<'a> {
 /// The kind and fill of the cache a forward runs with.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum CacheKind {
-    /// A `DynamicCache` holding `past` tokens.
-    Dynamic { past: usize },
+    /// A `DynamicCache` (whatever it holds, the mask is skipped).
+    Dynamic,
     /// A `StaticCache` of `max_len` slots, `past` filled.
     Static { past: usize, max_len: usize },
 }

@@ -223,6 +223,10 @@ impl HfModel {
     pub fn named_parameters(&self) -> Vec<(String, Tensor)> {
         self.store().named_parameters().to_vec()
     }
+    /// `model.named_buffers()` (RoPE's `inv_freq`, BERT's position and token-type ids).
+    pub fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        self.store().named_buffers().to_vec()
+    }
     pub fn parameters(&self) -> Vec<Tensor> {
         self.named_parameters().into_iter().map(|(_, t)| t).collect()
     }

@@ -198,47 +198,6 @@ impl PrivatePools {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn routes_only_the_captured_stream_newest_first() {
-        let mut p = PrivatePools::default();
-        let a = p.create_or_incref((1, 0));
-        let b = p.create_or_incref((0, 1));
-        assert_eq!(p.route(7), 7, "no context: the stream itself");
-        p.begin_route(a, Some(7));
-        let va = p.route(7);
-        assert!(is_virtual(va));
-        assert_eq!(p.route(8), 8, "another stream is not captured");
-        p.begin_route(b, None);
-        let vb = p.route(7);
-        assert_ne!(va, vb, "the newest context wins");
-        assert_eq!(p.id_of(vb), (0, 1));
-        assert_eq!(p.real(vb), 7);
-        p.end_route(b);
-        assert_eq!(p.route(7), va);
-        p.end_route(a);
-        assert_eq!(p.route(7), 7);
-    }
-
-    #[test]
-    fn a_pool_is_freeable_when_its_last_user_goes() {
-        let mut p = PrivatePools::default();
-        let s = p.create_or_incref((1, 0));
-        assert_eq!(p.create_or_incref((1, 0)), s);
-        assert!(!p.release((1, 0)));
-        assert!(p.release((1, 0)));
-        assert_eq!(p.freeable(), vec![s]);
-        let v = p.virtual_stream(s, 3);
-        p.delete(s);
-        assert_eq!(p.slot((1, 0)), None);
-        assert_eq!(p.real(v), v, "forgotten");
-        assert!(p.freeable().is_empty());
-    }
-}
-
 use crate::device::Device;
 use crate::event::PoolKind;
 use crate::oom::AllocError;
@@ -333,5 +292,46 @@ impl<D: Device> State<D> {
             None => !is_virtual(s),
             Some(slot) => self.private.slot_of(s) == Some(slot),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_only_the_captured_stream_newest_first() {
+        let mut p = PrivatePools::default();
+        let a = p.create_or_incref((1, 0));
+        let b = p.create_or_incref((0, 1));
+        assert_eq!(p.route(7), 7, "no context: the stream itself");
+        p.begin_route(a, Some(7));
+        let va = p.route(7);
+        assert!(is_virtual(va));
+        assert_eq!(p.route(8), 8, "another stream is not captured");
+        p.begin_route(b, None);
+        let vb = p.route(7);
+        assert_ne!(va, vb, "the newest context wins");
+        assert_eq!(p.id_of(vb), (0, 1));
+        assert_eq!(p.real(vb), 7);
+        p.end_route(b);
+        assert_eq!(p.route(7), va);
+        p.end_route(a);
+        assert_eq!(p.route(7), 7);
+    }
+
+    #[test]
+    fn a_pool_is_freeable_when_its_last_user_goes() {
+        let mut p = PrivatePools::default();
+        let s = p.create_or_incref((1, 0));
+        assert_eq!(p.create_or_incref((1, 0)), s);
+        assert!(!p.release((1, 0)));
+        assert!(p.release((1, 0)));
+        assert_eq!(p.freeable(), vec![s]);
+        let v = p.virtual_stream(s, 3);
+        p.delete(s);
+        assert_eq!(p.slot((1, 0)), None);
+        assert_eq!(p.real(v), v, "forgotten");
+        assert!(p.freeable().is_empty());
     }
 }

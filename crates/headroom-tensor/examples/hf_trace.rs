@@ -18,10 +18,17 @@ use headroom_tensor::models::hf::{run, CacheImpl, RunOptions, Warmth, Workload};
 use headroom_tensor::{Allocation, CudaLikeWorkspace, Device, StorageAllocator};
 use parking_lot::Mutex;
 
+/// (events: alloc?, id, bytes), live blocks (ptr -> id, bytes), the last id.
+type Events = (
+    Vec<(bool, u64, u64)>,
+    std::collections::HashMap<u64, (u64, u64)>,
+    u64,
+);
+
 /// Logs allocations and frees from the last peak reset on (the workload's start).
 struct Log {
     inner: CachingAllocator<SimDevice>,
-    ev: Mutex<(Vec<(bool, u64, u64)>, std::collections::HashMap<u64, (u64, u64)>, u64)>,
+    ev: Mutex<Events>,
 }
 
 impl StorageAllocator for Log {
@@ -68,12 +75,18 @@ impl StorageAllocator for Log {
 
 fn main() {
     let a: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: hf_trace DIR forward|generate|train DTYPE ARGS... [--warmth cold|forward|full]";
+    let usage =
+        "usage: hf_trace DIR forward|generate|train DTYPE ARGS... [--warmth cold|forward|full]";
     if a.len() < 4 {
         eprintln!("{usage}");
         std::process::exit(2);
     }
-    let num = |i: usize| -> usize { a.get(i).and_then(|s| s.parse().ok()).unwrap_or_else(|| { eprintln!("{usage}"); std::process::exit(2) }) };
+    let num = |i: usize| -> usize {
+        a.get(i).and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            eprintln!("{usage}");
+            std::process::exit(2)
+        })
+    };
     let w = match a[1].as_str() {
         "forward" => Workload::Forward {
             batch: num(3),
@@ -84,7 +97,11 @@ fn main() {
             batch: num(3),
             prompt: num(4),
             new_tokens: num(5),
-            cache: if a.get(6).map(String::as_str) == Some("static") { CacheImpl::Static } else { CacheImpl::Dynamic },
+            cache: if a.get(6).map(String::as_str) == Some("static") {
+                CacheImpl::Static
+            } else {
+                CacheImpl::Dynamic
+            },
         },
         "train" => Workload::Train {
             batch: num(3),
@@ -97,11 +114,15 @@ fn main() {
             std::process::exit(2)
         }
     };
-    let warmth = a.iter().position(|s| s == "--warmth").and_then(|i| a.get(i + 1)).map(|s| match s.as_str() {
-        "cold" => Warmth::Cold,
-        "full" => Warmth::Full,
-        _ => Warmth::Forward,
-    });
+    let warmth = a
+        .iter()
+        .position(|s| s == "--warmth")
+        .and_then(|i| a.get(i + 1))
+        .map(|s| match s.as_str() {
+            "cold" => Warmth::Cold,
+            "full" => Warmth::Full,
+            _ => Warmth::Forward,
+        });
     let log = Arc::new(Log {
         inner: CachingAllocator::new(SimDevice::new(1 << 44), AllocatorConfig::default()),
         ev: Mutex::new(Default::default()),

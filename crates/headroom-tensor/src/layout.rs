@@ -438,8 +438,12 @@ mod tests {
     #[test]
     fn elementwise_outputs_follow_the_inputs_memory_order() {
         // q: [B, H, T, D] viewed from a [B, T, H, D] buffer (a transpose).
-        let q = Layout::contiguous(&[2, 5, 3, 4]).permute(&[0, 2, 1, 3]).unwrap();
-        let cos = Layout::contiguous(&[1, 1, 5, 4]).expand(&[2, 3, 5, 4]).unwrap();
+        let q = Layout::contiguous(&[2, 5, 3, 4])
+            .permute(&[0, 2, 1, 3])
+            .unwrap();
+        let cos = Layout::contiguous(&[1, 1, 5, 4])
+            .expand(&[2, 3, 5, 4])
+            .unwrap();
         let out = Layout::iter_output(&[2, 3, 5, 4], &[&q, &cos]);
         assert_eq!(out.strides, q.strides);
         // Broadcast first, transposed second: the transposed input still decides.

@@ -49,7 +49,11 @@ fn dir(name: &str) -> PathBuf {
 fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
     let (a, b) = (a.to_vec_f64().unwrap(), b.to_vec_f64().unwrap());
     let scale = b.iter().fold(0f64, |m, x| m.max(x.abs())).max(1e-12);
-    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / scale
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+        / scale
 }
 
 #[test]
@@ -92,7 +96,12 @@ fn hf_models_on_cuda_match_transformers() {
                 assert!(e < 1e-3, "{name} f32 logits on cuda: {e}");
                 out.loss.unwrap().backward().unwrap();
                 for (k, want) in g.iter().filter(|(k, _)| k.starts_with("grad.")) {
-                    let p = m.named_parameters().into_iter().find(|(n, _)| *n == k[5..]).unwrap().1;
+                    let p = m
+                        .named_parameters()
+                        .into_iter()
+                        .find(|(n, _)| *n == k[5..])
+                        .unwrap()
+                        .1;
                     let e = rel_err(&p.grad().unwrap(), want);
                     assert!(e < 1e-3, "{name} {k} on cuda: {e}");
                 }
@@ -120,7 +129,11 @@ fn hf_models_on_cuda_match_transformers() {
                 }
             } else {
                 let _ng = no_grad();
-                let l = m.forward(&x, ForwardArgs::default()).unwrap().logits.unwrap();
+                let l = m
+                    .forward(&x, ForwardArgs::default())
+                    .unwrap()
+                    .logits
+                    .unwrap();
                 let e = rel_err(&l, get("logits_bfloat16"));
                 assert!(e < 3e-2, "{name} bf16 logits on cuda: {e}");
             }

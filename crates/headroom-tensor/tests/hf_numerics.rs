@@ -11,7 +11,9 @@ use headroom_tensor::models::hf::{self, BertHead, ForwardArgs, GenerateOptions, 
 use headroom_tensor::{safetensors, DType, Device, Tensor};
 
 fn dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hf-numerics").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/hf-numerics")
+        .join(name)
 }
 
 fn cpu() -> Device {
@@ -23,7 +25,10 @@ fn golden(name: &str, dev: &Device) -> Vec<(String, Tensor)> {
 }
 
 fn get<'a>(g: &'a [(String, Tensor)], k: &str) -> &'a Tensor {
-    &g.iter().find(|(n, _)| n == k).unwrap_or_else(|| panic!("golden {k}")).1
+    &g.iter()
+        .find(|(n, _)| n == k)
+        .unwrap_or_else(|| panic!("golden {k}"))
+        .1
 }
 
 /// max |a - b| over max |b|.
@@ -31,7 +36,11 @@ fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
     assert_eq!(a.shape(), b.shape());
     let (a, b) = (a.to_vec_f64().unwrap(), b.to_vec_f64().unwrap());
     let scale = b.iter().fold(0f64, |m, x| m.max(x.abs())).max(1e-12);
-    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) / scale
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+        / scale
 }
 
 fn load(name: &str, dev: &Device, dtype: DType, head: BertHead) -> hf::HfModel {
@@ -68,7 +77,11 @@ fn check_grads(name: &str, m: &hf::HfModel, x: &Tensor, g: &[(String, Tensor)]) 
     let params = m.named_parameters();
     let (mut n, mut bad) = (0, false);
     for (k, want) in g.iter().filter(|(k, _)| k.starts_with("grad.")) {
-        let p = &params.iter().find(|(pn, _)| *pn == k[5..]).unwrap_or_else(|| panic!("{name}: {k}")).1;
+        let p = &params
+            .iter()
+            .find(|(pn, _)| *pn == k[5..])
+            .unwrap_or_else(|| panic!("{name}: {k}"))
+            .1;
         let e = rel_err(&p.grad().unwrap(), want);
         eprintln!("{name} {k}: relative error {e}");
         bad |= e >= 1e-5;
@@ -101,7 +114,10 @@ fn decoder(name: &str) {
     assert!(e < 1e-5, "{name} f32 logits: relative error {e}");
     let loss = out.loss.unwrap().item().unwrap();
     let want = get(&g, "loss_float32").to_vec_f64().unwrap()[0];
-    assert!((loss - want).abs() < 1e-4 * want.abs().max(1.0), "{name} loss {loss} vs {want}");
+    assert!(
+        (loss - want).abs() < 1e-4 * want.abs().max(1.0),
+        "{name} loss {loss} vs {want}"
+    );
     // Greedy generation: the same tokens.
     let mask = Tensor::ones(&[2, 8], DType::I64, &dev).unwrap();
     let gen = hf::generate(
@@ -115,7 +131,11 @@ fn decoder(name: &str) {
         },
     )
     .unwrap();
-    assert_eq!(gen.to_vec_i64().unwrap(), get(&g, "generated").to_vec_i64().unwrap(), "{name}");
+    assert_eq!(
+        gen.to_vec_i64().unwrap(),
+        get(&g, "generated").to_vec_i64().unwrap(),
+        "{name}"
+    );
     // The static cache computes the same tokens.
     let gen_s = hf::generate(
         &m,
@@ -128,7 +148,11 @@ fn decoder(name: &str) {
         },
     )
     .unwrap();
-    assert_eq!(gen_s.to_vec_i64().unwrap(), get(&g, "generated").to_vec_i64().unwrap(), "{name} static");
+    assert_eq!(
+        gen_s.to_vec_i64().unwrap(),
+        get(&g, "generated").to_vec_i64().unwrap(),
+        "{name} static"
+    );
     // Without a cache: the same logits.
     let nc = m
         .forward(
@@ -143,7 +167,11 @@ fn decoder(name: &str) {
     assert!(rel_err(nc.logits.as_ref().unwrap(), get(&g, "logits_float32")) < 1e-4);
     // bfloat16: within bf16's rounding, accumulated over the layers.
     let mb = load(name, &dev, DType::BF16, BertHead::Base);
-    let lb = mb.forward(&x, ForwardArgs::default()).unwrap().logits.unwrap();
+    let lb = mb
+        .forward(&x, ForwardArgs::default())
+        .unwrap()
+        .logits
+        .unwrap();
     assert_eq!(lb.dtype(), DType::BF16, "logits stay in the model dtype");
     let e = rel_err(&lb, get(&g, "logits_bfloat16"));
     eprintln!("{name} bf16 logits {e}");
@@ -170,7 +198,12 @@ fn bert_matches_transformers() {
     let dev = cpu();
     let g = golden("bert-tiny", &dev);
     let x = ids(&g, &dev);
-    check_grads("bert-tiny", &load("bert-tiny", &dev, DType::F32, BertHead::MaskedLm), &x, &g);
+    check_grads(
+        "bert-tiny",
+        &load("bert-tiny", &dev, DType::F32, BertHead::MaskedLm),
+        &x,
+        &g,
+    );
     let _ng = headroom_tensor::no_grad();
     let mask = Tensor::ones(&[2, 8], DType::I64, &dev).unwrap();
     let base = load("bert-tiny", &dev, DType::F32, BertHead::Base);
@@ -183,7 +216,10 @@ fn bert_matches_transformers() {
             },
         )
         .unwrap();
-    let e = rel_err(o.last_hidden_state.as_ref().unwrap(), get(&g, "hidden_float32"));
+    let e = rel_err(
+        o.last_hidden_state.as_ref().unwrap(),
+        get(&g, "hidden_float32"),
+    );
     eprintln!("bert hidden {e}");
     assert!(e < 1e-5, "hidden: {e}");
     let e = rel_err(o.pooler_output.as_ref().unwrap(), get(&g, "pooler_float32"));
@@ -203,9 +239,16 @@ fn bert_matches_transformers() {
     assert!(e < 1e-5, "mlm logits: {e}");
     let loss = o.loss.unwrap().item().unwrap();
     let want = get(&g, "loss_float32").to_vec_f64().unwrap()[0];
-    assert!((loss - want).abs() < 1e-4 * want.abs(), "loss {loss} vs {want}");
+    assert!(
+        (loss - want).abs() < 1e-4 * want.abs(),
+        "loss {loss} vs {want}"
+    );
     let mb = load("bert-tiny", &dev, DType::BF16, BertHead::MaskedLm);
-    let lb = mb.forward(&x, ForwardArgs::default()).unwrap().logits.unwrap();
+    let lb = mb
+        .forward(&x, ForwardArgs::default())
+        .unwrap()
+        .logits
+        .unwrap();
     let e = rel_err(&lb, get(&g, "logits_bfloat16"));
     eprintln!("bert bf16 mlm logits {e}");
     assert!(e < 2e-2, "bf16 mlm logits: {e}");

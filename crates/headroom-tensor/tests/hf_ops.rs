@@ -10,8 +10,8 @@ use headroom_tensor::gradcheck::{gradcheck, GradcheckOptions};
 use headroom_tensor::models::hf::{self, ForwardArgs, HfError, LoadOptions, Workload};
 use headroom_tensor::ops::{self, SdpaArgs, SdpaBackend};
 use headroom_tensor::{
-    no_grad, CountingAllocator, DType, Device, HostAllocator, MemEvent, RecordingAllocator,
-    Result, Tensor,
+    no_grad, CountingAllocator, DType, Device, HostAllocator, MemEvent, RecordingAllocator, Result,
+    Tensor,
 };
 
 fn cpu() -> Device {
@@ -20,7 +20,9 @@ fn cpu() -> Device {
 
 fn data(n: usize, seed: u64) -> Vec<f64> {
     (0..n)
-        .map(|i| (((i as f64 + 1.0) * 0.754_877_666 + seed as f64 * 0.569_840_29).fract() - 0.5) * 2.0)
+        .map(|i| {
+            (((i as f64 + 1.0) * 0.754_877_666 + seed as f64 * 0.569_840_29).fract() - 0.5) * 2.0
+        })
         .collect()
 }
 
@@ -46,10 +48,14 @@ fn reference(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor>
     };
     let (k, v) = (rep(k)?, rep(v)?);
     let d = q.shape()[3] as f64;
-    let mut w = q.matmul(&k.transpose(-1, -2)?)?.mul_scalar(1.0 / d.sqrt())?;
+    let mut w = q
+        .matmul(&k.transpose(-1, -2)?)?
+        .mul_scalar(1.0 / d.sqrt())?;
     if causal {
         let (t, s) = (q.shape()[2], k.shape()[2]);
-        let m: Vec<f64> = (0..t * s).map(|x| ((x % s) > (x / s)) as u8 as f64).collect();
+        let m: Vec<f64> = (0..t * s)
+            .map(|x| ((x % s) > (x / s)) as u8 as f64)
+            .collect();
         let m = Tensor::from_f64(&m, &[t, s], DType::Bool, q.device())?;
         w = w.masked_fill(&m, f64::NEG_INFINITY)?;
     }
@@ -58,7 +64,10 @@ fn reference(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor>
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
     let (a, b) = (a.to_vec_f64().unwrap(), b.to_vec_f64().unwrap());
-    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
 }
 
 fn args(causal: bool, gqa: bool) -> SdpaArgs<'static> {
@@ -74,20 +83,38 @@ fn backend_choice_is_pytorchs_on_an_h200() {
     let d = Device::meta(Arc::new(CountingAllocator::new(1 << 40)));
     let t = |sh: &[usize], dt| Tensor::empty(sh, dt, &d).unwrap();
     let pick = |q: &Tensor, k: &Tensor, gqa| ops::sdpa_backend(q, k, k, &args(true, gqa)).unwrap();
-    let (q, k) = (t(&[2, 8, 64, 32], DType::BF16), t(&[2, 2, 64, 32], DType::BF16));
+    let (q, k) = (
+        t(&[2, 8, 64, 32], DType::BF16),
+        t(&[2, 2, 64, 32], DType::BF16),
+    );
     assert_eq!(pick(&q, &q, false), SdpaBackend::Cudnn);
-    assert_eq!(pick(&q, &k, true), SdpaBackend::Cudnn, "cuDNN takes grouped heads");
+    assert_eq!(
+        pick(&q, &k, true),
+        SdpaBackend::Cudnn,
+        "cuDNN takes grouped heads"
+    );
     let k1 = t(&[2, 8, 1, 32], DType::BF16);
     assert_eq!(
         ops::sdpa_backend(&q, &k1, &k1, &args(false, false)).unwrap(),
         SdpaBackend::Flash,
         "cuDNN declines a key length of 1"
     );
-    let (q, k) = (t(&[2, 8, 64, 32], DType::F32), t(&[2, 2, 64, 32], DType::F32));
+    let (q, k) = (
+        t(&[2, 8, 64, 32], DType::F32),
+        t(&[2, 2, 64, 32], DType::F32),
+    );
     assert_eq!(pick(&q, &q, false), SdpaBackend::Efficient);
-    assert_eq!(pick(&q, &k, true), SdpaBackend::Math, "f32 grouped heads: the math path");
+    assert_eq!(
+        pick(&q, &k, true),
+        SdpaBackend::Math,
+        "f32 grouped heads: the math path"
+    );
     let odd = t(&[1, 2, 8, 6], DType::F32);
-    assert_eq!(pick(&odd, &odd, false), SdpaBackend::Math, "head dim not a multiple of 4");
+    assert_eq!(
+        pick(&odd, &odd, false),
+        SdpaBackend::Math,
+        "head dim not a multiple of 4"
+    );
     // Grouped heads without enable_gqa are an error, as in PyTorch.
     assert!(ops::sdpa_backend(&q, &k, &k, &args(true, false)).is_err());
 }
@@ -95,12 +122,18 @@ fn backend_choice_is_pytorchs_on_an_h200() {
 #[test]
 fn every_backend_computes_attention() {
     let d = cpu();
-    for (hq, hk, dt) in [(4, 4, DType::F32), (4, 2, DType::F32), (4, 2, DType::BF16), (4, 4, DType::BF16)] {
+    for (hq, hk, dt) in [
+        (4, 4, DType::F32),
+        (4, 2, DType::F32),
+        (4, 2, DType::BF16),
+        (4, 4, DType::BF16),
+    ] {
         for causal in [true, false] {
             let q = rand(&d, &[2, hq, 5, 8], 1, dt);
             let k = rand(&d, &[2, hk, 5, 8], 2, dt);
             let v = rand(&d, &[2, hk, 5, 8], 3, dt);
-            let got = ops::scaled_dot_product_attention(&q, &k, &v, &args(causal, hq != hk)).unwrap();
+            let got =
+                ops::scaled_dot_product_attention(&q, &k, &v, &args(causal, hq != hk)).unwrap();
             let f = |x: &Tensor| x.to_dtype(DType::F32).unwrap();
             let want = reference(&f(&q), &f(&k), &f(&v), causal).unwrap();
             let tol = if dt == DType::F32 { 1e-5 } else { 2e-2 };
@@ -129,7 +162,12 @@ fn every_backend_computes_attention() {
 fn attention_gradients_match_finite_differences() {
     let d = cpu();
     let opts = GradcheckOptions::default();
-    for (hk, causal, dropout) in [(2, true, 0.0), (2, false, 0.0), (1, true, 0.0), (2, true, 0.3)] {
+    for (hk, causal, dropout) in [
+        (2, true, 0.0),
+        (2, false, 0.0),
+        (1, true, 0.0),
+        (2, true, 0.3),
+    ] {
         let q = leaf(&d, &[1, 2, 3, 4], 1);
         let k = leaf(&d, &[1, hk, 3, 4], 2);
         let v = leaf(&d, &[1, hk, 3, 4], 3);
@@ -158,7 +196,9 @@ fn attention_gradients_match_finite_differences() {
 
 /// The sizes a call allocates (+) and frees (-), in order.
 fn events(f: impl FnOnce(&Device)) -> Vec<i64> {
-    let rec = Arc::new(RecordingAllocator::new(Arc::new(CountingAllocator::new(1 << 40))));
+    let rec = Arc::new(RecordingAllocator::new(Arc::new(CountingAllocator::new(
+        1 << 40,
+    ))));
     let d = Device::meta(rec.clone());
     f(&d);
     rec.take()
@@ -195,19 +235,28 @@ fn each_backend_allocates_what_pytorch_does() {
         let q = Tensor::empty(&sh, DType::BF16, d).unwrap();
         let _o = ops::scaled_dot_product_attention(&q, &q, &q, &args(true, false)).unwrap();
     });
-    assert_eq!(&ev[1..8], &[8, 8, out(DType::BF16), 256, -256, -8, -8], "{ev:?}");
+    assert_eq!(
+        &ev[1..8],
+        &[8, 8, out(DType::BF16), 256, -256, -8, -8],
+        "{ev:?}"
+    );
 }
 
 #[test]
 fn argmax_takes_the_first_maximum() {
     let d = cpu();
     let x = Tensor::from_f64(&[1.0, 3.0, 3.0, 0.0, -1.0, -2.0], &[2, 3], DType::F32, &d).unwrap();
-    assert_eq!(x.argmax(-1, false).unwrap().to_vec_i64().unwrap(), vec![1, 0]);
+    assert_eq!(
+        x.argmax(-1, false).unwrap().to_vec_i64().unwrap(),
+        vec![1, 0]
+    );
     assert_eq!(x.argmax(0, true).unwrap().shape(), &[1, 3]);
 }
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(name)
 }
 
 #[test]
@@ -221,12 +270,19 @@ fn unsupported_configs_are_clear_errors() {
     };
     let e = load(r#"{"model_type": "falcon"}"#);
     assert!(matches!(e, HfError::UnsupportedFamily { .. }));
-    assert!(e.to_string().contains("supported: gpt2, llama, mistral, qwen2, bert"), "{e}");
-    let e = load(r#"{"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}"#);
+    assert!(
+        e.to_string()
+            .contains("supported: gpt2, llama, mistral, qwen2, bert"),
+        "{e}"
+    );
+    let e =
+        load(r#"{"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}"#);
     assert!(e.to_string().contains("yarn"), "{e}");
     let e = load("{not json");
     assert!(matches!(e, HfError::Config { .. }), "{e}");
-    let e = hf::load(&dir.join("missing"), &d, &LoadOptions::default()).err().unwrap();
+    let e = hf::load(&dir.join("missing"), &d, &LoadOptions::default())
+        .err()
+        .unwrap();
     assert!(matches!(e, HfError::Io { .. }), "{e}");
     let e = hf::predict(
         &fixture("hf/bert-tiny"),
@@ -280,7 +336,10 @@ fn the_kv_cache_is_part_of_the_output_unless_use_cache_is_off() {
     let kv = cache.tensors();
     assert_eq!(kv.len(), 2 * c.num_hidden_layers);
     let kv_bytes: u64 = kv.iter().map(|t| t.nbytes()).sum();
-    assert_eq!(kv_bytes, (2 * c.num_hidden_layers * 2 * c.num_key_value_heads * 64 * c.head_dim * 4) as u64);
+    assert_eq!(
+        kv_bytes,
+        (2 * c.num_hidden_layers * 2 * c.num_key_value_heads * 64 * c.head_dim * 4) as u64
+    );
     drop((kv, on));
     let off = m
         .forward(
@@ -306,7 +365,11 @@ fn predict_gives_peaks_from_the_config_alone() {
         seq: 128,
         use_cache: None,
     });
-    assert!(fwd.weights_bytes > 490_000_000 && fwd.weights_bytes < 500_000_000, "{}", fwd.weights_bytes);
+    assert!(
+        fwd.weights_bytes > 490_000_000 && fwd.weights_bytes < 500_000_000,
+        "{}",
+        fwd.weights_bytes
+    );
     assert!(fwd.peak_allocated_bytes > fwd.base_allocated_bytes);
     assert!(fwd.peak_reserved_bytes >= fwd.peak_allocated_bytes);
     let gen = p(Workload::Generate {
@@ -323,5 +386,12 @@ fn predict_gives_peaks_from_the_config_alone() {
         optimizer: hf::scenario::Optim::default(),
     });
     // AdamW's two states are there from the first step.
-    assert!(train.categories.get("optimizer_state").copied().unwrap_or(0) >= 2 * train.weights_bytes);
+    assert!(
+        train
+            .categories
+            .get("optimizer_state")
+            .copied()
+            .unwrap_or(0)
+            >= 2 * train.weights_bytes
+    );
 }

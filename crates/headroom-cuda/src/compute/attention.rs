@@ -92,8 +92,8 @@ impl Gpu {
             K::AttnFwd,
             n,
             &mut kargs![
-                a.q, a.k, a.v, a.mask, has_mask, a.out, a.lse, has_lse, p.scale, causal,
-                p.dropout, p.seed, s
+                a.q, a.k, a.v, a.mask, has_mask, a.out, a.lse, has_lse, p.scale, causal, p.dropout,
+                p.seed, s
             ],
         )
     }
@@ -124,16 +124,16 @@ impl Gpu {
             K::AttnBwdQ,
             s.b * s.hq * s.tq,
             &mut kargs![
-                a.q, a.k, a.v, a.mask, has_mask, a.lse, *gout, *delta, a.out, *gq, p.scale,
-                causal, p.dropout, p.seed, s
+                a.q, a.k, a.v, a.mask, has_mask, a.lse, *gout, *delta, a.out, *gq, p.scale, causal,
+                p.dropout, p.seed, s
             ],
         )?;
         self.launch1d(
             K::AttnBwdKv,
             s.b * s.hkv * s.s,
             &mut kargs![
-                a.q, a.k, a.v, a.mask, has_mask, a.lse, *gout, *delta, a.out, *gk, *gv,
-                p.scale, causal, p.dropout, p.seed, s
+                a.q, a.k, a.v, a.mask, has_mask, a.lse, *gout, *delta, a.out, *gk, *gv, p.scale,
+                causal, p.dropout, p.seed, s
             ],
         )
     }

@@ -124,14 +124,16 @@ fn check(q: &Tensor, k: &Tensor, v: &Tensor, a: &SdpaArgs) -> Result<Dims> {
     }
     if let Some(m) = a.attn_mask {
         same_device(q, m, OP)?;
-        m.layout()
-            .expand(&[dm.b, dm.hq, dm.t, dm.s])
-            .map_err(|_| {
-                TensorError::shape(
-                    OP,
-                    format!("attn_mask {:?} does not broadcast to {:?}", m.shape(), [dm.b, dm.hq, dm.t, dm.s]),
-                )
-            })?;
+        m.layout().expand(&[dm.b, dm.hq, dm.t, dm.s]).map_err(|_| {
+            TensorError::shape(
+                OP,
+                format!(
+                    "attn_mask {:?} does not broadcast to {:?}",
+                    m.shape(),
+                    [dm.b, dm.hq, dm.t, dm.s]
+                ),
+            )
+        })?;
         if m.dtype() != DType::Bool && m.dtype() != q.dtype() && m.dtype() != DType::F32 {
             return Err(TensorError::DTypeMismatch {
                 op: OP,
@@ -216,8 +218,7 @@ fn bool_mask_to_float(m: &Tensor, dtype: DType) -> Result<Tensor> {
 
 /// A fresh [B, H, T, D] tensor laid out [B, T, H, D] in memory.
 fn empty_bthd(sh: [usize; 4], dtype: DType, dev: &crate::device::Device) -> Result<Tensor> {
-    let l = Layout::contiguous(&[sh[0], sh[2], sh[1], sh[3]])
-        .permute(&[0, 2, 1, 3])?;
+    let l = Layout::contiguous(&[sh[0], sh[2], sh[1], sh[3]]).permute(&[0, 2, 1, 3])?;
     Tensor::empty_dense(l, dtype, dev)
 }
 
@@ -311,26 +312,31 @@ impl Fused {
             SdpaBackend::Flash => "ScaledDotProductFlashAttentionBackward0",
             _ => "ScaledDotProductEfficientAttentionBackward0",
         };
-        record(name, &[Some(q), Some(k), Some(v)], &[&out], move |g, needs| {
-            let _keep = &s_rng;
-            let gout = grad0(g, name)?;
-            let [sq, sk, sv, so] = &saved;
-            let lse = match &s_lse {
-                Some(l) => Some(l.get(name)?),
-                None => None,
-            };
-            let mask = match &s_mask {
-                Some(m) => Some(m.get(name)?),
-                None => None,
-            };
-            self.backward(
-                &gout,
-                [sq.get(name)?, sk.get(name)?, sv.get(name)?, so.get(name)?],
-                lse,
-                mask,
-                needs,
-            )
-        });
+        record(
+            name,
+            &[Some(q), Some(k), Some(v)],
+            &[&out],
+            move |g, needs| {
+                let _keep = &s_rng;
+                let gout = grad0(g, name)?;
+                let [sq, sk, sv, so] = &saved;
+                let lse = match &s_lse {
+                    Some(l) => Some(l.get(name)?),
+                    None => None,
+                };
+                let mask = match &s_mask {
+                    Some(m) => Some(m.get(name)?),
+                    None => None,
+                };
+                self.backward(
+                    &gout,
+                    [sq.get(name)?, sk.get(name)?, sv.get(name)?, so.get(name)?],
+                    lse,
+                    mask,
+                    needs,
+                )
+            },
+        );
         Ok(out)
     }
 
@@ -461,7 +467,12 @@ fn repeat_heads(x: &Tensor, n: usize) -> Result<Tensor> {
 
 /// The causal mask `where(ones(T, S).tril(), 0, -inf)` in `dtype`, allocated as PyTorch does
 /// (the ones, the tril, two scalar tensors, the result; the temporaries freed).
-fn causal_float_mask(t: usize, s: usize, dtype: DType, dev: &crate::device::Device) -> Result<Tensor> {
+fn causal_float_mask(
+    t: usize,
+    s: usize,
+    dtype: DType,
+    dev: &crate::device::Device,
+) -> Result<Tensor> {
     let _g = autograd::no_grad();
     let ones = Tensor::ones(&[t, s], DType::Bool, dev)?;
     let tril: Vec<f64> = (0..t * s)
@@ -472,7 +483,13 @@ fn causal_float_mask(t: usize, s: usize, dtype: DType, dev: &crate::device::Devi
     let zero = Tensor::scalar(0.0, DType::F32, dev)?;
     let ninf = Tensor::scalar(f64::NEG_INFINITY, DType::F32, dev)?;
     let vals: Vec<f64> = (0..t * s)
-        .map(|x| if x % s <= x / s { 0.0 } else { f64::NEG_INFINITY })
+        .map(|x| {
+            if x % s <= x / s {
+                0.0
+            } else {
+                f64::NEG_INFINITY
+            }
+        })
         .collect();
     let mask = Tensor::from_f64(&vals, &[t, s], dtype, dev)?;
     drop((ninf, zero, tril));

@@ -14,6 +14,7 @@
 //!   workspaces, so that is done too) and not compared.
 //! - **fresh**: `hf::predict` on a fresh device, with the cuBLAS workspaces the snapshot
 //!   shows existing before the recording (a process's first scenario is cold).
+//!
 //! PyTorch's figure is the replay of the snapshot (`headroom replay`), which reproduces
 //! `max_memory_allocated()` exactly.
 
@@ -140,7 +141,10 @@ pub fn scenarios(model: &'static str) -> Vec<Scenario> {
             }
         }
         for &(b, p, n) in generate {
-            for (c, name) in [(CacheImpl::Dynamic, "dynamic"), (CacheImpl::Static, "static")] {
+            for (c, name) in [
+                (CacheImpl::Dynamic, "dynamic"),
+                (CacheImpl::Static, "static"),
+            ] {
                 push(
                     DType::F32,
                     Workload::Generate {
@@ -213,7 +217,8 @@ pub fn torch(path: &Path) -> Torch {
     for e in trace {
         if e.action == TraceAction::Alloc {
             live_in_trace.insert(e.addr, e.size);
-        } else if e.action == TraceAction::FreeCompleted && live_in_trace.remove(&e.addr).is_none() {
+        } else if e.action == TraceAction::FreeCompleted && live_in_trace.remove(&e.addr).is_none()
+        {
             freed_pre.push(e.size);
         }
     }
@@ -273,7 +278,10 @@ fn opts(s: &Scenario, warmth: Warmth) -> RunOptions {
 /// Every non-static scenario of `model` whose snapshot is in `snaps`.
 pub fn compare_model(model: &'static str, snaps: &Path) -> Vec<Row> {
     let dir = fixtures().join(model);
-    let dev = Device::meta_caching(headroom_tensor::predict::UNBOUNDED, AllocatorConfig::default());
+    let dev = Device::meta_caching(
+        headroom_tensor::predict::UNBOUNDED,
+        AllocatorConfig::default(),
+    );
     let mut rows = Vec::new();
     for s in scenarios(model) {
         // The process: this scenario on the device the earlier ones ran on (its state is

@@ -10,6 +10,7 @@
 //! - a segment left in place by a full `empty_cache` while wholly free belongs to a private
 //!   pool that was still in use; one released belongs to the default pool or to a pool that
 //!   was already freeable.
+//!
 //! This module replays the recorded addresses (no policy of ours is involved) and collects
 //! those facts as constraints between *segment instances* (one segment from its creation to
 //! its release). `pools.rs` turns them into pool labels. Block extents follow PyTorch's split

@@ -99,7 +99,7 @@ impl ReplayPlan {
         let user_release = facts
             .runs
             .iter()
-            .filter(|r| !r.partial && !(pressure && r.then_alloc))
+            .filter(|r| !(r.partial || pressure && r.then_alloc))
             .map(|r| r.start)
             .collect();
         let run_at = facts

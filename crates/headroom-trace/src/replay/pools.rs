@@ -79,8 +79,8 @@ pub(crate) fn infer(facts: &Facts) -> Pools {
             w.last_kept = Some(w.last_kept.map_or(k, |m| m.max(k)));
         }
     };
-    for x in 0..n {
-        if let Some(l) = label[x] {
+    for (x, l) in label.iter().enumerate().take(n) {
+        if let Some(l) = *l {
             note(&mut windows, l, x);
         }
     }

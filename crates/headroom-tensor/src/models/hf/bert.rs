@@ -80,11 +80,31 @@ pub(crate) fn tree(c: &HfConfig, head: BertHead) -> Node {
     let (e, std) = (c.hidden_size, c.initializer_range);
     let embeddings = Node::new("embeddings")
         .child(Node::embedding("word_embeddings", c.vocab_size, e, std))
-        .child(Node::embedding("position_embeddings", c.max_position_embeddings, e, std))
-        .child(Node::embedding("token_type_embeddings", c.type_vocab_size, e, std))
+        .child(Node::embedding(
+            "position_embeddings",
+            c.max_position_embeddings,
+            e,
+            std,
+        ))
+        .child(Node::embedding(
+            "token_type_embeddings",
+            c.type_vocab_size,
+            e,
+            std,
+        ))
         .child(Node::layer_norm("LayerNorm", e))
-        .buffer("position_ids", &[1, c.max_position_embeddings], InitKind::Arange, Some(DType::I64))
-        .buffer("token_type_ids", &[1, c.max_position_embeddings], InitKind::Zeros, Some(DType::I64));
+        .buffer(
+            "position_ids",
+            &[1, c.max_position_embeddings],
+            InitKind::Arange,
+            Some(DType::I64),
+        )
+        .buffer(
+            "token_type_ids",
+            &[1, c.max_position_embeddings],
+            InitKind::Zeros,
+            Some(DType::I64),
+        );
     let mut layer = Node::new("layer");
     for i in 0..c.num_hidden_layers {
         layer = layer.child(
@@ -103,7 +123,13 @@ pub(crate) fn tree(c: &HfConfig, head: BertHead) -> Node {
                                 .child(Node::layer_norm("LayerNorm", e)),
                         ),
                 )
-                .child(Node::new("intermediate").child(Node::linear("dense", e, c.intermediate_size, true, std)))
+                .child(Node::new("intermediate").child(Node::linear(
+                    "dense",
+                    e,
+                    c.intermediate_size,
+                    true,
+                    std,
+                )))
                 .child(
                     Node::new("output")
                         .child(Node::linear("dense", c.intermediate_size, e, true, std))
@@ -194,7 +220,13 @@ impl Bert {
     }
 
     fn ln(&self, x: &Tensor, l: &Lin) -> Result<Tensor> {
-        ops::layer_norm(x, &[self.cfg.hidden_size], Some(&l.w), Some(&l.b), self.cfg.norm_eps)
+        ops::layer_norm(
+            x,
+            &[self.cfg.hidden_size],
+            Some(&l.w),
+            Some(&l.b),
+            self.cfg.norm_eps,
+        )
     }
 
     fn dropout(&self, x: &Tensor, p: f64) -> Result<Tensor> {
@@ -217,7 +249,13 @@ impl Bert {
         e = e.add(&position_embeddings)?;
         e = self.ln(&e, &self.emb_ln)?;
         e = self.dropout(&e, self.cfg.embd_pdrop)?;
-        drop((position_ids, token_type_ids, inputs_embeds, token_type_embeddings, position_embeddings));
+        drop((
+            position_ids,
+            token_type_ids,
+            inputs_embeds,
+            token_type_embeddings,
+            position_embeddings,
+        ));
         Ok(e)
     }
 
@@ -228,7 +266,10 @@ impl Bert {
         let (nh, d) = (self.cfg.num_attention_heads, self.cfg.head_dim);
         // BertSelfAttention
         let self_out = {
-            let heads = |y: Tensor| y.view(&[b as isize, t as isize, -1, d as isize])?.transpose(1, 2);
+            let heads = |y: Tensor| {
+                y.view(&[b as isize, t as isize, -1, d as isize])?
+                    .transpose(1, 2)
+            };
             let q = heads(l.query.forward(x)?)?;
             let k = heads(l.key.forward(x)?)?;
             let v = heads(l.value.forward(x)?)?;
@@ -238,7 +279,11 @@ impl Bert {
                 &v,
                 &AttnCall {
                     mask,
-                    dropout: if self.training { self.cfg.attn_pdrop } else { 0.0 },
+                    dropout: if self.training {
+                        self.cfg.attn_pdrop
+                    } else {
+                        0.0
+                    },
                     scaling: (d as f64).powf(-0.5),
                     kv_groups: 1,
                     causal: false,
@@ -280,7 +325,11 @@ impl Bert {
     /// (or none).
     /// `BertModel.forward` keeps `embedding_output` as a local until it returns, so it
     /// outlives the encoder; the caller drops it after the head.
-    pub(crate) fn encode(&self, ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
+    pub(crate) fn encode(
+        &self,
+        ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+    ) -> Result<(Tensor, Tensor)> {
         let embedding_output = self.embeddings(ids)?;
         let mask = masking::bidirectional_mask(attention_mask, ids.device())?;
         let mut h = embedding_output.clone();

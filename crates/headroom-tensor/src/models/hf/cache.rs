@@ -112,7 +112,11 @@ impl StaticCache {
             return Err(TensorError::invalid("StaticCache", "uninitialised layer"));
         };
         let t = k.shape()[2];
-        let start = if layer == 0 { self.filled } else { self.filled - t };
+        let start = if layer == 0 {
+            self.filled
+        } else {
+            self.filled - t
+        };
         if start + t > max_len {
             return Err(TensorError::invalid(
                 "StaticCache",

@@ -134,10 +134,13 @@ impl Reader<'_> {
     fn usize_or(&self, keys: &[&str], default: Option<usize>) -> HfResult<usize> {
         for k in keys {
             if let Some(x) = get(self.v, k) {
-                return x.as_u64().map(|n| n as usize).ok_or_else(|| HfError::Config {
-                    path: self.path.into(),
-                    msg: format!("{k} must be a non-negative integer, got {x}"),
-                });
+                return x
+                    .as_u64()
+                    .map(|n| n as usize)
+                    .ok_or_else(|| HfError::Config {
+                        path: self.path.into(),
+                        msg: format!("{k} must be a non-negative integer, got {x}"),
+                    });
             }
         }
         default.ok_or_else(|| HfError::Config {
@@ -257,7 +260,12 @@ impl HfConfig {
     }
 
     fn validate(&self) -> HfResult<()> {
-        let bad = |m: String| Err(HfError::Invalid(format!("{} config: {m}", self.family.name())));
+        let bad = |m: String| {
+            Err(HfError::Invalid(format!(
+                "{} config: {m}",
+                self.family.name()
+            )))
+        };
         if self.hidden_size == 0
             || self.num_hidden_layers == 0
             || self.num_attention_heads == 0
@@ -266,7 +274,9 @@ impl HfConfig {
             return bad("hidden_size, num_hidden_layers, num_attention_heads and vocab_size must be positive".into());
         }
         if self.num_key_value_heads == 0
-            || !self.num_attention_heads.is_multiple_of(self.num_key_value_heads)
+            || !self
+                .num_attention_heads
+                .is_multiple_of(self.num_key_value_heads)
         {
             return bad(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
@@ -282,7 +292,10 @@ impl HfConfig {
             ));
         }
         if self.head_dim == 0 || (self.family.is_llama_like() && !self.head_dim.is_multiple_of(2)) {
-            return bad(format!("head_dim {} must be positive (and even for RoPE)", self.head_dim));
+            return bad(format!(
+                "head_dim {} must be positive (and even for RoPE)",
+                self.head_dim
+            ));
         }
         Ok(())
     }
@@ -299,10 +312,18 @@ fn unsupported(family: Family, what: &str, why: &str) -> HfError {
 fn gpt2(r: &Reader, dtype: Option<DType>) -> HfResult<HfConfig> {
     let f = Family::Gpt2;
     if r.bool_or("add_cross_attention", false)? {
-        return Err(unsupported(f, "add_cross_attention", "only the decoder-only GPT-2 is implemented"));
+        return Err(unsupported(
+            f,
+            "add_cross_attention",
+            "only the decoder-only GPT-2 is implemented",
+        ));
     }
     if r.bool_or("reorder_and_upcast_attn", false)? {
-        return Err(unsupported(f, "reorder_and_upcast_attn", "it only applies to eager attention; SDPA is implemented"));
+        return Err(unsupported(
+            f,
+            "reorder_and_upcast_attn",
+            "it only applies to eager attention; SDPA is implemented",
+        ));
     }
     let hidden = r.usize_or(&["n_embd", "hidden_size"], Some(768))?;
     let heads = r.usize_or(&["n_head", "num_attention_heads"], Some(12))?;
@@ -315,7 +336,8 @@ fn gpt2(r: &Reader, dtype: Option<DType>) -> HfResult<HfConfig> {
         num_key_value_heads: heads,
         head_dim: hidden / heads.max(1),
         intermediate_size: r.usize_or(&["n_inner"], Some(4 * hidden))?,
-        max_position_embeddings: r.usize_or(&["n_positions", "max_position_embeddings"], Some(1024))?,
+        max_position_embeddings: r
+            .usize_or(&["n_positions", "max_position_embeddings"], Some(1024))?,
         norm_eps: r.f64_or(&["layer_norm_epsilon"], 1e-5)?,
         rope_theta: 0.0,
         qkv_bias: true,
@@ -362,11 +384,19 @@ fn llama_like(r: &Reader, f: Family, dtype: Option<DType>) -> HfResult<HfConfig>
         }
         Family::Qwen2 => {
             if r.bool_or("use_sliding_window", false)? {
-                return Err(unsupported(f, "use_sliding_window", "only full causal attention is implemented"));
+                return Err(unsupported(
+                    f,
+                    "use_sliding_window",
+                    "only full causal attention is implemented",
+                ));
             }
             if let Some(Value::Array(types)) = get(r.v, "layer_types") {
                 if types.iter().any(|t| t.as_str() != Some("full_attention")) {
-                    return Err(unsupported(f, "sliding attention layer_types", "only full causal attention is implemented"));
+                    return Err(unsupported(
+                        f,
+                        "sliding attention layer_types",
+                        "only full causal attention is implemented",
+                    ));
                 }
             }
         }
@@ -381,7 +411,11 @@ fn llama_like(r: &Reader, f: Family, dtype: Option<DType>) -> HfResult<HfConfig>
             .and_then(|x| x.as_str())
             .unwrap_or("default");
         if kind != "default" {
-            return Err(unsupported(f, &format!("rope_type {kind:?}"), "only the default RoPE is implemented"));
+            return Err(unsupported(
+                f,
+                &format!("rope_type {kind:?}"),
+                "only the default RoPE is implemented",
+            ));
         }
         if let Some(t) = p.get("rope_theta").and_then(|x| x.as_f64()) {
             rope_theta = t;
@@ -413,10 +447,7 @@ fn llama_like(r: &Reader, f: Family, dtype: Option<DType>) -> HfResult<HfConfig>
         initializer_range: r.f64_or(&["initializer_range"], 0.02)?,
         type_vocab_size: 0,
         pad_token_id: r.ids("pad_token_id", &[]).first().copied(),
-        eos_token_ids: r.ids(
-            "eos_token_id",
-            if f == Family::Qwen2 { &[] } else { &[2] },
-        ),
+        eos_token_ids: r.ids("eos_token_id", if f == Family::Qwen2 { &[] } else { &[2] }),
         embd_pdrop: 0.0,
         attn_pdrop: r.f64_or(&["attention_dropout"], 0.0)?,
         resid_pdrop: 0.0,
@@ -429,11 +460,19 @@ fn llama_like(r: &Reader, f: Family, dtype: Option<DType>) -> HfResult<HfConfig>
 fn bert(r: &Reader, dtype: Option<DType>) -> HfResult<HfConfig> {
     let f = Family::Bert;
     if r.bool_or("is_decoder", false)? || r.bool_or("add_cross_attention", false)? {
-        return Err(unsupported(f, "is_decoder / add_cross_attention", "only the BERT encoder is implemented"));
+        return Err(unsupported(
+            f,
+            "is_decoder / add_cross_attention",
+            "only the BERT encoder is implemented",
+        ));
     }
     let pos = r.str_or("position_embedding_type", "absolute")?;
     if pos != "absolute" {
-        return Err(unsupported(f, &format!("position_embedding_type {pos:?}"), "only absolute positions are implemented"));
+        return Err(unsupported(
+            f,
+            &format!("position_embedding_type {pos:?}"),
+            "only absolute positions are implemented",
+        ));
     }
     let hidden = r.usize_or(&["hidden_size"], Some(768))?;
     let heads = r.usize_or(&["num_attention_heads"], Some(12))?;
@@ -476,13 +515,19 @@ mod tests {
     fn unsupported_family_names_the_supported_ones() {
         let e = HfConfig::from_json(r#"{"model_type": "t5"}"#, "x").unwrap_err();
         let m = e.to_string();
-        assert!(m.contains("t5") && m.contains("gpt2, llama, mistral, qwen2, bert"), "{m}");
+        assert!(
+            m.contains("t5") && m.contains("gpt2, llama, mistral, qwen2, bert"),
+            "{m}"
+        );
     }
 
     #[test]
     fn defaults_are_transformers() {
         let c = HfConfig::from_json(r#"{"model_type": "gpt2"}"#, "x").unwrap();
-        assert_eq!((c.hidden_size, c.num_hidden_layers, c.vocab_size), (768, 12, 50257));
+        assert_eq!(
+            (c.hidden_size, c.num_hidden_layers, c.vocab_size),
+            (768, 12, 50257)
+        );
         assert_eq!(c.intermediate_size, 3072);
         assert!(c.tie_word_embeddings);
         let c = HfConfig::from_json(

@@ -16,9 +16,7 @@ pub enum HfError {
     Io { path: String, msg: String },
     #[error("{path}: not a valid config.json: {msg}")]
     Config { path: String, msg: String },
-    #[error(
-        "model_type {model_type:?} is not supported (supported: {SUPPORTED})"
-    )]
+    #[error("model_type {model_type:?} is not supported (supported: {SUPPORTED})")]
     UnsupportedFamily { model_type: String },
     #[error("{family} config: {what} is not supported ({why})")]
     UnsupportedFeature {

@@ -103,9 +103,15 @@ pub fn generate(
     let _g = no_grad();
     let cfg = model.config();
     if !cfg.family.is_decoder() {
-        return Err(TensorError::invalid("generate", "BERT is an encoder: nothing to generate"));
+        return Err(TensorError::invalid(
+            "generate",
+            "BERT is an encoder: nothing to generate",
+        ));
     }
-    if input_ids.ndim() != 2 || input_ids.dtype() != DType::I64 || attention_mask.shape() != input_ids.shape() {
+    if input_ids.ndim() != 2
+        || input_ids.dtype() != DType::I64
+        || attention_mask.shape() != input_ids.shape()
+    {
         return Err(TensorError::shape(
             "generate",
             format!(
@@ -122,7 +128,11 @@ pub fn generate(
     if p + n > cfg.max_position_embeddings {
         return Err(TensorError::invalid(
             "generate",
-            format!("{} tokens exceed max_position_embeddings {}", p + n, cfg.max_position_embeddings),
+            format!(
+                "{} tokens exceed max_position_embeddings {}",
+                p + n,
+                cfg.max_position_embeddings
+            ),
         ));
     }
     let dev = input_ids.device().clone();
@@ -142,7 +152,10 @@ pub fn generate(
         drop((c, a));
     }
     // The padding-side check `(input_ids[:, -1] == pad).any()`.
-    drop((shadow(&[b], DType::Bool, input_ids)?, shadow(&[], DType::Bool, input_ids)?));
+    drop((
+        shadow(&[b], DType::Bool, input_ids)?,
+        shadow(&[], DType::Bool, input_ids)?,
+    ));
     // The EOS mask over the vocabulary the processors use (its values matter).
     let eos_mask = {
         let mut m = vec![0.0; v];
@@ -258,7 +271,10 @@ pub fn generate(
             .iter()
             .map(|&s| shadow(&[s], DType::Bool, input_ids))
             .collect::<Result<_>>()?;
-        let stop = (shadow(&[], DType::I64, input_ids)?, shadow(&[], DType::Bool, input_ids)?);
+        let stop = (
+            shadow(&[], DType::I64, input_ids)?,
+            shadow(&[], DType::Bool, input_ids)?,
+        );
         drop((crit, stop));
         // del outputs
         drop((logits, next_logits));

@@ -111,7 +111,13 @@ impl Gpt2LmHead {
     }
 
     fn ln(&self, x: &Tensor, (w, b): &(Tensor, Tensor)) -> Result<Tensor> {
-        ops::layer_norm(x, &[self.cfg.hidden_size], Some(w), Some(b), self.cfg.norm_eps)
+        ops::layer_norm(
+            x,
+            &[self.cfg.hidden_size],
+            Some(w),
+            Some(b),
+            self.cfg.norm_eps,
+        )
     }
 
     fn dropout(&self, x: &Tensor, p: f64) -> Result<Tensor> {
@@ -133,7 +139,10 @@ impl Gpt2LmHead {
         let qkv = layers::conv1d(x, &blk.c_attn.0, &blk.c_attn.1)?;
         let parts = qkv.split(e, 2)?;
         drop(qkv);
-        let heads = |p: &Tensor| p.view(&[b as isize, t as isize, -1, d as isize])?.transpose(1, 2);
+        let heads = |p: &Tensor| {
+            p.view(&[b as isize, t as isize, -1, d as isize])?
+                .transpose(1, 2)
+        };
         let mut k = heads(&parts[1])?;
         let mut v = heads(&parts[2])?;
         let q = heads(&parts[0])?;
@@ -156,7 +165,11 @@ impl Gpt2LmHead {
             &v,
             &AttnCall {
                 mask,
-                dropout: if self.training { self.cfg.attn_pdrop } else { 0.0 },
+                dropout: if self.training {
+                    self.cfg.attn_pdrop
+                } else {
+                    0.0
+                },
                 scaling,
                 kv_groups: 1,
                 causal: true,
@@ -172,7 +185,13 @@ impl Gpt2LmHead {
     }
 
     /// `GPT2Block.forward`. `x` stays alive in the caller's loop until this returns.
-    fn block(&self, i: usize, x: &Tensor, cache: Option<&mut Cache>, mask: Option<&Tensor>) -> Result<Tensor> {
+    fn block(
+        &self,
+        i: usize,
+        x: &Tensor,
+        cache: Option<&mut Cache>,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let blk = &self.h[i];
         // residual = hidden_states; hidden_states = self.ln_1(hidden_states)
         let ln1 = self.ln(x, &blk.ln_1)?;
@@ -204,7 +223,9 @@ impl Gpt2LmHead {
         let mut cache: Option<&mut Cache> = match fa.cache {
             Some(c) => Some(c),
             None if use_cache => {
-                own = Some(Cache::Dynamic(DynamicCache::new(self.cfg.num_hidden_layers)));
+                own = Some(Cache::Dynamic(DynamicCache::new(
+                    self.cfg.num_hidden_layers,
+                )));
                 own.as_mut()
             }
             None => None,

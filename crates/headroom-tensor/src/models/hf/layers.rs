@@ -40,7 +40,11 @@ pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> 
 /// `LlamaRotaryEmbedding.forward` (under `torch.no_grad()`): cos and sin [B, T, D] in
 /// `x_dtype` for int64 `position_ids` [B, T]. `inv_freq` is the model's buffer (cast to the
 /// model dtype by `.to(dtype)`, as transformers' is).
-pub(crate) fn rotary(inv_freq: &Tensor, position_ids: &Tensor, x_dtype: DType) -> Result<(Tensor, Tensor)> {
+pub(crate) fn rotary(
+    inv_freq: &Tensor,
+    position_ids: &Tensor,
+    x_dtype: DType,
+) -> Result<(Tensor, Tensor)> {
     let _g = no_grad();
     let half = inv_freq.numel();
     let bsz = position_ids.shape()[0];
@@ -75,7 +79,12 @@ fn rotate_half(x: &Tensor) -> Result<Tensor> {
 
 /// `apply_rotary_pos_emb(q, k, cos, sin)`: `(q * cos) + (rotate_half(q) * sin)` and the same
 /// for k, with cos/sin unsqueezed at dim 1.
-pub(crate) fn apply_rotary(q: &Tensor, k: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(Tensor, Tensor)> {
+pub(crate) fn apply_rotary(
+    q: &Tensor,
+    k: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+) -> Result<(Tensor, Tensor)> {
     let (cos, sin) = (cos.unsqueeze(1)?, sin.unsqueeze(1)?);
     let one = |x: &Tensor| -> Result<Tensor> {
         let a = x.mul(&cos)?;

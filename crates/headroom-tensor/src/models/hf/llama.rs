@@ -75,9 +75,27 @@ pub(crate) fn tree(c: &HfConfig) -> Node {
                 )
                 .child(
                     Node::new("mlp")
-                        .child(Node::linear("gate_proj", e, c.intermediate_size, c.mlp_bias, std))
-                        .child(Node::linear("up_proj", e, c.intermediate_size, c.mlp_bias, std))
-                        .child(Node::linear("down_proj", c.intermediate_size, e, c.mlp_bias, std)),
+                        .child(Node::linear(
+                            "gate_proj",
+                            e,
+                            c.intermediate_size,
+                            c.mlp_bias,
+                            std,
+                        ))
+                        .child(Node::linear(
+                            "up_proj",
+                            e,
+                            c.intermediate_size,
+                            c.mlp_bias,
+                            std,
+                        ))
+                        .child(Node::linear(
+                            "down_proj",
+                            c.intermediate_size,
+                            e,
+                            c.mlp_bias,
+                            std,
+                        )),
                 )
                 .child(Node::new("input_layernorm").param("weight", &[e], InitKind::Ones))
                 .child(Node::new("post_attention_layernorm").param("weight", &[e], InitKind::Ones)),
@@ -155,7 +173,8 @@ impl LlamaForCausalLm {
         let l = &self.layers[i];
         let (b, t, hd) = (x.shape()[0], x.shape()[1], self.cfg.head_dim);
         let heads = |y: Tensor| -> Result<Tensor> {
-            y.view(&[b as isize, t as isize, -1, hd as isize])?.transpose(1, 2)
+            y.view(&[b as isize, t as isize, -1, hd as isize])?
+                .transpose(1, 2)
         };
         // query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2), k, v
         let mut q = heads(l.q.forward(x)?)?;
@@ -176,7 +195,11 @@ impl LlamaForCausalLm {
             &v,
             &AttnCall {
                 mask,
-                dropout: if self.training { self.cfg.attn_pdrop } else { 0.0 },
+                dropout: if self.training {
+                    self.cfg.attn_pdrop
+                } else {
+                    0.0
+                },
                 scaling: (hd as f64).powf(-0.5),
                 kv_groups: groups,
                 causal: true,
@@ -236,7 +259,9 @@ impl LlamaForCausalLm {
         let mut cache: Option<&mut Cache> = match fa.cache {
             Some(c) => Some(c),
             None if use_cache => {
-                own = Some(Cache::Dynamic(DynamicCache::new(self.cfg.num_hidden_layers)));
+                own = Some(Cache::Dynamic(DynamicCache::new(
+                    self.cfg.num_hidden_layers,
+                )));
                 own.as_mut()
             }
             None => None,

@@ -121,7 +121,10 @@ pub(crate) fn causal_mask(a: &CausalMaskArgs, dev: &Device) -> Result<Option<Ten
 
 /// `create_bidirectional_mask(...)` under SDPA for BERT: with an all-ones 2-d mask, its cast
 /// to bool and `.all()`; without one, nothing. Always `None`.
-pub(crate) fn bidirectional_mask(attention_mask: Option<&Tensor>, dev: &Device) -> Result<Option<Tensor>> {
+pub(crate) fn bidirectional_mask(
+    attention_mask: Option<&Tensor>,
+    dev: &Device,
+) -> Result<Option<Tensor>> {
     let _g = crate::autograd::no_grad();
     if let Some(m) = attention_mask {
         let as_bool = shadow(m.shape(), DType::Bool, dev)?;

@@ -27,12 +27,12 @@ pub mod cache;
 pub mod config;
 pub mod error;
 pub mod generate;
+pub mod gpt2;
 mod layers;
+pub mod llama;
 mod masking;
 mod params;
 pub mod scenario;
-pub mod gpt2;
-pub mod llama;
 mod weights;
 
 use std::path::Path;
@@ -126,7 +126,11 @@ pub(crate) fn lm_loss(logits: &Tensor, labels: &Tensor, vocab: usize) -> Result<
     if labels.ndim() != 2 || labels.dtype() != DType::I64 {
         return Err(TensorError::shape(
             "lm_loss",
-            format!("labels must be int64 [B, T], got {:?} {}", labels.shape(), labels.dtype()),
+            format!(
+                "labels must be int64 [B, T], got {:?} {}",
+                labels.shape(),
+                labels.dtype()
+            ),
         ));
     }
     let (b, t) = (labels.shape()[0], labels.shape()[1]);
@@ -168,11 +172,13 @@ pub fn load(path: &Path, device: &Device, opts: &LoadOptions) -> HfResult<Loaded
     let weights = if device.is_meta() {
         None
     } else {
-        Some(weights::WeightIndex::open_dir(if dir.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            &dir
-        })?)
+        Some(weights::WeightIndex::open_dir(
+            if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                &dir
+            },
+        )?)
     };
     let tree = match cfg.family {
         Family::Gpt2 => gpt2::tree(&cfg),
@@ -228,7 +234,10 @@ impl HfModel {
         self.store().named_buffers().to_vec()
     }
     pub fn parameters(&self) -> Vec<Tensor> {
-        self.named_parameters().into_iter().map(|(_, t)| t).collect()
+        self.named_parameters()
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect()
     }
     /// Bytes of parameters and buffers.
     pub fn nbytes(&self) -> u64 {

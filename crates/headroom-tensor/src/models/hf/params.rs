@@ -29,7 +29,10 @@ pub(crate) enum InitKind {
     /// `torch.arange(n)` (BERT's `position_ids` buffer).
     Arange,
     /// RoPE's `inv_freq`: `1 / theta^(2i / dim)`, computed in f32 as transformers does.
-    InvFreq { theta: f64, dim: usize },
+    InvFreq {
+        theta: f64,
+        dim: usize,
+    },
 }
 
 /// One parameter or buffer of a module.
@@ -84,7 +87,13 @@ impl Node {
         });
         self
     }
-    pub fn buffer(mut self, name: &str, shape: &[usize], init: InitKind, dtype: Option<DType>) -> Node {
+    pub fn buffer(
+        mut self,
+        name: &str,
+        shape: &[usize],
+        init: InitKind,
+        dtype: Option<DType>,
+    ) -> Node {
         self.leaves.push(Leaf {
             name: name.into(),
             shape: shape.to_vec(),
@@ -215,9 +224,11 @@ impl Builder<'_> {
             let from_file = if l.buffer {
                 None
             } else {
-                self.weights
-                    .filter(|w| !w.is_empty())
-                    .and_then(|w| w.find(canon).or_else(|| w.find(full)).map(|(n, e)| (w, n.to_string(), e.clone())))
+                self.weights.filter(|w| !w.is_empty()).and_then(|w| {
+                    w.find(canon)
+                        .or_else(|| w.find(full))
+                        .map(|(n, e)| (w, n.to_string(), e.clone()))
+                })
             };
             match from_file {
                 Some((w, name, e)) => {
@@ -245,7 +256,9 @@ impl Builder<'_> {
                             let n = t.numel();
                             t.copy_from_f64(&(0..n).map(|i| i as f64).collect::<Vec<_>>())?
                         }
-                        InitKind::InvFreq { theta, dim } => t.copy_from_f64(&inv_freq(theta, dim))?,
+                        InitKind::InvFreq { theta, dim } => {
+                            t.copy_from_f64(&inv_freq(theta, dim))?
+                        }
                     }
                 }
             }

@@ -89,7 +89,7 @@ pub enum Warmth {
     Full,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunOptions {
     /// Overrides the config's dtype.
     pub dtype: Option<DType>,
@@ -98,16 +98,6 @@ pub struct RunOptions {
     pub warmth: Option<Warmth>,
     /// Seed of the random input ids.
     pub seed: u64,
-}
-
-impl Default for RunOptions {
-    fn default() -> Self {
-        RunOptions {
-            dtype: None,
-            warmth: None,
-            seed: 0,
-        }
-    }
 }
 
 /// [`predict`]'s simulated GPU.
@@ -159,10 +149,14 @@ fn random_ids(shape: &[usize], vocab: usize, seed: u64, dev: &Device) -> HfResul
         return Ok(Tensor::empty(shape, DType::I64, dev)?);
     }
     let n: usize = shape.iter().product();
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     let v: Vec<i64> = (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 33) % vocab.max(1) as u64) as i64
         })
         .collect();
@@ -324,7 +318,12 @@ pub fn run(path: &Path, device: &Device, w: &Workload, o: &RunOptions) -> HfResu
                 let l = out
                     .loss
                     .ok_or_else(|| HfError::Invalid("the model computed no loss".into()))?;
-                drop((out.logits, out.cache, out.last_hidden_state, out.pooler_output));
+                drop((
+                    out.logits,
+                    out.cache,
+                    out.last_hidden_state,
+                    out.pooler_output,
+                ));
                 loss = Some(l);
                 let Some(l) = loss.as_ref() else { break };
                 l.backward()?;

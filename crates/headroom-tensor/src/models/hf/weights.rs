@@ -82,7 +82,10 @@ impl WeightIndex {
         f.read_exact(&mut n).map_err(|e| io(path, e))?;
         let hlen = u64::from_le_bytes(n);
         if hlen > len.saturating_sub(8) || hlen > (100 << 20) {
-            return Err(bad(path, format!("header length {hlen} does not fit the file")));
+            return Err(bad(
+                path,
+                format!("header length {hlen} does not fit the file"),
+            ));
         }
         let mut h = vec![0u8; hlen as usize];
         f.read_exact(&mut h).map_err(|e| io(path, e))?;
@@ -145,7 +148,10 @@ impl WeightIndex {
         let legacy: Vec<String> = cands
             .iter()
             .filter(|c| c.contains("LayerNorm."))
-            .map(|c| c.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"))
+            .map(|c| {
+                c.replace("LayerNorm.weight", "LayerNorm.gamma")
+                    .replace("LayerNorm.bias", "LayerNorm.beta")
+            })
             .collect();
         cands.extend(legacy);
         cands
@@ -158,7 +164,8 @@ impl WeightIndex {
     pub fn read(&self, e: &Entry) -> HfResult<Vec<f64>> {
         let path = &self.files[e.file];
         let mut f = File::open(path).map_err(|err| io(path, err))?;
-        f.seek(SeekFrom::Start(e.begin)).map_err(|err| io(path, err))?;
+        f.seek(SeekFrom::Start(e.begin))
+            .map_err(|err| io(path, err))?;
         let mut b = vec![0u8; (e.end - e.begin) as usize];
         f.read_exact(&mut b).map_err(|err| io(path, err))?;
         Ok(decode(e.dtype, &b))

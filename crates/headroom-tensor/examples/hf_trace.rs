@@ -8,6 +8,7 @@
 //! `train B T STEPS`; DTYPE: float32 | bfloat16; `--warmth cold|forward|full`.
 //! Output: `base <bytes>`, `peak <bytes>`, then `+<id> <bytes>` / `-<id> <bytes>` from the
 //! start of the workload (the weights and warm workspaces before it are not listed).
+//! `scripts/hf_trace_diff.py SNAPSHOT` runs this for a recorded snapshot and aligns the two.
 
 use std::sync::Arc;
 
@@ -144,7 +145,10 @@ fn main() {
     println!("base {}", r.base_allocated_bytes);
     println!("peak {}", r.peak_allocated_bytes);
     println!("reserved {}", r.peak_reserved_bytes);
-    for (alloc, id, n) in &log.ev.lock().0 {
+    let ev = &log.ev.lock().0;
+    // The model's own tensors, dropped when `run` returns, end the log: not the workload's.
+    let end = ev.len() - ev.iter().rev().take_while(|e| !e.0 && e.1 == 0).count();
+    for (alloc, id, n) in &ev[..end] {
         println!("{}{} {}", if *alloc { '+' } else { '-' }, id, n);
     }
 }

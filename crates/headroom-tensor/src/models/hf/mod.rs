@@ -273,6 +273,33 @@ impl HfModel {
                 ),
             ));
         }
+        let b = input_ids.shape()[0];
+        for (what, t, dt) in [
+            ("attention_mask", args.attention_mask, None),
+            ("position_ids", args.position_ids, Some(DType::I64)),
+            ("labels", args.labels, Some(DType::I64)),
+        ] {
+            if let Some(t) = t {
+                if t.ndim() != 2 || dt.is_some_and(|d| d != t.dtype()) {
+                    return Err(TensorError::shape(
+                        "forward",
+                        format!(
+                            "{what} must be a 2-d tensor, got {:?} {}",
+                            t.shape(),
+                            t.dtype()
+                        ),
+                    ));
+                }
+                // Position ids may be one row for the whole batch.
+                let batch_ok = t.shape()[0] == b || (what == "position_ids" && t.shape()[0] == 1);
+                if !batch_ok {
+                    return Err(TensorError::shape(
+                        "forward",
+                        format!("{what} {:?} for a batch of {b}", t.shape()),
+                    ));
+                }
+            }
+        }
         let lm = |o: LmOutput| Output {
             logits: Some(o.logits),
             loss: o.loss,

@@ -50,7 +50,7 @@ pub use error::{HfError, HfResult, SUPPORTED};
 pub use generate::{generate, CacheImpl, GenerateOptions};
 pub use gpt2::Gpt2LmHead;
 pub use llama::LlamaForCausalLm;
-pub use scenario::{predict, run, PredictOptions, Report, RunOptions, Warmth, Workload};
+pub use scenario::{predict, run, Optim, PredictOptions, Report, RunOptions, Warmth, Workload};
 
 /// How to load a model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

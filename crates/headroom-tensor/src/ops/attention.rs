@@ -10,18 +10,19 @@
 //!   [B, H, T] f32 and a 16-byte RNG state (freed without grad).
 //! - **memory-efficient** (f32 and the rest, when query and key heads match): the output,
 //!   and with grad the logsumexp [B, H, ceil32(T)] f32; seed and offset live on the host.
-//!
-//!   The three fused kernels write their output in [B, T, H, D] memory order, so
-//!   transformers' `transpose(1, 2).contiguous()` after them copies nothing.
 //! - **math** (f32 with grouped-query heads: PyTorch 2.11's memory-efficient kernel takes
 //!   `enable_gqa` only for matching head counts): the composite, op by op, as
 //!   `_scaled_dot_product_attention_math` runs it — q scaled by sqrt(scale), the causal
 //!   mask materialised (ones, tril, where: [T, S] in the query dtype), key and value
 //!   repeated to the query heads, the scaled key transposed, the batched matmul's copy of a
-//!   q that does not fold to [B*H, T, D] (rotary outputs are laid out [B, T, H, D]), scores
-//!   [B, H, T, S],
-//!   `_safe_softmax` (softmax plus its masked-row check: a [B, H, T, S] bool and a
-//!   [B, H, T, 1] bool), the output matmul. With grad, autograd saves what those ops save.
+//!   q that does not fold to [B*H, T, D] (rotary outputs are laid out [B, T, H, D]), the
+//!   scores [B, H, T, S], `_safe_softmax` (softmax plus its masked-row check: a
+//!   [B, H, T, S] bool and a [B, H, T, 1] bool), the output matmul. With grad, autograd
+//!   saves what those ops save.
+//!
+//! The three fused kernels write their output in [B, T, H, D] memory order, so transformers'
+//! `transpose(1, 2).contiguous()` after them copies nothing; the math path's [B, H, T, D]
+//! output is copied there.
 //!
 //! The fused backends compute on [`crate::backend::Backend::attention`] (the cpu backend in
 //! f64, the cuda backend with a plain kernel); their backward recomputes the weights from the

@@ -22,6 +22,9 @@ fn kernels_compile_for_ampere_and_hopper() {
             "k_bn_eval_planes",
             "k_softmax_rows",
             "k_nll_bwd",
+            "k_argmax",
+            "k_attn_fwd",
+            "k_attn_bwd_kv",
         ] {
             assert!(
                 bin.windows(name.len()).any(|w| w == name.as_bytes()),

@@ -234,21 +234,29 @@ impl Device {
     pub(crate) fn workspace_policy(&self) -> Arc<dyn WorkspacePolicy> {
         self.0.workspace.read().clone()
     }
-    /// Allocates the cuBLAS handle workspace of `thread` (and the per-device one) the first
-    /// time a matmul runs there. They are tagged `temporary`: library memory, not tensors.
-    pub(crate) fn ensure_blas_handle(&self) -> Result<()> {
+    /// Allocates the cuBLAS handle workspace of the calling thread the first time a matmul
+    /// runs there, and the per-device cuBLASLt workspace the first time a matmul goes through
+    /// cuBLASLt (`lt`: PyTorch routes `addmm` with a 1-d bias there, for its bias epilogue;
+    /// plain `mm`/`bmm` go to cuBLAS and leave it unallocated, as a bias-free Llama's traces
+    /// show). They are tagged `temporary`: library memory, not tensors.
+    pub(crate) fn ensure_blas_handle(&self, lt: bool) -> Result<()> {
         let thread = if crate::autograd::in_backward() {
             BlasThread::Backward
         } else {
             BlasThread::Forward
         };
-        self.init_blas_handle(thread)
+        self.init_blas_workspaces(thread, lt)
     }
     /// What a process that has already run a matmul on `thread` holds: that handle's
-    /// workspace (and the per-device one) exist from now on. Idempotent.
+    /// workspace and the per-device (cuBLASLt) one exist from now on. Idempotent.
     pub fn init_blas_handle(&self, thread: BlasThread) -> Result<()> {
+        self.init_blas_workspaces(thread, true)
+    }
+    /// [`Device::init_blas_handle`] with the cuBLASLt workspace only when `lt` (a process
+    /// whose matmuls never took a bias has none).
+    pub fn init_blas_workspaces(&self, thread: BlasThread, lt: bool) -> Result<()> {
         let mut st = self.0.blas.lock();
-        if st.handles[thread as usize].is_some() {
+        if st.handles[thread as usize].is_some() && (!lt || st.device.is_some()) {
             return Ok(());
         }
         let policy = self.workspace_policy();
@@ -267,16 +275,29 @@ impl Device {
                 .add(crate::memory::MemoryCategory::Temporary, a.size);
             Ok(Some(a))
         };
-        st.handles[thread as usize] = alloc(per_handle)?;
-        if let Some(a) = st.handles[thread as usize] {
-            self.0
-                .backend
-                .bind_blas_workspace(thread as usize, a.ptr, a.size)?;
+        if st.handles[thread as usize].is_none() {
+            st.handles[thread as usize] = alloc(per_handle)?;
+            if let Some(a) = st.handles[thread as usize] {
+                self.0
+                    .backend
+                    .bind_blas_workspace(thread as usize, a.ptr, a.size)?;
+            }
         }
-        if st.device.is_none() {
+        if lt && st.device.is_none() {
             st.device = alloc(per_device)?;
         }
         Ok(())
+    }
+    /// Frees the cuBLAS workspaces (PyTorch's `torch._C._cuda_clearCublasWorkspaces()`,
+    /// which `torch.compile`'s CUDA-graph trees call): the next matmul on each thread
+    /// allocates them again.
+    pub fn clear_blas_workspaces(&self) {
+        let mut st = self.0.blas.lock();
+        let mut tr = self.0.tracker.lock();
+        for a in st.all() {
+            tr.sub(crate::memory::MemoryCategory::Temporary, a.size);
+            self.0.allocator.free(a.ptr);
+        }
     }
     /// Bytes the library handles hold on this device now (cuBLAS workspaces).
     pub fn library_workspace_bytes(&self) -> u64 {

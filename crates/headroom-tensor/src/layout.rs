@@ -232,6 +232,118 @@ impl Layout {
     }
 }
 
+impl Layout {
+    /// Whether the elements fill `numel` consecutive slots exactly once in some dim order
+    /// (PyTorch's `is_non_overlapping_and_dense`).
+    pub fn is_non_overlapping_and_dense(&self) -> bool {
+        let mut dims: Vec<(usize, usize)> = self
+            .shape
+            .iter()
+            .zip(&self.strides)
+            .filter(|(d, _)| **d != 1)
+            .map(|(d, s)| (*d, *s))
+            .collect();
+        dims.sort_by_key(|&(d, s)| (s, d));
+        let mut expected = 1;
+        for (d, s) in dims {
+            if s != expected {
+                return false;
+            }
+            expected *= d;
+        }
+        true
+    }
+
+    /// A dense layout of `shape` whose dims are laid out in `perm` order, fastest first.
+    fn dense_in_order(shape: &[usize], perm: &[usize]) -> Layout {
+        let mut strides = vec![0; shape.len()];
+        let mut s = 1;
+        for &d in perm {
+            strides[d] = s;
+            s *= shape[d].max(1);
+        }
+        Layout {
+            shape: shape.to_vec(),
+            strides,
+            offset: 0,
+        }
+    }
+
+    /// The layout PyTorch's TensorIterator allocates for the output of an elementwise op of
+    /// `shape` over `inputs` (each already expanded to `shape`): contiguous when every input
+    /// is; the inputs' own strides when they all share them and are dense; otherwise dense,
+    /// with the dims ordered by the inputs' strides (the first input that orders two dims
+    /// decides; broadcast dims do not vote). So `q * cos` of a transposed `q` comes out in
+    /// `q`'s memory order, which decides whether a later `.contiguous()` copies.
+    pub fn iter_output(shape: &[usize], inputs: &[&Layout]) -> Layout {
+        if inputs.iter().all(|l| l.is_contiguous()) {
+            return Layout::contiguous(shape);
+        }
+        if let Some(first) = inputs.first() {
+            if first.shape == shape
+                && first.is_non_overlapping_and_dense()
+                && inputs.iter().all(|l| l.strides == first.strides)
+            {
+                return Layout {
+                    shape: shape.to_vec(),
+                    strides: first.strides.clone(),
+                    offset: 0,
+                };
+            }
+        }
+        let nd = shape.len();
+        // 1: dim a goes after (is slower than) dim b; -1: before; 0: no opinion.
+        let should_swap = |a: usize, b: usize| -> i32 {
+            for l in inputs {
+                let (sa, sb) = (l.strides[a], l.strides[b]);
+                if sa == 0 || sb == 0 {
+                    continue;
+                }
+                if sa < sb {
+                    return -1;
+                }
+                if sa > sb {
+                    return 1;
+                }
+                if shape[a] > shape[b] {
+                    return 1;
+                }
+            }
+            0
+        };
+        // PyTorch's insertion sort that tolerates ambiguous comparisons.
+        let mut perm: Vec<usize> = (0..nd).rev().collect();
+        for i in 1..nd {
+            let mut d1 = i;
+            for d0 in (0..i).rev() {
+                match should_swap(perm[d0], perm[d1]) {
+                    c if c > 0 => {
+                        perm.swap(d0, d1);
+                        d1 = d0;
+                    }
+                    c if c < 0 => break,
+                    _ => {}
+                }
+            }
+        }
+        Layout::dense_in_order(shape, &perm)
+    }
+
+    /// The layout `empty_like(x)` (memory format `preserve`) gives: `x`'s strides when `x`
+    /// is dense, contiguous otherwise. `.to(dtype)` allocates this way.
+    pub fn like_preserve(&self) -> Layout {
+        if self.is_non_overlapping_and_dense() {
+            Layout {
+                shape: self.shape.clone(),
+                strides: self.strides.clone(),
+                offset: 0,
+            }
+        } else {
+            Layout::contiguous(&self.shape)
+        }
+    }
+}
+
 /// Calls `f` with the element offset of every element, in row-major logical order.
 #[inline]
 pub fn for_each_offset(l: &Layout, mut f: impl FnMut(usize)) {
@@ -321,5 +433,32 @@ mod tests {
         for_each_offset(&e, |o| offs.push(o));
         assert_eq!(offs.len(), 24);
         assert_eq!(&offs[..8], &[0, 0, 0, 0, 1, 1, 1, 1]);
+    }
+
+    #[test]
+    fn elementwise_outputs_follow_the_inputs_memory_order() {
+        // q: [B, H, T, D] viewed from a [B, T, H, D] buffer (a transpose).
+        let q = Layout::contiguous(&[2, 5, 3, 4])
+            .permute(&[0, 2, 1, 3])
+            .unwrap();
+        let cos = Layout::contiguous(&[1, 1, 5, 4])
+            .expand(&[2, 3, 5, 4])
+            .unwrap();
+        let out = Layout::iter_output(&[2, 3, 5, 4], &[&q, &cos]);
+        assert_eq!(out.strides, q.strides);
+        // Broadcast first, transposed second: the transposed input still decides.
+        let out = Layout::iter_output(&[2, 3, 5, 4], &[&cos, &q]);
+        assert_eq!(out.strides, q.strides);
+        // All contiguous: contiguous.
+        let c = Layout::contiguous(&[2, 3, 5, 4]);
+        assert!(Layout::iter_output(&[2, 3, 5, 4], &[&c, &cos]).is_contiguous());
+        // A contiguous first input decides over a transposed second one.
+        assert!(Layout::iter_output(&[2, 3, 5, 4], &[&c, &q]).is_contiguous());
+        // A slice of a transposed tensor (not dense) keeps the order, densely.
+        let half = q.narrow(3, 0, 2).unwrap();
+        let o = Layout::iter_output(&[2, 3, 5, 2], &[&half]);
+        assert_eq!(o.strides, vec![30, 2, 6, 1]);
+        assert!(!half.is_non_overlapping_and_dense());
+        assert!(q.is_non_overlapping_and_dense());
     }
 }

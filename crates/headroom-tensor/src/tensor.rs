@@ -57,6 +57,19 @@ impl Tensor {
             dtype,
         ))
     }
+    /// A fresh tensor with a dense `layout` (any dim order, offset 0): one allocation of
+    /// `numel * dtype.size()` bytes. Elementwise ops allocate their outputs this way, in the
+    /// memory order PyTorch's TensorIterator picks ([`Layout::iter_output`]).
+    pub(crate) fn empty_dense(layout: Layout, dtype: DType, device: &Device) -> Result<Tensor> {
+        debug_assert!(layout.offset == 0 && layout.is_non_overlapping_and_dense());
+        let bytes = (layout.numel() as u64)
+            .checked_mul(dtype.size() as u64)
+            .ok_or_else(|| {
+                TensorError::invalid("empty", format!("shape {:?} too large", layout.shape))
+            })?;
+        let storage = Storage::new(device, bytes)?;
+        Ok(Tensor::from_parts(storage, layout, dtype))
+    }
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: &Device) -> Result<Tensor> {
         let t = Tensor::empty(shape, dtype, device)?;
         device.backend().fill(t.kref(), value)?;

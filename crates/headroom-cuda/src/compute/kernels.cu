@@ -537,6 +537,9 @@ __device__ __forceinline__ float unary_f(int op, float v, double s) {
         case 11: return v * v;
         case 12: return v + (float)s;
         case 13: return v * (float)s;
+        case 15: return cosf(v);
+        case 16: return sinf(v);
+        case 17: return v / (1.f + expf(-v));
         default: return powf(v, (float)s);
     }
 }
@@ -586,7 +589,7 @@ extern "C" __global__ void k_unary(int op, double s, T x, T out, i64 n, int flag
         switch (op) {
             UNARY_CASE(0) UNARY_CASE(1) UNARY_CASE(2) UNARY_CASE(3) UNARY_CASE(4) UNARY_CASE(5)
             UNARY_CASE(6) UNARY_CASE(7) UNARY_CASE(8) UNARY_CASE(9) UNARY_CASE(10) UNARY_CASE(11)
-            UNARY_CASE(12) UNARY_CASE(13)
+            UNARY_CASE(12) UNARY_CASE(13) UNARY_CASE(15) UNARY_CASE(16) UNARY_CASE(17)
             default: done = unary_contig<14>(s, x, out, n); break;
         }
         if (done) return;
@@ -613,6 +616,11 @@ __device__ __forceinline__ float binary_f(int op, float a, float b, double alpha
         case 6: return a * gelu_grad(b, 0);
         case 7: return a * gelu_grad(b, 1);
         case 8: return a * (1.f - b * b);
+        case 10: {
+            // SiLU backward, b the saved input: g * s * (1 + x * (1 - s)), s = sigmoid(x).
+            float sg = 1.f / (1.f + expf(-b));
+            return a * sg * (1.f + b * (1.f - sg));
+        }
         default: return a * b * (1.f - b);
     }
 }
@@ -666,7 +674,7 @@ extern "C" __global__ void k_binary(int op, double alpha, T a, T b, T out, i64 n
         bool done = false;
         switch (op) {
             BINARY_CASE(0) BINARY_CASE(1) BINARY_CASE(2) BINARY_CASE(3) BINARY_CASE(4)
-            BINARY_CASE(5) BINARY_CASE(6) BINARY_CASE(7) BINARY_CASE(8)
+            BINARY_CASE(5) BINARY_CASE(6) BINARY_CASE(7) BINARY_CASE(8) BINARY_CASE(10)
             default: done = binary_contig<9>(alpha, a, b, out, n); break;
         }
         if (done) return;
@@ -1678,5 +1686,171 @@ extern "C" __global__ void k_nll_bwd(T gy, T target, T tw, int mean, i64 ignore,
             continue;
         }
         std_(gx, gx.off + i * C + t, -scale);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Argmax along one dim: `xk` walks the kept dims, `xr` the reduced one (as the reductions
+// above); the first maximum wins, NaN counts as the maximum (PyTorch's rule).
+
+extern "C" __global__ void k_argmax(T xk, T xr, T out, i64 nout, i64 nred) {
+    LOOP(o, nout) {
+        i64 base = toff(xk, o);
+        float best = ldf(xk, base + toff(xr, 0));
+        i64 at = 0;
+        for (i64 r = 1; r < nred; ++r) {
+            float v = ldf(xk, base + toff(xr, r));
+            if (best != best) break;
+            if (v > best || v != v) {
+                best = v;
+                at = r;
+            }
+        }
+        sti(out, toff(out, o), at);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Fused scaled-dot-product attention (what PyTorch's flash / memory-efficient / cuDNN
+// kernels compute), written for correctness: one thread per query row (forward and the
+// query gradient) or per key row (key and value gradients), the row's accumulators in
+// registers / local memory (head dims up to 256), scores recomputed on the fly, weights
+// recomputed from the saved log-sum-exp in the backward. q [B,HQ,TQ,D], k [B,HKV,S,D],
+// v [B,HKV,S,DV], any strides; query head h reads key head h / (HQ / HKV). `mask` is an
+// additive float mask expanded to [B,HQ,TQ,S]. Dropout keeps a weight when a splitmix64
+// hash of (seed, flat index) is at least p, the host function `keep` of the cpu backend.
+
+#define ATTN_MAXD 256
+
+__device__ __forceinline__ i64 off4(const T& t, i64 a, i64 b, i64 c, i64 d) {
+    return t.off + a * t.st[0] + b * t.st[1] + c * t.st[2] + d * t.st[3];
+}
+
+__device__ __forceinline__ double attn_drop(u64 seed, u64 idx, double p) {
+    if (p <= 0.0) return 1.0;
+    u64 z = seed ^ (idx * 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    double u = (double)(z >> 11) / 9007199254740992.0;
+    return u >= p ? 1.0 / (1.0 - p) : 0.0;
+}
+
+struct AttnShape {
+    i64 B, HQ, HKV, TQ, S, D, DV;
+};
+
+// The scaled, masked score of query (b, h, i) against key j; -inf when causally hidden.
+__device__ __forceinline__ double attn_score(const T& q, const T& k, const T& mask, int has_mask, double scale,
+                                             int causal, const AttnShape& s, i64 b, i64 h, i64 i, i64 j) {
+    if (causal && j > i) return -1.0 / 0.0;
+    i64 kh = h / (s.HQ / s.HKV);
+    double acc = 0.0;
+    for (i64 e = 0; e < s.D; ++e) acc += (double)ldf(q, off4(q, b, h, i, e)) * (double)ldf(k, off4(k, b, kh, j, e));
+    acc *= scale;
+    if (has_mask) acc += (double)ldf(mask, off4(mask, b, h, i, j));
+    return acc;
+}
+
+extern "C" __global__ void k_attn_fwd(T q, T k, T v, T mask, int has_mask, T out, T lse, int has_lse, double scale,
+                                      int causal, double pdrop, u64 seed, AttnShape s) {
+    LOOP(r, s.B * s.HQ * s.TQ) {
+        i64 i = r % s.TQ;
+        i64 h = (r / s.TQ) % s.HQ;
+        i64 b = r / (s.TQ * s.HQ);
+        i64 kh = h / (s.HQ / s.HKV);
+        double m = -1.0 / 0.0;
+        for (i64 j = 0; j < s.S; ++j) m = fmax(m, attn_score(q, k, mask, has_mask, scale, causal, s, b, h, i, j));
+        double l = 0.0;
+        if (m != -1.0 / 0.0)
+            for (i64 j = 0; j < s.S; ++j) l += exp(attn_score(q, k, mask, has_mask, scale, causal, s, b, h, i, j) - m);
+        double lsev = m == -1.0 / 0.0 ? m : m + log(l);
+        float acc[ATTN_MAXD];
+        for (i64 e = 0; e < s.DV; ++e) acc[e] = 0.f;
+        if (m != -1.0 / 0.0) {
+            for (i64 j = 0; j < s.S; ++j) {
+                double w = exp(attn_score(q, k, mask, has_mask, scale, causal, s, b, h, i, j) - lsev);
+                w *= attn_drop(seed, (u64)(r * s.S + j), pdrop);
+                if (w == 0.0) continue;
+                for (i64 e = 0; e < s.DV; ++e) acc[e] += (float)w * ldf(v, off4(v, b, kh, j, e));
+            }
+        }
+        for (i64 e = 0; e < s.DV; ++e) stf(out, off4(out, b, h, i, e), acc[e]);
+        if (has_lse) stf(lse, lse.off + b * lse.st[0] + h * lse.st[1] + i * lse.st[2], (float)lsev);
+    }
+}
+
+// dS(i, j) * scale for query (b, h, i) and key j, with its dropout-scaled weight in `pz`.
+// delta(i) = gout(i) . out(i): read from `delta` when the host computed it, else here.
+__device__ __forceinline__ double attn_delta(const T& delta, const T& gout, const T& out, const AttnShape& s, i64 b,
+                                             i64 h, i64 i) {
+    if (delta.p != 0) return (double)ldf(delta, delta.off + b * delta.st[0] + h * delta.st[1] + i * delta.st[2]);
+    double acc = 0.0;
+    for (i64 e = 0; e < s.DV; ++e) acc += (double)ldf(gout, off4(gout, b, h, i, e)) * (double)ldf(out, off4(out, b, h, i, e));
+    return acc;
+}
+
+__device__ __forceinline__ double attn_ds(const T& q, const T& k, const T& v, const T& mask, int has_mask,
+                                          const T& lse, const T& gout, double dl, double scale, int causal,
+                                          double pdrop, u64 seed, const AttnShape& s, i64 b, i64 h, i64 i, i64 j,
+                                          double& pz) {
+    pz = 0.0;
+    if (causal && j > i) return 0.0;
+    double l = (double)ldf(lse, lse.off + b * lse.st[0] + h * lse.st[1] + i * lse.st[2]);
+    if (l == -1.0 / 0.0) return 0.0;
+    double p = exp(attn_score(q, k, mask, has_mask, scale, causal, s, b, h, i, j) - l);
+    u64 r = (u64)((b * s.HQ + h) * s.TQ + i);
+    double z = attn_drop(seed, r * (u64)s.S + (u64)j, pdrop);
+    i64 kh = h / (s.HQ / s.HKV);
+    double dp = 0.0;
+    for (i64 e = 0; e < s.DV; ++e) dp += (double)ldf(gout, off4(gout, b, h, i, e)) * (double)ldf(v, off4(v, b, kh, j, e));
+    dp *= z;
+    pz = p * z;
+    return p * (dp - dl) * scale;
+}
+
+extern "C" __global__ void k_attn_bwd_q(T q, T k, T v, T mask, int has_mask, T lse, T gout, T delta, T out,
+                                        T gq, double scale, int causal, double pdrop, u64 seed, AttnShape s) {
+    LOOP(r, s.B * s.HQ * s.TQ) {
+        i64 i = r % s.TQ;
+        i64 h = (r / s.TQ) % s.HQ;
+        i64 b = r / (s.TQ * s.HQ);
+        i64 kh = h / (s.HQ / s.HKV);
+        float acc[ATTN_MAXD];
+        for (i64 e = 0; e < s.D; ++e) acc[e] = 0.f;
+        double dl = attn_delta(delta, gout, out, s, b, h, i);
+        for (i64 j = 0; j < s.S; ++j) {
+            double pz;
+            double ds = attn_ds(q, k, v, mask, has_mask, lse, gout, dl, scale, causal, pdrop, seed, s, b, h, i, j, pz);
+            if (ds == 0.0) continue;
+            for (i64 e = 0; e < s.D; ++e) acc[e] += (float)ds * ldf(k, off4(k, b, kh, j, e));
+        }
+        for (i64 e = 0; e < s.D; ++e) stf(gq, off4(gq, b, h, i, e), acc[e]);
+    }
+}
+
+extern "C" __global__ void k_attn_bwd_kv(T q, T k, T v, T mask, int has_mask, T lse, T gout, T delta, T out, T gk,
+                                         T gv, double scale, int causal, double pdrop, u64 seed, AttnShape s) {
+    LOOP(r, s.B * s.HKV * s.S) {
+        i64 j = r % s.S;
+        i64 kh = (r / s.S) % s.HKV;
+        i64 b = r / (s.S * s.HKV);
+        i64 group = s.HQ / s.HKV;
+        float ak[ATTN_MAXD], av[ATTN_MAXD];
+        for (i64 e = 0; e < s.D; ++e) ak[e] = 0.f;
+        for (i64 e = 0; e < s.DV; ++e) av[e] = 0.f;
+        for (i64 h = kh * group; h < (kh + 1) * group; ++h) {
+            for (i64 i = 0; i < s.TQ; ++i) {
+                double pz;
+                double dl = attn_delta(delta, gout, out, s, b, h, i);
+                double ds = attn_ds(q, k, v, mask, has_mask, lse, gout, dl, scale, causal, pdrop, seed, s, b, h, i, j, pz);
+                if (ds != 0.0)
+                    for (i64 e = 0; e < s.D; ++e) ak[e] += (float)ds * ldf(q, off4(q, b, h, i, e));
+                if (pz != 0.0)
+                    for (i64 e = 0; e < s.DV; ++e) av[e] += (float)pz * ldf(gout, off4(gout, b, h, i, e));
+            }
+        }
+        for (i64 e = 0; e < s.D; ++e) stf(gk, off4(gk, b, kh, j, e), ak[e]);
+        for (i64 e = 0; e < s.DV; ++e) stf(gv, off4(gv, b, kh, j, e), av[e]);
     }
 }

@@ -19,6 +19,7 @@
 //! dtypes themselves; see kernels.cu for the conventions. The Rust wrappers (ops.rs) do the
 //! host-side work: coalescing contiguous dims, picking grid sizes, choosing the kernel variant.
 
+mod attention;
 pub mod blas;
 pub mod dnn;
 mod dnn_graph;
@@ -27,6 +28,7 @@ pub mod libs;
 pub mod nvrtc;
 mod ops;
 
+pub use attention::{AttentionSpec, AttentionViews, ATTENTION_MAX_HEAD_DIM};
 pub use dnn::ConvArgs;
 pub use dnn::{ConvPass, ConvSpec};
 pub use graph::CudaGraph;
@@ -240,6 +242,10 @@ pub(crate) enum K {
     BnBwdPart,
     BnBwdFin,
     BnBwdApply,
+    Argmax,
+    AttnFwd,
+    AttnBwdQ,
+    AttnBwdKv,
 }
 
 const KERNEL_NAMES: &[(K, &str)] = &[
@@ -282,6 +288,10 @@ const KERNEL_NAMES: &[(K, &str)] = &[
     (K::BnBwdPart, "k_bn_bwd_part"),
     (K::BnBwdFin, "k_bn_bwd_fin"),
     (K::BnBwdApply, "k_bn_bwd_apply"),
+    (K::Argmax, "k_argmax"),
+    (K::AttnFwd, "k_attn_fwd"),
+    (K::AttnBwdQ, "k_attn_bwd_q"),
+    (K::AttnBwdKv, "k_attn_bwd_kv"),
 ];
 
 /// Codes a kernel writes to the error word, and the op each stands for.

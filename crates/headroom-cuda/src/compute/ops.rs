@@ -29,6 +29,10 @@ pub enum UnaryCode {
     AddScalar(f64),
     MulScalar(f64),
     PowScalar(f64),
+    Cos,
+    Sin,
+    /// `x * sigmoid(x)` (`F.silu`).
+    Silu,
 }
 
 impl UnaryCode {
@@ -49,6 +53,9 @@ impl UnaryCode {
             UnaryCode::AddScalar(s) => (12, s),
             UnaryCode::MulScalar(s) => (13, s),
             UnaryCode::PowScalar(s) => (14, s),
+            UnaryCode::Cos => (15, 0.0),
+            UnaryCode::Sin => (16, 0.0),
+            UnaryCode::Silu => (17, 0.0),
         }
     }
 }
@@ -67,6 +74,8 @@ pub enum BinaryCode {
     GeluTanhBackward,
     TanhBackward,
     SigmoidBackward,
+    /// `a` the gradient, `b` the saved input of `silu`.
+    SiluBackward,
 }
 
 impl BinaryCode {
@@ -82,6 +91,7 @@ impl BinaryCode {
             BinaryCode::GeluTanhBackward => (7, 1.0),
             BinaryCode::TanhBackward => (8, 1.0),
             BinaryCode::SigmoidBackward => (9, 1.0),
+            BinaryCode::SiluBackward => (10, 1.0),
         }
     }
 }
@@ -92,6 +102,8 @@ pub enum ReduceCode {
     Mean = 1,
     Max = 2,
     Min = 3,
+    /// Index of the first maximum along the one reduced dim (an integer output).
+    ArgMax = 4,
 }
 
 const BLOCK: u32 = 256;
@@ -216,7 +228,7 @@ impl Gpu {
         )
     }
 
-    fn launch1d(&self, k: K, n: i64, args: &mut [*mut std::ffi::c_void]) -> R {
+    pub(super) fn launch1d(&self, k: K, n: i64, args: &mut [*mut std::ffi::c_void]) -> R {
         let g = self.grid_for(n, BLOCK);
         self.launch(k, (g, 1, 1), (BLOCK, 1, 1), args)
     }
@@ -373,6 +385,9 @@ impl Gpu {
         let nout = ok.numel();
         let nred = xr.numel();
         let code = op as i32;
+        if op == ReduceCode::ArgMax {
+            return self.launch1d(K::Argmax, nout, &mut kargs![xk, xr, ok, nout, nred]);
+        }
         if nred >= 128 || nout < (self.sm_count() as i64) * 64 {
             let grid = (nout.clamp(1, 65535 * 8)) as u32;
             let block = row_block(nred);

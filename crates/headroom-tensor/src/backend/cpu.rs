@@ -44,7 +44,7 @@ fn get(r: TRef, off: usize) -> f64 {
 }
 
 #[inline]
-fn set(r: TRef, off: usize, v: f64) {
+pub(super) fn set(r: TRef, off: usize, v: f64) {
     let p = base(r, off);
     unsafe {
         match r.dtype {
@@ -87,7 +87,7 @@ fn load<'a>(r: TRef<'a>, avoid: Option<TRef>) -> Cow<'a, [f32]> {
     Cow::Owned(v)
 }
 
-fn load_f64(r: TRef) -> Vec<f64> {
+pub(super) fn load_f64(r: TRef) -> Vec<f64> {
     let mut v = Vec::with_capacity(r.layout.numel());
     for_each_offset(r.layout, |o| v.push(get(r, o)));
     v
@@ -323,6 +323,38 @@ fn check_index(i: i64, n: usize, op: &'static str) -> Result<usize> {
     Ok(i as usize)
 }
 
+/// Index of the first maximum along the one dim in `dims` (NaN counts as the maximum, as in
+/// PyTorch), into an integer `out` of `x`'s shape with that dim 1.
+fn argmax(x: TRef, dims: &[usize], out: TRef) -> Result<()> {
+    let [d] = dims else {
+        return Err(TensorError::invalid("argmax", "exactly one dim"));
+    };
+    let shape = &x.layout.shape;
+    let n = shape.get(*d).copied().unwrap_or(1);
+    let outer: usize = shape[..*d].iter().product();
+    let inner: usize = shape[*d + 1..].iter().product();
+    let xs = load_f64(x);
+    let mut idx = Vec::with_capacity(outer * inner);
+    for o in 0..outer {
+        for i in 0..inner {
+            let mut best = (f64::NEG_INFINITY, 0usize);
+            for j in 0..n {
+                let v = xs[(o * n + j) * inner + i];
+                if j == 0 || v > best.0 || (v.is_nan() && !best.0.is_nan()) {
+                    best = (v, j);
+                }
+            }
+            idx.push(best.1 as f64);
+        }
+    }
+    let mut k = 0;
+    for_each_offset(out.layout, |off| {
+        set(out, off, idx[k]);
+        k += 1;
+    });
+    Ok(())
+}
+
 impl Backend for CpuBackend {
     fn name(&self) -> &'static str {
         "cpu"
@@ -410,6 +442,9 @@ impl Backend for CpuBackend {
             UnaryOp::AddScalar(s) => Box::new(move |v| v + s as f32),
             UnaryOp::MulScalar(s) => Box::new(move |v| v * s as f32),
             UnaryOp::PowScalar(s) => Box::new(move |v| v.powf(s as f32)),
+            UnaryOp::Cos => Box::new(|v| v.cos()),
+            UnaryOp::Sin => Box::new(|v| v.sin()),
+            UnaryOp::Silu => Box::new(|v| v / (1.0 + (-v).exp())),
         };
         with_out(out, |o| {
             for (d, s) in o.iter_mut().zip(xs.iter()) {
@@ -438,6 +473,10 @@ impl Backend for CpuBackend {
             BinaryOp::GeluBackward { tanh } => Box::new(move |g, x| g * gelu_grad(x, tanh)),
             BinaryOp::TanhBackward => Box::new(|g, y| g * (1.0 - y * y)),
             BinaryOp::SigmoidBackward => Box::new(|g, y| g * y * (1.0 - y)),
+            BinaryOp::SiluBackward => Box::new(|g, x| {
+                let s = 1.0 / (1.0 + (-x).exp());
+                g * s * (1.0 + x * (1.0 - s))
+            }),
         };
         with_out(out, |o| {
             for ((d, x), y) in o.iter_mut().zip(av.iter()).zip(bv.iter()) {
@@ -448,6 +487,9 @@ impl Backend for CpuBackend {
     }
 
     fn reduce(&self, op: ReduceOp, x: TRef, dims: &[usize], out: TRef) -> Result<()> {
+        if op == ReduceOp::ArgMax {
+            return argmax(x, dims, out);
+        }
         let xs = load(x, None);
         let shape = &x.layout.shape;
         let mut ostr = contiguous_strides(&out.layout.shape);
@@ -466,6 +508,7 @@ impl Backend for CpuBackend {
             ReduceOp::Sum | ReduceOp::Mean => 0.0,
             ReduceOp::Max => f64::NEG_INFINITY,
             ReduceOp::Min => f64::INFINITY,
+            ReduceOp::ArgMax => 0.0,
         };
         let mut acc = vec![init; on];
         let mut i = 0;
@@ -484,6 +527,7 @@ impl Backend for CpuBackend {
                         *a = v
                     }
                 }
+                ReduceOp::ArgMax => {}
             }
             i += 1;
         });
@@ -499,6 +543,14 @@ impl Backend for CpuBackend {
             }
         });
         Ok(())
+    }
+
+    fn attention(&self, a: &AttentionArgs, p: &AttentionParams) -> Result<()> {
+        super::cpu_attention::forward(a, p)
+    }
+
+    fn attention_backward(&self, a: &AttentionGradArgs, p: &AttentionParams) -> Result<()> {
+        super::cpu_attention::backward(a, p)
     }
 
     fn masked_fill(&self, x: TRef, mask: TRef, value: f64, out: TRef) -> Result<()> {

@@ -13,7 +13,8 @@
 use std::sync::Arc;
 
 use headroom_cuda::compute::{
-    decode, encode, BinaryCode, ConvArgs, ConvPass as CudaPass, ConvSpec, ReduceCode, UnaryCode,
+    decode, encode, AttentionSpec, AttentionViews, BinaryCode, ConvArgs, ConvPass as CudaPass,
+    ConvSpec, ReduceCode, UnaryCode,
 };
 use headroom_cuda::{CudaError, Dt, Gpu, Strided};
 
@@ -163,6 +164,9 @@ fn unary_code(op: UnaryOp) -> UnaryCode {
         UnaryOp::AddScalar(s) => UnaryCode::AddScalar(s),
         UnaryOp::MulScalar(s) => UnaryCode::MulScalar(s),
         UnaryOp::PowScalar(s) => UnaryCode::PowScalar(s),
+        UnaryOp::Cos => UnaryCode::Cos,
+        UnaryOp::Sin => UnaryCode::Sin,
+        UnaryOp::Silu => UnaryCode::Silu,
     }
 }
 
@@ -178,6 +182,27 @@ fn binary_code(op: BinaryOp) -> BinaryCode {
         BinaryOp::GeluBackward { tanh: true } => BinaryCode::GeluTanhBackward,
         BinaryOp::TanhBackward => BinaryCode::TanhBackward,
         BinaryOp::SigmoidBackward => BinaryCode::SigmoidBackward,
+        BinaryOp::SiluBackward => BinaryCode::SiluBackward,
+    }
+}
+
+fn attention_views(a: &AttentionArgs) -> Result<AttentionViews> {
+    Ok(AttentionViews {
+        q: st(a.q)?,
+        k: st(a.k)?,
+        v: st(a.v)?,
+        mask: opt(a.mask)?,
+        out: st(a.out)?,
+        lse: opt(a.lse)?,
+    })
+}
+
+fn attention_spec(p: &AttentionParams) -> AttentionSpec {
+    AttentionSpec {
+        scale: p.scale,
+        causal: p.causal,
+        dropout: p.dropout,
+        seed: p.seed,
     }
 }
 
@@ -265,6 +290,7 @@ impl Backend for CudaBackend {
                 ReduceOp::Mean => ReduceCode::Mean,
                 ReduceOp::Max => ReduceCode::Max,
                 ReduceOp::Min => ReduceCode::Min,
+                ReduceOp::ArgMax => ReduceCode::ArgMax,
             };
             Ok(self.gpu.reduce(code, &st(x)?, dims, &st(out)?)?)
         })
@@ -519,6 +545,28 @@ impl Backend for CudaBackend {
                 .softmax_backward(&st(gy)?, &st(y)?, dim, log, &st(gx)?)?)
         })
     }
+    fn attention(&self, a: &AttentionArgs, p: &AttentionParams) -> Result<()> {
+        let views = attention_views(a)?;
+        self.profile.time("attention", || {
+            Ok(self.gpu.attention(&views, &attention_spec(p))?)
+        })
+    }
+
+    fn attention_backward(&self, a: &AttentionGradArgs, p: &AttentionParams) -> Result<()> {
+        let views = attention_views(&a.fwd)?;
+        self.profile.time("attention_backward", || {
+            Ok(self.gpu.attention_backward(
+                &views,
+                &st(a.gout)?,
+                &opt(a.delta)?,
+                &st(a.gq)?,
+                &st(a.gk)?,
+                &st(a.gv)?,
+                &attention_spec(p),
+            )?)
+        })
+    }
+
     fn embedding(&self, weight: TRef, idx: TRef, out: TRef) -> Result<()> {
         self.profile.time("embedding", || {
             Ok(self.gpu.embedding(&st(weight)?, &st(idx)?, &st(out)?)?)

@@ -25,6 +25,12 @@ impl Backend for MetaBackend {
             device: "meta".into(),
         })
     }
+    fn attention(&self, _a: &AttentionArgs, _p: &AttentionParams) -> Result<()> {
+        Ok(())
+    }
+    fn attention_backward(&self, _a: &AttentionGradArgs, _p: &AttentionParams) -> Result<()> {
+        Ok(())
+    }
     noop! {
         fill(a: TRef, b: f64);
         arange(a: TRef, b: f64, c: f64);

@@ -8,6 +8,7 @@
 //! outputs are fresh contiguous buffers unless a method says otherwise.
 
 pub mod cpu;
+mod cpu_attention;
 pub mod cuda;
 pub mod meta;
 
@@ -43,6 +44,10 @@ pub enum UnaryOp {
     AddScalar(f64),
     MulScalar(f64),
     PowScalar(f64),
+    Cos,
+    Sin,
+    /// `x * sigmoid(x)` (`F.silu`, Llama's `hidden_act="silu"`).
+    Silu,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -65,6 +70,8 @@ pub enum BinaryOp {
     TanhBackward,
     /// Sigmoid backward: `a * b * (1 - b)`, b the saved output.
     SigmoidBackward,
+    /// SiLU backward: a the grad, b the saved input.
+    SiluBackward,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +80,51 @@ pub enum ReduceOp {
     Mean,
     Max,
     Min,
+    /// Index of the first maximum along the one reduced dim, written into an int64 `out`.
+    ArgMax,
+}
+
+/// What a fused attention kernel computes besides its tensors.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionParams {
+    /// Multiplies `q . k` (PyTorch's default is `1/sqrt(head_dim)`).
+    pub scale: f64,
+    /// Top-left causal: key `j` is visible to query `i` when `j <= i` (SDPA's `is_causal`).
+    pub causal: bool,
+    /// Probability of dropping an attention weight (0: none).
+    pub dropout: f64,
+    /// Seed of the dropout pattern: a hash of (seed, batch, head, query, key) decides each
+    /// weight, so the backward sees the very pattern the forward used.
+    pub seed: u64,
+}
+
+/// The tensors of a fused attention forward: `q` [B, Hq, T, D], `k` [B, Hkv, S, D], `v`
+/// [B, Hkv, S, Dv] (any strides; `Hq` a multiple of `Hkv`, query head `h` reads key head
+/// `h / (Hq / Hkv)`), `mask` an additive float mask expanded to [B, Hq, T, S], `out`
+/// [B, Hq, T, Dv], `lse` [B, Hq, T] f32 (the rows' log-sum-exp, for the backward).
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionArgs<'a> {
+    pub q: TRef<'a>,
+    pub k: TRef<'a>,
+    pub v: TRef<'a>,
+    pub mask: Option<TRef<'a>>,
+    pub out: TRef<'a>,
+    pub lse: Option<TRef<'a>>,
+}
+
+/// The tensors of a fused attention backward: the forward's (with its `lse`), the output
+/// gradient `gout`, `delta` = rowsum(gout * out) [B, Hq, T] f32 when the op layer computed
+/// it (PyTorch's memory-efficient backward does, outside its kernel; the others compute it
+/// inside, and so does the backend then), and the gradients `gq`, `gk`, `gv` (shaped like
+/// q, k, v; overwritten).
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionGradArgs<'a> {
+    pub fwd: AttentionArgs<'a>,
+    pub gout: TRef<'a>,
+    pub delta: Option<TRef<'a>>,
+    pub gq: TRef<'a>,
+    pub gk: TRef<'a>,
+    pub gv: TRef<'a>,
 }
 
 /// A library workspace the op layer allocated for one kernel call (`ptr` 0 when none).
@@ -276,6 +328,12 @@ pub trait Backend: Send + Sync {
         gw: TRef,
         padding_idx: Option<i64>,
     ) -> Result<()>;
+
+    /// Fused scaled-dot-product attention ([`AttentionArgs`]). `lse` must be given when a
+    /// backward will follow.
+    fn attention(&self, a: &AttentionArgs, p: &AttentionParams) -> Result<()>;
+    /// Its gradients ([`AttentionGradArgs`]), recomputing the weights from `lse`.
+    fn attention_backward(&self, a: &AttentionGradArgs, p: &AttentionParams) -> Result<()>;
 
     /// `mask` (bool) keeps with probability 1-p; `out = x * mask / (1-p)`.
     fn dropout(&self, x: TRef, p: f64, seed: u64, out: TRef, mask: TRef) -> Result<()>;

@@ -1,7 +1,10 @@
 //! Models with PyTorch's layouts and state_dict names: an MLP, torchvision's ResNet-18 and
-//! ResNet-50, and Hugging Face's GPT-2 (configurable size).
+//! ResNet-50, and Hugging Face's GPT-2 (configurable size) — the zoo — and, in [`hf`],
+//! Hugging Face models read from their `config.json` (GPT-2, Llama, Mistral, Qwen2, BERT)
+//! as transformers 5.17 runs them.
 
 pub mod gpt2;
+pub mod hf;
 pub mod mlp;
 pub mod resnet;
 

@@ -7,7 +7,7 @@
 use super::*;
 use crate::autograd::Saved;
 use crate::backend::{BinaryOp, UnaryOp};
-use crate::layout::broadcast_shapes;
+use crate::layout::{broadcast_shapes, Layout};
 
 /// The backward of `self + alpha * other` (`AddBackward0`), shared by `add_scaled` and
 /// `add_scaled_`: `sa`, `sb` are the input shapes the gradient is reduced back to.
@@ -42,7 +42,11 @@ impl Tensor {
         let shape = broadcast_shapes(self.shape(), other.shape(), name)?;
         let a = self.layout().expand(&shape)?;
         let b = other.layout().expand(&shape)?;
-        let out = Tensor::empty(&shape, self.dtype(), self.device())?;
+        let out = Tensor::empty_dense(
+            Layout::iter_output(&shape, &[&a, &b]),
+            self.dtype(),
+            self.device(),
+        )?;
         self.device().backend().binary(
             op,
             crate::backend::TRef {
@@ -166,7 +170,11 @@ impl Tensor {
     }
 
     fn unary_raw(&self, op: UnaryOp) -> Result<Tensor> {
-        let out = Tensor::empty(self.shape(), self.dtype(), self.device())?;
+        let out = Tensor::empty_dense(
+            Layout::iter_output(self.shape(), &[self.layout()]),
+            self.dtype(),
+            self.device(),
+        )?;
         self.device().backend().unary(op, self.kref(), out.kref())?;
         Ok(out)
     }
@@ -219,6 +227,59 @@ impl Tensor {
             true,
             BinaryOp::SigmoidBackward,
         )
+    }
+    /// `F.silu` (SiLU / swish): one kernel, `SiluBackward0` saves the input.
+    pub fn silu(&self) -> Result<Tensor> {
+        self.unary_with(
+            UnaryOp::Silu,
+            "SiluBackward0",
+            false,
+            BinaryOp::SiluBackward,
+        )
+    }
+    /// `torch.cos`; backward `grad * -self.sin()` (saves the input).
+    pub fn cos(&self) -> Result<Tensor> {
+        need_float(self, "cos")?;
+        let out = self.unary_raw(UnaryOp::Cos)?;
+        if autograd::should_record(&[self]) {
+            let s = Saved::new(self);
+            record("CosBackward0", &[Some(self)], &[&out], move |g, _| {
+                let g = grad0(g, "CosBackward0")?;
+                let x = s.get("CosBackward0")?;
+                Ok(vec![Some(g.mul(&x.sin()?.neg()?)?)])
+            });
+        }
+        Ok(out)
+    }
+    /// `torch.sin`; backward `grad * self.cos()` (saves the input).
+    pub fn sin(&self) -> Result<Tensor> {
+        need_float(self, "sin")?;
+        let out = self.unary_raw(UnaryOp::Sin)?;
+        if autograd::should_record(&[self]) {
+            let s = Saved::new(self);
+            record("SinBackward0", &[Some(self)], &[&out], move |g, _| {
+                let g = grad0(g, "SinBackward0")?;
+                let x = s.get("SinBackward0")?;
+                Ok(vec![Some(g.mul(&x.cos()?)?)])
+            });
+        }
+        Ok(out)
+    }
+    /// `torch.rsqrt`; `RsqrtBackward0` saves the result and computes
+    /// `-0.5 * grad * result.pow(3)` in that order (three tensors, as PyTorch's formula).
+    pub fn rsqrt(&self) -> Result<Tensor> {
+        need_float(self, "rsqrt")?;
+        let out = self.unary_raw(UnaryOp::Rsqrt)?;
+        if autograd::should_record(&[self]) {
+            let s = Saved::new(&out);
+            record("RsqrtBackward0", &[Some(self)], &[&out], move |g, _| {
+                let g = grad0(g, "RsqrtBackward0")?;
+                let y = s.get("RsqrtBackward0")?;
+                let a = g.mul_scalar(-0.5)?;
+                Ok(vec![Some(a.mul(&y.pow_scalar(3.0)?)?)])
+            });
+        }
+        Ok(out)
     }
     pub fn exp(&self) -> Result<Tensor> {
         self.unary_with(UnaryOp::Exp, "ExpBackward0", true, BinaryOp::Mul)
@@ -439,7 +500,11 @@ impl Tensor {
                 ),
             )
         })?;
-        let out = Tensor::empty(self.shape(), self.dtype(), self.device())?;
+        let out = Tensor::empty_dense(
+            Layout::iter_output(self.shape(), &[self.layout(), &ml]),
+            self.dtype(),
+            self.device(),
+        )?;
         let mref = crate::backend::TRef {
             ptr: mask.storage().ptr(),
             layout: &ml,

@@ -51,8 +51,9 @@ fn mm_mat2_backward(g: &Tensor, mat1: &Tensor, mat2_strides: &[usize]) -> Result
 }
 
 impl Tensor {
-    fn gemm_into(a: &Tensor, b: &Tensor, out: &Tensor, accumulate: bool) -> Result<()> {
-        a.device().ensure_blas_handle()?;
+    /// `out (+)= a @ b`; `lt`: the call goes through cuBLASLt (addmm with a 1-d bias).
+    fn gemm_into(a: &Tensor, b: &Tensor, out: &Tensor, accumulate: bool, lt: bool) -> Result<()> {
+        a.device().ensure_blas_handle(lt)?;
         let (la, lb, lo) = (as3(a), as3(b), as3(out));
         a.device().backend().matmul(
             TRef {
@@ -82,7 +83,7 @@ impl Tensor {
             self.dtype(),
             self.device(),
         )?;
-        Tensor::gemm_into(self, other, &out, false)?;
+        Tensor::gemm_into(self, other, &out, false, false)?;
         if crate::autograd::should_record(&[self, other]) {
             let s1 = other.requires_grad().then(|| Saved::new(self));
             let s2 = self.requires_grad().then(|| Saved::new(other));
@@ -131,7 +132,7 @@ impl Tensor {
             },
             out.kref(),
         )?;
-        Tensor::gemm_into(mat1, mat2, &out, true)?;
+        Tensor::gemm_into(mat1, mat2, &out, true, bias.ndim() == 1)?;
         if crate::autograd::should_record(&[bias, mat1, mat2]) {
             let s1 = mat2.requires_grad().then(|| Saved::new(mat1));
             let s2 = mat1.requires_grad().then(|| Saved::new(mat2));
@@ -178,7 +179,7 @@ impl Tensor {
             return Err(TensorError::shape("bmm", format!("{a:?} @ {b:?}")));
         }
         let out = Tensor::empty(&[a[0], a[1], b[2]], self.dtype(), self.device())?;
-        self.device().ensure_blas_handle()?;
+        self.device().ensure_blas_handle(false)?;
         self.device()
             .backend()
             .matmul(self.kref(), other.kref(), out.kref(), false)?;

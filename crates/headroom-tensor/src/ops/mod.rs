@@ -7,6 +7,7 @@
 //! PyTorch's `*Backward0` node saves. Backward closures compute only the gradients the
 //! engine asks for (`needs`), in PyTorch's order, so backward allocates as PyTorch does.
 
+pub mod attention;
 pub mod conv;
 pub mod elementwise;
 pub mod linalg;
@@ -22,6 +23,7 @@ use crate::error::{Result, TensorError};
 use crate::tensor::Tensor;
 
 pub use crate::backend::{Conv2dParams, Pool2dParams};
+pub use attention::{scaled_dot_product_attention, sdpa_backend, SdpaArgs, SdpaBackend};
 pub use conv::conv2d;
 pub use linalg::linear;
 pub use nn::{cross_entropy, cross_entropy_with, dropout, embedding, nll_loss, Reduction};

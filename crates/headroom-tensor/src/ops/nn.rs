@@ -3,7 +3,7 @@
 //! Design note: `cross_entropy` is PyTorch's composite `log_softmax` + `nll_loss`: the
 //! log-probabilities [N, C] are saved, `nll_loss` allocates a scalar output and a scalar
 //! total weight; backward allocates a zero-filled [N, C] for nll and a second [N, C] for
-//! log-softmax. `dropout` in training allocates the output and a bool mask, and returns its
+//! log-softmax. `dropout` in training allocates a bool mask and the output, and returns its
 //! input untouched (no allocation) when not training or `p == 0`.
 
 use super::*;
@@ -132,11 +132,15 @@ pub fn embedding(weight: &Tensor, idx: &Tensor) -> Result<Tensor> {
     same_device(weight, idx, OP)?;
     let mut shape = idx.shape().to_vec();
     shape.push(weight.shape()[1]);
+    // `embedding` is `weight.index_select(0, indices.reshape(-1))`: an expanded or strided
+    // index is copied first and freed after the kernel (the backward keeps the original).
+    let idx_c = idx.contiguous()?;
     let out = Tensor::empty(&shape, weight.dtype(), weight.device())?;
     weight
         .device()
         .backend()
-        .embedding(weight.kref(), idx.kref(), out.kref())?;
+        .embedding(weight.kref(), idx_c.kref(), out.kref())?;
+    drop(idx_c);
     if crate::autograd::should_record(&[weight]) {
         let si = Saved::new(idx);
         let ws = weight.shape().to_vec();
@@ -171,8 +175,9 @@ pub fn dropout(x: &Tensor, p: f64, training: bool) -> Result<Tensor> {
         return Ok(x.clone());
     }
     need_float(x, OP)?;
-    let out = Tensor::empty(x.shape(), x.dtype(), x.device())?;
+    // `dropout_cuda` allocates the mask first, then the output.
     let mask = Tensor::empty(x.shape(), DType::Bool, x.device())?;
+    let out = Tensor::empty(x.shape(), x.dtype(), x.device())?;
     let dev = x.device();
     dev.backend()
         .dropout(x.kref(), p, dev.next_seed(), out.kref(), mask.kref())?;

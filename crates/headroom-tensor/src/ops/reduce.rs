@@ -106,6 +106,23 @@ impl Tensor {
         let _g = crate::autograd::no_grad();
         self.reduce_raw(ReduceOp::Max, &[d], keepdim)
     }
+    /// `torch.argmax(x, dim, keepdim)`: int64 indices of the first maximum (no gradient).
+    pub fn argmax(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
+        need_float(self, "argmax")?;
+        let d = norm_dim(dim, self.ndim(), "argmax")?;
+        let mut kshape = self.shape().to_vec();
+        kshape[d] = 1;
+        let out = Tensor::empty(&kshape, DType::I64, self.device())?;
+        self.device()
+            .backend()
+            .reduce(ReduceOp::ArgMax, self.kref(), &[d], out.kref())?;
+        if keepdim {
+            return Ok(out);
+        }
+        let mut shape = self.shape().to_vec();
+        shape.remove(d);
+        out.view_raw(&shape)
+    }
     pub fn amin(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
         let d = norm_dim(dim, self.ndim(), "amin")?;
         let _g = crate::autograd::no_grad();

@@ -270,7 +270,8 @@ impl Tensor {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
-        let out = Tensor::empty(self.shape(), dtype, self.device())?;
+        // `_to_copy` allocates `empty_like(self)`: a dense input keeps its memory order.
+        let out = Tensor::empty_dense(self.layout().like_preserve(), dtype, self.device())?;
         self.device().backend().copy(self.kref(), out.kref())?;
         if dtype.is_float() && crate::autograd::should_record(&[self]) {
             let src = self.dtype();

@@ -102,7 +102,10 @@ pub fn round_size(config: &AllocatorConfig, n: u64) -> u64 {
 /// power-of-two divisions.
 #[inline(always)]
 fn round_512(n: u64) -> u64 {
-    MIN_BLOCK_SIZE * n.div_ceil(MIN_BLOCK_SIZE).max(1)
+    // Saturates for requests within 511 bytes of 2^64: no device holds them, so they OOM.
+    n.div_ceil(MIN_BLOCK_SIZE)
+        .max(1)
+        .saturating_mul(MIN_BLOCK_SIZE)
 }
 
 fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
@@ -112,13 +115,14 @@ fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
     let floor = 1u64 << (63 - size.leading_zeros());
     let step = floor >> (63 - divisions.leading_zeros());
     if step == 0 {
-        return floor << 1;
+        return floor.saturating_mul(2);
     }
     let r = size & !(step - 1);
     if r == size {
         size
     } else {
-        r + step
+        // Saturates near 2^64, where the request OOMs anyway.
+        r.saturating_add(step)
     }
 }
 

@@ -1,14 +1,14 @@
 //! Replay and allocator findings of the `snapshot_replay` fuzz target and its stable
 //! stand-in (`replay_semantic.rs`), minimized: snapshots that the reader accepts and on
-//! which `replay` panics or does not return. They are `#[ignore]`d because the fixes
-//! belong to replay.rs (being rewritten) and the allocator; run them with
+//! which `replay` panicked or did not return. Each is now answered (a clean error naming
+//! the range that runs past the address space, or an OOM for a request no device holds),
+//! and stays here as a regression test. Most were arithmetic overflows or `debug_assert`s,
+//! which panic only with debug assertions, so run them without `--release` too:
 //!
 //! ```sh
-//! cargo test -p headroom-trace --test replay_findings -- --ignored
+//! cargo test -p headroom-trace --test replay_findings
 //! ```
 //!
-//! without `--release`: most are arithmetic overflows or `debug_assert`s, which panic only
-//! with debug assertions (release builds wrap and go on with a wrong address or size).
 //! Each test fails, never hangs: replay runs under a watchdog.
 
 use std::time::Duration;
@@ -119,7 +119,6 @@ const MIB: u64 = 1 << 20;
 /// 2^62 bytes are 2^38 steps. Never returns, in release builds too. (Python reads this
 /// snapshot in microseconds.)
 #[test]
-#[ignore = "replay.rs: initial_state walks a huge expandable segment page by page"]
 fn replay_huge_expandable_segment() {
     let s = snapshot(
         vec![segment(0, 1 << 62, true, vec![])],
@@ -131,7 +130,6 @@ fn replay_huge_expandable_segment() {
 /// `initial_state`, line 261: `s.address + s.total_size` of an expandable segment
 /// overflows.
 #[test]
-#[ignore = "replay.rs: address + total_size overflows (expandable segment)"]
 fn replay_expandable_segment_end_overflows() {
     let top = 0xffff_ffff_ffff_ff6d;
     let s = snapshot(
@@ -143,7 +141,6 @@ fn replay_expandable_segment_end_overflows() {
 
 /// `initial_state`, line 240: `addr + size` of a non-expandable segment overflows.
 #[test]
-#[ignore = "replay.rs: addr + size overflows (plain segment)"]
 fn replay_plain_segment_end_overflows() {
     let s = snapshot(
         vec![segment(0xffff_ffff_ffff_ff90, 0xd2_e600, false, vec![])],
@@ -154,7 +151,6 @@ fn replay_plain_segment_end_overflows() {
 
 /// `initial_state::take_live`, line 204: `a + size` of a live block overflows.
 #[test]
-#[ignore = "replay.rs: a + size overflows (live block)"]
 fn replay_live_block_end_overflows() {
     let s = snapshot(
         vec![
@@ -179,7 +175,6 @@ fn replay_live_block_end_overflows() {
 /// `initial_state`, line 286: `a + l` of a traced `segment_map` overflows in the page
 /// walk.
 #[test]
-#[ignore = "replay.rs: a + l overflows (segment_map in the page walk)"]
 fn replay_segment_map_end_overflows() {
     let s = snapshot(
         vec![segment(0x7fff_ffff_ffff_ff00, 30 * MIB, true, vec![])],
@@ -195,7 +190,6 @@ fn replay_segment_map_end_overflows() {
 /// `replay`, line 409: `e.time_us - 1` overflows for `time_us = i64::MIN` when history
 /// is recorded.
 #[test]
-#[ignore = "replay.rs: time_us - 1 overflows with record_history"]
 fn replay_earliest_time_overflows() {
     let mut e = entry(TraceAction::Alloc, 0, 0);
     e.time_us = i64::MIN;
@@ -211,7 +205,6 @@ fn replay_earliest_time_overflows() {
 /// malloc frees cached blocks. This one panics in release builds (`--release`); with debug
 /// assertions replay.rs:204 overflows on these blocks first.
 #[test]
-#[ignore = "headroom-alloc: ExpandableSegment::unmap indexes past max_pages"]
 fn alloc_unmap_past_the_last_page() {
     let s = snapshot(
         vec![segment(
@@ -235,7 +228,6 @@ fn alloc_unmap_past_the_last_page() {
 /// expandable.rs line 192, `debug_assert_eq!(mptr, ptr)` in `map_block`: two expandable
 /// segments that predate the trace, at 20 MiB and 255 MiB, with no blocks.
 #[test]
-#[ignore = "headroom-alloc: map_block maps at another address than the block's"]
 fn alloc_map_block_address_mismatch() {
     let s = snapshot(
         vec![
@@ -250,7 +242,6 @@ fn alloc_map_block_address_mismatch() {
 /// ptrmap.rs line 163, `debug_assert!` "address 0x1400000 already mapped": an expandable
 /// segment with two empty pending-free blocks, one at its base, rebuilt as live.
 #[test]
-#[ignore = "headroom-alloc: two live blocks imported at one address"]
 fn alloc_same_address_mapped_twice() {
     let pending = BlockState::ActivePendingFree;
     let s = snapshot(
@@ -271,7 +262,6 @@ fn alloc_same_address_mapped_twice() {
 /// device.rs line 147, `SimDevice::bump_past_hints`: `a + s` of a traced `segment_alloc`
 /// hint overflows.
 #[test]
-#[ignore = "headroom-alloc: SimDevice hint end overflows"]
 fn alloc_device_hint_end_overflows() {
     let s = snapshot(
         vec![],
@@ -283,7 +273,6 @@ fn alloc_device_hint_end_overflows() {
 /// device.rs line 148, `SimDevice::bump_past_hints`: rounding the hint's end up to the
 /// device alignment overflows for a segment freed at the top of the address space.
 #[test]
-#[ignore = "headroom-alloc: SimDevice hint rounding overflows"]
 fn alloc_device_hint_rounding_overflows() {
     let s = snapshot(
         vec![],
@@ -296,7 +285,6 @@ fn alloc_device_hint_rounding_overflows() {
 /// release it wraps to 0, a zero-byte block for a u64::MAX request), reached here through
 /// a `free_requested` of a block that predates the trace.
 #[test]
-#[ignore = "headroom-alloc: round_512 overflows for sizes near u64::MAX"]
 fn alloc_round_512_overflows() {
     let s = snapshot(
         vec![],
@@ -309,7 +297,6 @@ fn alloc_round_512_overflows() {
 /// near u64::MAX is rounded up to the next power-of-two division (in release it wraps to
 /// a tiny size); reached through a `free_requested` of a block that predates the trace.
 #[test]
-#[ignore = "headroom-alloc: roundup_power2_next_division overflows near u64::MAX"]
 fn alloc_roundup_division_overflows() {
     let s = snapshot(
         vec![],

@@ -72,10 +72,9 @@ proptest! {
         ..ProptestConfig::default()
     })]
 
-    /// Fails today: replay.rs does not return on about 5% of these inputs and the
-    /// allocator panics on some (minimal cases in `replay_findings.rs`).
+    /// Replay returns (an answer or a clean error) on every snapshot-shaped input; the
+    /// minimal cases it once failed on are in `replay_findings.rs`.
     #[test]
-    #[ignore = "replay.rs and the allocator hang or panic on some: see replay_findings.rs"]
     fn generated_snapshots_replay(data in prop::collection::vec(any::<u8>(), 0..4096)) {
         if let Some(s) = read_and_rewrite(&data) {
             let r = replay_returns(s, &data, Duration::from_secs(10));

@@ -21,6 +21,7 @@
 //!
 //! A snapshot has one trace per device; each is replayed on its own ([`ReplayOptions::device`]).
 
+mod check;
 mod initial;
 mod model;
 mod plan;

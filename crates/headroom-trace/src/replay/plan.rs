@@ -80,6 +80,7 @@ impl ReplayPlan {
             .iter()
             .filter(|s| device_of(s) == device)
             .collect();
+        super::check::address_ranges(&segments, trace)?;
         let initial = initial_state(&segments, trace, own);
         let final_pools: BTreeMap<u64, (u64, MempoolId)> = segments
             .iter()

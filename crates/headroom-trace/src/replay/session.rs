@@ -198,7 +198,7 @@ impl<'a> Session<'a> {
             let e = &trace[i];
             if self.opts.record_history {
                 // Headroom's entries carry the recorded times, so both timelines line up.
-                let t = e.time_us - 1;
+                let t = e.time_us.saturating_sub(1);
                 self.alloc.with_device(|d| d.set_clock_us(t));
             }
             match e.action {

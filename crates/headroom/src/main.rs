@@ -6,6 +6,7 @@ mod http_cmd;
 mod loadtest_cmd;
 mod predict_cmd;
 mod replay_cmd;
+mod replay_ranks;
 mod run_cmd;
 mod serve_cmd;
 

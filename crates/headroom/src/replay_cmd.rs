@@ -15,8 +15,12 @@ use crate::UserError;
 
 #[derive(Args)]
 pub struct ReplayArgs {
-    /// A snapshot pickle from `torch.cuda.memory._dump_snapshot()`.
-    snapshot: PathBuf,
+    /// A snapshot pickle from `torch.cuda.memory._dump_snapshot()` (or an RMM CSV log).
+    /// Several snapshots, or a folder of them (one per rank of a multi-GPU job), or one
+    /// snapshot with several devices' traces: a table with a row per rank and device, the
+    /// imbalance, and (with --min-capacity) each rank's minimum capacity.
+    #[arg(required = true, value_name = "SNAPSHOT")]
+    snapshots: Vec<PathBuf>,
     /// Allocator config in PYTORCH_CUDA_ALLOC_CONF syntax; repeat for a side-by-side table.
     /// "" or "default" is PyTorch's default. Without it: the snapshot's own config.
     #[arg(long = "alloc-conf", value_name = "CONF")]
@@ -145,7 +149,18 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
     if let Some(p) = &a.rmm_out {
         crate::run_cmd::check_out_file("--rmm-out", p)?;
     }
-    let snap = load_trace(&a.snapshot)?;
+    let files = crate::replay_ranks::expand(&a.snapshots)?;
+    let mut loaded = None;
+    if files.len() == 1 {
+        let snap = load_trace(&files[0])?;
+        if headroom_trace::traced_devices(&snap).len() <= 1 {
+            loaded = Some(snap);
+        }
+    }
+    let Some(snap) = loaded else {
+        return replay_ranks(&a, &files);
+    };
+    let snapshot_path = &files[0];
     let own = AllocatorConfig::from_settings(&snap.allocator_settings)
         .context("the snapshot's allocator_settings")?;
     let mut configs: Vec<AllocatorConfig> = if a.alloc_conf.is_empty() {
@@ -224,7 +239,10 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
                 let mut v = serde_json::to_value(r).unwrap_or_default();
                 if let Some(o) = v.as_object_mut() {
                     o.insert("alloc_conf".into(), serde_json::Value::String(l.clone()));
-                    o.insert("snapshot".into(), a.snapshot.display().to_string().into());
+                    o.insert(
+                        "snapshot".into(),
+                        snapshot_path.display().to_string().into(),
+                    );
                     if a.recommend {
                         o.insert("recommended".into(), (pick == Some(i)).into());
                     }
@@ -235,7 +253,7 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
         println!("{}", serde_json::to_string_pretty(&arr).unwrap_or_default());
     } else {
         let shown = results.first().map_or(0, |r| r.1.capacity_bytes);
-        print_table(&a.snapshot, shown, &results);
+        print_table(snapshot_path, shown, &results);
         if a.recommend {
             match pick {
                 Some(i) => {
@@ -254,6 +272,41 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Several ranks (or devices): one table with a row each. The flags that write one
+/// replay's files or pick one config are for a single snapshot.
+fn replay_ranks(a: &ReplayArgs, files: &[PathBuf]) -> Result<ExitCode, UserError> {
+    for (set, flag) in [
+        (a.snapshot_out.is_some(), "--snapshot-out"),
+        (a.rmm_out.is_some(), "--rmm-out"),
+        (a.recommend, "--recommend"),
+    ] {
+        if set {
+            return Err(anyhow::anyhow!(
+                "{flag} takes one snapshot of one device; replay each rank on its own for it"
+            )
+            .into());
+        }
+    }
+    let configs = a
+        .alloc_conf
+        .iter()
+        .map(|c| {
+            let conf = parse_conf(c)?;
+            Ok((label(&conf), conf))
+        })
+        .collect::<Result<Vec<_>, UserError>>()?;
+    crate::replay_ranks::run(
+        crate::replay_ranks::RankArgs {
+            configs,
+            capacity: parse_capacity(a.capacity.as_deref())?,
+            min_capacity: a.min_capacity,
+            json: a.json,
+            files,
+        },
+        load_trace,
+    )
 }
 
 fn print_table(path: &std::path::Path, capacity: u64, results: &[(String, ReplayResult)]) {

@@ -29,7 +29,7 @@ pub fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>, UserError> {
                     anyhow::anyhow!("folder {} holds no .pickle snapshots", p.display()).into(),
                 );
             }
-            files.sort_by(|a, b| natural_key(a).cmp(&natural_key(b)));
+            files.sort_by_key(|f| natural_key(f));
             out.extend(files);
         } else {
             out.push(p.clone());
@@ -217,7 +217,7 @@ mod tests {
             .iter()
             .map(PathBuf::from)
             .collect();
-        v.sort_by(|a, b| natural_key(a).cmp(&natural_key(b)));
+        v.sort_by_key(|f| natural_key(f));
         assert_eq!(
             v,
             ["r1.pickle", "r2.pickle", "r10.pickle"]

@@ -63,7 +63,8 @@ fn encode(d: DType, vals: &[f64], out: &mut Vec<u8>) {
     }
 }
 
-fn decode(d: DType, b: &[u8]) -> Vec<f64> {
+/// Little-endian safetensors bytes of `d` as f64 values (the loaders' common currency).
+pub(crate) fn decode(d: DType, b: &[u8]) -> Vec<f64> {
     match d {
         DType::F32 => b
             .chunks_exact(4)

@@ -168,36 +168,6 @@ impl WeightIndex {
             .map_err(|err| io(path, err))?;
         let mut b = vec![0u8; (e.end - e.begin) as usize];
         f.read_exact(&mut b).map_err(|err| io(path, err))?;
-        Ok(decode(e.dtype, &b))
-    }
-}
-
-fn decode(d: DType, b: &[u8]) -> Vec<f64> {
-    match d {
-        DType::F32 => b
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
-            .collect(),
-        DType::F16 => b
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64())
-            .collect(),
-        DType::BF16 => b
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64())
-            .collect(),
-        DType::I64 => b
-            .chunks_exact(8)
-            .map(|c| {
-                let mut a = [0u8; 8];
-                a.copy_from_slice(c);
-                i64::from_le_bytes(a) as f64
-            })
-            .collect(),
-        DType::I32 => b
-            .chunks_exact(4)
-            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
-            .collect(),
-        DType::U8 | DType::Bool => b.iter().map(|&x| x as f64).collect(),
+        Ok(crate::safetensors::decode(e.dtype, &b))
     }
 }

@@ -8,6 +8,7 @@ mod predict_cmd;
 mod replay_cmd;
 mod run_cmd;
 mod serve_cmd;
+mod workload_args;
 
 use std::process::ExitCode;
 

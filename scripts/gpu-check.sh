@@ -4,7 +4,7 @@
 # headroom_torch against PyTorch's native allocator.
 #
 #   scripts/gpu-check.sh build   # here (no GPU needed): release builds, copied into devcarry/
-#   scripts/gpu-check.sh gpu [--quick] [--only tests,alloc,models,workloads,probe,loadtest,http]
+#   scripts/gpu-check.sh gpu [--quick] [--only tests,alloc,models,workloads,probe,loadtest,http,hf]
 #                                # on the GPU machine, in the repo root, with devcarry/ present
 #
 # The two halves are one workflow: build here, then send the tree with devcarry/ carried to
@@ -18,7 +18,7 @@ CARRY=$ROOT/devcarry
 MODE=${1:-build}
 shift || true
 QUICK=""
-ONLY="tests,alloc,models,workloads,probe,loadtest,http"
+ONLY="tests,alloc,models,workloads,probe,loadtest,http,hf"
 while [ $# -gt 0 ]; do
   case "$1" in
   --quick) QUICK="--quick" ;;
@@ -196,6 +196,16 @@ if pts:
 PY
   fi
 
+  if want hf; then
+    echo "== Hugging Face configs: transformers (SDPA) vs headroom --model PATH on cuda =="
+    if python3 -c 'import transformers' 2>/dev/null; then
+      python3 scripts/hf_speed.py "$CARRY/headroom" "$R/hf_speed.jsonl" 2>&1 | grep -v '^{' | tee "$R/hf_speed.txt"
+    else
+      echo "(transformers is not installed here: skipped)"
+    fi
+    echo "   ($((SECONDS - T0)) s)"
+  fi
+
   if want probe && [ -f python/headroom_probe.py ]; then
     echo "== headroom_probe.py against a real PyTorch service =="
     if [ -f scripts/probe_check.py ]; then
@@ -231,5 +241,5 @@ PY
 case "$MODE" in
 build) build ;;
 gpu) gpu ;;
-*) echo "usage: $0 build | gpu [--quick] [--only tests,alloc,models,workloads,probe]" >&2; exit 2 ;;
+*) echo "usage: $0 build | gpu [--quick] [--only tests,alloc,models,workloads,probe,loadtest,http,hf]" >&2; exit 2 ;;
 esac

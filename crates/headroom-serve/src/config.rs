@@ -142,6 +142,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, ServeError> {
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub model: ModelSpec,
+    /// A Hugging Face decoder's answer: `--new N` tokens, `use_cache`.
+    pub generation: crate::model::Generation,
     pub device: ServeDevice,
     /// Device capacity in bytes (on cpu: the simulated GPU the caching allocator manages).
     pub capacity: u64,
@@ -171,6 +173,7 @@ impl Default for ServeConfig {
     fn default() -> Self {
         ServeConfig {
             model: ModelSpec::Gpt2(ModelSpec::gpt2_small_config()),
+            generation: crate::model::Generation::default(),
             device: ServeDevice::Cpu,
             capacity: DEFAULT_CAPACITY,
             alloc_conf: AllocatorConfig::default(),

@@ -61,7 +61,7 @@ pub use device::{open_device, OpenedDevice};
 pub use error::{ApiError, Reject, ServeError};
 pub use http::{App, InferResponse};
 pub use metrics::Metrics;
-pub use model::{BatchKey, Family, Input, Predictor, SampleOutput, ServedModel};
+pub use model::{BatchKey, Family, Generation, Input, Predictor, SampleOutput, ServedModel};
 pub use scheduler::{LatencyTarget, SchedConfig, Scheduler};
 
 /// A running server.
@@ -90,8 +90,14 @@ pub struct ShutdownReport {
 /// The batch key calibration and the start-up fit check use: the smallest input.
 fn reference_key(f: Family) -> BatchKey {
     match f {
-        Family::Lm { n_positions, .. } => BatchKey::Tokens {
-            len: model::bucket(1, n_positions),
+        Family::Lm {
+            n_positions, pad, ..
+        } => BatchKey::Tokens {
+            len: if pad {
+                model::bucket(1, n_positions)
+            } else {
+                1
+            },
         },
         Family::Image { .. } => BatchKey::Image {
             h: model::MIN_IMAGE_SIDE,
@@ -109,8 +115,12 @@ fn build_app(cfg: ServeConfig) -> Result<Arc<App>, ServeError> {
         model: cfg.model.name(),
         source,
     };
-    let model = Arc::new(ServedModel::load(&cfg.model, &dev.run.device).map_err(model_err)?);
-    let predictor = Arc::new(Predictor::new(&cfg.model, &dev.twin).map_err(model_err)?);
+    let model = Arc::new(
+        ServedModel::load_with(&cfg.model, &dev.run.device, cfg.generation).map_err(model_err)?,
+    );
+    let predictor = Arc::new(
+        Predictor::with_generation(&cfg.model, &dev.twin, cfg.generation).map_err(model_err)?,
+    );
     let key = reference_key(model.family());
     let limit = cfg.limit_bytes();
     let base = model.device().memory_allocated();

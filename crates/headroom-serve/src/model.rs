@@ -18,6 +18,14 @@
 //! the prediction uses the padded length, so the memory of the padding is accounted for.
 //! Images batch with images of the same height and width; MLP rows always batch.
 //!
+//! A Hugging Face decoder (`--model PATH`) runs transformers' forward, with its KV cache
+//! (`use_cache`, on by default) alive beside the logits as `out = model(ids)` keeps it, or,
+//! with `--new N` above 1, `generate(ids, max_new_tokens=N)`: the prefill and N-1 decode
+//! steps on a cache that grows by one position per token. Generation takes unpadded
+//! sequences (a batch shares one exact length: padding is not modelled), and the meta twin
+//! runs the same generate, so each request's admission price includes its KV cache for
+//! prompt + new tokens.
+//!
 //! An LM answers the next token of each sequence. Its head runs only on each sequence's
 //! last real position (gathered before `ln_f` and the tied `lm_head`), so a batch never
 //! materialises `[batch, seq, vocab]` logits: for GPT-2 at 1024 tokens that alone would be
@@ -29,6 +37,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use headroom_tensor::models::hf::{self, CacheImpl, ForwardArgs, GenerateOptions};
 use headroom_tensor::{
     category_scope, no_grad, ops, DType, Device, MemoryCategory, Tensor, TensorError,
 };
@@ -49,20 +58,64 @@ pub const MIN_IMAGE_SIDE: usize = 32;
 /// What kind of input a model takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
-    /// Token ids `[T]` or `[N, T]`, `0 <= id < vocab`, `1 <= T <= n_positions`.
-    Lm { vocab: usize, n_positions: usize },
+    /// Token ids `[T]` or `[N, T]`, `0 <= id < vocab`, `1 <= T <= n_positions`. `pad`:
+    /// sequences are padded to buckets; otherwise (generate) a batch has one exact length.
+    Lm {
+        vocab: usize,
+        n_positions: usize,
+        pad: bool,
+    },
     /// Images `[3, H, W]` or `[N, 3, H, W]`, float32, `H, W >= 32`.
     Image { classes: usize },
     /// Rows `[F]` or `[N, F]`, float32.
     Mlp { features: usize, outputs: usize },
 }
 
+/// How a Hugging Face decoder answers: `--new N` tokens (1: the next token from one
+/// forward), and `use_cache` for that forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Generation {
+    pub new_tokens: usize,
+    pub use_cache: bool,
+}
+
+impl Default for Generation {
+    fn default() -> Self {
+        Generation {
+            new_tokens: 1,
+            use_cache: true,
+        }
+    }
+}
+
+impl Generation {
+    fn generates(&self) -> bool {
+        self.new_tokens > 1
+    }
+}
+
 impl Family {
     pub fn of(spec: &ModelSpec) -> Family {
+        Family::of_with(spec, Generation::default())
+    }
+    pub fn of_with(spec: &ModelSpec, gen: Generation) -> Family {
         match spec {
             ModelSpec::Gpt2(c) => Family::Lm {
                 vocab: c.vocab_size,
                 n_positions: c.n_positions,
+                pad: true,
+            },
+            ModelSpec::Hf(h) => Family::Lm {
+                vocab: h.config.vocab_size,
+                // The prompt and the new tokens share the positions.
+                n_positions: if gen.generates() {
+                    h.config
+                        .max_position_embeddings
+                        .saturating_sub(gen.new_tokens)
+                } else {
+                    h.config.max_position_embeddings
+                },
+                pad: !gen.generates(),
             },
             ModelSpec::ResNet18 { classes } | ModelSpec::ResNet50 { classes } => {
                 Family::Image { classes: *classes }
@@ -171,6 +224,9 @@ pub struct SampleOutput {
     /// The whole output row (LMs: the last position's logits), only when asked.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub logits: Option<Vec<f32>>,
+    /// Generate (`--new N` above 1): the N new tokens, greedy.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub tokens: Option<Vec<i64>>,
 }
 
 /// The JSON request body.
@@ -190,23 +246,65 @@ pub struct ServedModel {
     family: Family,
     net: Net,
     device: Device,
+    gen: Generation,
 }
 
 impl ServedModel {
     /// Builds `spec` on `device` in eval mode (weights from the device generator: the same
     /// model on every fresh device).
     pub fn load(spec: &ModelSpec, device: &Device) -> Result<ServedModel, TensorError> {
+        ServedModel::load_with(spec, device, Generation::default())
+    }
+    /// Builds `spec`; a Hugging Face decoder answers as `gen` says, in its config's
+    /// `torch_dtype` (float32 when it names none).
+    pub fn load_with(
+        spec: &ModelSpec,
+        device: &Device,
+        gen: Generation,
+    ) -> Result<ServedModel, TensorError> {
+        let bad = |m: String| Err(TensorError::invalid("serve", m));
+        let dtype = match spec {
+            ModelSpec::Hf(h) => {
+                if !h.config.family.is_decoder() {
+                    return bad(format!(
+                        "{} is an encoder: serve answers next tokens, so --model needs a \
+                         decoder (gpt2, llama, mistral, qwen2)",
+                        spec.name()
+                    ));
+                }
+                if gen.new_tokens == 0 || gen.new_tokens >= h.config.max_position_embeddings {
+                    return bad(format!(
+                        "--new {} must be 1 to {} (max_position_embeddings - 1)",
+                        gen.new_tokens,
+                        h.config.max_position_embeddings.saturating_sub(1)
+                    ));
+                }
+                h.config.dtype.unwrap_or(SERVE_DTYPE)
+            }
+            _ if gen != Generation::default() => {
+                return bad(
+                    "--new and --no-cache apply to --model PATH (a Hugging Face \
+                            decoder)"
+                        .into(),
+                )
+            }
+            _ => SERVE_DTYPE,
+        };
         let mut net = {
             let _p = category_scope(MemoryCategory::Parameter);
-            Net::build(spec, device, SERVE_DTYPE)?
+            Net::build(spec, device, dtype)?
         };
         net.set_train(false);
         Ok(ServedModel {
             spec: spec.clone(),
-            family: Family::of(spec),
+            family: Family::of_with(spec, gen),
             net,
             device: device.clone(),
+            gen,
         })
+    }
+    pub fn generation(&self) -> Generation {
+        self.gen
     }
     pub fn name(&self) -> String {
         self.spec.name()
@@ -334,6 +432,51 @@ impl ServedModel {
                 let g = m.ln_f.forward(&g.reshape(&[n, e])?)?;
                 ops::linear(&g, &m.wte.weight, None)
             }
+            Net::Hf(m) if self.gen.generates() => {
+                let mask = {
+                    let _c = category_scope(MemoryCategory::Input);
+                    Tensor::ones(x.shape(), DType::I64, x.device())?
+                };
+                hf::generate(
+                    m,
+                    &x,
+                    &mask,
+                    &GenerateOptions {
+                        max_new_tokens: self.gen.new_tokens,
+                        min_new_tokens: None,
+                        cache: CacheImpl::Dynamic,
+                    },
+                )
+            }
+            Net::Hf(m) => {
+                // `out = model(input_ids=ids, use_cache=...)`: logits [n, T, V] and the KV
+                // cache, both alive until the answer rows are taken.
+                let out = m.forward(
+                    &x,
+                    ForwardArgs {
+                        use_cache: Some(self.gen.use_cache),
+                        ..ForwardArgs::default()
+                    },
+                )?;
+                drop(x);
+                let logits = out
+                    .logits
+                    .ok_or_else(|| TensorError::invalid("serve", "the model gave no logits"))?;
+                let v = logits.shape().last().copied().unwrap_or(1);
+                let rows = last
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &p)| logits.narrow(0, i, 1)?.narrow(1, p, 1))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let refs: Vec<&Tensor> = rows.iter().collect();
+                let g = Tensor::cat(&refs, 0)?.reshape(&[n, v])?;
+                drop((rows, logits, out.cache));
+                if g.dtype() == DType::F32 {
+                    Ok(g)
+                } else {
+                    g.to_dtype(DType::F32)
+                }
+            }
             net => net.forward(&x, false),
         }
     }
@@ -346,6 +489,9 @@ impl ServedModel {
     ) -> Result<Vec<Vec<SampleOutput>>, TensorError> {
         let n: usize = inputs.iter().map(|i| i.samples).sum();
         let out = self.forward_batch(key, n, Some(inputs))?;
+        if self.gen.generates() && matches!(self.net, Net::Hf(_)) {
+            return self.answer_generated(key, inputs, out);
+        }
         let c = self.family.outputs();
         let flat = out.to_vec_f32()?;
         drop(out);
@@ -368,14 +514,51 @@ impl ServedModel {
             .collect())
     }
 
+    /// Generate's answers: each sequence's new tokens (the ids after its prompt).
+    fn answer_generated(
+        &self,
+        key: BatchKey,
+        inputs: &[&Input],
+        out: Tensor,
+    ) -> Result<Vec<Vec<SampleOutput>>, TensorError> {
+        let BatchKey::Tokens { len } = key else {
+            return Err(TensorError::invalid("serve", "generate takes token ids"));
+        };
+        let width = out.shape().get(1).copied().unwrap_or(0);
+        let ids = out.to_vec_i64()?;
+        drop(out);
+        let mut rows = ids.chunks(width.max(1));
+        Ok(inputs
+            .iter()
+            .map(|inp| {
+                (0..inp.samples)
+                    .filter_map(|_| rows.next())
+                    .map(|row| {
+                        let new = row.get(len..).unwrap_or(&[]).to_vec();
+                        SampleOutput {
+                            next_token: new.first().map(|&t| t.max(0) as usize),
+                            top_k: Vec::new(),
+                            logits: None,
+                            tokens: Some(new),
+                        }
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+
     /// Decodes a JSON body: `{"inputs": ..., "top_k": k, "return_logits": bool}`.
     pub fn decode_json(&self, body: &[u8], max_samples: usize) -> Result<Input, ApiError> {
         let req: JsonRequest = serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
         let (data, samples, key) = match self.family {
-            Family::Lm { vocab, n_positions } => {
+            Family::Lm {
+                vocab,
+                n_positions,
+                pad,
+            } => {
                 let seqs = json_tokens(&req.inputs)?;
-                let (samples, key) = check_tokens(&seqs, vocab, n_positions)?;
+                let (samples, key) = check_tokens(&seqs, vocab, n_positions, pad)?;
                 (InputData::Tokens(seqs), samples, key)
             }
             _ => {
@@ -427,7 +610,11 @@ impl ServedModel {
             )));
         }
         let (data, samples, key) = match self.family {
-            Family::Lm { vocab, n_positions } => {
+            Family::Lm {
+                vocab,
+                n_positions,
+                pad,
+            } => {
                 let ids: Vec<i64> = match size {
                     8 => body
                         .chunks_exact(8)
@@ -453,7 +640,7 @@ impl ServedModel {
                         )))
                     }
                 };
-                let (samples, key) = check_tokens(&seqs, vocab, n_positions)?;
+                let (samples, key) = check_tokens(&seqs, vocab, n_positions, pad)?;
                 (InputData::Tokens(seqs), samples, key)
             }
             _ => {
@@ -565,6 +752,7 @@ fn answer(row: &[f32], k: usize, return_logits: bool, lm: bool) -> SampleOutput 
         next_token: if lm { argmax } else { None },
         top_k,
         logits: return_logits.then(|| row.to_vec()),
+        tokens: None,
     }
 }
 
@@ -621,6 +809,7 @@ fn check_tokens(
     seqs: &[Vec<i64>],
     vocab: usize,
     n_positions: usize,
+    pad: bool,
 ) -> Result<(usize, BatchKey), ApiError> {
     if seqs.is_empty() {
         return Err(ApiError::unprocessable("no sequences in \"inputs\""));
@@ -638,7 +827,17 @@ fn check_tokens(
                 "token id {t} in sequence {i} is outside the vocabulary 0..{vocab}"
             )));
         }
+        if !pad && i > 0 && s.len() != longest {
+            return Err(ApiError::unprocessable(format!(
+                "sequence {i} has {} tokens and sequence 0 has {longest}: generation takes \
+                 sequences of one length per request (no padding)",
+                s.len()
+            )));
+        }
         longest = longest.max(s.len());
+    }
+    if !pad {
+        return Ok((seqs.len(), BatchKey::Tokens { len: longest }));
     }
     Ok((
         seqs.len(),
@@ -807,6 +1006,23 @@ impl PredState {
 impl Predictor {
     pub fn new(spec: &ModelSpec, meta: &Device) -> Result<Predictor, TensorError> {
         Self::with_cache_capacity(spec, meta, PREDICTION_CACHE_ENTRIES)
+    }
+    /// A predictor whose twin answers as `gen` says (generate: the KV cache of prompt +
+    /// new tokens is in every prediction).
+    pub fn with_generation(
+        spec: &ModelSpec,
+        meta: &Device,
+        gen: Generation,
+    ) -> Result<Predictor, TensorError> {
+        Ok(Predictor {
+            state: Mutex::new(PredState {
+                model: ServedModel::load_with(spec, meta, gen)?,
+                capacity: PREDICTION_CACHE_ENTRIES,
+                cache: HashMap::new(),
+                clock: 0,
+                evicted: 0,
+            }),
+        })
     }
     /// A predictor whose cache holds at most `capacity` predictions (at least 1).
     pub fn with_cache_capacity(

@@ -1,4 +1,5 @@
-//! `predict`: run a model workload on the meta device and report its memory — the peak
+//! The zoo's prediction engine (`headroom predict` reaches it through headroom-workload's
+//! `predict`, which owns the user-facing vocabulary): run a model workload on the meta device and report its memory — the peak
 //! allocated and reserved, the peak above what existed before the forward, the category
 //! breakdown at the peak, and the allocator's `memory_stats` / `memory_summary`.
 //!
@@ -13,7 +14,6 @@
 //! PyTorch's ([`crate::workspace::CudaLikeWorkspace`]).
 
 use std::collections::BTreeMap;
-use std::str::FromStr;
 
 use headroom_alloc::AllocatorConfig;
 
@@ -28,24 +28,6 @@ use crate::ops;
 use crate::optim::{Adam, Optimizer, Sgd};
 use crate::tensor::Tensor;
 
-macro_rules! parse_enum {
-    ($t:ident, $what:literal, $($s:literal => $v:expr),+) => {
-        impl FromStr for $t {
-            type Err = TensorError;
-            fn from_str(s: &str) -> Result<Self> {
-                match s.to_ascii_lowercase().as_str() {
-                    $($s => Ok($v),)+
-                    other => Err(TensorError::invalid(
-                        "predict",
-                        format!(concat!("unknown ", $what, " {:?} (expected {})"), other,
-                            [$($s),+].join(", ")),
-                    )),
-                }
-            }
-        }
-    };
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModelKind {
     ResNet50,
@@ -53,22 +35,18 @@ pub enum ModelKind {
     Gpt2,
     Mlp,
 }
-parse_enum!(ModelKind, "model", "resnet50" => ModelKind::ResNet50,
-    "resnet18" => ModelKind::ResNet18, "gpt2" => ModelKind::Gpt2, "mlp" => ModelKind::Mlp);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     Infer,
     Train,
 }
-parse_enum!(Mode, "mode", "infer" => Mode::Infer, "train" => Mode::Train);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OptimKind {
     Sgd,
     AdamW,
 }
-parse_enum!(OptimKind, "optimizer", "sgd" => OptimKind::Sgd, "adamw" => OptimKind::AdamW);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AccumPattern {
@@ -77,8 +55,6 @@ pub enum AccumPattern {
     /// `total = total + loss / N` then one `total.backward()`: N graphs alive at once.
     Sum,
 }
-parse_enum!(AccumPattern, "accumulation pattern", "each" => AccumPattern::Each,
-    "sum" => AccumPattern::Sum);
 
 /// MLP workload shape: `[1024] -> 4096 -> 4096 -> [1000]`.
 pub const MLP_SIZES: [usize; 4] = [1024, 4096, 4096, 1000];
@@ -103,6 +79,11 @@ pub struct PredictOptions {
     /// Simulated device capacity in bytes.
     pub capacity: u64,
     pub gpt2: Gpt2Config,
+    /// MLP sizes `[in, hidden..., out]`.
+    pub mlp_sizes: Vec<usize>,
+    /// ResNet: image side (square images) and classes.
+    pub image_side: usize,
+    pub classes: usize,
     /// The workload has run before in this process (the default, and how the ground-truth
     /// figures were measured): the cuBLAS handle workspaces it uses already exist and count
     /// in `base_bytes`. `false`: the first iteration of a fresh process, whose first matmul
@@ -129,6 +110,9 @@ impl Default for PredictOptions {
             alloc_conf: AllocatorConfig::default(),
             capacity: UNBOUNDED,
             gpt2: Gpt2Config::gpt2(),
+            mlp_sizes: MLP_SIZES.to_vec(),
+            image_side: 224,
+            classes: 1000,
             warm: true,
         }
     }
@@ -217,17 +201,17 @@ pub fn run(o: &PredictOptions, dev: &Device) -> Result<Prediction> {
     validate(o)?;
     let init = Init::new(dev, o.dtype);
     let mut net = match o.model {
-        ModelKind::ResNet50 => Net::ResNet(ResNet::resnet50(&init, 1000)?),
-        ModelKind::ResNet18 => Net::ResNet(ResNet::resnet18(&init, 1000)?),
+        ModelKind::ResNet50 => Net::ResNet(ResNet::resnet50(&init, o.classes)?),
+        ModelKind::ResNet18 => Net::ResNet(ResNet::resnet18(&init, o.classes)?),
         ModelKind::Gpt2 => Net::Gpt2(Gpt2::new(&init, o.gpt2)?),
-        ModelKind::Mlp => Net::Mlp(Mlp::new(&init, &MLP_SIZES)?),
+        ModelKind::Mlp => Net::Mlp(Mlp::new(&init, &o.mlp_sizes)?),
     };
     let (x, target) = {
         let _c = category_scope(MemoryCategory::Input);
         let b = o.batch;
         match o.model {
             ModelKind::ResNet50 | ModelKind::ResNet18 => (
-                Tensor::zeros(&[b, 3, 224, 224], o.dtype, dev)?,
+                Tensor::zeros(&[b, 3, o.image_side, o.image_side], o.dtype, dev)?,
                 Tensor::zeros(&[b], DType::I64, dev)?,
             ),
             ModelKind::Gpt2 => (
@@ -235,7 +219,11 @@ pub fn run(o: &PredictOptions, dev: &Device) -> Result<Prediction> {
                 Tensor::zeros(&[b * o.seq], DType::I64, dev)?,
             ),
             ModelKind::Mlp => (
-                Tensor::zeros(&[b, MLP_SIZES[0]], o.dtype, dev)?,
+                Tensor::zeros(
+                    &[b, o.mlp_sizes.first().copied().unwrap_or(1)],
+                    o.dtype,
+                    dev,
+                )?,
                 Tensor::zeros(&[b], DType::I64, dev)?,
             ),
         }

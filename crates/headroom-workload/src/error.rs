@@ -26,4 +26,11 @@ pub enum WorkloadError {
     DeviceUnavailable(String, String),
 }
 
+impl WorkloadError {
+    /// Whether this is the device running out of memory (not a user mistake).
+    pub fn is_oom(&self) -> bool {
+        matches!(self, WorkloadError::Setup(e) if e.is_oom())
+    }
+}
+
 pub type Result<T> = std::result::Result<T, WorkloadError>;

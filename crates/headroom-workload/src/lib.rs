@@ -6,6 +6,9 @@
 //! - [`spec`]: the workload spec ([`Scenario`]: model, batch, input-size distribution,
 //!   inference or training with its optimizer and accumulation, dtype, planted mistakes)
 //!   and the parsing of every name a user types for it.
+//! - [`model`]: bring your own model: a Hugging Face `config.json` as a spec's model.
+//! - [`flags`]: the one parser of the workload flags `predict`, `loadtest` and `serve` share.
+//! - [`predict`]: a workload's peak memory on the meta device (`headroom predict`).
 //! - [`net`]: the network builder ([`Net`]) and its forward.
 //! - [`step`]: one request of a workload run as a PyTorch loop runs it ([`Workload`]).
 //! - [`device`]: the devices a run uses (cpu, meta, cuda), their capacity limits, the meta
@@ -17,7 +20,10 @@
 
 pub mod device;
 pub mod error;
+pub mod flags;
+pub mod model;
 pub mod net;
+pub mod predict;
 pub mod spec;
 pub mod stages;
 pub mod step;
@@ -27,10 +33,13 @@ pub use device::{
     MAX_WORKERS,
 };
 pub use error::{Result, WorkloadError};
+pub use flags::WorkloadFlags;
+pub use model::HfModelSpec;
 pub use net::Net;
+pub use predict::{max_batch, predict, PredictDevice, Prediction};
 pub use spec::{
-    AccumPattern, InputDist, Mistakes, Mode, ModelSpec, OptimKind, Scenario, ScenarioInfo,
-    MODEL_NAMES,
+    parse_dtype, AccumPattern, InputDist, Mistakes, Mode, ModelSpec, OptimKind, Scenario,
+    ScenarioInfo, MODEL_NAMES,
 };
 pub use stages::{parse_duration, parse_rate, parse_stages, StageLoad, StageSpec, MAX_STAGES};
 pub use step::{WorkerState, Workload};

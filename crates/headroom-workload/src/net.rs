@@ -4,38 +4,77 @@
 //! named-temporaries forward (every intermediate kept in a local, as `h1 = ...; h2 = ...`
 //! keeps them in Python) sits beside the plain one and cannot drift from it.
 
+use headroom_tensor::models::hf::{self, ForwardArgs, HfError, HfModel};
 use headroom_tensor::models::{Gpt2, Mlp, ResNet};
 use headroom_tensor::nn::{Init, Module};
 use headroom_tensor::{category_scope, ops, DType, Device, MemoryCategory, Tensor, TensorError};
 
 use crate::spec::ModelSpec;
 
+/// A loader error as a tensor error (the runtime's error type, which the load engine and
+/// the server carry): tensor failures (OOM above all) unchanged, the rest as invalid input.
+pub fn hf_tensor_error(e: HfError) -> TensorError {
+    match e {
+        HfError::Tensor(t) => t,
+        other => TensorError::invalid("model", other.to_string()),
+    }
+}
+
 /// A model built on a device.
 pub enum Net {
     Mlp(Mlp),
     ResNet(ResNet),
     Gpt2(Gpt2),
+    Hf(HfModel),
 }
 
 impl Net {
+    /// Builds `spec` for inference.
     pub fn build(
         spec: &ModelSpec,
         dev: &Device,
         dtype: DType,
     ) -> std::result::Result<Net, TensorError> {
+        Net::build_for(spec, dev, dtype, false)
+    }
+    /// Builds `spec`; `training` picks the head a Hugging Face encoder trains with (BERT:
+    /// `BertForMaskedLM`).
+    pub fn build_for(
+        spec: &ModelSpec,
+        dev: &Device,
+        dtype: DType,
+        training: bool,
+    ) -> std::result::Result<Net, TensorError> {
         let init = Init::new(dev, dtype);
         Ok(match spec {
+            ModelSpec::Hf(h) => {
+                let opts = hf::LoadOptions {
+                    dtype: Some(dtype),
+                    bert_head: if training {
+                        hf::BertHead::MaskedLm
+                    } else {
+                        hf::BertHead::Base
+                    },
+                };
+                let loaded = hf::load(&h.path, dev, &opts).map_err(hf_tensor_error)?;
+                if let Some(n) = &loaded.note {
+                    tracing::info!("{n}");
+                }
+                Net::Hf(loaded.model)
+            }
             ModelSpec::Mlp { sizes } => Net::Mlp(Mlp::new(&init, sizes)?),
             ModelSpec::ResNet18 { classes } => Net::ResNet(ResNet::resnet18(&init, *classes)?),
             ModelSpec::ResNet50 { classes } => Net::ResNet(ResNet::resnet50(&init, *classes)?),
             ModelSpec::Gpt2(c) => Net::Gpt2(Gpt2::new(&init, *c)?),
         })
     }
-    pub fn module(&self) -> &dyn Module {
+    /// `model.parameters()`.
+    pub fn parameters(&self) -> Vec<Tensor> {
         match self {
-            Net::Mlp(m) => m,
-            Net::ResNet(m) => m,
-            Net::Gpt2(m) => m,
+            Net::Mlp(m) => m.parameters(),
+            Net::ResNet(m) => m.parameters(),
+            Net::Gpt2(m) => m.parameters(),
+            Net::Hf(m) => m.parameters(),
         }
     }
     pub fn set_train(&mut self, on: bool) {
@@ -43,7 +82,49 @@ impl Net {
             Net::Mlp(m) => m.train(on),
             Net::ResNet(m) => m.train(on),
             Net::Gpt2(m) => m.train(on),
+            Net::Hf(m) => m.train(on),
         }
+    }
+    /// transformers' forward of a Hugging Face model on token ids [B, T]: decoders with
+    /// `use_cache` (the returned `past_key_values` live as long as the output), BERT with
+    /// an all-ones attention mask; `labels` for the training loss. Returns (output, loss);
+    /// the output is the logits (BERT: the last hidden state), and the KV cache is dropped
+    /// with it.
+    pub fn hf_forward(
+        &self,
+        ids: &Tensor,
+        use_cache: bool,
+        labels: Option<&Tensor>,
+    ) -> std::result::Result<(Tensor, Option<Tensor>), TensorError> {
+        let Net::Hf(m) = self else {
+            return Err(TensorError::invalid("forward", "not a Hugging Face model"));
+        };
+        let decoder = m.config().family.is_decoder();
+        let mask = if decoder {
+            None
+        } else {
+            let _c = category_scope(MemoryCategory::Input);
+            Some(Tensor::ones(ids.shape(), DType::I64, ids.device())?)
+        };
+        let out = m.forward(
+            ids,
+            ForwardArgs {
+                use_cache: decoder.then_some(use_cache && labels.is_none()),
+                attention_mask: mask.as_ref(),
+                labels,
+                ..ForwardArgs::default()
+            },
+        )?;
+        let y = match (out.logits, out.last_hidden_state) {
+            (Some(l), _) => l,
+            (None, Some(h)) => h,
+            (None, None) => {
+                return Err(TensorError::invalid("forward", "the model gave no output"))
+            }
+        };
+        // The forward's peak held the cache beside the logits; the caller keeps the output.
+        drop(out.cache);
+        Ok((y, out.loss))
     }
     /// The model's forward. With `named`, every intermediate (each layer's output for the
     /// MLP, each block's for ResNet and GPT-2) is kept in a local until the forward returns,
@@ -55,6 +136,7 @@ impl Net {
                 Net::Mlp(m) => m.forward(x),
                 Net::ResNet(m) => m.forward(x),
                 Net::Gpt2(m) => m.forward(x),
+                Net::Hf(_) => Ok(self.hf_forward(x, true, None)?.0),
             };
         }
         let mut locals: Vec<Tensor> = Vec::new();
@@ -113,6 +195,7 @@ impl Net {
                 locals.push(h.clone());
                 ops::linear(&h, &m.wte.weight, None)?
             }
+            Net::Hf(_) => self.hf_forward(x, true, None)?.0,
         };
         drop(locals);
         Ok(out)

@@ -23,14 +23,17 @@
 //!   the next layer has consumed it.
 
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
 
 use headroom_alloc::rng::splitmix64;
+use headroom_tensor::models::hf::CacheImpl;
 use headroom_tensor::models::Gpt2Config;
 use headroom_tensor::DType;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, WorkloadError};
+pub use crate::model::HfModelSpec;
 
 /// The model a scenario runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +49,8 @@ pub enum ModelSpec {
         classes: usize,
     },
     Gpt2(Gpt2Config),
+    /// A Hugging Face model from its `config.json` (`--model PATH`).
+    Hf(HfModelSpec),
 }
 
 /// Names accepted by [`ModelSpec::from_str`].
@@ -93,6 +98,7 @@ impl ModelSpec {
             ModelSpec::Gpt2(c) if *c == Gpt2Config::tiny() => "gpt2-tiny".into(),
             ModelSpec::Gpt2(c) if *c == Self::gpt2_small_config() => "gpt2-small".into(),
             ModelSpec::Gpt2(c) => format!("gpt2[{}x{}]", c.n_layer, c.n_embd),
+            ModelSpec::Hf(h) => h.name(),
         }
     }
     /// What the drawn input size means for this model.
@@ -100,8 +106,13 @@ impl ModelSpec {
         match self {
             ModelSpec::Mlp { .. } => "rows",
             ModelSpec::ResNet18 { .. } | ModelSpec::ResNet50 { .. } => "image_side",
-            ModelSpec::Gpt2(_) => "seq_len",
+            ModelSpec::Gpt2(_) | ModelSpec::Hf(_) => "seq_len",
         }
+    }
+    /// A Hugging Face decoder (gpt2, llama, mistral, qwen2 from a config): the models
+    /// that have a KV cache and can `generate`.
+    pub fn is_hf_decoder(&self) -> bool {
+        matches!(self, ModelSpec::Hf(h) if h.config.family.is_decoder())
     }
 }
 
@@ -124,10 +135,16 @@ impl FromStr for ModelSpec {
             "gpt2-small" => ModelSpec::Gpt2(ModelSpec::gpt2_small_config()),
             "gpt2-tiny" => ModelSpec::Gpt2(Gpt2Config::tiny()),
             other => {
+                // Not a zoo name: a Hugging Face config.json, or a folder holding one.
+                let path = Path::new(s.trim());
+                if path.exists() {
+                    return Ok(ModelSpec::Hf(HfModelSpec::open(path)?));
+                }
                 return Err(WorkloadError::Scenario(format!(
-                    "unknown model {other:?} (expected one of {})",
+                    "unknown model {other:?} (expected one of {}, or the path of a Hugging \
+                     Face config.json or of a folder holding one)",
                     MODEL_NAMES.join(", ")
-                )))
+                )));
             }
         })
     }
@@ -294,6 +311,12 @@ pub enum Mode {
         /// `Sum` is the `sum_losses` mistake; [`Mistakes::sum_losses`] forces it too.
         pattern: AccumPattern,
     },
+    /// `model.generate(ids, max_new_tokens=new_tokens)`: a prefill of the drawn prompt
+    /// length, then one decode step per new token on the KV cache (Hugging Face decoders).
+    Generate {
+        new_tokens: usize,
+        cache: CacheImpl,
+    },
 }
 
 /// A workload: model, batch, input sizes, mode and planted mistakes.
@@ -308,6 +331,9 @@ pub struct Scenario {
     pub mistakes: Mistakes,
     pub seed: u64,
     pub dtype: DType,
+    /// transformers' `use_cache` for a forward of a Hugging Face decoder: the forward
+    /// returns `past_key_values` (on by default, as in transformers).
+    pub use_cache: bool,
 }
 
 impl Default for Scenario {
@@ -325,6 +351,7 @@ impl Default for Scenario {
             mistakes: Mistakes::default(),
             seed: 7,
             dtype: DType::F32,
+            use_cache: true,
         }
     }
 }
@@ -368,8 +395,11 @@ impl Scenario {
     pub fn accum_steps(&self) -> usize {
         match self.mode {
             Mode::Training { accum_steps, .. } => accum_steps,
-            Mode::Inference => 1,
+            Mode::Inference | Mode::Generate { .. } => 1,
         }
+    }
+    pub fn is_generate(&self) -> bool {
+        matches!(self.mode, Mode::Generate { .. })
     }
     /// The accumulation pattern after the `sum_losses` switch is applied.
     pub fn effective_pattern(&self) -> Option<AccumPattern> {
@@ -379,7 +409,7 @@ impl Scenario {
                 Some(AccumPattern::Sum)
             }
             Mode::Training { pattern, .. } => Some(pattern),
-            Mode::Inference => None,
+            Mode::Inference | Mode::Generate { .. } => None,
         }
     }
 
@@ -388,6 +418,18 @@ impl Scenario {
         let bad = |m: String| Err(WorkloadError::Scenario(m));
         if self.batch == 0 {
             return bad("batch must be at least 1".into());
+        }
+        if let Mode::Generate { new_tokens, .. } = self.mode {
+            if !self.model.is_hf_decoder() {
+                return bad(format!(
+                    "generate needs a Hugging Face decoder (--model PATH of a gpt2, llama, \
+                     mistral or qwen2 config); {} has no KV cache",
+                    self.model.name()
+                ));
+            }
+            if new_tokens == 0 {
+                return bad("--new must be at least 1".into());
+            }
         }
         if let Mode::Training { accum_steps, .. } = self.mode {
             if accum_steps == 0 {
@@ -409,6 +451,7 @@ impl Scenario {
                     ));
                 }
             }
+            ModelSpec::Hf(h) => h.validate(self)?,
             ModelSpec::ResNet18 { .. } | ModelSpec::ResNet50 { .. } => {
                 if self.input.min() < 32 {
                     return bad(format!(
@@ -425,6 +468,7 @@ impl Scenario {
     pub fn info(&self) -> ScenarioInfo {
         let (kind, optimizer, accum_steps, accum_pattern) = match &self.mode {
             Mode::Inference => ("inference", None, None, None),
+            Mode::Generate { .. } => ("generate", None, None, None),
             Mode::Training {
                 optimizer,
                 accum_steps,
@@ -472,12 +516,34 @@ impl Scenario {
         if m.named_temporaries {
             planted.push("named temporaries");
         }
+        // What the user chose beyond the zoo's fixed setup: the KV cache and the dtype of a
+        // Hugging Face model, the decode steps of generate.
+        let mut extra = String::new();
+        if let Mode::Generate { new_tokens, cache } = self.mode {
+            extra.push_str(&format!(
+                ", {new_tokens} new tokens ({} cache)",
+                match cache {
+                    CacheImpl::Dynamic => "dynamic",
+                    CacheImpl::Static => "static",
+                }
+            ));
+        } else if self.model.is_hf_decoder() && !self.is_training() {
+            extra.push_str(if self.use_cache {
+                ", use_cache"
+            } else {
+                ", no cache"
+            });
+        }
+        if self.dtype != DType::F32 || matches!(self.model, ModelSpec::Hf(_)) {
+            extra.push_str(&format!(", {}", self.dtype));
+        }
         let description = format!(
-            "{} {} batch {}, {}{}{}",
+            "{} {} batch {}, {}{}{}{}",
             self.model.name(),
             kind,
             self.batch,
             input,
+            extra,
             match (&optimizer, accum_steps) {
                 (Some(o), Some(n)) => format!(
                     ", {o}, {n} micro-steps ({})",
@@ -507,12 +573,26 @@ impl Scenario {
     }
 }
 
+/// Parses a dtype as users type it: `f32`, `float32`, `bf16`, `bfloat16`, `f16`,
+/// `float16` (also `torch.` prefixed, as configs write it).
+pub fn parse_dtype(s: &str) -> Result<DType> {
+    let t = s.trim().to_ascii_lowercase();
+    match t.trim_start_matches("torch.") {
+        "f32" | "float32" | "fp32" | "float" => Ok(DType::F32),
+        "bf16" | "bfloat16" => Ok(DType::BF16),
+        "f16" | "float16" | "fp16" | "half" => Ok(DType::F16),
+        _ => Err(WorkloadError::Scenario(format!(
+            "unknown dtype {s:?} (expected float32, bfloat16, float16)"
+        ))),
+    }
+}
+
 /// What workload ran. Mirrors [`crate::Scenario`] as plain strings and numbers.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ScenarioInfo {
     /// Short name, e.g. `"default"`, `"mlp-infer"`.
     pub name: String,
-    /// `"inference"` or `"training"`.
+    /// `"inference"`, `"training"` or `"generate"`.
     pub kind: String,
     /// `"mlp"`, `"resnet18"`, `"resnet50"`, `"gpt2"`, `"gpt2-tiny"`, ...
     pub model: String,

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use headroom_tensor::models::hf::{self, GenerateOptions};
 use headroom_tensor::optim::{Adam, Optimizer, Sgd};
 use headroom_tensor::{
     category_scope, enable_grad, no_grad, DType, Device, MemoryCategory, Tensor, TensorError,
@@ -65,10 +66,12 @@ fn make_optimizer(
     net: &Net,
     kind: OptimKind,
 ) -> std::result::Result<Box<dyn Optimizer + Send>, TensorError> {
-    let params = net.module().parameters();
-    Ok(match kind {
-        OptimKind::Sgd => Box::new(Sgd::new(params, 0.01, 0.9, 0.0)?),
-        OptimKind::AdamW => Box::new(Adam::adamw(params, 1e-3, 0.01)?),
+    let params = net.parameters();
+    Ok(match (kind, net) {
+        (OptimKind::Sgd, _) => Box::new(Sgd::new(params, 0.01, 0.9, 0.0)?),
+        // transformers' Trainer default learning rate.
+        (OptimKind::AdamW, Net::Hf(_)) => Box::new(Adam::adamw(params, 1e-4, 0.01)?),
+        (OptimKind::AdamW, _) => Box::new(Adam::adamw(params, 1e-3, 0.01)?),
     })
 }
 
@@ -78,10 +81,16 @@ impl Workload {
         scenario.validate()?;
         let mut net = {
             let _p = category_scope(MemoryCategory::Parameter);
-            Net::build(&scenario.model, device, scenario.dtype).map_err(WorkloadError::Setup)?
+            Net::build_for(
+                &scenario.model,
+                device,
+                scenario.dtype,
+                scenario.is_training(),
+            )
+            .map_err(WorkloadError::Setup)?
         };
         let (net, first_replica) = match &scenario.mode {
-            Mode::Inference => {
+            Mode::Inference | Mode::Generate { .. } => {
                 net.set_train(false);
                 (Some(Arc::new(net)), None)
             }
@@ -136,6 +145,11 @@ impl Workload {
                 Tensor::zeros(&[rows, size], DType::I64, dev)?,
                 Tensor::zeros(&[rows * size], DType::I64, dev)?,
             )),
+            // transformers' labels are the ids themselves (shifted inside the loss).
+            ModelSpec::Hf(_) => {
+                let ids = Tensor::zeros(&[rows, size], DType::I64, dev)?;
+                Ok((ids.clone(), ids))
+            }
         }
     }
 
@@ -168,6 +182,38 @@ impl Workload {
         let sc = &self.scenario;
         let size = self.size_for(request);
         match &sc.mode {
+            Mode::Generate { new_tokens, cache } => {
+                let Some(Net::Hf(model)) = self.net.as_deref() else {
+                    return Err(TensorError::invalid(
+                        "loadtest",
+                        "generate needs a Hugging Face decoder",
+                    ));
+                };
+                let (ids, _) = self.input(size, sc.batch)?;
+                let mask = {
+                    let _c = category_scope(MemoryCategory::Input);
+                    Tensor::ones(ids.shape(), DType::I64, &self.device)?
+                };
+                let _g = no_grad();
+                let out = hf::generate(
+                    model,
+                    &ids,
+                    &mask,
+                    &GenerateOptions {
+                        max_new_tokens: *new_tokens,
+                        min_new_tokens: None,
+                        cache: *cache,
+                    },
+                )?;
+                drop((ids, mask));
+                self.device.backend().synchronize()?;
+                if sc.mistakes.keep_outputs {
+                    self.kept.lock().push(out);
+                } else {
+                    drop(out);
+                }
+                Ok(self.items(size))
+            }
             Mode::Inference => {
                 let (x, _t) = self.input(size, sc.batch)?;
                 let _g = if sc.mistakes.grad_at_inference {
@@ -181,7 +227,11 @@ impl Workload {
                         "inference without a model",
                     ));
                 };
-                let y = net.forward(&x, sc.mistakes.named_temporaries)?;
+                let y = if matches!(net.as_ref(), Net::Hf(_)) {
+                    net.hf_forward(&x, sc.use_cache, None)?.0
+                } else {
+                    net.forward(&x, sc.mistakes.named_temporaries)?
+                };
                 // A service answers with the result: on a GPU the request ends when its
                 // kernels have run (a no-op on cpu and meta).
                 self.device.backend().synchronize()?;
@@ -204,7 +254,7 @@ impl Workload {
                         None => {
                             let mut net = {
                                 let _p = category_scope(MemoryCategory::Parameter);
-                                Net::build(&sc.model, &self.device, sc.dtype)?
+                                Net::build_for(&sc.model, &self.device, sc.dtype, true)?
                             };
                             net.set_train(true);
                             let opt = make_optimizer(&net, *optimizer)?;
@@ -229,8 +279,19 @@ impl Workload {
                                 .draw(sc.seed, request.wrapping_mul(1_000_003) + k as u64)
                         };
                         let (x, t) = self.input(size, sc.batch)?;
-                        let out = net.forward(&x, sc.mistakes.named_temporaries)?;
-                        let loss = net.loss(&out, &t)?.div_scalar(n)?;
+                        let (out, loss) = if matches!(net, Net::Hf(_)) {
+                            // `model(input_ids=ids, labels=ids)`: the loss is computed inside.
+                            let (out, loss) = net.hf_forward(&x, false, Some(&t))?;
+                            let loss = loss.ok_or_else(|| {
+                                TensorError::invalid("loadtest", "the model computed no loss")
+                            })?;
+                            (out, loss)
+                        } else {
+                            let out = net.forward(&x, sc.mistakes.named_temporaries)?;
+                            let loss = net.loss(&out, &t)?;
+                            (out, loss)
+                        };
+                        let loss = loss.div_scalar(n)?;
                         if sc.mistakes.keep_outputs && k + 1 == *accum_steps {
                             // `outputs.append(out)`: the logits outlive the step (after
                             // backward they no longer hold saved tensors, only themselves).

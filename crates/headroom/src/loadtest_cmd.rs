@@ -16,15 +16,13 @@ use headroom_alloc::size::{human_bytes, parse_size};
 use headroom_load::{
     parse_stages, parse_thresholds, LoadConfig, LoadPlan, Progress, RampStep, Stage,
 };
-use headroom_tensor::DType;
-use headroom_workload::{
-    AccumPattern, DeviceChoice, InputDist, Mode, ModelSpec, OptimKind, Scenario, MAX_WORKERS,
-};
+use headroom_workload::{DeviceChoice, ModelSpec, Scenario, MAX_WORKERS};
 
 use crate::run_cmd::{
     check_out_dir, discard_out_dir, duration, finish, le, load_fraction, progress_bar,
     stop_on_ctrl_c,
 };
+use crate::workload_args::WorkloadArgs;
 use crate::UserError;
 
 #[derive(Args, Debug)]
@@ -33,49 +31,11 @@ use crate::UserError;
     headroom loadtest --model gpt2-tiny -c 4 -z 10s --threshold 'peak_reserved<64MiB'\n  \
     headroom loadtest --stages 1:10s,4:20s,16:20s --grad-on\n  \
     headroom loadtest --device meta --ramp-until-oom --capacity 1GiB\n  \
-    headroom loadtest --mode train --model mlp-small --accum 4 --sum-losses")]
+    headroom loadtest --mode train --model mlp-small --accum 4 --sum-losses\n  \
+    headroom loadtest --model fixtures/hf/gpt2-tiny --mode generate --prompt 16 --new 8")]
 pub struct LoadtestArgs {
-    /// mlp, mlp-small, mlp-tiny, resnet18, resnet50, gpt2, gpt2-small, gpt2-tiny.
-    /// Default: the default scenario's gpt2-small.
-    #[arg(long)]
-    model: Option<String>,
-    /// Samples per request (per micro-batch in training).
-    #[arg(long)]
-    batch: Option<usize>,
-    /// Input size per request: sequence length (gpt2), image side (resnet) or rows (mlp):
-    /// `128`, `uniform:16..128`, `choice:32,64,128`.
-    #[arg(long, visible_alias = "input", value_name = "DIST")]
-    seq: Option<String>,
-    /// infer or train.
-    #[arg(long, default_value = "infer")]
-    mode: String,
-    /// Training: sgd or adamw.
-    #[arg(long, default_value = "sgd")]
-    optimizer: String,
-    /// Training: micro-steps per optimizer step.
-    #[arg(long, default_value_t = 1)]
-    accum: usize,
-    /// Training: each (backward every micro-step) or sum.
-    #[arg(long = "accum-pattern", default_value = "each")]
-    accum_pattern: String,
-    /// f32 or bf16.
-    #[arg(long, default_value = "f32")]
-    dtype: String,
-    /// Seed of the input-size draws.
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Planted mistake: inference with autograd on (no `torch.no_grad()`).
-    #[arg(long = "grad-on")]
-    grad_on: bool,
-    /// Planted mistake: training sums the micro-steps' losses, then one backward.
-    #[arg(long = "sum-losses")]
-    sum_losses: bool,
-    /// Planted mistake: every request's output is kept (a leak).
-    #[arg(long = "keep-outputs")]
-    keep_outputs: bool,
-    /// Planted "mistake": named temporaries instead of chained calls (a myth: no effect).
-    #[arg(long = "named-temporaries")]
-    named_temporaries: bool,
+    #[command(flatten)]
+    workload: WorkloadArgs,
     /// cpu (real compute under --capacity), meta (no data, fast) or cuda.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -162,80 +122,9 @@ fn cuda_defaults(cfg: &mut LoadConfig, device: &str, whole_card: bool) {
     }
 }
 
-/// The default input size for a model when `--seq` is not given.
-fn default_input(model: &ModelSpec, default: &InputDist) -> InputDist {
-    match model {
-        ModelSpec::Gpt2(c) if default.max() <= c.n_positions => default.clone(),
-        ModelSpec::Gpt2(c) => InputDist::Uniform {
-            lo: (c.n_positions / 4).max(1),
-            hi: c.n_positions,
-        },
-        ModelSpec::ResNet18 { .. } | ModelSpec::ResNet50 { .. } => InputDist::Fixed(224),
-        ModelSpec::Mlp { .. } => InputDist::Fixed(1),
-    }
-}
-
+/// The scenario: headroom-workload's one parser of the workload flags.
 fn scenario(a: &LoadtestArgs) -> Result<Scenario, UserError> {
-    let mut s = Scenario::default();
-    let default_input_dist = s.input.clone();
-    if let Some(m) = &a.model {
-        s.model = m.parse::<ModelSpec>().map_err(le)?;
-        s.input = default_input(&s.model, &default_input_dist);
-    }
-    if let Some(b) = a.batch {
-        if b == 0 {
-            return Err(anyhow!("--batch must be at least 1").into());
-        }
-        s.batch = b;
-    }
-    if let Some(d) = &a.seq {
-        s.input = d.parse::<InputDist>().map_err(le)?;
-    }
-    if let Some(seed) = a.seed {
-        s.seed = seed;
-    }
-    s.dtype = match a.dtype.to_ascii_lowercase().as_str() {
-        "f32" | "float32" => DType::F32,
-        "bf16" | "bfloat16" => DType::BF16,
-        other => return Err(anyhow!("unknown --dtype {other:?} (expected f32, bf16)").into()),
-    };
-    let optimizer = a.optimizer.parse::<OptimKind>().map_err(le)?;
-    let pattern = a.accum_pattern.parse::<AccumPattern>().map_err(le)?;
-    s.mode = match a.mode.trim().to_ascii_lowercase().as_str() {
-        "infer" | "inference" => Mode::Inference,
-        "train" | "training" => {
-            if a.accum == 0 {
-                return Err(anyhow!("--accum must be at least 1").into());
-            }
-            Mode::Training {
-                optimizer,
-                accum_steps: a.accum,
-                pattern,
-            }
-        }
-        other => return Err(anyhow!("unknown --mode {other:?} (expected infer, train)").into()),
-    };
-    if a.sum_losses && !s.is_training() {
-        return Err(anyhow!("--sum-losses needs --mode train").into());
-    }
-    if a.grad_on && s.is_training() {
-        return Err(anyhow!("--grad-on is an inference mistake (training has grad on)").into());
-    }
-    s.mistakes.grad_at_inference = a.grad_on;
-    s.mistakes.sum_losses = a.sum_losses;
-    s.mistakes.keep_outputs = a.keep_outputs;
-    s.mistakes.named_temporaries = a.named_temporaries;
-    let default_name = Scenario::default().name;
-    if a.model.is_some() || s.is_training() {
-        s.name = format!(
-            "{}-{}",
-            s.model.name(),
-            if s.is_training() { "train" } else { "infer" }
-        );
-    } else {
-        s.name = default_name;
-    }
-    Ok(s)
+    a.workload.flags().and_then(|f| f.scenario()).map_err(le)
 }
 
 fn plan(a: &LoadtestArgs, default: &LoadPlan) -> Result<LoadPlan, UserError> {
@@ -323,6 +212,11 @@ fn config(a: &LoadtestArgs) -> Result<LoadConfig, UserError> {
     }
     if let DeviceChoice::Custom(_) = &cfg.device {
         cuda_defaults(&mut cfg, &a.device, a.capacity.is_none());
+    }
+    if let ModelSpec::Hf(h) = &cfg.scenario.model {
+        if let Some(n) = h.weights_note(!matches!(cfg.device, DeviceChoice::Meta)) {
+            eprintln!("{n}");
+        }
     }
     if let Some(c) = &a.alloc_conf {
         cfg.alloc_conf = if c == "default" {

@@ -9,6 +9,7 @@ mod replay_cmd;
 mod replay_ranks;
 mod run_cmd;
 mod serve_cmd;
+mod workload_args;
 
 use std::process::ExitCode;
 

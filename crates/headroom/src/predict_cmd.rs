@@ -1,4 +1,5 @@
-//! `headroom predict`: a model workload on the meta device, its peak memory and breakdown.
+//! `headroom predict`: one request of a workload on the meta device, its peak memory and
+//! breakdown. The workload flags are loadtest's (headroom-workload parses both).
 
 use std::process::ExitCode;
 
@@ -6,43 +7,26 @@ use anyhow::{anyhow, Context};
 use clap::Args;
 use headroom_alloc::size::{human_bytes, parse_size};
 use headroom_alloc::AllocatorConfig;
-use headroom_tensor::predict::{
-    max_batch, predict as run_predict, AccumPattern, Mode, ModelKind, OptimKind, PredictOptions,
-    Prediction,
-};
-use headroom_tensor::DType;
+use headroom_workload::{max_batch, predict as run_predict, PredictDevice, Prediction, Scenario};
 
 use crate::replay_cmd::print_rows;
+use crate::workload_args::WorkloadArgs;
 use crate::UserError;
 
 #[derive(Args)]
+#[command(after_help = "Examples:\n  \
+    headroom predict                                   # loadtest's default scenario\n  \
+    headroom predict --model gpt2 --batch 8 --seq 512 --grad-on\n  \
+    headroom predict --model fixtures/hf/gpt2 --batch 8 --seq 512 --no-cache\n  \
+    headroom predict --model fixtures/hf/llama-small --mode generate --prompt 256 --new 32\n  \
+    headroom predict --model fixtures/hf/gpt2 --mode train --batch 8 --seq 512 --dtype bf16")]
 pub struct PredictArgs {
-    /// resnet50, resnet18, gpt2 (124M) or mlp (1024-4096-4096-1000).
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    /// Training: optimizer steps to run (default 1 for the zoo, 3 for --model PATH: the
+    /// optimizer state exists from the first step on).
     #[arg(long)]
-    model: String,
-    #[arg(long, default_value_t = 1)]
-    batch: usize,
-    /// Sequence length (gpt2).
-    #[arg(long, default_value_t = 1024)]
-    seq: usize,
-    /// infer or train.
-    #[arg(long, default_value = "infer")]
-    mode: String,
-    /// Infer with grad on (activations kept for a backward) instead of no_grad.
-    #[arg(long)]
-    grad: bool,
-    /// sgd (momentum 0.9) or adamw (train).
-    #[arg(long, default_value = "sgd")]
-    optimizer: String,
-    /// Micro-steps per optimizer step (train).
-    #[arg(long, default_value_t = 1)]
-    accum: usize,
-    /// each: backward every micro-step; sum: sum the losses, one backward.
-    #[arg(long = "accum-pattern", default_value = "each")]
-    accum_pattern: String,
-    /// f32 or bf16.
-    #[arg(long, default_value = "f32")]
-    dtype: String,
+    steps: Option<usize>,
     /// Allocator config in PYTORCH_CUDA_ALLOC_CONF syntax.
     #[arg(long = "alloc-conf", value_name = "CONF")]
     alloc_conf: Option<String>,
@@ -56,63 +40,52 @@ pub struct PredictArgs {
     json: bool,
 }
 
-fn options(a: &PredictArgs) -> Result<PredictOptions, UserError> {
-    let e = |x: headroom_tensor::TensorError| anyhow!(x.to_string());
-    let dtype = match a.dtype.to_ascii_lowercase().as_str() {
-        "f32" | "float32" => DType::F32,
-        "bf16" | "bfloat16" => DType::BF16,
-        other => return Err(anyhow!("unknown dtype {other:?} (expected f32, bf16)").into()),
-    };
+fn device(a: &PredictArgs) -> Result<PredictDevice, UserError> {
     let alloc_conf = match a.alloc_conf.as_deref() {
         None | Some("") | Some("default") => AllocatorConfig::default(),
         Some(c) => AllocatorConfig::parse(c).with_context(|| format!("bad --alloc-conf {c:?}"))?,
     };
-    let mut o = PredictOptions {
-        model: a.model.parse::<ModelKind>().map_err(e)?,
-        batch: a.batch,
-        seq: a.seq,
-        mode: a.mode.parse::<Mode>().map_err(e)?,
-        grad: a.grad,
-        optimizer: a.optimizer.parse::<OptimKind>().map_err(e)?,
-        accum: a.accum,
-        accum_pattern: a.accum_pattern.parse::<AccumPattern>().map_err(e)?,
-        dtype,
+    let mut d = PredictDevice {
         alloc_conf,
-        ..Default::default()
+        steps: a.steps,
+        ..PredictDevice::default()
     };
+    if a.steps == Some(0) {
+        return Err(anyhow!("--steps must be at least 1").into());
+    }
     if let Some(c) = &a.capacity {
-        o.capacity = parse_size(c).with_context(|| format!("bad --capacity {c:?}"))?;
-        if o.capacity == 0 {
+        d.capacity = parse_size(c).with_context(|| format!("bad --capacity {c:?}"))?;
+        if d.capacity == 0 {
             return Err(anyhow!("--capacity must be more than 0 bytes").into());
         }
     }
     if a.max_batch && a.capacity.is_none() {
         return Err(anyhow!("--max-batch needs --capacity").into());
     }
-    if o.batch == 0 {
-        return Err(anyhow!("--batch must be at least 1").into());
-    }
-    if o.accum == 0 {
-        return Err(anyhow!("--accum must be at least 1").into());
-    }
-    Ok(o)
+    Ok(d)
 }
 
 pub fn predict(a: PredictArgs) -> Result<ExitCode, UserError> {
-    let mut o = options(&a)?;
+    let mut sc = a
+        .workload
+        .flags()
+        .and_then(|f| f.scenario())
+        .map_err(|e| anyhow!(e.to_string()))?;
+    let dev = device(&a)?;
     let p = if a.max_batch {
-        match max_batch(&o, 1 << 20).map_err(|e| anyhow!(e.to_string()))? {
-            Some((b, p)) => {
-                o.batch = b;
+        match max_batch(&sc, &dev, 1 << 20) {
+            Ok(Some((b, p))) => {
+                sc.batch = b;
                 p
             }
-            None => {
-                eprintln!("batch 1 does not fit in {}", human_bytes(o.capacity));
+            Ok(None) => {
+                eprintln!("batch 1 does not fit in {}", human_bytes(dev.capacity));
                 return Ok(ExitCode::from(1));
             }
+            Err(e) => return Err(anyhow!(e.to_string()).into()),
         }
     } else {
-        match run_predict(&o) {
+        match run_predict(&sc, &dev) {
             Ok(p) => p,
             Err(e) if e.is_oom() => {
                 eprintln!("out of memory: {e}");
@@ -123,47 +96,47 @@ pub fn predict(a: PredictArgs) -> Result<ExitCode, UserError> {
     };
     if a.json {
         let j = serde_json::json!({
-            "model": a.model,
-            "batch": o.batch,
+            "scenario": sc.info(),
+            "size": p.size,
+            "batch": p.batch,
             "peak_allocated_bytes": p.peak_allocated_bytes,
             "peak_reserved_bytes": p.peak_reserved_bytes,
-            "peak_over_input_bytes": p.peak_over_input_bytes,
+            "base_bytes": p.base_bytes,
+            "peak_over_base_bytes": p.peak_over_base_bytes,
             "categories": p.categories,
             "stats": p.stats,
         });
         println!("{}", serde_json::to_string_pretty(&j).unwrap_or_default());
     } else {
-        print_human(&a, &o, &p);
+        print_human(&sc, &p);
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_human(a: &PredictArgs, o: &PredictOptions, p: &Prediction) {
+fn print_human(sc: &Scenario, p: &Prediction) {
+    println!("{}", sc.info().description);
     println!(
-        "{} batch {}{} {:?}{} on the meta device",
-        a.model,
-        o.batch,
-        if o.model == ModelKind::Gpt2 {
-            format!(" seq {}", o.seq)
-        } else {
+        "one request on the meta device{}",
+        if sc.input.is_fixed() {
             String::new()
-        },
-        o.mode,
-        match o.mode {
-            Mode::Infer if o.grad => " (grad on)".to_string(),
-            Mode::Infer => " (no_grad)".to_string(),
-            Mode::Train => format!(
-                " ({:?}, accum {} {:?})",
-                o.optimizer, o.accum, o.accum_pattern
-            ),
+        } else {
+            format!(
+                ", at the largest {} the distribution draws ({})",
+                sc.model.size_dim(),
+                p.size
+            )
         }
     );
     let rows = vec![
         vec!["peak allocated".into(), human_bytes(p.peak_allocated_bytes)],
         vec!["peak reserved".into(), human_bytes(p.peak_reserved_bytes)],
         vec![
-            "peak above the input".into(),
-            human_bytes(p.peak_over_input_bytes),
+            "allocated before the request".into(),
+            human_bytes(p.base_bytes),
+        ],
+        vec![
+            "peak above that".into(),
+            human_bytes(p.peak_over_base_bytes),
         ],
     ];
     print_rows(&["", "bytes"], &rows);
@@ -171,9 +144,12 @@ fn print_human(a: &PredictArgs, o: &PredictOptions, p: &Prediction) {
     let rows: Vec<Vec<String>> = p
         .categories
         .iter()
+        .filter(|(_, v)| **v > 0)
         .map(|(k, v)| vec![k.to_string(), human_bytes(*v)])
         .collect();
     print_rows(&["category at peak", "bytes"], &rows);
-    println!();
-    println!("{}", p.summary);
+    if let Some(s) = &p.summary {
+        println!();
+        println!("{s}");
+    }
 }

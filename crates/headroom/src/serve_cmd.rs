@@ -14,7 +14,7 @@ use anyhow::{anyhow, Context};
 use clap::Args;
 use headroom_alloc::size::{human_bytes, parse_size};
 use headroom_alloc::AllocatorConfig;
-use headroom_serve::{parse_duration, LatencyTarget, Margin, ServeConfig, ServeDevice};
+use headroom_serve::{parse_duration, Generation, LatencyTarget, Margin, ServeConfig, ServeDevice};
 use headroom_workload::ModelSpec;
 
 use crate::UserError;
@@ -31,12 +31,25 @@ const EXIT_INTERRUPTED: u8 = 130;
     Examples:\n  \
     headroom serve --model gpt2-tiny --port 0\n  \
     headroom serve --model resnet18 --capacity 2GiB --margin 256MiB --max-batch 16\n  \
+    headroom serve --model fixtures/hf/llama-tiny --new 16 --capacity 256MiB\n  \
     curl -s localhost:8000/v1/infer -H 'Content-Type: application/json' \\\n      \
     -d '{\"inputs\": [[464, 2068, 1586]]}'")]
 pub struct ServeArgs {
-    /// mlp, mlp-small, mlp-tiny, resnet18, resnet50, gpt2, gpt2-small or gpt2-tiny.
+    /// mlp, mlp-small, mlp-tiny, resnet18, resnet50, gpt2, gpt2-small, gpt2-tiny, or the
+    /// path of a Hugging Face decoder's config.json (or of a folder holding one and,
+    /// optionally, *.safetensors): gpt2, llama, mistral, qwen2.
     #[arg(long, default_value = "gpt2-small")]
     model: String,
+    /// --model PATH: tokens generated per sequence (greedy; the KV cache of prompt + new
+    /// tokens is priced at admission). 1: the next token from one forward.
+    #[arg(long = "new", default_value_t = 1, value_name = "N")]
+    new_tokens: usize,
+    /// --model PATH with --new 1: transformers' use_cache for the forward (default true).
+    #[arg(long = "use-cache", value_name = "BOOL")]
+    use_cache: Option<String>,
+    /// Same as --use-cache false.
+    #[arg(long = "no-cache", conflicts_with = "use_cache")]
+    no_cache: bool,
     /// cpu (real compute under --capacity) or cuda.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -98,6 +111,52 @@ fn duration(flag: &str, s: &str) -> Result<std::time::Duration, UserError> {
 fn config(a: &ServeArgs) -> Result<ServeConfig, UserError> {
     let model: ModelSpec = a.model.parse().map_err(|e| anyhow!("bad --model: {e}"))?;
     let device: ServeDevice = a.device.parse().map_err(|e| anyhow!("bad --device: {e}"))?;
+    let use_cache = match (&a.use_cache, a.no_cache) {
+        (_, true) => false,
+        (Some(u), false) => headroom_workload::flags::parse_bool("--use-cache", u)
+            .map_err(|e| anyhow!(e.to_string()))?,
+        (None, false) => true,
+    };
+    let generation = Generation {
+        new_tokens: a.new_tokens,
+        use_cache,
+    };
+    match &model {
+        ModelSpec::Hf(h) => {
+            if !h.config.family.is_decoder() {
+                return Err(anyhow!(
+                    "bad --model: {} is an encoder; serve answers next tokens, so it needs a \
+                     decoder (gpt2, llama, mistral, qwen2)",
+                    model.name()
+                )
+                .into());
+            }
+            let max = h.config.max_position_embeddings;
+            if a.new_tokens == 0 || a.new_tokens >= max {
+                return Err(anyhow!(
+                    "bad --new {}: 1 to {} (max_position_embeddings - 1)",
+                    a.new_tokens,
+                    max.saturating_sub(1)
+                )
+                .into());
+            }
+            if a.new_tokens > 1 && !use_cache {
+                return Err(
+                    anyhow!("--new above 1 decodes on the KV cache: drop --no-cache").into(),
+                );
+            }
+            if let Some(n) = h.weights_note(true) {
+                eprintln!("{n}");
+            }
+        }
+        _ if generation != Generation::default() => {
+            return Err(anyhow!(
+                "--new and --use-cache/--no-cache apply to --model PATH (a Hugging Face decoder)"
+            )
+            .into())
+        }
+        _ => {}
+    }
     let capacity = match (&a.capacity, device) {
         // On a GPU the default is the whole card (the device clamps to its total).
         (None, ServeDevice::Cuda(_)) => u64::MAX,
@@ -127,6 +186,7 @@ fn config(a: &ServeArgs) -> Result<ServeConfig, UserError> {
         })?;
     let cfg = ServeConfig {
         model,
+        generation,
         device,
         capacity,
         alloc_conf,

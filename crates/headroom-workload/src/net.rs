@@ -25,7 +25,7 @@ pub enum Net {
     Mlp(Mlp),
     ResNet(ResNet),
     Gpt2(Gpt2),
-    Hf(HfModel),
+    Hf(Box<HfModel>),
 }
 
 impl Net {
@@ -60,7 +60,7 @@ impl Net {
                 if let Some(n) = &loaded.note {
                     tracing::info!("{n}");
                 }
-                Net::Hf(loaded.model)
+                Net::Hf(Box::new(loaded.model))
             }
             ModelSpec::Mlp { sizes } => Net::Mlp(Mlp::new(&init, sizes)?),
             ModelSpec::ResNet18 { classes } => Net::ResNet(ResNet::resnet18(&init, *classes)?),

@@ -11,6 +11,9 @@
 //! request's sequence number, not by the worker or the clock, so the same run on meta and
 //! on cpu sees the same input sizes in the same order.
 //!
+//! A model is a zoo name or a Hugging Face `config.json` ([`ModelSpec::Hf`], see
+//! [`crate::model`]); `Mode::Generate` and `Scenario::use_cache` exist for the latter.
+//!
 //! The planted mistakes:
 //! - `grad_at_inference`: the forward runs with autograd on; every op saves its inputs for
 //!   a backward that never comes, until the output is dropped.

@@ -8,6 +8,11 @@
 //! because concurrent backward passes into one set of `.grad`s would race, in PyTorch too.
 //! Input sizes are drawn per request number (see `InputDist::draw`), so the same run on
 //! meta and on cpu sees the same sizes in the same order.
+//!
+//! A Hugging Face model's request is transformers' loop: `model(input_ids=ids,
+//! use_cache=...)` under `no_grad`, `model.generate(ids, max_new_tokens=N)` (the drawn size
+//! is the prompt), or `model(input_ids=ids, labels=ids).loss` then backward and the
+//! optimizer (AdamW's lr is transformers' Trainer default).
 
 use std::sync::Arc;
 

@@ -43,7 +43,7 @@ enum Command {
     /// Print PyTorch's `memory_summary()` table after replaying a snapshot.
     Summary(replay_cmd::SummaryArgs),
     /// Predict a model workload's peak memory on the meta device (no GPU needed).
-    Predict(predict_cmd::PredictArgs),
+    Predict(Box<predict_cmd::PredictArgs>),
     /// Serve a model over HTTP (POST /v1/infer, GET /metrics, GET /healthz) with dynamic
     /// batching and admission control: requests whose predicted memory or latency does not
     /// fit get 503 + Retry-After instead of an OOM.
@@ -84,7 +84,7 @@ fn main() -> ExitCode {
         Command::Claims(a) => claims_cmd::claims(a),
         Command::Replay(a) => replay_cmd::replay(a),
         Command::Summary(a) => replay_cmd::summary(a),
-        Command::Predict(a) => predict_cmd::predict(a),
+        Command::Predict(a) => predict_cmd::predict(*a),
         Command::Serve(a) => serve_cmd::serve(*a),
         Command::Http(a) => http_cmd::http(*a),
         Command::Bench(BenchCommand::Http(a)) => http_cmd::bench_http(a),

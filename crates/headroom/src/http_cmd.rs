@@ -23,6 +23,7 @@ use headroom_load::http::load::{
     parse_http_stages, parse_rate, Arrival, HttpStage, Load, DEFAULT_MAX_CONNECTIONS,
     MAX_CONCURRENCY,
 };
+use headroom_load::http::predict::{PredictOptions, ServicePrediction, DEFAULT_RAMP};
 use headroom_load::http::prometheus::parse_metric_rule;
 use headroom_load::http::server::TestServer;
 use headroom_load::http::HttpConfig;
@@ -36,6 +37,10 @@ use crate::UserError;
 
 /// Workers of the closed model when neither `-c` nor `--stages` says.
 const DEFAULT_CONCURRENCY: usize = 10;
+/// `--predict`'s gentle load when the user sets none: two workers for 20 s, enough requests
+/// to sample the service's sizes, far below any OOM point worth predicting.
+const PREDICT_CONCURRENCY: usize = 2;
+const PREDICT_SECONDS: u64 = 20;
 
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -133,6 +138,35 @@ pub struct HttpArgs {
     /// Extra allocator configs to replay the probe's trace under.
     #[arg(long = "what-if", value_name = "CONF")]
     what_if: Vec<String>,
+    /// Predict, from this run's probe trace, the concurrency at which the service runs out
+    /// of memory on its real capacity (per device; under its config and each --what-if),
+    /// and the input-size cap that keeps --target-concurrency safe. The load stays at what
+    /// -c/-q/--stages say (default: -c 2 for 20s): keep it gentle, well below the OOM point.
+    #[arg(long)]
+    predict: bool,
+    /// With --predict: the concurrency the size cap must keep safe (default: twice the
+    /// run's load).
+    #[arg(long = "target-concurrency", value_name = "N", requires = "predict")]
+    target_concurrency: Option<u32>,
+    /// With --predict: simulated runs per concurrency (which recorded requests meet).
+    #[arg(long = "predict-seeds", default_value_t = 5, value_name = "N")]
+    predict_seeds: u64,
+    /// Ramp the load (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, ... workers, --step-duration each,
+    /// or --stages) and stop at the first OOM: an answer naming a CUDA OOM or the
+    /// service's OOM counter rising. Reports the observed OOM concurrency.
+    #[arg(long = "ramp-until-oom", conflicts_with_all = ["concurrency", "rate", "predict"])]
+    ramp_until_oom: bool,
+    /// With --ramp-until-oom: how long each load step runs.
+    #[arg(long = "step-duration", default_value = "6s", value_name = "DURATION")]
+    step_duration: String,
+    /// With --ramp-until-oom: the results.json of an earlier `--predict` run, to compare
+    /// the observed OOM concurrency with its prediction.
+    #[arg(
+        long = "predicted-from",
+        value_name = "RESULTS_JSON",
+        requires = "ramp_until_oom"
+    )]
+    predicted_from: Option<PathBuf>,
     /// k6-style threshold, repeatable: 'p99<200ms', 'error_rate<1%', 'shed_rate<0.2',
     /// 'peak_reserved<60GiB', 'oom_count==0'. A broken one makes the run exit 99.
     #[arg(long = "threshold", value_name = "EXPR")]
@@ -159,6 +193,23 @@ fn stages(a: &HttpArgs) -> Result<(Vec<HttpStage>, bool), UserError> {
     if a.requests == Some(0) {
         return Err(anyhow!("-n must be at least 1").into());
     }
+    if a.ramp_until_oom && a.stages.is_none() {
+        if a.duration.is_some() {
+            return Err(anyhow!(
+                "--ramp-until-oom sets its own durations (--step-duration): drop -z"
+            )
+            .into());
+        }
+        let d = duration("--step-duration", &a.step_duration)?;
+        let v = DEFAULT_RAMP
+            .iter()
+            .map(|&c| HttpStage {
+                load: Load::Closed(c as usize),
+                duration: Some(d),
+            })
+            .collect();
+        return Ok((v, false));
+    }
     if let Some(s) = &a.stages {
         if a.duration.is_some() {
             return Err(anyhow!("--stages sets its own durations: drop -z").into());
@@ -170,6 +221,7 @@ fn stages(a: &HttpArgs) -> Result<(Vec<HttpStage>, bool), UserError> {
     let d = match (&a.duration, a.requests) {
         (Some(d), _) => Some(duration("-z", d)?),
         (None, Some(_)) => None,
+        (None, None) if a.predict => Some(Duration::from_secs(PREDICT_SECONDS)),
         (None, None) => Some(Duration::from_secs(10)),
     };
     let (load, open) = match &a.rate {
@@ -178,7 +230,11 @@ fn stages(a: &HttpArgs) -> Result<(Vec<HttpStage>, bool), UserError> {
             true,
         ),
         None => (
-            Load::Closed(a.concurrency.unwrap_or(DEFAULT_CONCURRENCY)),
+            Load::Closed(a.concurrency.unwrap_or(if a.predict {
+                PREDICT_CONCURRENCY
+            } else {
+                DEFAULT_CONCURRENCY
+            })),
             false,
         ),
     };
@@ -230,6 +286,25 @@ fn config(a: &HttpArgs) -> Result<HttpConfig, UserError> {
     c.probe = !a.no_probe;
     c.what_if.extend(a.what_if.iter().cloned());
     c.thresholds = parse_thresholds(&a.threshold).map_err(le)?;
+    if a.predict {
+        if a.metrics_url.is_none() || a.no_probe {
+            return Err(anyhow!(
+                "--predict needs the probe's trace: give --metrics-url of a headroom_probe endpoint (and no --no-probe)"
+            )
+            .into());
+        }
+        if a.predict_seeds == 0 || a.predict_seeds > 100 {
+            return Err(anyhow!("--predict-seeds must be 1..=100").into());
+        }
+        if a.target_concurrency == Some(0) {
+            return Err(anyhow!("--target-concurrency must be at least 1").into());
+        }
+        c.predict = Some(PredictOptions {
+            target_concurrency: a.target_concurrency,
+            seeds: a.predict_seeds,
+        });
+    }
+    c.stop_at_first_oom = a.ramp_until_oom;
     c.validate().map_err(le)?;
     Ok(c)
 }
@@ -319,8 +394,33 @@ fn position(p: &Progress) -> u64 {
     (f * 1000.0) as u64
 }
 
+/// The prediction in an earlier `--predict` run's results.json.
+fn read_prediction(p: &Path) -> Result<ServicePrediction, UserError> {
+    let text =
+        std::fs::read_to_string(p).map_err(|e| anyhow!("--predicted-from {}: {e}", p.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| anyhow!("--predicted-from {}: not JSON: {e}", p.display()))?;
+    let pred = v
+        .get("http")
+        .and_then(|h| h.get("prediction"))
+        .cloned()
+        .ok_or_else(|| {
+            anyhow!(
+                "--predicted-from {}: no http.prediction in it (was it written by `headroom http --predict`?)",
+                p.display()
+            )
+        })?;
+    serde_json::from_value(pred)
+        .map_err(|e| anyhow!("--predicted-from {}: http.prediction: {e}", p.display()).into())
+}
+
 pub fn http(a: HttpArgs) -> Result<ExitCode, UserError> {
     let cfg = config(&a)?;
+    let earlier = a
+        .predicted_from
+        .as_deref()
+        .map(read_prediction)
+        .transpose()?;
     let created = check_out_dir(&a.out)?;
     let stop = stop_on_ctrl_c();
     let pb = progress_bar(a.quiet);
@@ -329,10 +429,20 @@ pub fn http(a: HttpArgs) -> Result<ExitCode, UserError> {
         pb.set_message(progress_message(p));
     });
     pb.finish_and_clear();
-    let r = result.map_err(|e| {
+    let mut r = result.map_err(|e| {
         discard_out_dir(&created);
         le(e)
     })?;
+    if let (Some(mut p), Some(h)) = (earlier, r.http.as_mut()) {
+        let mut o = h
+            .prediction
+            .take()
+            .and_then(|x| x.observed)
+            .unwrap_or_default();
+        o.compare(p.first_oom_concurrency);
+        p.observed = Some(o);
+        h.prediction = Some(p);
+    }
     // The summary table says it otherwise; with --json, say once on stderr.
     if a.json && !a.quiet {
         for m in r.memory_sources.iter().filter(|m| m.status == "absent") {

@@ -12,6 +12,8 @@
 //! - [`record`]: per-thread HDR histograms and counters; coordinated-omission correction.
 //! - [`prometheus`]: the text exposition format, and known metric names mapped to memory.
 //! - [`sample`]: the memory sampler (scraped endpoint, NVML) on the load's clock.
+//! - [`predict`]: `--predict` (the OOM concurrency per device and config, size caps,
+//!   per-request attribution) and `--ramp-until-oom`'s comparison with it.
 //! - [`probe`]: snapshots from `python/headroom_probe.py`, replays, findings.
 //! - [`mod@run`]: [`HttpConfig`] and [`run()`](run::run), the whole run.
 //! - [`server`]: a small loopback server for tests and `headroom bench http`.
@@ -35,6 +37,7 @@
 pub mod body;
 pub mod client;
 pub mod load;
+pub mod predict;
 pub mod probe;
 pub mod prometheus;
 pub mod record;

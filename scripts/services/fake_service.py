@@ -23,7 +23,7 @@ def handle(state, body, probe):
     k = max(1, min(int(body.get("k", 1)), 64))
     with probe.request(items=k):
         a = torch.cuda._stub_alloc(k * 20 * MIB)
-        time.sleep(0.03)
+        time.sleep(0.08)
         torch.cuda._stub_free(a)
     return {"k": k}
 

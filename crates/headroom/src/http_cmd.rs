@@ -764,6 +764,22 @@ mod tests {
         assert_eq!(c.metric_rules.len(), 1);
         assert_eq!(c.thresholds.len(), 1);
         assert!(cfg(&["--no-nvml"]).unwrap().nvml.is_none());
+        // --predict: a gentle default load, and the prediction asked for.
+        let c = cfg(&["--predict", "--metrics-url", "http://127.0.0.1:9/metrics"]).unwrap();
+        assert_eq!(c.stages[0].load, Load::Closed(PREDICT_CONCURRENCY));
+        assert_eq!(
+            c.stages[0].duration,
+            Some(Duration::from_secs(PREDICT_SECONDS))
+        );
+        assert!(c.predict.is_some() && !c.stop_at_first_oom);
+        // --ramp-until-oom: the default ramp, each step --step-duration long.
+        let c = cfg(&["--ramp-until-oom", "--step-duration", "2s"]).unwrap();
+        assert!(c.stop_at_first_oom);
+        assert_eq!(c.stages.len(), DEFAULT_RAMP.len());
+        assert_eq!(c.stages[3].load, Load::Closed(DEFAULT_RAMP[3] as usize));
+        assert_eq!(c.stages[3].duration, Some(Duration::from_secs(2)));
+        let c = cfg(&["--ramp-until-oom", "--stages", "1:1s,5:1s"]).unwrap();
+        assert_eq!(c.stages.len(), 2);
     }
 
     #[test]
@@ -785,6 +801,14 @@ mod tests {
             &["--what-if", "nope:1"],
             &["--threads", "0"],
             &["--metrics-interval", "1ms"],
+            &["--predict"],
+            &["--predict", "--metrics-url", "http://x/m", "--no-probe"],
+            &["--predict", "--metrics-url", "http://x/m", "--predict-seeds", "0"],
+            &["--ramp-until-oom", "-c", "4"],
+            &["--ramp-until-oom", "-z", "10s"],
+            &["--ramp-until-oom", "--step-duration", "soon"],
+            &["--ramp-until-oom", "--predict"],
+            &["--predicted-from", "x.json"],
         ] {
             assert!(cfg(bad).is_err(), "{bad:?} was accepted");
         }

@@ -246,3 +246,50 @@ fn oom_messages_are_recognised_in_error_bodies() {
     assert!(!body_names_oom(b"{\"error\": \"KeyError: 'prompt'\"}"));
     assert!(!body_names_oom(b""));
 }
+
+#[test]
+fn in_a_torchrun_job_the_probe_listens_on_base_port_plus_local_rank() {
+    let Some(py) = python() else {
+        println!("SKIPPED: python3 is not on PATH");
+        return;
+    };
+    let pythonpath = std::env::join_paths([
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/torch_stub"),
+        repo().join("python"),
+    ])
+    .unwrap();
+    let base = free_port();
+    let out = Command::new(py)
+        .args([
+            "-c",
+            "import sys, urllib.request, headroom_probe\n\
+             p = headroom_probe.start(port=int(sys.argv[1]))\n\
+             m = urllib.request.urlopen(p.url + '/metrics').read().decode()\n\
+             print(p.port)\n\
+             print([l for l in m.splitlines() if l.startswith('headroom_probe_info')][0])\n",
+            &base.to_string(),
+        ])
+        .env("PYTHONPATH", pythonpath)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("LOCAL_RANK", "0")
+        .env("RANK", "2")
+        .env("WORLD_SIZE", "4")
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines();
+    // LOCAL_RANK 0 keeps the base port (another local rank would add its number).
+    assert_eq!(lines.next(), Some(base.to_string().as_str()));
+    let info = lines.next().unwrap();
+    assert!(
+        info.contains("rank=\"2\"")
+            && info.contains("local_rank=\"0\"")
+            && info.contains("world_size=\"4\""),
+        "{info}"
+    );
+}

@@ -106,9 +106,11 @@ pub struct HttpArgs {
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// A Prometheus endpoint with the service's memory (headroom serve, headroom_probe.py,
-    /// DCGM exporter, Triton, or any with --metric).
+    /// DCGM exporter, Triton, or any with --metric). Repeat it for the ranks of a job (one
+    /// probe port each): all are scraped and summed onto one timeline; the first one's
+    /// snapshot is fetched.
     #[arg(long = "metrics-url", value_name = "URL")]
-    metrics_url: Option<String>,
+    metrics_url: Vec<String>,
     /// How often to scrape it (and to sample NVML).
     #[arg(
         long = "metrics-interval",
@@ -269,14 +271,15 @@ fn config(a: &HttpArgs) -> Result<HttpConfig, UserError> {
         }
         c.threads = t;
     }
-    c.metrics_url = a.metrics_url.clone();
+    c.metrics_url = a.metrics_url.first().cloned();
+    c.more_metrics_urls = a.metrics_url.iter().skip(1).cloned().collect();
     c.metrics_interval = duration("--metrics-interval", &a.metrics_interval)?;
     c.metric_rules = a
         .metric
         .iter()
         .map(|m| parse_metric_rule(m).map_err(|e| UserError(anyhow!(e))))
         .collect::<Result<_, _>>()?;
-    if !a.metric.is_empty() && a.metrics_url.is_none() {
+    if !a.metric.is_empty() && a.metrics_url.is_empty() {
         return Err(anyhow!("--metric maps names of --metrics-url: give one").into());
     }
     if !a.no_nvml {
@@ -287,7 +290,7 @@ fn config(a: &HttpArgs) -> Result<HttpConfig, UserError> {
     c.what_if.extend(a.what_if.iter().cloned());
     c.thresholds = parse_thresholds(&a.threshold).map_err(le)?;
     if a.predict {
-        if a.metrics_url.is_none() || a.no_probe {
+        if a.metrics_url.is_empty() || a.no_probe {
             return Err(anyhow!(
                 "--predict needs the probe's trace: give --metrics-url of a headroom_probe endpoint (and no --no-probe)"
             )
@@ -803,7 +806,13 @@ mod tests {
             &["--metrics-interval", "1ms"],
             &["--predict"],
             &["--predict", "--metrics-url", "http://x/m", "--no-probe"],
-            &["--predict", "--metrics-url", "http://x/m", "--predict-seeds", "0"],
+            &[
+                "--predict",
+                "--metrics-url",
+                "http://x/m",
+                "--predict-seeds",
+                "0",
+            ],
             &["--ramp-until-oom", "-c", "4"],
             &["--ramp-until-oom", "-z", "10s"],
             &["--ramp-until-oom", "--step-duration", "soon"],

@@ -16,6 +16,7 @@
 //!   per-request attribution) and `--ramp-until-oom`'s comparison with it.
 //! - [`probe`]: snapshots from `python/headroom_probe.py`, replays, findings.
 //! - [`mod@run`]: [`HttpConfig`] and [`run()`](run::run), the whole run.
+//! - [`watch`]: `headroom watch`: several endpoints (ranks) on one timeline, no load.
 //! - [`server`]: a small loopback server for tests and `headroom bench http`.
 //!
 //! ```no_run
@@ -44,5 +45,6 @@ pub mod record;
 pub mod run;
 pub mod sample;
 pub mod server;
+pub mod watch;
 
 pub use run::{run, HttpConfig};

@@ -71,6 +71,9 @@ pub struct HttpConfig {
     pub seed: u64,
     /// A Prometheus endpoint to scrape for memory (`--metrics-url`).
     pub metrics_url: Option<String>,
+    /// More endpoints (`--metrics-url` repeated: the other ranks of a job), summed with the
+    /// first onto the one timeline.
+    pub more_metrics_urls: Vec<String>,
     pub metrics_interval: Duration,
     /// `--metric TARGET=SELECTOR`, tried before the known names.
     pub metric_rules: Vec<(MetricTarget, Selector)>,
@@ -113,6 +116,7 @@ impl HttpConfig {
             threads: 0,
             seed: 1,
             metrics_url: None,
+            more_metrics_urls: Vec::new(),
             metrics_interval: Duration::from_millis(250),
             metric_rules: Vec::new(),
             nvml: None,
@@ -199,7 +203,7 @@ struct Prepared {
     template: RequestTemplate,
     bodies: Bodies,
     method: String,
-    scrape: Option<Scrape>,
+    scrapes: Vec<Scrape>,
     blocking: Vec<Arc<dyn MemorySource>>,
     absent: Vec<MemorySourceInfo>,
 }
@@ -215,28 +219,25 @@ async fn prepare(cfg: &HttpConfig) -> Result<Prepared> {
         .clone()
         .unwrap_or_else(|| if bodies.is_empty() { "GET" } else { "POST" }.to_string());
     let template = RequestTemplate::new(&target, &method, &cfg.headers, bodies.content_type())?;
-    let scrape = match &cfg.metrics_url {
-        None => None,
-        Some(u) => {
-            let t =
-                client::resolve(u).map_err(|e| LoadError::Http(format!("--metrics-url {e}")))?;
-            let s = Scrape {
-                url: u.clone(),
-                target: t,
-                map: MetricMap::with_user(cfg.metric_rules.clone()),
-            };
-            let first = sample::scrape(&s, scrape_timeout(cfg))
-                .await
-                .map_err(|e| LoadError::Http(format!("--metrics-url {u}: {e}")))?;
-            if first.reading.is_empty() {
-                warn!(
-                    url = %u,
-                    "the metrics endpoint exports no memory metric Headroom knows; map one with --metric"
-                );
-            }
-            Some(s)
+    let mut scrapes = Vec::new();
+    for u in cfg.metrics_url.iter().chain(cfg.more_metrics_urls.iter()) {
+        let t = client::resolve(u).map_err(|e| LoadError::Http(format!("--metrics-url {e}")))?;
+        let s = Scrape {
+            url: u.clone(),
+            target: t,
+            map: MetricMap::with_user(cfg.metric_rules.clone()),
+        };
+        let first = sample::scrape(&s, scrape_timeout(cfg))
+            .await
+            .map_err(|e| LoadError::Http(format!("--metrics-url {u}: {e}")))?;
+        if first.reading.is_empty() {
+            warn!(
+                url = %u,
+                "the metrics endpoint exports no memory metric Headroom knows; map one with --metric"
+            );
         }
-    };
+        scrapes.push(s);
+    }
     let mut blocking: Vec<Arc<dyn MemorySource>> = cfg.memory_sources.clone();
     let mut absent = Vec::new();
     if let Some(dev) = &cfg.nvml {
@@ -273,7 +274,7 @@ async fn prepare(cfg: &HttpConfig) -> Result<Prepared> {
         template,
         bodies,
         method,
-        scrape,
+        scrapes,
         blocking,
         absent,
     })
@@ -650,7 +651,7 @@ async fn drive(
     };
     // The memory sampler: a sample before the first request (the baseline, at t = 0), then
     // one per interval on the run's clock.
-    let mut sampler = Sampler::new(prep.scrape, prep.blocking, scrape_timeout(cfg));
+    let mut sampler = Sampler::new(prep.scrapes, prep.blocking, scrape_timeout(cfg));
     let latest: Arc<Mutex<MemoryReading>> = Arc::new(Mutex::new(MemoryReading::default()));
     let sampler_stop = Arc::new(AtomicBool::new(false));
     let has_sources = sampler.has_sources();

@@ -28,6 +28,11 @@ snapshot (and the OOM snapshot, if the service ran out of memory), replays it un
 allocator configs and adds the findings (fragmentation, cache held, the allocator state at
 the OOM) to its report. Prometheus can scrape the same endpoint.
 
+In a torchrun job (DDP, FSDP, one replica per GPU), start it the same way in every rank: a
+fixed port is a base, and each rank listens on port + LOCAL_RANK (9464, 9465, ...), and says
+its RANK and LOCAL_RANK in headroom_probe_info. `headroom watch URL...` and `headroom http
+--metrics-url ... --metrics-url ...` scrape all ranks onto one timeline.
+
 Request attribution: wrap each request's work so its allocations carry the request's tag
 (PyTorch copies a thread's memory metadata into every trace entry), and Headroom can cut
 the trace into requests, show memory per request against its size, and predict the
@@ -296,10 +301,14 @@ class Probe:
             lines.append("# TYPE %s %s" % (name, kind))
 
         family("headroom_probe_info", "gauge", "The probe: version, torch version, pid.")
+        ranks = "".join(',%s="%s"' % (lbl, _esc(os.environ[k]))
+                        for lbl, k in (("rank", "RANK"), ("local_rank", "LOCAL_RANK"),
+                                       ("world_size", "WORLD_SIZE"))
+                        if os.environ.get(k, "").strip())
         lines.append(
-            'headroom_probe_info{version="%s",torch="%s",pid="%d",record_history="%s"} 1'
+            'headroom_probe_info{version="%s",torch="%s",pid="%d",record_history="%s"%s} 1'
             % (VERSION, _esc(getattr(torch, "__version__", "?")), os.getpid(),
-               "true" if self.record_history and not self.history_error else "false")
+               "true" if self.record_history and not self.history_error else "false", ranks)
         )
         family("headroom_probe_ooms_total", "counter",
                "CUDA OOMs: the largest of the observer's count, the allocators' num_ooms and tracked requests' OOMs.")
@@ -542,10 +551,23 @@ def request(id=None, items=None, tokens=None, bytes=None):
     return p.request(id, items, tokens, bytes)
 
 
+def rank_port(port, env=None):
+    """The port this process listens on: `port` + LOCAL_RANK in a torchrun job (LOCAL_RANK
+    set to a whole number), else `port`; 0 stays 0 (a free port)."""
+    env = os.environ if env is None else env
+    port = int(port)
+    lr = str(env.get("LOCAL_RANK", "")).strip()
+    if port == 0 or not lr.isdigit():
+        return port
+    return port + int(lr)
+
+
 def start(port=9464, host="127.0.0.1", snapshot_dir=None, record_history=True, max_entries=100000):
     """Starts the probe once per process (a second call returns the first probe).
 
-    port: 0 picks a free port (see `probe.port`). snapshot_dir: where /dump and OOM
+    port: 0 picks a free port (see `probe.port`); any other port is a base in a torchrun
+    job: the rank listens on port + LOCAL_RANK (so ranks on one host do not collide).
+    snapshot_dir: where /dump and OOM
     snapshots go (default: a folder in the system's temp dir named after the pid).
     record_history: record allocation history (needed for Headroom's replays).
     """
@@ -555,7 +577,7 @@ def start(port=9464, host="127.0.0.1", snapshot_dir=None, record_history=True, m
             return _probe
         if snapshot_dir is None:
             snapshot_dir = os.path.join(tempfile.gettempdir(), "headroom_probe_%d" % os.getpid())
-        _probe = Probe(host, int(port), snapshot_dir, record_history, max_entries).start()
+        _probe = Probe(host, rank_port(port), snapshot_dir, record_history, max_entries).start()
         return _probe
 
 

@@ -687,6 +687,10 @@ pub struct HttpResult {
     pub service_ooms: Option<u64>,
     /// The `headroom_probe.py` endpoint, when the metrics URL is one.
     pub probe: Option<ProbeResult>,
+    /// `--predict`: the OOM concurrency predicted from this run's trace; with
+    /// `--ramp-until-oom`, what the ramp observed against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prediction: Option<crate::http::predict::ServicePrediction>,
 }
 
 /// One stage of an HTTP run, beside its [`StageResult`].

@@ -23,6 +23,7 @@ use headroom_load::http::load::{
     parse_http_stages, parse_rate, Arrival, HttpStage, Load, DEFAULT_MAX_CONNECTIONS,
     MAX_CONCURRENCY,
 };
+use headroom_load::http::predict::{PredictOptions, ServicePrediction, DEFAULT_RAMP};
 use headroom_load::http::prometheus::parse_metric_rule;
 use headroom_load::http::server::TestServer;
 use headroom_load::http::HttpConfig;
@@ -36,6 +37,10 @@ use crate::UserError;
 
 /// Workers of the closed model when neither `-c` nor `--stages` says.
 const DEFAULT_CONCURRENCY: usize = 10;
+/// `--predict`'s gentle load when the user sets none: two workers for 20 s, enough requests
+/// to sample the service's sizes, far below any OOM point worth predicting.
+const PREDICT_CONCURRENCY: usize = 2;
+const PREDICT_SECONDS: u64 = 20;
 
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -101,9 +106,11 @@ pub struct HttpArgs {
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// A Prometheus endpoint with the service's memory (headroom serve, headroom_probe.py,
-    /// DCGM exporter, Triton, or any with --metric).
+    /// DCGM exporter, Triton, or any with --metric). Repeat it for the ranks of a job (one
+    /// probe port each): all are scraped and summed onto one timeline; the first one's
+    /// snapshot is fetched.
     #[arg(long = "metrics-url", value_name = "URL")]
-    metrics_url: Option<String>,
+    metrics_url: Vec<String>,
     /// How often to scrape it (and to sample NVML).
     #[arg(
         long = "metrics-interval",
@@ -133,6 +140,35 @@ pub struct HttpArgs {
     /// Extra allocator configs to replay the probe's trace under.
     #[arg(long = "what-if", value_name = "CONF")]
     what_if: Vec<String>,
+    /// Predict, from this run's probe trace, the concurrency at which the service runs out
+    /// of memory on its real capacity (per device; under its config and each --what-if),
+    /// and the input-size cap that keeps --target-concurrency safe. The load stays at what
+    /// -c/-q/--stages say (default: -c 2 for 20s): keep it gentle, well below the OOM point.
+    #[arg(long)]
+    predict: bool,
+    /// With --predict: the concurrency the size cap must keep safe (default: twice the
+    /// run's load).
+    #[arg(long = "target-concurrency", value_name = "N", requires = "predict")]
+    target_concurrency: Option<u32>,
+    /// With --predict: simulated runs per concurrency (which recorded requests meet).
+    #[arg(long = "predict-seeds", default_value_t = 5, value_name = "N")]
+    predict_seeds: u64,
+    /// Ramp the load (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, ... workers, --step-duration each,
+    /// or --stages) and stop at the first OOM: an answer naming a CUDA OOM or the
+    /// service's OOM counter rising. Reports the observed OOM concurrency.
+    #[arg(long = "ramp-until-oom", conflicts_with_all = ["concurrency", "rate", "predict"])]
+    ramp_until_oom: bool,
+    /// With --ramp-until-oom: how long each load step runs.
+    #[arg(long = "step-duration", default_value = "6s", value_name = "DURATION")]
+    step_duration: String,
+    /// With --ramp-until-oom: the results.json of an earlier `--predict` run, to compare
+    /// the observed OOM concurrency with its prediction.
+    #[arg(
+        long = "predicted-from",
+        value_name = "RESULTS_JSON",
+        requires = "ramp_until_oom"
+    )]
+    predicted_from: Option<PathBuf>,
     /// k6-style threshold, repeatable: 'p99<200ms', 'error_rate<1%', 'shed_rate<0.2',
     /// 'peak_reserved<60GiB', 'oom_count==0'. A broken one makes the run exit 99.
     #[arg(long = "threshold", value_name = "EXPR")]
@@ -159,6 +195,23 @@ fn stages(a: &HttpArgs) -> Result<(Vec<HttpStage>, bool), UserError> {
     if a.requests == Some(0) {
         return Err(anyhow!("-n must be at least 1").into());
     }
+    if a.ramp_until_oom && a.stages.is_none() {
+        if a.duration.is_some() {
+            return Err(anyhow!(
+                "--ramp-until-oom sets its own durations (--step-duration): drop -z"
+            )
+            .into());
+        }
+        let d = duration("--step-duration", &a.step_duration)?;
+        let v = DEFAULT_RAMP
+            .iter()
+            .map(|&c| HttpStage {
+                load: Load::Closed(c as usize),
+                duration: Some(d),
+            })
+            .collect();
+        return Ok((v, false));
+    }
     if let Some(s) = &a.stages {
         if a.duration.is_some() {
             return Err(anyhow!("--stages sets its own durations: drop -z").into());
@@ -170,6 +223,7 @@ fn stages(a: &HttpArgs) -> Result<(Vec<HttpStage>, bool), UserError> {
     let d = match (&a.duration, a.requests) {
         (Some(d), _) => Some(duration("-z", d)?),
         (None, Some(_)) => None,
+        (None, None) if a.predict => Some(Duration::from_secs(PREDICT_SECONDS)),
         (None, None) => Some(Duration::from_secs(10)),
     };
     let (load, open) = match &a.rate {
@@ -178,7 +232,11 @@ fn stages(a: &HttpArgs) -> Result<(Vec<HttpStage>, bool), UserError> {
             true,
         ),
         None => (
-            Load::Closed(a.concurrency.unwrap_or(DEFAULT_CONCURRENCY)),
+            Load::Closed(a.concurrency.unwrap_or(if a.predict {
+                PREDICT_CONCURRENCY
+            } else {
+                DEFAULT_CONCURRENCY
+            })),
             false,
         ),
     };
@@ -213,14 +271,15 @@ fn config(a: &HttpArgs) -> Result<HttpConfig, UserError> {
         }
         c.threads = t;
     }
-    c.metrics_url = a.metrics_url.clone();
+    c.metrics_url = a.metrics_url.first().cloned();
+    c.more_metrics_urls = a.metrics_url.iter().skip(1).cloned().collect();
     c.metrics_interval = duration("--metrics-interval", &a.metrics_interval)?;
     c.metric_rules = a
         .metric
         .iter()
         .map(|m| parse_metric_rule(m).map_err(|e| UserError(anyhow!(e))))
         .collect::<Result<_, _>>()?;
-    if !a.metric.is_empty() && a.metrics_url.is_none() {
+    if !a.metric.is_empty() && a.metrics_url.is_empty() {
         return Err(anyhow!("--metric maps names of --metrics-url: give one").into());
     }
     if !a.no_nvml {
@@ -230,6 +289,25 @@ fn config(a: &HttpArgs) -> Result<HttpConfig, UserError> {
     c.probe = !a.no_probe;
     c.what_if.extend(a.what_if.iter().cloned());
     c.thresholds = parse_thresholds(&a.threshold).map_err(le)?;
+    if a.predict {
+        if a.metrics_url.is_empty() || a.no_probe {
+            return Err(anyhow!(
+                "--predict needs the probe's trace: give --metrics-url of a headroom_probe endpoint (and no --no-probe)"
+            )
+            .into());
+        }
+        if a.predict_seeds == 0 || a.predict_seeds > 100 {
+            return Err(anyhow!("--predict-seeds must be 1..=100").into());
+        }
+        if a.target_concurrency == Some(0) {
+            return Err(anyhow!("--target-concurrency must be at least 1").into());
+        }
+        c.predict = Some(PredictOptions {
+            target_concurrency: a.target_concurrency,
+            seeds: a.predict_seeds,
+        });
+    }
+    c.stop_at_first_oom = a.ramp_until_oom;
     c.validate().map_err(le)?;
     Ok(c)
 }
@@ -319,8 +397,33 @@ fn position(p: &Progress) -> u64 {
     (f * 1000.0) as u64
 }
 
+/// The prediction in an earlier `--predict` run's results.json.
+fn read_prediction(p: &Path) -> Result<ServicePrediction, UserError> {
+    let text =
+        std::fs::read_to_string(p).map_err(|e| anyhow!("--predicted-from {}: {e}", p.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| anyhow!("--predicted-from {}: not JSON: {e}", p.display()))?;
+    let pred = v
+        .get("http")
+        .and_then(|h| h.get("prediction"))
+        .cloned()
+        .ok_or_else(|| {
+            anyhow!(
+                "--predicted-from {}: no http.prediction in it (was it written by `headroom http --predict`?)",
+                p.display()
+            )
+        })?;
+    serde_json::from_value(pred)
+        .map_err(|e| anyhow!("--predicted-from {}: http.prediction: {e}", p.display()).into())
+}
+
 pub fn http(a: HttpArgs) -> Result<ExitCode, UserError> {
     let cfg = config(&a)?;
+    let earlier = a
+        .predicted_from
+        .as_deref()
+        .map(read_prediction)
+        .transpose()?;
     let created = check_out_dir(&a.out)?;
     let stop = stop_on_ctrl_c();
     let pb = progress_bar(a.quiet);
@@ -329,10 +432,20 @@ pub fn http(a: HttpArgs) -> Result<ExitCode, UserError> {
         pb.set_message(progress_message(p));
     });
     pb.finish_and_clear();
-    let r = result.map_err(|e| {
+    let mut r = result.map_err(|e| {
         discard_out_dir(&created);
         le(e)
     })?;
+    if let (Some(mut p), Some(h)) = (earlier, r.http.as_mut()) {
+        let mut o = h
+            .prediction
+            .take()
+            .and_then(|x| x.observed)
+            .unwrap_or_default();
+        o.compare(p.first_oom_concurrency);
+        p.observed = Some(o);
+        h.prediction = Some(p);
+    }
     // The summary table says it otherwise; with --json, say once on stderr.
     if a.json && !a.quiet {
         for m in r.memory_sources.iter().filter(|m| m.status == "absent") {
@@ -654,6 +767,22 @@ mod tests {
         assert_eq!(c.metric_rules.len(), 1);
         assert_eq!(c.thresholds.len(), 1);
         assert!(cfg(&["--no-nvml"]).unwrap().nvml.is_none());
+        // --predict: a gentle default load, and the prediction asked for.
+        let c = cfg(&["--predict", "--metrics-url", "http://127.0.0.1:9/metrics"]).unwrap();
+        assert_eq!(c.stages[0].load, Load::Closed(PREDICT_CONCURRENCY));
+        assert_eq!(
+            c.stages[0].duration,
+            Some(Duration::from_secs(PREDICT_SECONDS))
+        );
+        assert!(c.predict.is_some() && !c.stop_at_first_oom);
+        // --ramp-until-oom: the default ramp, each step --step-duration long.
+        let c = cfg(&["--ramp-until-oom", "--step-duration", "2s"]).unwrap();
+        assert!(c.stop_at_first_oom);
+        assert_eq!(c.stages.len(), DEFAULT_RAMP.len());
+        assert_eq!(c.stages[3].load, Load::Closed(DEFAULT_RAMP[3] as usize));
+        assert_eq!(c.stages[3].duration, Some(Duration::from_secs(2)));
+        let c = cfg(&["--ramp-until-oom", "--stages", "1:1s,5:1s"]).unwrap();
+        assert_eq!(c.stages.len(), 2);
     }
 
     #[test]
@@ -675,6 +804,20 @@ mod tests {
             &["--what-if", "nope:1"],
             &["--threads", "0"],
             &["--metrics-interval", "1ms"],
+            &["--predict"],
+            &["--predict", "--metrics-url", "http://x/m", "--no-probe"],
+            &[
+                "--predict",
+                "--metrics-url",
+                "http://x/m",
+                "--predict-seeds",
+                "0",
+            ],
+            &["--ramp-until-oom", "-c", "4"],
+            &["--ramp-until-oom", "-z", "10s"],
+            &["--ramp-until-oom", "--step-duration", "soon"],
+            &["--ramp-until-oom", "--predict"],
+            &["--predicted-from", "x.json"],
         ] {
             assert!(cfg(bad).is_err(), "{bad:?} was accepted");
         }

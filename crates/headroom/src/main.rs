@@ -9,6 +9,7 @@ mod replay_cmd;
 mod replay_ranks;
 mod run_cmd;
 mod serve_cmd;
+mod watch_cmd;
 mod workload_args;
 
 use std::process::ExitCode;
@@ -52,6 +53,9 @@ enum Command {
     /// service's memory on the same timeline (NVML, --metrics-url, the probe); write
     /// report.html and results.json.
     Http(Box<http_cmd::HttpArgs>),
+    /// Watch the memory of running services (one or more metrics URLs, e.g. every rank of
+    /// a torchrun job) on one timeline, without load; Ctrl-C or -z ends it.
+    Watch(watch_cmd::WatchArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -87,6 +91,7 @@ fn main() -> ExitCode {
         Command::Predict(a) => predict_cmd::predict(*a),
         Command::Serve(a) => serve_cmd::serve(*a),
         Command::Http(a) => http_cmd::http(*a),
+        Command::Watch(a) => watch_cmd::watch(a),
         Command::Bench(BenchCommand::Http(a)) => http_cmd::bench_http(a),
         Command::Bench(BenchCommand::Alloc(a)) => replay_cmd::bench_alloc(a),
         Command::Bench(BenchCommand::Models(a)) => bench_models_cmd::bench_models(*a),

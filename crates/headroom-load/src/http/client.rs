@@ -262,11 +262,27 @@ pub async fn connect(target: &Target, timeout: Duration) -> std::result::Result<
     Err(last)
 }
 
-/// What an answer was: its status and the body bytes read.
+/// What an answer was: its status, the body bytes read, and whether it was a 5xx whose body
+/// names a CUDA out-of-memory error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Answer {
     pub status: u16,
     pub body_bytes: u64,
+    pub oom: bool,
+}
+
+/// How much of a 5xx body is searched for an OOM message: services put PyTorch's message
+/// (or the exception's name) near the start of their error answer.
+const OOM_SCAN_BYTES: usize = 64 * 1024;
+
+/// Whether an error body names a CUDA OOM: PyTorch's message (`CUDA out of memory`) or its
+/// exception (`torch.OutOfMemoryError`, `torch.cuda.OutOfMemoryError`). Many services answer
+/// 500, 503 or 507 with it; counting those as "other errors" hides the OOM.
+pub fn body_names_oom(body: &[u8]) -> bool {
+    const NEEDLES: [&[u8]; 2] = [b"CUDA out of memory", b"OutOfMemoryError"];
+    NEEDLES
+        .iter()
+        .any(|n| body.windows(n.len()).any(|w| w == *n))
 }
 
 /// Sends one request and reads the whole answer, driving the connection's I/O meanwhile.
@@ -283,15 +299,23 @@ pub async fn exchange(
         let status = resp.status().as_u16();
         let mut body = resp.into_body();
         let mut n = 0u64;
+        // Only 5xx bodies are kept (the first bytes), to look for an OOM message: the hot
+        // path of ok answers copies nothing.
+        let mut head: Vec<u8> = Vec::new();
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| ErrorKind::of(&e))?;
             if let Some(d) = frame.data_ref() {
                 n += d.len() as u64;
+                if status >= 500 && head.len() < OOM_SCAN_BYTES {
+                    let take = d.len().min(OOM_SCAN_BYTES - head.len());
+                    head.extend_from_slice(&d[..take]);
+                }
             }
         }
         Ok(Answer {
             status,
             body_bytes: n,
+            oom: status >= 500 && body_names_oom(&head),
         })
     };
     let mut fut = std::pin::pin!(fut);

@@ -12,8 +12,11 @@
 //! - [`record`]: per-thread HDR histograms and counters; coordinated-omission correction.
 //! - [`prometheus`]: the text exposition format, and known metric names mapped to memory.
 //! - [`sample`]: the memory sampler (scraped endpoint, NVML) on the load's clock.
+//! - [`predict`]: `--predict` (the OOM concurrency per device and config, size caps,
+//!   per-request attribution) and `--ramp-until-oom`'s comparison with it.
 //! - [`probe`]: snapshots from `python/headroom_probe.py`, replays, findings.
 //! - [`mod@run`]: [`HttpConfig`] and [`run()`](run::run), the whole run.
+//! - [`watch`]: `headroom watch`: several endpoints (ranks) on one timeline, no load.
 //! - [`server`]: a small loopback server for tests and `headroom bench http`.
 //!
 //! ```no_run
@@ -35,11 +38,13 @@
 pub mod body;
 pub mod client;
 pub mod load;
+pub mod predict;
 pub mod probe;
 pub mod prometheus;
 pub mod record;
 pub mod run;
 pub mod sample;
 pub mod server;
+pub mod watch;
 
 pub use run::{run, HttpConfig};

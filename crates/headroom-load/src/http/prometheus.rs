@@ -716,6 +716,10 @@ pub fn parse_selector(s: &str) -> Result<Selector, String> {
 /// The metric a `headroom_probe.py` endpoint always exports: it marks the endpoint as a
 /// probe (snapshots can be fetched from it).
 pub const PROBE_INFO_METRIC: &str = "headroom_probe_info";
+/// The probe's per-device capacity: what the process may reserve (fraction × total).
+pub const PROBE_CAPACITY_METRIC: &str = "torch_cuda_device_capacity_bytes";
+/// The probe's per-device `get_per_process_memory_fraction`.
+pub const PROBE_FRACTION_METRIC: &str = "torch_cuda_memory_fraction";
 /// The probe's per-key `torch.cuda.memory_stats()` family.
 pub const PROBE_STATS_METRIC: &str = "torch_cuda_memory_stats";
 /// `headroom serve`'s per-key `memory_stats()` family.
@@ -822,6 +826,10 @@ impl MetricMap {
                 Probe,
             ),
             (DeviceUsed, s("torch_cuda_device_used_bytes"), Probe),
+            // What the process may reserve (fraction x total, per device) comes before the
+            // card's size: a service capped with set_per_process_memory_fraction runs out
+            // there. Older probes export only the total.
+            (Capacity, s(PROBE_CAPACITY_METRIC), Probe),
             (Capacity, s("torch_cuda_device_total_bytes"), Probe),
             (NumOoms, s("headroom_probe_ooms_total"), Probe),
             (DeviceUsed, s("DCGM_FI_DEV_FB_USED").scaled(MIB), Dcgm),

@@ -38,7 +38,12 @@ pub fn new_hist() -> Histogram<u64> {
 /// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    Answer { status: u16, body_bytes: u64 },
+    /// `oom`: a 5xx whose body names a CUDA OOM.
+    Answer {
+        status: u16,
+        body_bytes: u64,
+        oom: bool,
+    },
     Error(ErrorKind),
 }
 
@@ -73,6 +78,8 @@ pub struct StageAcc {
     pub shed_n: u64,
     /// 4xx and 5xx answers other than 503.
     pub failed_status_n: u64,
+    /// Of those, 5xx answers whose body names a CUDA OOM.
+    pub oom_n: u64,
     pub bytes_in: u64,
     pub bytes_out: u64,
 }
@@ -89,6 +96,7 @@ impl Default for StageAcc {
             ok_n: 0,
             shed_n: 0,
             failed_status_n: 0,
+            oom_n: 0,
             bytes_in: 0,
             bytes_out: 0,
         }
@@ -129,6 +137,7 @@ impl StageAcc {
         self.ok_n += o.ok_n;
         self.shed_n += o.shed_n;
         self.failed_status_n += o.failed_status_n;
+        self.oom_n += o.oom_n;
         self.bytes_in += o.bytes_in;
         self.bytes_out += o.bytes_out;
     }
@@ -201,10 +210,15 @@ impl Acc {
         }
         let bk = &mut self.buckets[b];
         match d.outcome {
-            Outcome::Answer { status, body_bytes } => {
+            Outcome::Answer {
+                status,
+                body_bytes,
+                oom,
+            } => {
                 st.bytes_in += body_bytes;
                 add_status(&mut st.statuses, status, 1);
-                if status == 503 {
+                // A 503 that says CUDA OOM is a failure, not load shedding.
+                if status == 503 && !oom {
                     st.shed_n += 1;
                     rec(&mut st.shed, d.latency_us);
                     bk.shed += 1;
@@ -218,6 +232,7 @@ impl Acc {
                     bk.ok_latency_sum_us += d.latency_us;
                 } else {
                     st.failed_status_n += 1;
+                    st.oom_n += u64::from(oom);
                     if status < 500 {
                         bk.client_error += 1;
                     } else {
@@ -362,6 +377,7 @@ mod tests {
             t_done_s: t,
             outcome: Outcome::Answer {
                 status,
+                oom: false,
                 body_bytes: 10,
             },
             bytes_out: 5,

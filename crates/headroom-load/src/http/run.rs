@@ -40,6 +40,7 @@ use crate::error::{LoadError, Result};
 use crate::http::body::{Bodies, BodySpec};
 use crate::http::client::{self, Conn, ErrorKind, RequestTemplate, Target};
 use crate::http::load::{Arrival, HttpStage, Load, Schedule};
+use crate::http::predict::{device_capacities, observed, predict, DeviceCapacity};
 use crate::http::prometheus::{MetricMap, Selector, Target as MetricTarget};
 use crate::http::record::{self, Done, Outcome, Recorder, StageAcc, Totals};
 use crate::http::sample::{self, Sampler, Scrape};
@@ -70,6 +71,9 @@ pub struct HttpConfig {
     pub seed: u64,
     /// A Prometheus endpoint to scrape for memory (`--metrics-url`).
     pub metrics_url: Option<String>,
+    /// More endpoints (`--metrics-url` repeated: the other ranks of a job), summed with the
+    /// first onto the one timeline.
+    pub more_metrics_urls: Vec<String>,
     pub metrics_interval: Duration,
     /// `--metric TARGET=SELECTOR`, tried before the known names.
     pub metric_rules: Vec<(MetricTarget, Selector)>,
@@ -86,6 +90,12 @@ pub struct HttpConfig {
     pub what_if: Vec<String>,
     /// Connect once before the run and fail (exit 2) if nothing listens.
     pub check_target: bool,
+    /// `--ramp-until-oom`: end the run at the first OOM (an answer naming a CUDA OOM, or the
+    /// service's OOM counter rising), so a ramp finds the OOM point without hammering on.
+    pub stop_at_first_oom: bool,
+    /// `--predict`: after the run, predict from the probe's trace the concurrency at which
+    /// the service runs out of memory (see [`crate::http::predict`]).
+    pub predict: Option<crate::http::predict::PredictOptions>,
 }
 
 impl HttpConfig {
@@ -106,6 +116,7 @@ impl HttpConfig {
             threads: 0,
             seed: 1,
             metrics_url: None,
+            more_metrics_urls: Vec::new(),
             metrics_interval: Duration::from_millis(250),
             metric_rules: Vec::new(),
             nvml: None,
@@ -118,6 +129,8 @@ impl HttpConfig {
                 .map(|s| s.to_string())
                 .collect(),
             check_target: true,
+            stop_at_first_oom: false,
+            predict: None,
         }
     }
 
@@ -190,7 +203,7 @@ struct Prepared {
     template: RequestTemplate,
     bodies: Bodies,
     method: String,
-    scrape: Option<Scrape>,
+    scrapes: Vec<Scrape>,
     blocking: Vec<Arc<dyn MemorySource>>,
     absent: Vec<MemorySourceInfo>,
 }
@@ -206,28 +219,25 @@ async fn prepare(cfg: &HttpConfig) -> Result<Prepared> {
         .clone()
         .unwrap_or_else(|| if bodies.is_empty() { "GET" } else { "POST" }.to_string());
     let template = RequestTemplate::new(&target, &method, &cfg.headers, bodies.content_type())?;
-    let scrape = match &cfg.metrics_url {
-        None => None,
-        Some(u) => {
-            let t =
-                client::resolve(u).map_err(|e| LoadError::Http(format!("--metrics-url {e}")))?;
-            let s = Scrape {
-                url: u.clone(),
-                target: t,
-                map: MetricMap::with_user(cfg.metric_rules.clone()),
-            };
-            let first = sample::scrape(&s, scrape_timeout(cfg))
-                .await
-                .map_err(|e| LoadError::Http(format!("--metrics-url {u}: {e}")))?;
-            if first.reading.is_empty() {
-                warn!(
-                    url = %u,
-                    "the metrics endpoint exports no memory metric Headroom knows; map one with --metric"
-                );
-            }
-            Some(s)
+    let mut scrapes = Vec::new();
+    for u in cfg.metrics_url.iter().chain(cfg.more_metrics_urls.iter()) {
+        let t = client::resolve(u).map_err(|e| LoadError::Http(format!("--metrics-url {e}")))?;
+        let s = Scrape {
+            url: u.clone(),
+            target: t,
+            map: MetricMap::with_user(cfg.metric_rules.clone()),
+        };
+        let first = sample::scrape(&s, scrape_timeout(cfg))
+            .await
+            .map_err(|e| LoadError::Http(format!("--metrics-url {u}: {e}")))?;
+        if first.reading.is_empty() {
+            warn!(
+                url = %u,
+                "the metrics endpoint exports no memory metric Headroom knows; map one with --metric"
+            );
         }
-    };
+        scrapes.push(s);
+    }
     let mut blocking: Vec<Arc<dyn MemorySource>> = cfg.memory_sources.clone();
     let mut absent = Vec::new();
     if let Some(dev) = &cfg.nvml {
@@ -264,7 +274,7 @@ async fn prepare(cfg: &HttpConfig) -> Result<Prepared> {
         template,
         bodies,
         method,
-        scrape,
+        scrapes,
         blocking,
         absent,
     })
@@ -302,6 +312,8 @@ struct Ctx {
     finished: AtomicU64,
     shed: AtomicU64,
     failed: AtomicU64,
+    /// Answers whose body named a CUDA OOM.
+    oom_answers: AtomicU64,
     in_flight: AtomicUsize,
     peak_in_flight: Vec<AtomicUsize>,
     connections: AtomicU64,
@@ -376,6 +388,7 @@ async fn one_request(
         Ok(Ok(a)) => Outcome::Answer {
             status: a.status,
             body_bytes: a.body_bytes,
+            oom: a.oom,
         },
         Ok(Err(k)) => {
             *conn = None;
@@ -400,10 +413,18 @@ async fn one_request(
         bytes_out,
     });
     match outcome {
-        Outcome::Answer { status: 503, .. } => {
+        Outcome::Answer {
+            status: 503,
+            oom: false,
+            ..
+        } => {
             ctx.shed.fetch_add(1, Ordering::Relaxed);
         }
         Outcome::Answer { status, .. } if status < 400 => {}
+        Outcome::Answer { oom: true, .. } => {
+            ctx.failed.fetch_add(1, Ordering::Relaxed);
+            ctx.oom_answers.fetch_add(1, Ordering::Relaxed);
+        }
         _ => {
             ctx.failed.fetch_add(1, Ordering::Relaxed);
         }
@@ -610,8 +631,8 @@ pub fn run(
         s.stop();
     }
     rt.shutdown_background();
-    let mut r = result?;
-    finish(cfg, &mut r);
+    let (mut r, caps) = result?;
+    finish(cfg, &mut r, &caps);
     Ok(r)
 }
 
@@ -621,7 +642,7 @@ async fn drive(
     shards: Option<&Shards>,
     stop: &AtomicBool,
     progress: &mut impl FnMut(&Progress),
-) -> Result<RunResult> {
+) -> Result<(RunResult, Vec<DeviceCapacity>)> {
     let open = cfg.is_open();
     let planned = cfg.planned_s();
     let bucket_s = match planned {
@@ -630,7 +651,7 @@ async fn drive(
     };
     // The memory sampler: a sample before the first request (the baseline, at t = 0), then
     // one per interval on the run's clock.
-    let mut sampler = Sampler::new(prep.scrape, prep.blocking, scrape_timeout(cfg));
+    let mut sampler = Sampler::new(prep.scrapes, prep.blocking, scrape_timeout(cfg));
     let latest: Arc<Mutex<MemoryReading>> = Arc::new(Mutex::new(MemoryReading::default()));
     let sampler_stop = Arc::new(AtomicBool::new(false));
     let has_sources = sampler.has_sources();
@@ -640,6 +661,7 @@ async fn drive(
         readings.push((0.0, r, 0));
         *latest.lock() = r;
     }
+    let readings_first = readings.first().and_then(|r| r.1.num_ooms);
     let ctx = Arc::new(Ctx {
         head_len: prep.template.head_len(),
         target: prep.target,
@@ -659,6 +681,7 @@ async fn drive(
         finished: AtomicU64::new(0),
         shed: AtomicU64::new(0),
         failed: AtomicU64::new(0),
+        oom_answers: AtomicU64::new(0),
         in_flight: AtomicUsize::new(0),
         peak_in_flight: cfg.stages.iter().map(|_| AtomicUsize::new(0)).collect(),
         connections: AtomicU64::new(0),
@@ -774,6 +797,13 @@ async fn drive(
                 prog.ooms = l.num_ooms.unwrap_or(0);
                 progress(&prog);
             }
+            if cfg.stop_at_first_oom && oom_seen(&ctx, &readings_first, &latest) {
+                stop_reason = StopReason::OomFound;
+                ctx.cancelled.store(true, Ordering::Relaxed);
+                stages_run.push((i, stage_start, ctx.t()));
+                info!(stage = i, "first OOM: the ramp stops");
+                break 'stages;
+            }
             if stop.load(Ordering::Relaxed) {
                 stop_reason = StopReason::Cancelled;
                 ctx.cancelled.store(true, Ordering::Relaxed);
@@ -853,6 +883,13 @@ async fn drive(
             oom_snapshot = o;
         }
     }
+    // --predict needs each device's own capacity: one more scrape, kept whole.
+    let mut caps = Vec::new();
+    if cfg.predict.is_some() {
+        if let Some(u) = sampler.scrape_url() {
+            caps = scrape_capacities(u, scrape_timeout(cfg)).await;
+        }
+    }
 
     let wall_s = load_end;
     let mut infos = sampler.infos();
@@ -884,7 +921,49 @@ async fn drive(
     let mut r = agg.result();
     r.snapshot = snapshot;
     r.oom_snapshot = oom_snapshot;
-    Ok(r)
+    Ok((r, caps))
+}
+
+async fn scrape_capacities(url: &str, timeout: Duration) -> Vec<DeviceCapacity> {
+    let Ok(t) = client::resolve(url) else {
+        return Vec::new();
+    };
+    match client::get(&t, timeout, hyper::Method::GET).await {
+        Ok((200, body)) => match crate::http::prometheus::parse(&String::from_utf8_lossy(&body)) {
+            Ok(e) => device_capacities(&e),
+            Err(_) => Vec::new(),
+        },
+        _ => Vec::new(),
+    }
+}
+
+/// Per device, what the process held beyond PyTorch's reserved bytes (the CUDA context,
+/// libraries), as NVML saw it: the most over the run. NVML samples one device, taken as the
+/// process's device 0.
+fn overhead(r: &RunResult) -> BTreeMap<usize, u64> {
+    let oh = r
+        .timeline
+        .iter()
+        .filter(|s| s.reserved_bytes > 0)
+        .filter_map(|s| {
+            s.process_used_bytes
+                .map(|u| u.saturating_sub(s.reserved_bytes))
+        })
+        .max();
+    oh.map(|v| BTreeMap::from([(0usize, v)]))
+        .unwrap_or_default()
+}
+
+/// Whether the run has met an OOM: an answer naming one, or the service's counter above
+/// where it started.
+fn oom_seen(ctx: &Ctx, first: &Option<u64>, latest: &Mutex<MemoryReading>) -> bool {
+    if ctx.oom_answers.load(Ordering::Relaxed) > 0 {
+        return true;
+    }
+    match (first, latest.lock().num_ooms) {
+        (Some(a), Some(b)) => b > *a,
+        _ => false,
+    }
 }
 
 /// OOMs the service's counter shows during the run: (last − first), when exported.
@@ -894,8 +973,8 @@ fn ooms_during(readings: &[Tick]) -> Option<u64> {
     Some(last.saturating_sub(first))
 }
 
-/// The replays, findings and thresholds, after the runtime is gone.
-fn finish(cfg: &HttpConfig, r: &mut RunResult) {
+/// The replays, prediction, findings and thresholds, after the runtime is gone.
+fn finish(cfg: &HttpConfig, r: &mut RunResult, caps: &[DeviceCapacity]) {
     if let Some(s) = &r.snapshot {
         let own = headroom_alloc::AllocatorConfig::from_settings(&s.allocator_settings)
             .map(|c| c.to_string())
@@ -914,6 +993,21 @@ fn finish(cfg: &HttpConfig, r: &mut RunResult) {
             1 << 50
         };
         r.what_if = crate::diagnose::what_if_snapshot(s, cap, &own, &cfg.what_if);
+        if let Some(po) = &cfg.predict {
+            let gentle = r.stages.iter().map(|s| s.concurrency).max().unwrap_or(1);
+            let p = predict(s, caps, &overhead(r), &own, &cfg.what_if, gentle, po);
+            if let Some(h) = r.http.as_mut() {
+                h.prediction = Some(p);
+            }
+        }
+    }
+    if cfg.stop_at_first_oom {
+        let mut o = observed(r);
+        if let Some(h) = r.http.as_mut() {
+            let mine = h.prediction.as_ref().and_then(|p| p.first_oom_concurrency);
+            o.compare(mine);
+            h.prediction.get_or_insert_with(Default::default).observed = Some(o);
+        }
     }
     r.findings = crate::http::probe::findings(r);
     r.thresholds = evaluate_thresholds(&cfg.thresholds, r);
@@ -944,8 +1038,8 @@ fn summary(s: &StageAcc) -> RequestSummary {
     RequestSummary {
         total: s.total,
         ok: s.ok_n,
-        oom: 0,
-        other_errors: s.failed_status_n + s.errors_total(),
+        oom: s.oom_n,
+        other_errors: (s.failed_status_n - s.oom_n.min(s.failed_status_n)) + s.errors_total(),
         items: s.ok_n,
         stopped: 0,
     }
@@ -1331,7 +1425,7 @@ impl Aggregate<'_> {
             latency: record::stats(lat_all.as_ref(), all.ok_n),
             throughput: throughput(all.ok_n, self.wall_s),
             errors: ErrorCounts {
-                oom: service_ooms.unwrap_or(0),
+                oom: service_ooms.unwrap_or(0).max(all.oom_n),
                 by_kind,
             },
             stages,
@@ -1384,6 +1478,7 @@ impl Aggregate<'_> {
                 memory_series: series,
                 service_ooms,
                 probe: self.probe,
+                prediction: None,
             }),
         }
     }

@@ -2,7 +2,10 @@
 //! (NVML), read together at every tick onto the load's time axis.
 //!
 //! Design note: one tick reads every source and merges their readings (the first source to
-//! know a field wins: the endpoint before NVML, since the service knows its own allocator),
+//! know a field wins: the endpoints before NVML, since the service knows its own allocator),
+//! Several endpoints (the ranks of a torchrun job, one probe port each) are summed field by
+//! field into one reading: the job's memory on one timeline (the first endpoint is the one
+//! whose snapshot the run fetches).
 //! so every timeline sample is one moment of all sources. A tick is stamped at the middle
 //! of its reads. Blocking sources run on tokio's blocking pool so a slow NVML call never
 //! stalls the load's tasks. A source that fails is counted and warned about once; the run
@@ -39,7 +42,7 @@ pub async fn scrape(s: &Scrape, timeout: Duration) -> Result<Mapped, String> {
 }
 
 pub struct Sampler {
-    scrape: Option<(Scrape, MemorySourceInfo)>,
+    scrapes: Vec<(Scrape, MemorySourceInfo)>,
     blocking: Vec<(Arc<dyn MemorySource>, MemorySourceInfo)>,
     timeout: Duration,
     /// The endpoint is a `headroom_probe.py`.
@@ -57,13 +60,37 @@ fn note_series(info: &mut MemorySourceInfo, r: &MemoryReading) {
     }
 }
 
+/// Adds `r` into `acc`, field by field (a field is known when any endpoint knows it).
+pub fn add_reading(acc: &mut MemoryReading, r: &MemoryReading) {
+    macro_rules! add {
+        ($($f:ident),*) => { $(
+            acc.$f = match (acc.$f, r.$f) {
+                (Some(a), Some(b)) => Some(a.saturating_add(b)),
+                (a, b) => a.or(b),
+            };
+        )* };
+    }
+    add!(
+        allocated,
+        reserved,
+        active,
+        inactive_split,
+        max_allocated,
+        max_reserved,
+        process_used,
+        device_used,
+        capacity,
+        num_ooms
+    );
+}
+
 impl Sampler {
     pub fn new(
-        scrape: Option<Scrape>,
+        scrapes: Vec<Scrape>,
         blocking: Vec<Arc<dyn MemorySource>>,
         timeout: Duration,
     ) -> Sampler {
-        let scrape = scrape.map(|s| {
+        let scrapes = scrapes.into_iter().map(|s| {
             let info = MemorySourceInfo {
                 name: format!("prometheus {}", s.url),
                 kind: "prometheus".into(),
@@ -71,6 +98,7 @@ impl Sampler {
             };
             (s, info)
         });
+        let scrapes = scrapes.collect();
         let blocking = blocking
             .into_iter()
             .map(|b| {
@@ -83,7 +111,7 @@ impl Sampler {
             })
             .collect();
         Sampler {
-            scrape,
+            scrapes,
             blocking,
             timeout,
             is_probe: false,
@@ -94,18 +122,19 @@ impl Sampler {
 
     /// Whether there is anything to sample.
     pub fn has_sources(&self) -> bool {
-        self.scrape.is_some() || !self.blocking.is_empty()
+        !self.scrapes.is_empty() || !self.blocking.is_empty()
     }
 
     /// The endpoint's URL.
     pub fn scrape_url(&self) -> Option<&str> {
-        self.scrape.as_ref().map(|s| s.0.url.as_str())
+        self.scrapes.first().map(|s| s.0.url.as_str())
     }
 
     /// Reads every source once and merges the readings.
     pub async fn read(&mut self) -> MemoryReading {
         let mut reading = MemoryReading::default();
-        if let Some((s, info)) = &mut self.scrape {
+        let mut summed = MemoryReading::default();
+        for (s, info) in &mut self.scrapes {
             match scrape(s, self.timeout).await {
                 Ok(m) => {
                     info.samples += 1;
@@ -121,7 +150,7 @@ impl Sampler {
                         }
                         self.last_stats = m.memory_stats;
                     }
-                    reading.fill_from(&m.reading);
+                    add_reading(&mut summed, &m.reading);
                 }
                 Err(e) => {
                     if info.failures == 0 {
@@ -132,6 +161,7 @@ impl Sampler {
                 }
             }
         }
+        reading.fill_from(&summed);
         for (src, info) in &mut self.blocking {
             let s = src.clone();
             let r = tokio::task::spawn_blocking(move || s.sample())
@@ -157,7 +187,7 @@ impl Sampler {
 
     /// Every source with its tally.
     pub fn infos(&self) -> Vec<MemorySourceInfo> {
-        let mut v: Vec<MemorySourceInfo> = self.scrape.iter().map(|s| s.1.clone()).collect();
+        let mut v: Vec<MemorySourceInfo> = self.scrapes.iter().map(|s| s.1.clone()).collect();
         v.extend(self.blocking.iter().map(|b| b.1.clone()));
         for i in &mut v {
             i.status = if i.samples > 0 { "ok" } else { "failing" }.into();

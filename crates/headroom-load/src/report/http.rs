@@ -131,6 +131,9 @@ pub fn render_http_html(r: &RunResult) -> String {
     );
     levels(&mut h, r, hr);
 
+    if let Some(p) = &hr.prediction {
+        super::http_predict::html_section(&mut h, r, p);
+    }
     findings_section(&mut h, r);
     if let Some(p) = &hr.probe {
         probe_section(&mut h, p);
@@ -468,6 +471,7 @@ pub fn http_summary_table(r: &RunResult) -> String {
         r.wall_s,
         match r.stop_reason {
             StopReason::Cancelled => "CANCELLED: partial results",
+            StopReason::OomFound => "stopped at the first OOM (--ramp-until-oom)",
             _ => "completed",
         },
         hr.body
@@ -488,6 +492,7 @@ pub fn http_summary_table(r: &RunResult) -> String {
                 fmt_ms(s.latency.p50_ms),
                 fmt_ms(s.latency.p99_ms),
                 hs.map(|x| x.shed).unwrap_or(0).to_string(),
+                s.requests.oom.to_string(),
                 s.requests.other_errors.to_string(),
                 fmt_bytes(s.peak_allocated_bytes),
                 fmt_bytes(s.peak_reserved_bytes),
@@ -505,19 +510,21 @@ pub fn http_summary_table(r: &RunResult) -> String {
             "p50",
             "p99",
             "503",
+            "oom",
             "errors",
             "peak alloc",
             "peak reserved",
         ],
         &rows,
-        &[true; 11],
+        &[true; 12],
     );
     let _ = writeln!(
         o,
-        "total  {} requests ({} ok, {} shed 503, {} errors, {} dropped, {} aborted)  {:.1} ok/s",
+        "total  {} requests ({} ok, {} shed 503, {} OOM, {} errors, {} dropped, {} aborted)  {:.1} ok/s",
         r.requests.total,
         r.requests.ok,
         hr.shed,
+        r.requests.oom,
         r.requests.other_errors,
         hr.dropped,
         hr.aborted,
@@ -574,6 +581,9 @@ pub fn http_summary_table(r: &RunResult) -> String {
             }
         );
     }
+    if let Some(p) = &hr.prediction {
+        super::http_predict::terminal_lines(&mut o, p);
+    }
     // As before, this summary leaves each finding's saving to the HTML report.
     super::terminal::finding_lines(&mut o, r, false);
     super::terminal::threshold_lines(&mut o, r);
@@ -621,7 +631,7 @@ mod tests {
             .lines()
             .filter(|l| {
                 let f: Vec<&str> = l.split_whitespace().collect();
-                f.len() >= 11 && f[0].parse::<usize>().is_ok() && f[1].starts_with("c=")
+                f.len() >= 12 && f[0].parse::<usize>().is_ok() && f[1].starts_with("c=")
             })
             .count();
         assert_eq!(rows, 2, "{s}");

@@ -9,6 +9,7 @@
 
 pub mod html;
 pub mod http;
+pub mod http_predict;
 pub mod plots;
 pub mod terminal;
 

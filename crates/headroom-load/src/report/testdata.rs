@@ -504,6 +504,7 @@ pub fn synthetic_http(open: bool) -> RunResult {
         memory_series: vec!["allocated".into(), "reserved".into(), "capacity".into()],
         service_ooms: Some(0),
         probe: None,
+        prediction: None,
     });
     r
 }

@@ -29,6 +29,7 @@ pub mod concurrency;
 pub mod diff;
 pub mod error;
 pub mod pickle;
+pub mod recommend;
 pub mod replay;
 pub mod rmm;
 

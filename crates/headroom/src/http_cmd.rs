@@ -130,7 +130,8 @@ pub struct HttpArgs {
     /// Do not fetch the probe's snapshots at the end.
     #[arg(long = "no-probe")]
     no_probe: bool,
-    /// Extra allocator configs to replay the probe's trace under.
+    /// Extra allocator configs to replay the probe's trace under. Default:
+    /// $PYTORCH_CUDA_ALLOC_CONF when set.
     #[arg(long = "what-if", value_name = "CONF")]
     what_if: Vec<String>,
     /// k6-style threshold, repeatable: 'p99<200ms', 'error_rate<1%', 'shed_rate<0.2',
@@ -229,6 +230,12 @@ fn config(a: &HttpArgs) -> Result<HttpConfig, UserError> {
     }
     c.probe = !a.no_probe;
     c.what_if.extend(a.what_if.iter().cloned());
+    // The service's own config is the service's; the shell's PYTORCH_CUDA_ALLOC_CONF is the
+    // config to compare it with, when no --what-if names one.
+    if let Some(e) = crate::replay_cmd::env_alloc_conf(!a.what_if.is_empty()) {
+        crate::replay_cmd::parse_env_conf(&e)?;
+        c.what_if.push(e);
+    }
     c.thresholds = parse_thresholds(&a.threshold).map_err(le)?;
     c.validate().map_err(le)?;
     Ok(c)

@@ -2,6 +2,7 @@
 
 mod bench_models_cmd;
 mod claims_cmd;
+mod diff_cmd;
 mod http_cmd;
 mod loadtest_cmd;
 mod predict_cmd;
@@ -50,6 +51,9 @@ enum Command {
     /// service's memory on the same timeline (NVML, --metrics-url, the probe); write
     /// report.html and results.json.
     Http(Box<http_cmd::HttpArgs>),
+    /// Compare two snapshots (peaks, reserved, fragmentation, allocation sites) or two
+    /// results JSON, with thresholds for CI (exit 99 when one is broken).
+    Diff(diff_cmd::DiffArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -85,6 +89,7 @@ fn main() -> ExitCode {
         Command::Predict(a) => predict_cmd::predict(a),
         Command::Serve(a) => serve_cmd::serve(*a),
         Command::Http(a) => http_cmd::http(*a),
+        Command::Diff(a) => diff_cmd::diff(a),
         Command::Bench(BenchCommand::Http(a)) => http_cmd::bench_http(a),
         Command::Bench(BenchCommand::Alloc(a)) => replay_cmd::bench_alloc(a),
         Command::Bench(BenchCommand::Models(a)) => bench_models_cmd::bench_models(*a),

@@ -20,6 +20,7 @@ pub struct PredictArgs {
     /// resnet50, resnet18, gpt2 (124M) or mlp (1024-4096-4096-1000).
     #[arg(long)]
     model: String,
+    /// Samples (sequences for gpt2) per step.
     #[arg(long, default_value_t = 1)]
     batch: usize,
     /// Sequence length (gpt2).
@@ -43,7 +44,8 @@ pub struct PredictArgs {
     /// f32 or bf16.
     #[arg(long, default_value = "f32")]
     dtype: String,
-    /// Allocator config in PYTORCH_CUDA_ALLOC_CONF syntax.
+    /// Allocator config in PYTORCH_CUDA_ALLOC_CONF syntax. Default: $PYTORCH_CUDA_ALLOC_CONF
+    /// when set, else PyTorch's default.
     #[arg(long = "alloc-conf", value_name = "CONF")]
     alloc_conf: Option<String>,
     /// Simulated GPU capacity, e.g. 80GiB. Default: unbounded.
@@ -52,6 +54,7 @@ pub struct PredictArgs {
     /// Find the largest batch that fits in --capacity (doubling, then bisection).
     #[arg(long = "max-batch")]
     max_batch: bool,
+    /// Print JSON (peaks, categories at the peak, memory_stats keys) instead of tables.
     #[arg(long)]
     json: bool,
 }
@@ -63,7 +66,11 @@ fn options(a: &PredictArgs) -> Result<PredictOptions, UserError> {
         "bf16" | "bfloat16" => DType::BF16,
         other => return Err(anyhow!("unknown dtype {other:?} (expected f32, bf16)").into()),
     };
-    let alloc_conf = match a.alloc_conf.as_deref() {
+    let env = crate::replay_cmd::env_alloc_conf(a.alloc_conf.is_some());
+    if let Some(e) = &env {
+        crate::replay_cmd::parse_env_conf(e)?;
+    }
+    let alloc_conf = match a.alloc_conf.as_deref().or(env.as_deref()) {
         None | Some("") | Some("default") => AllocatorConfig::default(),
         Some(c) => AllocatorConfig::parse(c).with_context(|| format!("bad --alloc-conf {c:?}"))?,
     };

@@ -262,6 +262,9 @@ fn parse_ramps(s: &str, max_workers: usize) -> std::result::Result<Vec<StageSpec
     let mut from = 0.0;
     for (i, &(duration, target)) in targets.iter().enumerate() {
         let to = value(target);
+        if from == 0.0 && to == 0.0 {
+            return Err(format!("stage {}: holds no load (0 to 0)", i + 1));
+        }
         let steps = if from == to {
             1
         } else {
@@ -279,9 +282,6 @@ fn parse_ramps(s: &str, max_workers: usize) -> std::result::Result<Vec<StageSpec
                 StageLoad::Workers(_) => StageLoad::Workers(mid.ceil().max(1.0) as usize),
                 StageLoad::Rate(_) => StageLoad::Rate(mid),
             };
-            if value(load) <= 0.0 {
-                return Err(format!("stage {}: holds no load (0 to 0)", i + 1));
-            }
             // The last step takes the rounding remainder, so the stages add up to DURATION.
             let d = if k + 1 == steps {
                 duration - step * (steps as u32 - 1)

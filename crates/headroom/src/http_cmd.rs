@@ -100,7 +100,7 @@ pub struct HttpArgs {
     /// Client threads (default: one per core).
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
-    /// A Prometheus endpoint with the service's memory (headroom serve, headroom_probe.py,
+    /// A Prometheus endpoint with the service's memory (headroom serve, headroom.probe,
     /// DCGM exporter, Triton, or any with --metric).
     #[arg(long = "metrics-url", value_name = "URL")]
     metrics_url: Option<String>,

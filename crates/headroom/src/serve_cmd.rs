@@ -72,6 +72,7 @@ pub struct ServeArgs {
     /// Largest request body.
     #[arg(long = "max-body", default_value = "4MiB", value_name = "SIZE")]
     max_body: String,
+    /// Address to listen on (0.0.0.0: every interface).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     /// 0: any free port (the bound address is printed).

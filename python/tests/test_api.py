@@ -55,13 +55,13 @@ def test_min_capacity_matches_the_cli_and_never_ooms(cli, traces):
 
 
 def test_min_capacity_printed_by_the_cli_never_ooms(cli, traces):
-    # The table's figure, passed back as --capacity, must fit (it is rounded up).
+    # The table's figure, passed back as --capacity, must fit (it is printed exactly).
     t = min(traces, key=lambda p: p.stat().st_size)
     out = run([cli, "replay", str(t), "--min-capacity"]).stdout
     header, _, row = out.splitlines()[1:4]
     start = header.index("min capacity")
     printed = row[start - 4:].split("  ")[-1].strip()
-    assert headroom.parse_size(printed) >= headroom.min_capacity(t), (printed, out)
+    assert headroom.parse_size(printed) == headroom.min_capacity(t), (printed, out)
     (r,) = cli_rows(cli, [str(t), "--capacity", printed])
     assert r["num_ooms"] == 0 and r["oom_event"] is None, printed
 

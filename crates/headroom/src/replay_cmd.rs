@@ -27,7 +27,7 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "SIZE")]
     capacity: Option<String>,
     /// Also search (by bisection, to 2 MiB) for the smallest GPU on which the trace runs
-    /// without OOM; the table's figure is rounded up, so `--capacity` with it never OOMs.
+    /// without OOM; the table prints it exactly (e.g. 3076 MiB), so `--capacity` with it never OOMs.
     #[arg(long)]
     min_capacity: bool,
     /// Print a JSON array, one object per config.
@@ -109,26 +109,23 @@ pub fn parse_env_conf(s: &str) -> Result<AllocatorConfig, UserError> {
         .map_err(UserError)
 }
 
-/// `n` bytes in the unit [`human_bytes`] picks, rounded UP to its two decimals: a figure a
-/// user passes back as `--capacity` (the minimum capacity) must never be below the true
-/// value, or the replay it promises OOMs. Exact values print as [`human_bytes`] does.
-pub fn human_bytes_up(n: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n} B");
+/// `n` bytes exactly, in the largest unit that divides them (`3076 MiB`, `80 GiB`): a figure
+/// a user passes back as `--capacity` (the minimum capacity) must be the true value, and
+/// [`human_bytes`]' two decimals are not (3.0039 GiB prints as "3.00 GiB", which OOMs, and
+/// a rounded-up "3.01 GiB" is not a whole number of bytes, which `--capacity` refuses).
+pub fn human_bytes_exact(n: u64) -> String {
+    for (unit, shift) in [
+        ("PiB", 50),
+        ("TiB", 40),
+        ("GiB", 30),
+        ("MiB", 20),
+        ("KiB", 10),
+    ] {
+        if n >= 1 << shift && n % (1 << shift) == 0 {
+            return format!("{} {unit}", n >> shift);
+        }
     }
-    let mut idx = 0;
-    while idx + 1 < UNITS.len() && n >= 1u64 << (10 * (idx + 2)) {
-        idx += 1;
-    }
-    let div = 1u128 << (10 * (idx + 1));
-    let hundredths = (n as u128 * 100).div_ceil(div);
-    format!(
-        "{}.{:02} {}",
-        hundredths / 100,
-        hundredths % 100,
-        UNITS[idx]
-    )
+    format!("{n} B")
 }
 
 /// `--capacity`; none: the trace's own (see `ReplayOptions::capacity`).
@@ -330,7 +327,7 @@ fn print_table(path: &std::path::Path, capacity: u64, results: &[(String, Replay
             if has_min {
                 row.push(
                     r.min_capacity_bytes
-                        .map(human_bytes_up)
+                        .map(human_bytes_exact)
                         .unwrap_or_else(|| "-".into()),
                 );
             }
@@ -540,7 +537,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn min_capacity_figures_round_up_so_they_fit_when_passed_back() {
+    fn min_capacity_figures_read_back_exactly() {
         // Multiples of 2 MiB (min_capacity's step) and arbitrary sizes, across units.
         let mut cases: Vec<u64> = (1..3000u64).map(|k| k * (2 << 20)).collect();
         cases.extend([
@@ -553,14 +550,11 @@ mod tests {
         ]);
         cases.extend((0..2000u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20));
         for n in cases {
-            let shown = human_bytes_up(n);
-            let back = parse_size(&shown).unwrap();
-            assert!(back >= n, "{n} printed as {shown} reads back as {back}");
-            // Never more than one unit of the last decimal above.
-            assert!(back as f64 <= n as f64 * 1.01 + 1024.0, "{n} -> {shown}");
+            let shown = human_bytes_exact(n);
+            assert_eq!(parse_size(&shown).unwrap(), n, "{n} printed as {shown}");
         }
         // The case: 3.0039 GiB is not "3.00 GiB".
-        assert_eq!(human_bytes_up(3 * (1 << 30) + 4 * (1 << 20)), "3.01 GiB");
-        assert_eq!(human_bytes_up(3 << 30), human_bytes(3 << 30));
+        assert_eq!(human_bytes_exact(3 * (1 << 30) + 4 * (1 << 20)), "3076 MiB");
+        assert_eq!(human_bytes_exact(80 << 30), "80 GiB");
     }
 }

@@ -341,7 +341,7 @@ pub fn diff(a: DiffArgs) -> Result<ExitCode, UserError> {
         if let Some(d) = &snap_diff {
             j["has_stacks"] = (d.base.has_stacks || d.new.has_stacks).into();
             j["top_sites"] =
-                serde_json::to_value(&d.top_sites.iter().take(a.top).collect::<Vec<_>>())
+                serde_json::to_value(d.top_sites.iter().take(a.top).collect::<Vec<_>>())
                     .unwrap_or_default();
         }
         println!("{}", serde_json::to_string_pretty(&j).unwrap_or_default());

@@ -121,7 +121,7 @@ pub fn human_bytes_exact(n: u64) -> String {
         ("MiB", 20),
         ("KiB", 10),
     ] {
-        if n >= 1 << shift && n % (1 << shift) == 0 {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
             return format!("{} {unit}", n >> shift);
         }
     }

@@ -96,7 +96,9 @@ class _Funcs:
     def record_history(self, on, max_entries):
         src = self.ht or self.torch.cuda.memory
         if on:
-            src._record_memory_history(max_entries=max_entries)
+            # Python stacks only: C++ frames cost seconds to symbolize at snapshot time, and
+            # the allocation sites a reviewer acts on are Python lines.
+            src._record_memory_history(max_entries=max_entries, stacks="python")
         else:
             src._record_memory_history(enabled=None)
 

@@ -15,5 +15,8 @@ for v in 3.9 3.12; do
     python3 -m pip download -q --only-binary=:all: --python-version "$v" --platform any \
         --platform manylinux2014_x86_64 -d "$HERE/wheelhouse" pytest
 done
+# pip reads pytest's markers with this interpreter's version: the backports by name.
+python3 -m pip download -q --only-binary=:all: --python-version 3.9 --platform any \
+    -d "$HERE/wheelhouse" exceptiongroup tomli typing_extensions
 ls -l "$HERE/wheelhouse"
 du -sh "$HERE/wheelhouse"

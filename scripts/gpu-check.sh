@@ -206,8 +206,8 @@ PY
     echo "   ($((SECONDS - T0)) s)"
   fi
 
-  if want probe && [ -f python/headroom_probe.py ]; then
-    echo "== headroom_probe.py against a real PyTorch service =="
+  if want probe && [ -f python/headroom/probe.py ]; then
+    echo "== headroom.probe against a real PyTorch service =="
     if [ -f scripts/probe_check.py ]; then
       python3 scripts/probe_check.py "$CARRY/headroom" "$R" 2>&1 | tee "$R/probe.txt"
     else

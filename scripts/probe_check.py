@@ -1,4 +1,4 @@
-"""python/headroom_probe.py against a real PyTorch service, loaded by `headroom http` (GPU).
+"""python/headroom/probe.py against a real PyTorch service, loaded by `headroom http` (GPU).
 
     python3 scripts/probe_check.py HEADROOM_BIN OUT_DIR
 
@@ -25,7 +25,7 @@ SERVICE = r'''
 import json, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 sys.path.insert(0, sys.argv[3])
-import headroom_probe
+from headroom import probe as headroom_probe
 probe = headroom_probe.start(port=int(sys.argv[2]), host="127.0.0.1", snapshot_dir=sys.argv[4])
 import torch
 torch.manual_seed(0)

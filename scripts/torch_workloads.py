@@ -1,4 +1,4 @@
-"""PyTorch workloads under PyTorch's native allocator or Headroom's (python/headroom_torch.py).
+"""PyTorch workloads under PyTorch's native allocator or Headroom's (python/headroom/torch.py).
 
     python3 scripts/torch_workloads.py MODE OUT.jsonl [--quick]
 
@@ -55,7 +55,7 @@ import torch.nn.functional as F  # noqa: E402
 
 hr = None
 if HEADROOM:
-    import headroom_torch as hr  # noqa: E402
+    from headroom import torch as hr  # noqa: E402
 
     hr.enable(alloc_conf=CONF)
 

@@ -30,7 +30,7 @@ def args():
 
 def serve(a, load_model, handle):
     """`load_model()` returns state; `handle(state, body, probe)` returns a JSON-able dict."""
-    import headroom_probe
+    from headroom import probe as headroom_probe
 
     probe = headroom_probe.start(port=a.probe_port, max_entries=a.max_entries)
     import torch

@@ -1200,7 +1200,7 @@ mod tests {
             Some(Duration::from_millis(500))
         );
         for bad in [
-            "", "1", "0:10s", "x:10s", "1:10", "1:-3s", "1:10q", "1:10s,", "10s:1",
+            "", "1", "0:10s", "x:10s", "1:10", "1:-3s", "1:10q", "1:10s,",
         ] {
             let r = parse_stages(bad);
             if bad == "1:10" {
@@ -1211,6 +1211,11 @@ mod tests {
             let e = r.expect_err(bad).to_string();
             assert!(e.contains("invalid stages"), "{bad}: {e}");
         }
+        // DURATION:TARGET is k6's ramping form: 0 to 1 worker over 10 s is 1 worker held.
+        assert_eq!(
+            parse_stages("10s:1").unwrap(),
+            vec![Stage::timed(1, Duration::from_secs(10))]
+        );
     }
 
     #[test]

@@ -6,6 +6,11 @@
 //! [`RunResult`]. A metric the run does not have (e.g. the OOM search's safe concurrency
 //! when the search was skipped) fails its threshold: a gate that cannot be checked must
 //! not pass silently.
+//!
+//! k6's own syntax is accepted beside ours and rewritten into it before parsing: an
+//! aggregation `p(99)<200`, `avg<150`, `med`, `min`, `max`, optionally after k6's metric name
+//! (`http_req_duration: p(95)<300`, `http_req_failed: rate<0.01`, `http_reqs: rate>100`,
+//! `http_reqs: count>1000`). Values without a unit are milliseconds, as in k6.
 
 use std::str::FromStr;
 
@@ -37,7 +42,7 @@ impl Unit {
 /// `headroom http`'s (503 answers, their share of all requests, open-model requests that
 /// never got a connection); `peak_process_used`, `peak_overhead` and `peak_device_used`
 /// need a memory source (NVML) that reports them.
-pub const METRICS: [(&str, Unit); 22] = [
+pub const METRICS: [(&str, Unit); 25] = [
     ("peak_reserved", Unit::Bytes),
     ("peak_allocated", Unit::Bytes),
     ("peak_above_base", Unit::Bytes),
@@ -60,7 +65,68 @@ pub const METRICS: [(&str, Unit); 22] = [
     ("peak_process_used", Unit::Bytes),
     ("peak_overhead", Unit::Bytes),
     ("peak_device_used", Unit::Bytes),
+    ("avg_latency", Unit::Ms),
+    ("min_latency", Unit::Ms),
+    ("requests", Unit::Count),
 ];
+
+/// Percentiles the results keep (k6's `p(N)` for these N).
+const PERCENTILES: [&str; 4] = ["50", "90", "99", "99.9"];
+
+/// A k6 threshold (`p(99)<200`, `http_req_failed: rate<0.01`) rewritten in our syntax;
+/// `Ok(None)` when `t` is not in k6's form.
+fn from_k6(t: &str) -> std::result::Result<Option<String>, String> {
+    let op_at = t.find(['<', '>', '=']).unwrap_or(t.len());
+    let (k6_metric, rest) = match t[..op_at].find(':') {
+        Some(c) => (Some(t[..c].trim()), t[c + 1..].trim()),
+        None => (None, t),
+    };
+    let op_at = rest.find(['<', '>', '=']).unwrap_or(rest.len());
+    let (agg, tail) = (rest[..op_at].trim(), &rest[op_at..]);
+    let trend = |agg: &str| -> std::result::Result<Option<String>, String> {
+        if let Some(n) = agg.strip_prefix("p(").and_then(|a| a.strip_suffix(')')) {
+            let n = n.trim();
+            if !PERCENTILES.contains(&n) {
+                return Err(format!(
+                    "p({n}) is not kept (percentiles: {})",
+                    PERCENTILES.map(|p| format!("p({p})")).join(", ")
+                ));
+            }
+            return Ok(Some(format!("p{n}")));
+        }
+        Ok(match agg {
+            "avg" => Some("avg_latency".into()),
+            "min" => Some("min_latency".into()),
+            "med" => Some("p50".into()),
+            "max" => Some("max_latency".into()),
+            _ => None,
+        })
+    };
+    let ours = match k6_metric {
+        None => trend(agg)?,
+        Some("http_req_duration") | Some("iteration_duration") => {
+            Some(trend(agg)?.ok_or_else(|| {
+                format!("{agg:?} is not an aggregation of a duration (p(N), avg, med, min, max)")
+            })?)
+        }
+        Some("http_req_failed") if agg == "rate" => Some("error_rate".into()),
+        Some("http_reqs") if agg == "rate" => Some("rps".into()),
+        Some("http_reqs") if agg == "count" => Some("requests".into()),
+        Some(m @ ("http_req_failed" | "http_reqs")) => {
+            return Err(format!(
+                "{agg:?} is not an aggregation of {m} (rate{})",
+                if m == "http_reqs" { ", count" } else { "" }
+            ))
+        }
+        Some(m) => {
+            return Err(format!(
+                "unknown k6 metric {m:?} (expected http_req_duration, iteration_duration, \
+                 http_req_failed, http_reqs)"
+            ))
+        }
+    };
+    Ok(ours.map(|m| format!("{m}{tail}")))
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
@@ -109,7 +175,8 @@ impl FromStr for Threshold {
             input: s.to_string(),
             msg,
         };
-        let t = s.trim();
+        let k6 = from_k6(s.trim()).map_err(err)?;
+        let t = k6.as_deref().unwrap_or(s.trim());
         // Two-character operators first, so `<=` is not read as `<` then `=...`.
         let ops = [
             ("<=", Op::Le),
@@ -159,7 +226,8 @@ impl FromStr for Threshold {
             }
         };
         Ok(Threshold {
-            expr: t.to_string(),
+            // As the user wrote it: the report shows their expression.
+            expr: s.trim().to_string(),
             metric,
             unit,
             op,
@@ -209,6 +277,9 @@ pub fn metric_value(r: &RunResult, metric: &str) -> Option<f64> {
         "p99" if has_lat => r.latency.p99_ms,
         "p99.9" if has_lat => r.latency.p999_ms,
         "max_latency" if has_lat => r.latency.max_ms,
+        "avg_latency" if has_lat => r.latency.mean_ms,
+        "min_latency" if has_lat => r.latency.min_ms,
+        "requests" => r.requests.total as f64,
         "oom_count" => r.errors.oom as f64,
         "errors" => (r.errors.oom + r.errors.by_kind.values().sum::<u64>()) as f64,
         "error_rate" if r.requests.total > 0 => {
@@ -273,6 +344,40 @@ mod tests {
             let e = bad.parse::<Threshold>().expect_err(bad).to_string();
             assert!(e.contains("invalid threshold"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn parses_k6_syntax_as_ours() {
+        let same = |k6: &str, ours: &str| {
+            let (a, b): (Threshold, Threshold) = (k6.parse().unwrap(), ours.parse().unwrap());
+            assert_eq!(
+                (&a.metric, a.op, a.limit),
+                (&b.metric, b.op, b.limit),
+                "{k6}"
+            );
+            assert_eq!(a.expr, k6.trim(), "the user's expression is kept");
+        };
+        same("p(99)<200", "p99<200ms");
+        same("p(99.9) <= 1s", "p99.9<=1000ms");
+        same("http_req_duration: p(90)<300", "p90<300ms");
+        same("http_req_duration:avg<150", "avg_latency<150ms");
+        same("med<100", "p50<100ms");
+        same("iteration_duration: max<2s", "max_latency<2000ms");
+        same("http_req_failed: rate<0.01", "error_rate<1%");
+        same("http_reqs: rate>100", "rps>100");
+        same("http_reqs: count>=1000", "requests>=1000");
+        for bad in [
+            "p(95)<300",
+            "http_req_duration: rate<1",
+            "http_req_failed: p(99)<1",
+            "vus_max: value<10",
+            "p(99)<fast",
+        ] {
+            let e = bad.parse::<Threshold>().expect_err(bad).to_string();
+            assert!(e.contains("invalid threshold"), "{bad}: {e}");
+        }
+        let e = "p(95)<300".parse::<Threshold>().unwrap_err().to_string();
+        assert!(e.contains("p(99)"), "{e}");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! `python/headroom_probe.py` against a stub of `torch.cuda` (tests/fixtures/torch_stub),
+//! `python/headroom/probe.py` (headroom.probe) against a stub of `torch.cuda` (tests/fixtures/torch_stub),
 //! so no torch is needed: its /metrics text parses with Headroom's Prometheus parser and
 //! maps to the stub allocator's numbers, /snapshot is a pickle headroom-trace reads and
 //! replays, POST /dump writes a snapshot file, the OOM observer dumps one and counts the OOM,
@@ -44,7 +44,8 @@ struct Service {
 }
 
 const SCRIPT: &str = r#"
-import sys, headroom_probe, torch
+import sys, torch
+import headroom.probe as headroom_probe
 snapshot_dir = sys.argv[1]
 addrs = [torch.cuda._stub_alloc(64 << 20)]          # weights, before the probe: no trace
 p = headroom_probe.start(port=0, snapshot_dir=snapshot_dir, record_history=True)
@@ -351,7 +352,8 @@ fn python_m_headroom_probe_runs_a_script_with_the_probe_started() {
     let script = dir.join("service.py");
     std::fs::write(
         &script,
-        "import sys, urllib.request, headroom_probe, torch\n\
+        "import sys, urllib.request, torch\n\
+         import headroom.probe as headroom_probe\n\
          p = headroom_probe.start()\n\
          cold = urllib.request.urlopen(p.url + '/metrics').read().decode()\n\
          torch.cuda._stub_alloc(5 << 20)\n\
@@ -366,7 +368,7 @@ fn python_m_headroom_probe_runs_a_script_with_the_probe_started() {
     ])
     .unwrap();
     let mut child = Command::new(py)
-        .args(["-m", "headroom_probe", "--port", "0", "--snapshot-dir"])
+        .args(["-m", "headroom.probe", "--port", "0", "--snapshot-dir"])
         .arg(&dir)
         .arg("--")
         .arg(&script)
@@ -381,7 +383,7 @@ fn python_m_headroom_probe_runs_a_script_with_the_probe_started() {
     while child.try_wait().unwrap().is_none() {
         if t.elapsed() > Duration::from_secs(30) {
             let _ = child.kill();
-            panic!("python -m headroom_probe did not finish");
+            panic!("python -m headroom.probe did not finish");
         }
         std::thread::sleep(Duration::from_millis(20));
     }

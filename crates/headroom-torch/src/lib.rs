@@ -3,7 +3,7 @@
 //! Headroom's caching allocator as a drop-in for PyTorch: the two C functions that
 //! `torch.cuda.memory.CUDAPluggableAllocator(path, "headroom_malloc", "headroom_free")`
 //! loads, plus C functions for statistics, the summary, snapshots, `record_stream`,
-//! `empty_cache` and the OOM snapshot. `python/headroom_torch.py` wraps them with ctypes under
+//! `empty_cache` and the OOM snapshot. `python/headroom/torch.py` (headroom.torch) wraps them with ctypes under
 //! torch.cuda's names.
 //!
 //! Design note: one `CachingAllocator<CudaDevice>` per device, created on the first call that

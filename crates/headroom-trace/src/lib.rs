@@ -30,6 +30,7 @@ pub mod diff;
 pub mod error;
 pub mod pickle;
 pub mod ranks;
+pub mod recommend;
 pub mod replay;
 pub mod rmm;
 

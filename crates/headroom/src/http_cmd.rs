@@ -105,7 +105,7 @@ pub struct HttpArgs {
     /// Client threads (default: one per core).
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
-    /// A Prometheus endpoint with the service's memory (headroom serve, headroom_probe.py,
+    /// A Prometheus endpoint with the service's memory (headroom serve, headroom.probe,
     /// DCGM exporter, Triton, or any with --metric). Repeat it for the ranks of a job (one
     /// probe port each): all are scraped and summed onto one timeline; the first one's
     /// snapshot is fetched.
@@ -137,7 +137,8 @@ pub struct HttpArgs {
     /// Do not fetch the probe's snapshots at the end.
     #[arg(long = "no-probe")]
     no_probe: bool,
-    /// Extra allocator configs to replay the probe's trace under.
+    /// Extra allocator configs to replay the probe's trace under. Default:
+    /// $PYTORCH_CUDA_ALLOC_CONF when set.
     #[arg(long = "what-if", value_name = "CONF")]
     what_if: Vec<String>,
     /// Predict, from this run's probe trace, the concurrency at which the service runs out
@@ -288,6 +289,12 @@ fn config(a: &HttpArgs) -> Result<HttpConfig, UserError> {
     }
     c.probe = !a.no_probe;
     c.what_if.extend(a.what_if.iter().cloned());
+    // The service's own config is the service's; the shell's PYTORCH_CUDA_ALLOC_CONF is the
+    // config to compare it with, when no --what-if names one.
+    if let Some(e) = crate::replay_cmd::env_alloc_conf(!a.what_if.is_empty()) {
+        crate::replay_cmd::parse_env_conf(&e)?;
+        c.what_if.push(e);
+    }
     c.thresholds = parse_thresholds(&a.threshold).map_err(le)?;
     if a.predict {
         if a.metrics_url.is_empty() || a.no_probe {

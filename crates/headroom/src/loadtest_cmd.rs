@@ -43,7 +43,8 @@ pub struct LoadtestArgs {
     /// simulated card (128 MiB).
     #[arg(long, value_name = "SIZE")]
     capacity: Option<String>,
-    /// Allocator config in PYTORCH_CUDA_ALLOC_CONF syntax.
+    /// Allocator config in PYTORCH_CUDA_ALLOC_CONF syntax. Default: $PYTORCH_CUDA_ALLOC_CONF
+    /// when set, else PyTorch's default.
     #[arg(long = "alloc-conf", value_name = "CONF")]
     alloc_conf: Option<String>,
     /// Extra allocator configs to replay the run's trace under (the what-if table).
@@ -218,7 +219,8 @@ fn config(a: &LoadtestArgs) -> Result<LoadConfig, UserError> {
             eprintln!("{n}");
         }
     }
-    if let Some(c) = &a.alloc_conf {
+    let env = crate::replay_cmd::env_alloc_conf(a.alloc_conf.is_some());
+    if let Some(c) = a.alloc_conf.as_ref().or(env.as_ref()) {
         cfg.alloc_conf = if c == "default" {
             String::new()
         } else {

@@ -2,6 +2,7 @@
 
 mod bench_models_cmd;
 mod claims_cmd;
+mod diff_cmd;
 mod http_cmd;
 mod loadtest_cmd;
 mod predict_cmd;
@@ -56,6 +57,9 @@ enum Command {
     /// Watch the memory of running services (one or more metrics URLs, e.g. every rank of
     /// a torchrun job) on one timeline, without load; Ctrl-C or -z ends it.
     Watch(watch_cmd::WatchArgs),
+    /// Compare two snapshots (peaks, reserved, fragmentation, allocation sites) or two
+    /// results JSON, with thresholds for CI (exit 99 when one is broken).
+    Diff(diff_cmd::DiffArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -92,6 +96,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => serve_cmd::serve(*a),
         Command::Http(a) => http_cmd::http(*a),
         Command::Watch(a) => watch_cmd::watch(a),
+        Command::Diff(a) => diff_cmd::diff(a),
         Command::Bench(BenchCommand::Http(a)) => http_cmd::bench_http(a),
         Command::Bench(BenchCommand::Alloc(a)) => replay_cmd::bench_alloc(a),
         Command::Bench(BenchCommand::Models(a)) => bench_models_cmd::bench_models(*a),

@@ -27,7 +27,8 @@ pub struct PredictArgs {
     /// optimizer state exists from the first step on).
     #[arg(long)]
     steps: Option<usize>,
-    /// Allocator config in PYTORCH_CUDA_ALLOC_CONF syntax.
+    /// Allocator config in PYTORCH_CUDA_ALLOC_CONF syntax. Default: $PYTORCH_CUDA_ALLOC_CONF
+    /// when set, else PyTorch's default.
     #[arg(long = "alloc-conf", value_name = "CONF")]
     alloc_conf: Option<String>,
     /// Simulated GPU capacity, e.g. 80GiB. Default: unbounded.
@@ -36,12 +37,17 @@ pub struct PredictArgs {
     /// Find the largest batch that fits in --capacity (doubling, then bisection).
     #[arg(long = "max-batch")]
     max_batch: bool,
+    /// Print JSON (peaks, categories at the peak, memory_stats keys) instead of tables.
     #[arg(long)]
     json: bool,
 }
 
 fn device(a: &PredictArgs) -> Result<PredictDevice, UserError> {
-    let alloc_conf = match a.alloc_conf.as_deref() {
+    let env = crate::replay_cmd::env_alloc_conf(a.alloc_conf.is_some());
+    if let Some(e) = &env {
+        crate::replay_cmd::parse_env_conf(e)?;
+    }
+    let alloc_conf = match a.alloc_conf.as_deref().or(env.as_deref()) {
         None | Some("") | Some("default") => AllocatorConfig::default(),
         Some(c) => AllocatorConfig::parse(c).with_context(|| format!("bad --alloc-conf {c:?}"))?,
     };

@@ -22,14 +22,16 @@ pub struct ReplayArgs {
     #[arg(required = true, value_name = "SNAPSHOT")]
     snapshots: Vec<PathBuf>,
     /// Allocator config in PYTORCH_CUDA_ALLOC_CONF syntax; repeat for a side-by-side table.
-    /// "" or "default" is PyTorch's default. Without it: the snapshot's own config.
+    /// "" or "default" is PyTorch's default. Without it: $PYTORCH_CUDA_ALLOC_CONF when set,
+    /// else the snapshot's own config.
     #[arg(long = "alloc-conf", value_name = "CONF")]
     alloc_conf: Vec<String>,
     /// Simulated GPU capacity, e.g. 80GiB, 24GB, 4096 (bytes). Default: the H200 of the
     /// reference traces (139.80 GiB).
     #[arg(long, value_name = "SIZE")]
     capacity: Option<String>,
-    /// Also search (by bisection) for the smallest GPU on which the trace runs without OOM.
+    /// Also search (by bisection, to 2 MiB) for the smallest GPU on which the trace runs
+    /// without OOM; the table prints it exactly (e.g. 3076 MiB), so `--capacity` with it never OOMs.
     #[arg(long)]
     min_capacity: bool,
     /// Print a JSON array, one object per config.
@@ -49,39 +51,17 @@ pub struct ReplayArgs {
     recommend: bool,
 }
 
-/// Configs `--recommend` tries besides the snapshot's own: the knobs of
-/// pytorch-allocator.md that change how much a workload reserves.
-pub const CANDIDATE_CONFS: &[&str] = &[
-    "",
-    "expandable_segments:True",
-    "max_split_size_mb:128",
-    "max_split_size_mb:512",
-    "roundup_power2_divisions:4",
-    "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]",
-    "expandable_segments:True,roundup_power2_divisions:4",
-];
-
-/// The row `--recommend` picks: no OOM, then the lowest peak reserved, then the earliest
-/// (simplest) config. `None` when every config OOMs.
-///
-/// "No OOM" means no allocation failed at all (`oom_event` unset), not only `num_ooms == 0`:
-/// a request of 1 EB or more fails, as in PyTorch, without touching any stat, so a replay
-/// that stopped there has `num_ooms == 0` and a peak of whatever came before it (0 B when it
-/// was the first event). Such a config does not fit.
-pub fn recommended(results: &[(String, ReplayResult)]) -> Option<usize> {
-    results
-        .iter()
-        .enumerate()
-        .filter(|(_, (_, r))| r.num_ooms == 0 && r.oom_event.is_none() && r.oom.is_none())
-        .min_by_key(|(i, (_, r))| (r.peak_reserved_bytes, *i))
-        .map(|(i, _)| i)
-}
+pub use headroom_trace::recommend::{recommended, CANDIDATE_CONFS};
 
 #[derive(Args)]
 pub struct SummaryArgs {
+    /// A snapshot pickle from `torch.cuda.memory._dump_snapshot()` (or an RMM CSV log).
     snapshot: PathBuf,
+    /// Allocator config in PYTORCH_CUDA_ALLOC_CONF syntax. Default: $PYTORCH_CUDA_ALLOC_CONF
+    /// when set, else the snapshot's own config.
     #[arg(long = "alloc-conf", value_name = "CONF")]
     alloc_conf: Option<String>,
+    /// Simulated GPU capacity, e.g. 80GiB. Default: the recording's GPU.
     #[arg(long, value_name = "SIZE")]
     capacity: Option<String>,
     /// The short form, without the per-pool rows.
@@ -111,6 +91,45 @@ fn parse_conf(s: &str) -> Result<AllocatorConfig, UserError> {
     AllocatorConfig::parse(s)
         .with_context(|| format!("bad --alloc-conf '{s}'"))
         .map_err(UserError)
+}
+
+/// `PYTORCH_CUDA_ALLOC_CONF` from the environment, the default config of every command that
+/// takes `--alloc-conf` (PyTorch users set their config there). `None` when unset or empty, or
+/// when the flag was given (`flag_given`: flags win); when used, one line on stderr says so,
+/// so a number never silently depends on the shell it was run from.
+pub fn env_alloc_conf(flag_given: bool) -> Option<String> {
+    let v = std::env::var("PYTORCH_CUDA_ALLOC_CONF").ok()?;
+    if v.trim().is_empty() || flag_given {
+        return None;
+    }
+    eprintln!("using PYTORCH_CUDA_ALLOC_CONF={v} from the environment (--alloc-conf overrides it)");
+    Some(v)
+}
+
+/// The environment's config parsed, its error naming the variable rather than the flag.
+pub fn parse_env_conf(s: &str) -> Result<AllocatorConfig, UserError> {
+    AllocatorConfig::parse(s.trim())
+        .with_context(|| format!("bad PYTORCH_CUDA_ALLOC_CONF '{s}' in the environment"))
+        .map_err(UserError)
+}
+
+/// `n` bytes exactly, in the largest unit that divides them (`3076 MiB`, `80 GiB`): a figure
+/// a user passes back as `--capacity` (the minimum capacity) must be the true value, and
+/// [`human_bytes`]' two decimals are not (3.0039 GiB prints as "3.00 GiB", which OOMs, and
+/// a rounded-up "3.01 GiB" is not a whole number of bytes, which `--capacity` refuses).
+pub fn human_bytes_exact(n: u64) -> String {
+    for (unit, shift) in [
+        ("PiB", 50),
+        ("TiB", 40),
+        ("GiB", 30),
+        ("MiB", 20),
+        ("KiB", 10),
+    ] {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
+            return format!("{} {unit}", n >> shift);
+        }
+    }
+    format!("{n} B")
 }
 
 /// `--capacity`; none: the trace's own (see `ReplayOptions::capacity`).
@@ -163,18 +182,24 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
     let snapshot_path = &files[0];
     let own = AllocatorConfig::from_settings(&snap.allocator_settings)
         .context("the snapshot's allocator_settings")?;
-    let mut configs: Vec<AllocatorConfig> = if a.alloc_conf.is_empty() {
-        vec![own.clone()]
-    } else {
-        a.alloc_conf
+    let env = env_alloc_conf(!a.alloc_conf.is_empty());
+    let mut configs: Vec<AllocatorConfig> = match (&env, a.alloc_conf.is_empty()) {
+        (Some(e), true) if !a.recommend => vec![parse_env_conf(e)?],
+        (_, true) => vec![own.clone()],
+        (_, false) => a
+            .alloc_conf
             .iter()
             .map(|c| parse_conf(c))
-            .collect::<Result<_, _>>()?
+            .collect::<Result<_, _>>()?,
     };
     if a.recommend {
         if !a.alloc_conf.is_empty() {
             configs.insert(0, own);
         } else {
+            // The environment's config is one more candidate, right after the snapshot's own.
+            if let Some(e) = &env {
+                configs.push(parse_env_conf(e)?);
+            }
             for c in CANDIDATE_CONFS {
                 configs.push(parse_conf(c)?);
             }
@@ -355,7 +380,7 @@ fn print_table(path: &std::path::Path, capacity: u64, results: &[(String, Replay
             if has_min {
                 row.push(
                     r.min_capacity_bytes
-                        .map(human_bytes)
+                        .map(human_bytes_exact)
                         .unwrap_or_else(|| "-".into()),
                 );
             }
@@ -490,9 +515,10 @@ fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<(), UserError> {
 
 pub fn summary(a: SummaryArgs) -> Result<ExitCode, UserError> {
     let snap = load_trace(&a.snapshot)?;
-    let config = match &a.alloc_conf {
-        Some(c) => parse_conf(c)?,
-        None => AllocatorConfig::from_settings(&snap.allocator_settings)
+    let config = match (&a.alloc_conf, env_alloc_conf(a.alloc_conf.is_some())) {
+        (Some(c), _) => parse_conf(c)?,
+        (None, Some(e)) => parse_env_conf(&e)?,
+        (None, None) => AllocatorConfig::from_settings(&snap.allocator_settings)
             .context("the snapshot's allocator_settings")?,
     };
     let opts = ReplayOptions {
@@ -557,4 +583,31 @@ pub fn bench_alloc(a: BenchAllocArgs) -> Result<ExitCode, UserError> {
         print!("{}", bench::format_table(&ours, Some(&system)));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn min_capacity_figures_read_back_exactly() {
+        // Multiples of 2 MiB (min_capacity's step) and arbitrary sizes, across units.
+        let mut cases: Vec<u64> = (1..3000u64).map(|k| k * (2 << 20)).collect();
+        cases.extend([
+            1,
+            1023,
+            1024,
+            1025,
+            3 * (1 << 30) + 4 * (1 << 20),
+            u64::MAX / 2,
+        ]);
+        cases.extend((0..2000u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20));
+        for n in cases {
+            let shown = human_bytes_exact(n);
+            assert_eq!(parse_size(&shown).unwrap(), n, "{n} printed as {shown}");
+        }
+        // The case: 3.0039 GiB is not "3.00 GiB".
+        assert_eq!(human_bytes_exact(3 * (1 << 30) + 4 * (1 << 20)), "3076 MiB");
+        assert_eq!(human_bytes_exact(80 << 30), "80 GiB");
+    }
 }

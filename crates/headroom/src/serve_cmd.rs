@@ -58,7 +58,8 @@ pub struct ServeArgs {
     /// manages). Default: 128MiB.
     #[arg(long, value_name = "SIZE")]
     capacity: Option<String>,
-    /// Allocator config in PYTORCH_CUDA_ALLOC_CONF syntax.
+    /// Allocator config in PYTORCH_CUDA_ALLOC_CONF syntax. Default: $PYTORCH_CUDA_ALLOC_CONF
+    /// when set, else PyTorch's default.
     #[arg(long = "alloc-conf", value_name = "CONF")]
     alloc_conf: Option<String>,
     /// Memory kept free below the capacity: bytes (256MiB) or a percentage (10%).
@@ -84,6 +85,7 @@ pub struct ServeArgs {
     /// Largest request body.
     #[arg(long = "max-body", default_value = "4MiB", value_name = "SIZE")]
     max_body: String,
+    /// Address to listen on (0.0.0.0: every interface).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     /// 0: any free port (the bound address is printed).
@@ -163,7 +165,11 @@ fn config(a: &ServeArgs) -> Result<ServeConfig, UserError> {
         (None, _) => headroom_serve::config::DEFAULT_CAPACITY,
         (Some(c), _) => parse_size(c).with_context(|| format!("bad --capacity {c:?}"))?,
     };
-    let alloc_conf = match a.alloc_conf.as_deref().map(str::trim) {
+    let env = crate::replay_cmd::env_alloc_conf(a.alloc_conf.is_some());
+    if let Some(e) = &env {
+        crate::replay_cmd::parse_env_conf(e)?;
+    }
+    let alloc_conf = match a.alloc_conf.as_deref().or(env.as_deref()).map(str::trim) {
         None | Some("") | Some("default") => AllocatorConfig::default(),
         Some(c) => AllocatorConfig::parse(c).with_context(|| format!("bad --alloc-conf {c:?}"))?,
     };

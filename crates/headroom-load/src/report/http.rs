@@ -536,6 +536,7 @@ pub fn http_summary_table(r: &RunResult) -> String {
         let _ = writeln!(o, "  503 answers  {}", lat_line(&hr.shed_latency));
     }
     let _ = writeln!(o, "status codes   {}", codes_text(&hr.status_codes));
+    super::histogram::write(&mut o, &r.latency);
     if !r.errors.by_kind.is_empty() {
         let _ = writeln!(o, "errors         {}", codes_text(&r.errors.by_kind));
     }

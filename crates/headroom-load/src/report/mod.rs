@@ -7,6 +7,7 @@
 //! in the same folder, then a rename), so an error never leaves a partial `report.html` or
 //! `results.json` behind.
 
+pub mod histogram;
 pub mod html;
 pub mod http;
 pub mod http_predict;

@@ -126,6 +126,7 @@ pub fn summary_table(r: &RunResult) -> String {
         fmt_ms(r.latency.p99_ms),
         fmt_ms(r.latency.p999_ms),
     );
+    super::histogram::write(&mut o, &r.latency);
     let _ = writeln!(
         o,
         "peak   allocated {}  reserved {}  above baseline {}  inactive_split {}  alloc retries {}  fragmented segments {} ({})",

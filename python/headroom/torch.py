@@ -65,7 +65,7 @@ def _candidates(lib_path):
         yield env
     here = os.path.dirname(os.path.abspath(__file__))
     yield os.path.join(here, _LIB_NAME)
-    root = os.path.dirname(here)
+    root = os.path.dirname(os.path.dirname(here))  # python/headroom/ -> the workspace
     for sub in ("target/release", "target/debug"):
         yield os.path.join(root, sub, _LIB_NAME)
 

@@ -1,0 +1,432 @@
+//! `headroom._native`: the Python API of the wheel, over the Rust crates.
+//!
+//! Design note: every function is a thin call into headroom-trace / headroom-tensor, the same
+//! calls the CLI makes, so `headroom.replay(...)` and `headroom replay --json` give the same
+//! numbers (python/tests/ compares them on ../shared/traces/). Results cross into Python as
+//! JSON text turned into dicts by Python's `json` module: the CLI's `--json` objects, with no
+//! second, hand-written conversion to drift from them. Work runs with the GIL released, so a
+//! replay in a thread does not stall the interpreter. Errors: bad input (config, size, model
+//! name) raises `ValueError`, an unreadable file `OSError`, a broken trace `ValueError` naming
+//! it. The config default is explicit: `alloc_conf=None` is the snapshot's own config (replay)
+//! or PyTorch's default (predict); `PYTORCH_CUDA_ALLOC_CONF` is read by the CLI, not here,
+//! because a library call should not change meaning with its caller's environment.
+
+use std::path::PathBuf;
+
+use headroom_alloc::size::parse_size;
+use headroom_alloc::AllocatorConfig;
+use headroom_tensor::predict::{
+    max_batch, predict as run_predict, AccumPattern, Mode, ModelKind, OptimKind, PredictOptions,
+};
+use headroom_tensor::DType;
+use headroom_trace::recommend::{recommended, CANDIDATE_CONFS};
+use headroom_trace::{ReplayOptions, ReplayResult, Snapshot};
+use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+/// A trace handed in: a path (str or os.PathLike) or the pickle's bytes.
+enum Trace {
+    Path(PathBuf),
+    Bytes(Vec<u8>),
+}
+
+fn trace_arg(obj: &Bound<'_, PyAny>) -> PyResult<Trace> {
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(Trace::Bytes(b.as_bytes().to_vec()));
+    }
+    let os = obj.py().import("os")?;
+    let p: PathBuf = os.call_method1("fspath", (obj,))?.extract()?;
+    Ok(Trace::Path(p))
+}
+
+/// The trace read: a snapshot pickle, or an RMM CSV log (a path ending in `.csv`), as the
+/// CLI reads them.
+fn load(trace: &Trace) -> PyResult<Snapshot> {
+    match trace {
+        Trace::Bytes(b) => headroom_trace::read_snapshot(b)
+            .map_err(|e| PyValueError::new_err(format!("cannot read snapshot: {e}"))),
+        Trace::Path(p) => {
+            if p.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv")) {
+                let text = std::fs::read_to_string(p).map_err(|e| {
+                    PyOSError::new_err(format!("cannot read RMM log {}: {e}", p.display()))
+                })?;
+                let ev = headroom_trace::read_rmm_csv(&text).map_err(|e| {
+                    PyValueError::new_err(format!("cannot read RMM log {}: {e}", p.display()))
+                })?;
+                return Ok(headroom_trace::snapshot_from_rmm(&ev));
+            }
+            if let Err(e) = std::fs::metadata(p) {
+                return Err(PyOSError::new_err(format!(
+                    "cannot read snapshot {}: {e}",
+                    p.display()
+                )));
+            }
+            headroom_trace::read_snapshot_file(p).map_err(|e| {
+                PyValueError::new_err(format!("cannot read snapshot {}: {e}", p.display()))
+            })
+        }
+    }
+}
+
+fn conf(s: &str) -> PyResult<AllocatorConfig> {
+    let s = s.trim();
+    if s.is_empty() || s == "default" {
+        return Ok(AllocatorConfig::default());
+    }
+    AllocatorConfig::parse(s)
+        .map_err(|e| PyValueError::new_err(format!("bad alloc_conf '{s}': {e}")))
+}
+
+/// `capacity=`: bytes as an int, or a size string ("80GiB", "24GB").
+fn capacity_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
+    let Some(obj) = obj else { return Ok(None) };
+    if obj.is_none() {
+        return Ok(None);
+    }
+    let v = if let Ok(n) = obj.extract::<u64>() {
+        n
+    } else {
+        let s: String = obj.extract().map_err(|_| {
+            PyValueError::new_err("capacity must be bytes (int) or a size string such as '80GiB'")
+        })?;
+        parse_size(&s).map_err(|e| PyValueError::new_err(format!("bad capacity '{s}': {e}")))?
+    };
+    if v == 0 {
+        return Err(PyValueError::new_err("capacity must be greater than 0"));
+    }
+    Ok(Some(v))
+}
+
+/// The CLI's name for a config: what is in force, "default" for PyTorch's default.
+fn label(c: &AllocatorConfig) -> String {
+    let s = c.conf_string();
+    if s.trim().is_empty() {
+        "default".into()
+    } else {
+        s
+    }
+}
+
+fn replay_err(e: headroom_trace::ReplayError) -> PyErr {
+    PyValueError::new_err(format!("replay failed: {e}"))
+}
+
+/// JSON text into Python objects.
+fn to_py(py: Python<'_>, v: &serde_json::Value) -> PyResult<Py<PyAny>> {
+    let text = serde_json::to_string(v)
+        .map_err(|e| PyValueError::new_err(format!("cannot encode result: {e}")))?;
+    Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
+}
+
+/// One replay row as the CLI's `replay --json` prints it.
+fn row(label: &str, r: &ReplayResult) -> serde_json::Value {
+    let mut v = serde_json::to_value(r).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        // The CLI adds this too; the snapshot's own recording of settings is not repeated.
+        o.insert("alloc_conf".into(), label.into());
+    }
+    v
+}
+
+fn options(config: AllocatorConfig, capacity: Option<u64>) -> ReplayOptions {
+    ReplayOptions {
+        config,
+        capacity,
+        stop_at_oom: true,
+        record_history: false,
+        ..ReplayOptions::default()
+    }
+}
+
+/// replay(trace, alloc_conf=None, capacity=None, min_capacity=False) -> dict
+///
+/// Replays a PyTorch memory snapshot (a path, or the pickle's bytes; a `.csv` path is an RMM
+/// log) through Headroom's allocator, as `headroom replay --json` does. alloc_conf: a
+/// PYTORCH_CUDA_ALLOC_CONF string ("" or "default": PyTorch's default; None: the snapshot's
+/// own). capacity: bytes or a size string (None: the recording's GPU). min_capacity=True adds
+/// `min_capacity_bytes`. Returns the row as a dict (peak_allocated_bytes,
+/// peak_reserved_bytes, num_ooms, oom_event, stats, alloc_conf, ...).
+#[pyfunction]
+#[pyo3(signature = (trace, alloc_conf=None, capacity=None, min_capacity=false))]
+fn replay(
+    py: Python<'_>,
+    trace: &Bound<'_, PyAny>,
+    alloc_conf: Option<&str>,
+    capacity: Option<&Bound<'_, PyAny>>,
+    min_capacity: bool,
+) -> PyResult<Py<PyAny>> {
+    let t = trace_arg(trace)?;
+    let cap = capacity_arg(capacity)?;
+    let explicit = alloc_conf.map(conf).transpose()?;
+    let v = py.detach(|| -> PyResult<serde_json::Value> {
+        let snap = load(&t)?;
+        let c = match explicit {
+            Some(c) => c,
+            None => AllocatorConfig::from_settings(&snap.allocator_settings).map_err(|e| {
+                PyValueError::new_err(format!("the snapshot's allocator_settings: {e}"))
+            })?,
+        };
+        let opts = options(c.clone(), cap);
+        let mut r = headroom_trace::replay(&snap, &opts).map_err(replay_err)?;
+        if min_capacity {
+            r.min_capacity_bytes =
+                Some(headroom_trace::min_capacity(&snap, &opts).map_err(replay_err)?);
+        }
+        Ok(row(&label(&c), &r))
+    })?;
+    to_py(py, &v)
+}
+
+/// min_capacity(trace, alloc_conf=None) -> int
+///
+/// The smallest GPU (bytes, to 2 MiB) on which the trace replays without an OOM, as
+/// `headroom replay --min-capacity` searches it. Passing it as `capacity=` never OOMs.
+#[pyfunction]
+#[pyo3(signature = (trace, alloc_conf=None))]
+fn min_capacity(
+    py: Python<'_>,
+    trace: &Bound<'_, PyAny>,
+    alloc_conf: Option<&str>,
+) -> PyResult<u64> {
+    let t = trace_arg(trace)?;
+    let explicit = alloc_conf.map(conf).transpose()?;
+    py.detach(|| {
+        let snap = load(&t)?;
+        let c = match explicit {
+            Some(c) => c,
+            None => headroom_trace::replay::own_config(&snap),
+        };
+        headroom_trace::min_capacity(&snap, &options(c, None)).map_err(replay_err)
+    })
+}
+
+/// recommend(trace, alloc_confs=None, capacity=None) -> dict
+///
+/// Replays the trace under its own config and candidate configs (or the given list), as
+/// `headroom replay --recommend`, and returns {"recommended": conf or None, "results": [rows,
+/// each with "recommended": bool]}. The pick: no OOM, then the lowest peak reserved.
+#[pyfunction]
+#[pyo3(signature = (trace, alloc_confs=None, capacity=None))]
+fn recommend(
+    py: Python<'_>,
+    trace: &Bound<'_, PyAny>,
+    alloc_confs: Option<Vec<String>>,
+    capacity: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Py<PyAny>> {
+    let t = trace_arg(trace)?;
+    let cap = capacity_arg(capacity)?;
+    let given: Option<Vec<AllocatorConfig>> = alloc_confs
+        .map(|l| l.iter().map(|c| conf(c)).collect())
+        .transpose()?;
+    let v = py.detach(|| -> PyResult<serde_json::Value> {
+        let snap = load(&t)?;
+        let own = AllocatorConfig::from_settings(&snap.allocator_settings).map_err(|e| {
+            PyValueError::new_err(format!("the snapshot's allocator_settings: {e}"))
+        })?;
+        let mut configs = vec![own];
+        match given {
+            Some(g) => configs.extend(g),
+            None => {
+                for c in CANDIDATE_CONFS {
+                    configs.push(conf(c)?);
+                }
+            }
+        }
+        let mut seen = Vec::new();
+        configs.retain(|c| {
+            let l = label(c);
+            let new = !seen.contains(&l);
+            seen.push(l);
+            new
+        });
+        let mut results = Vec::new();
+        for c in &configs {
+            let r = headroom_trace::replay(&snap, &options(c.clone(), cap)).map_err(replay_err)?;
+            results.push((label(c), r));
+        }
+        let pick = recommended(&results);
+        let rows: Vec<serde_json::Value> = results
+            .iter()
+            .enumerate()
+            .map(|(i, (l, r))| {
+                let mut v = row(l, r);
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("recommended".into(), (pick == Some(i)).into());
+                }
+                v
+            })
+            .collect();
+        Ok(serde_json::json!({
+            "recommended": pick.map(|i| results[i].0.clone()),
+            "results": rows,
+        }))
+    })?;
+    to_py(py, &v)
+}
+
+/// summary(trace, alloc_conf=None, capacity=None, abbreviated=False) -> str
+///
+/// PyTorch's `torch.cuda.memory_summary()` table after replaying the trace, as
+/// `headroom summary` prints it.
+#[pyfunction]
+#[pyo3(signature = (trace, alloc_conf=None, capacity=None, abbreviated=false))]
+fn summary(
+    py: Python<'_>,
+    trace: &Bound<'_, PyAny>,
+    alloc_conf: Option<&str>,
+    capacity: Option<&Bound<'_, PyAny>>,
+    abbreviated: bool,
+) -> PyResult<String> {
+    let t = trace_arg(trace)?;
+    let cap = capacity_arg(capacity)?;
+    let explicit = alloc_conf.map(conf).transpose()?;
+    py.detach(|| {
+        let snap = load(&t)?;
+        let c = match explicit {
+            Some(c) => c,
+            None => AllocatorConfig::from_settings(&snap.allocator_settings).map_err(|e| {
+                PyValueError::new_err(format!("the snapshot's allocator_settings: {e}"))
+            })?,
+        };
+        let r = headroom_trace::replay(&snap, &options(c, cap)).map_err(replay_err)?;
+        let stats = headroom_alloc::DeviceStats::from_memory_stats(&r.stats);
+        Ok(headroom_alloc::summary::memory_summary(
+            &stats,
+            0,
+            abbreviated,
+        ))
+    })
+}
+
+/// predict(model, batch=1, seq=1024, mode="infer", grad=False, optimizer="sgd", accum=1,
+///         accum_pattern="each", dtype="f32", alloc_conf=None, capacity=None,
+///         max_batch=False) -> dict
+///
+/// A model workload's peak memory on the meta device (no GPU), as `headroom predict --json`:
+/// {"model", "batch", "peak_allocated_bytes", "peak_reserved_bytes",
+/// "peak_over_input_bytes", "categories", "stats"}. An out-of-memory under `capacity`
+/// raises MemoryError; max_batch=True (needs capacity) returns the largest batch that fits.
+#[pyfunction]
+#[pyo3(signature = (model, batch=1, seq=1024, mode="infer", grad=false, optimizer="sgd",
+    accum=1, accum_pattern="each", dtype="f32", alloc_conf=None, capacity=None,
+    max_batch=false))]
+#[allow(clippy::too_many_arguments)]
+fn predict(
+    py: Python<'_>,
+    model: &str,
+    batch: usize,
+    seq: usize,
+    mode: &str,
+    grad: bool,
+    optimizer: &str,
+    accum: usize,
+    accum_pattern: &str,
+    dtype: &str,
+    alloc_conf: Option<&str>,
+    capacity: Option<&Bound<'_, PyAny>>,
+    max_batch: bool,
+) -> PyResult<Py<PyAny>> {
+    let bad = |e: headroom_tensor::TensorError| PyValueError::new_err(e.to_string());
+    let dtype = match dtype.to_ascii_lowercase().as_str() {
+        "f32" | "float32" => DType::F32,
+        "bf16" | "bfloat16" => DType::BF16,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "unknown dtype {other:?} (expected f32, bf16)"
+            )))
+        }
+    };
+    if batch == 0 || accum == 0 {
+        return Err(PyValueError::new_err("batch and accum must be at least 1"));
+    }
+    let cap = capacity_arg(capacity)?;
+    if max_batch && cap.is_none() {
+        return Err(PyValueError::new_err("max_batch needs capacity"));
+    }
+    let mut o = PredictOptions {
+        model: model.parse::<ModelKind>().map_err(bad)?,
+        batch,
+        seq,
+        mode: mode.parse::<Mode>().map_err(bad)?,
+        grad,
+        optimizer: optimizer.parse::<OptimKind>().map_err(bad)?,
+        accum,
+        accum_pattern: accum_pattern.parse::<AccumPattern>().map_err(bad)?,
+        dtype,
+        alloc_conf: alloc_conf.map(conf).transpose()?.unwrap_or_default(),
+        ..Default::default()
+    };
+    if let Some(c) = cap {
+        o.capacity = c;
+    }
+    let v = py.detach(|| -> PyResult<serde_json::Value> {
+        let p = if max_batch {
+            match self::max_batch(&o, 1 << 20).map_err(|e| PyValueError::new_err(e.to_string()))? {
+                Some((b, p)) => {
+                    o.batch = b;
+                    p
+                }
+                None => {
+                    return Err(pyo3::exceptions::PyMemoryError::new_err(
+                        "batch 1 does not fit in capacity",
+                    ))
+                }
+            }
+        } else {
+            match run_predict(&o) {
+                Ok(p) => p,
+                Err(e) if e.is_oom() => {
+                    return Err(pyo3::exceptions::PyMemoryError::new_err(format!(
+                        "out of memory: {e}"
+                    )))
+                }
+                Err(e) => return Err(PyValueError::new_err(e.to_string())),
+            }
+        };
+        Ok(serde_json::json!({
+            "model": model,
+            "batch": o.batch,
+            "peak_allocated_bytes": p.peak_allocated_bytes,
+            "peak_reserved_bytes": p.peak_reserved_bytes,
+            "peak_over_input_bytes": p.peak_over_input_bytes,
+            "categories": p.categories,
+            "stats": p.stats,
+        }))
+    })?;
+    to_py(py, &v)
+}
+
+/// diff(base, new) -> dict
+///
+/// Two snapshots compared, as `headroom diff --json`: each side's peaks, fragmentation and
+/// allocation sites (when the snapshots carry stacks), and the sites that changed most.
+#[pyfunction]
+fn diff(py: Python<'_>, base: &Bound<'_, PyAny>, new: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    let (b, n) = (trace_arg(base)?, trace_arg(new)?);
+    let v = py.detach(|| -> PyResult<serde_json::Value> {
+        let d = headroom_trace::diff::diff(&load(&b)?, &load(&n)?).map_err(replay_err)?;
+        serde_json::to_value(&d).map_err(|e| PyValueError::new_err(e.to_string()))
+    })?;
+    to_py(py, &v)
+}
+
+/// parse_size(text) -> int: a byte size as every Headroom flag reads it ("2GiB", "80GB").
+#[pyfunction]
+fn parse_size_py(text: &str) -> PyResult<u64> {
+    parse_size(text).map_err(|e| PyValueError::new_err(format!("bad size '{text}': {e}")))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(replay, m)?)?;
+    m.add_function(wrap_pyfunction!(min_capacity, m)?)?;
+    m.add_function(wrap_pyfunction!(recommend, m)?)?;
+    m.add_function(wrap_pyfunction!(summary, m)?)?;
+    m.add_function(wrap_pyfunction!(predict, m)?)?;
+    m.add_function(wrap_pyfunction!(diff, m)?)?;
+    let f = wrap_pyfunction!(parse_size_py, m)?;
+    m.add("parse_size", f)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,119 @@
+"""`import headroom`: the Python API against the CLI, on the reference traces."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import headroom
+from conftest import run
+
+MIB2 = 2 << 20
+
+
+def cli_rows(cli, args):
+    return json.loads(run([cli, "replay", "--json"] + args).stdout)
+
+
+def same_row(api, cli_row):
+    # The CLI adds the snapshot's path; everything else is the same object.
+    cli_row = dict(cli_row)
+    cli_row.pop("snapshot")
+    assert api == cli_row
+
+
+def test_replay_matches_the_cli_on_every_reference_trace(cli, traces):
+    for t in traces:
+        (row,) = cli_rows(cli, [str(t)])
+        same_row(headroom.replay(str(t)), row)
+        conf = "expandable_segments:True"
+        (row,) = cli_rows(cli, [str(t), "--alloc-conf", conf, "--capacity", "8GiB"])
+        same_row(headroom.replay(t, alloc_conf=conf, capacity="8GiB"), row)
+        assert row["peak_reserved_bytes"] > 0
+
+
+def test_replay_of_bytes_equals_replay_of_the_path(traces):
+    t = traces[0]
+    assert headroom.replay(t.read_bytes()) == headroom.replay(str(t))
+
+
+def test_capacity_as_int_or_string(traces):
+    t = traces[0]
+    assert headroom.replay(t, capacity=8 << 30) == headroom.replay(t, capacity="8GiB")
+
+
+def test_min_capacity_matches_the_cli_and_never_ooms(cli, traces):
+    t = min(traces, key=lambda p: p.stat().st_size)
+    n = headroom.min_capacity(t)
+    (row,) = cli_rows(cli, [str(t), "--min-capacity"])
+    assert row["min_capacity_bytes"] == n
+    assert headroom.replay(t, min_capacity=True)["min_capacity_bytes"] == n
+    fits = headroom.replay(t, capacity=n)
+    assert fits["num_ooms"] == 0 and fits["oom_event"] is None
+    if n - MIB2 > fits["peak_allocated_bytes"]:
+        assert headroom.replay(t, capacity=n - MIB2)["oom_event"] is not None
+
+
+def test_min_capacity_printed_by_the_cli_never_ooms(cli, traces):
+    # The table's figure, passed back as --capacity, must fit (it is printed exactly).
+    t = min(traces, key=lambda p: p.stat().st_size)
+    out = run([cli, "replay", str(t), "--min-capacity"]).stdout
+    header, _, row = out.splitlines()[1:4]
+    start = header.index("min capacity")
+    printed = row[start - 4:].split("  ")[-1].strip()
+    assert headroom.parse_size(printed) == headroom.min_capacity(t), (printed, out)
+    (r,) = cli_rows(cli, [str(t), "--capacity", printed])
+    assert r["num_ooms"] == 0 and r["oom_event"] is None, printed
+
+
+def test_recommend_matches_the_cli(cli, traces):
+    t = traces[0]
+    api = headroom.recommend(t)
+    rows = cli_rows(cli, [str(t), "--recommend"])
+    assert [r["alloc_conf"] for r in api["results"]] == [r["alloc_conf"] for r in rows]
+    for a, c in zip(api["results"], rows):
+        same_row(a, c)
+    picked = [r["alloc_conf"] for r in rows if r["recommended"]]
+    assert [api["recommended"]] == picked or (api["recommended"] is None and not picked)
+
+
+def test_summary_matches_the_cli(cli, traces):
+    t = traces[0]
+    assert headroom.summary(t) == run([cli, "summary", str(t)]).stdout
+    assert headroom.summary(t, abbreviated=True) == run(
+        [cli, "summary", str(t), "--abbreviated"]).stdout
+
+
+def test_predict_matches_the_cli(cli):
+    api = headroom.predict("mlp", batch=4)
+    c = json.loads(run([cli, "predict", "--model", "mlp", "--batch", "4", "--json"]).stdout)
+    assert api == c
+    assert api["peak_allocated_bytes"] > 0
+    assert headroom.predict("mlp", batch=8)["peak_allocated_bytes"] > api["peak_allocated_bytes"]
+
+
+def test_predict_out_of_memory_raises_memory_error():
+    with pytest.raises(MemoryError):
+        headroom.predict("mlp", batch=64, capacity="1MiB")
+
+
+def test_diff_of_a_trace_with_itself_is_even(traces):
+    d = headroom.diff(traces[0], traces[0])
+    assert d["base"]["peak_reserved_bytes"] == d["new"]["peak_reserved_bytes"] > 0
+
+
+def test_bad_input_raises_clear_errors(tmp_path, traces):
+    with pytest.raises(ValueError, match="alloc_conf"):
+        headroom.replay(traces[0], alloc_conf="no_such_knob:1")
+    with pytest.raises(ValueError, match="capacity"):
+        headroom.replay(traces[0], capacity="lots")
+    with pytest.raises(ValueError, match="capacity"):
+        headroom.replay(traces[0], capacity=0)
+    with pytest.raises(OSError):
+        headroom.replay(tmp_path / "missing.pickle")
+    junk = tmp_path / "junk.pickle"
+    junk.write_bytes(b"not a pickle")
+    with pytest.raises(ValueError, match="snapshot"):
+        headroom.replay(junk)
+    with pytest.raises(ValueError):
+        headroom.predict("no_such_model")

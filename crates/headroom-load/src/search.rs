@@ -26,9 +26,10 @@ use std::time::{Duration, Instant};
 use headroom_alloc::AllocatorConfig;
 use tracing::debug;
 
+use crate::config::LoadPlan;
+use crate::engine::drive;
 use crate::error::Result;
 use crate::results::{LinearFit, LoadPoint, OomSearch};
-use crate::runner::{drive, LoadPlan};
 use crate::timeline::{linear_fit, Phase};
 use headroom_workload::device::{Interleave, RunDevice};
 use headroom_workload::{Scenario, Workload};

@@ -395,18 +395,33 @@ fn worker(
 ) {
     let mut state = WorkerState::new();
     let mut local: Vec<RequestRecord> = Vec::new();
+    // A worker that stops sending requests gives up its place on the virtual clock.
+    let rest = || {
+        if let Some(c) = dev.clock.as_ref() {
+            c.rest(i);
+        }
+    };
     loop {
         if ctl.done.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
             break;
         }
         if i >= ctl.target.load(Ordering::Relaxed) {
+            rest();
             ctl.idle_until(|| {
                 i < ctl.target.load(Ordering::Relaxed) || ctl.done.load(Ordering::Relaxed)
             });
             continue;
         }
+        // Under a virtual clock the request runs in its turns, and its number (which picks
+        // its input) is drawn inside the first one: requests go to workers in virtual-time
+        // order, not in the order the OS happened to wake the threads, so a meta run draws
+        // the same inputs for the same seed every time. The guard leaves the schedule when
+        // the request is over, so an idle worker never holds the baton.
+        let turn = dev.clock.as_ref().map(|c| c.enter_closed(i));
         let request = ctl.next_request.fetch_add(1, Ordering::Relaxed);
         if ctl.request_limit.is_some_and(|l| request >= l) {
+            drop(turn);
+            rest();
             // -n reached: idle until the controller ends the load.
             ctl.idle_until(|| ctl.done.load(Ordering::Relaxed));
             continue;
@@ -416,9 +431,7 @@ fn worker(
         let t0 = Instant::now();
         let start_s = t0.duration_since(start).as_secs_f64();
         let res = catch_unwind(AssertUnwindSafe(|| {
-            // Under a virtual clock the request runs in its turns; the guard leaves the
-            // schedule when the request is over, so an idle worker never holds the baton.
-            let _turn = dev.clock.as_ref().map(|c| c.enter(i));
+            let _turn = turn;
             workload.run_request(&mut state, request)
         }));
         let latency_us = t0.elapsed().as_micros() as u64;
@@ -467,6 +480,7 @@ fn worker(
             ctl.records.lock().append(&mut local);
         }
     }
+    rest();
     ctl.records.lock().append(&mut local);
     // Worker state (a training replica) drops here, on the worker's thread.
 }

@@ -205,17 +205,14 @@ pub fn run(
     drop(workload);
 
     if !cancelled {
-        if let Some(sc) = &cfg.search {
-            prog.phase = "search".into();
-            progress(&prog);
-            match oom_search(&cfg.scenario, cfg.capacity, &conf, sc, &stop) {
-                Ok(s) => result.oom_search = Some(s),
-                Err(e) => warn!(error = %e, "OOM search failed"),
-            }
-        }
         prog.phase = "what_if".into();
         progress(&prog);
         result.what_if = crate::diagnose::what_if(&result, &cfg.alloc_conf, &cfg.what_if);
+        if let Some(sc) = &cfg.search {
+            prog.phase = "search".into();
+            progress(&prog);
+            result.oom_search = verdict(cfg, &conf, sc, &result.what_if, &stop);
+        }
     }
     if cfg.diagnose {
         prog.phase = "diagnose".into();
@@ -226,6 +223,53 @@ pub fn run(
     prog.phase = "done".into();
     progress(&prog);
     Ok(result)
+}
+
+/// The OOM search under the run's config and, when the what-if table recommends another,
+/// under that one too; the headline is said from these numbers only.
+fn verdict(
+    cfg: &LoadConfig,
+    conf: &headroom_alloc::AllocatorConfig,
+    sc: &crate::search::SearchConfig,
+    what_if: &[WhatIfRow],
+    stop: &AtomicBool,
+) -> Option<OomSearch> {
+    let mut s = match oom_search(&cfg.scenario, cfg.capacity, conf, sc, stop) {
+        Ok(s) => s,
+        Err(e) => {
+            warn!(error = %e, "OOM search failed");
+            return None;
+        }
+    };
+    s.alloc_conf = cfg.alloc_conf.clone();
+    if let Some(best) = recommended_config(what_if) {
+        if let Ok(rc) = headroom_alloc::AllocatorConfig::parse(&best) {
+            match oom_search(&cfg.scenario, cfg.capacity, &rc, sc, stop) {
+                Ok(r) => {
+                    s.recommended = Some(RecommendedSearch {
+                        alloc_conf: best,
+                        verified_safe_load: r.verified_safe_load,
+                        observed_oom_load: r.observed_oom_load,
+                    })
+                }
+                Err(e) => warn!(error = %e, "OOM search under the recommended config failed"),
+            }
+        }
+    }
+    s.headline = s.headline();
+    Some(s)
+}
+
+/// The what-if row to recommend instead of the run's own config (the first row): the one
+/// with the fewest OOMs, then the least peak reserved, when that is less than the own.
+pub fn recommended_config(rows: &[WhatIfRow]) -> Option<String> {
+    let own = rows.first()?;
+    let best = rows
+        .iter()
+        .skip(1)
+        .min_by_key(|w| (w.num_ooms, w.peak_reserved_bytes))?;
+    ((best.num_ooms, best.peak_reserved_bytes) < (own.num_ooms, own.peak_reserved_bytes))
+        .then(|| best.alloc_conf.clone())
 }
 
 fn planned_seconds(plan: &LoadPlan) -> Option<f64> {

@@ -66,12 +66,20 @@ pub(super) fn render_run_html(r: &RunResult) -> String {
     concurrency_table(&mut h, r);
 
     h.push_str("<h2 id=\"oom\">Peak memory and the OOM point</h2>\n");
+    if let Some(s) = r.oom_search.as_ref() {
+        let _ = writeln!(
+            h,
+            "<p class=\"verdict\"><strong>{}</strong></p>",
+            esc(&s.headline)
+        );
+    }
     figure(
         &mut h,
         PLOT_IDS[3],
         &plots::peak_vs_concurrency_svg(r),
-        "Peak memory per concurrency level (the run's and the search's probes), the line \
-         fitted to it, where it crosses the capacity (predicted OOM) and the verified safe load.",
+        "Peak reserved per concurrency level (the run's and the search's probes on the meta \
+         twin), the line fitted to it, where it crosses the capacity, and the verified safe \
+         load of the verdict above.",
     );
     oom_search_section(&mut h, r);
 
@@ -135,8 +143,8 @@ fn badges(h: &mut String, r: &RunResult) {
         if r.requests.oom == 1 { "" } else { "s" }
     );
     findings_and_thresholds_badges(h, r);
-    if let Some(k) = r.oom_search.as_ref().and_then(|s| s.verified_safe_load) {
-        let _ = write!(h, "<span class=\"ok\">safe concurrency {k}</span>");
+    if let Some(s) = r.oom_search.as_ref() {
+        let _ = write!(h, "<span class=\"ok\">{}</span>", esc(&s.headline));
     }
     h.push_str("</div>\n");
 }
@@ -407,11 +415,9 @@ fn oom_search_section(h: &mut String, r: &RunResult) {
                 "marginal memory of one more request",
                 fmt_bytes(s.marginal_bytes_per_unit),
             ),
-            ("predicted first OOM at", opt(s.predicted_oom_load)),
-            ("predicted safe load", opt(s.predicted_safe_load)),
-            ("observed first OOM (bisection)", opt(s.observed_oom_load)),
-            ("largest load without OOM", opt(s.verified_max_load)),
-            ("recommended (verified, within budget)", opt(s.verified_safe_load)),
+            ("where the fit of peak reserved crosses the capacity", opt(s.predicted_oom_load)),
+            ("first OOM (bisection under the capacity)", opt(s.observed_oom_load)),
+            ("safe (verified, peak reserved within the budget)", opt(s.verified_safe_load)),
             ("searched up to", s.max_load_tried.to_string()),
         ],
     );
@@ -483,6 +489,10 @@ mod tests {
         assert!(h.contains("expandable_segments:True"));
         assert!(h.contains("p99&lt;20ms") && h.contains("FAIL"));
         assert!(h.contains("Autograd was on during inference"));
+        // the verdict reads as the terminal and the JSON say it
+        let v = &r.oom_search.as_ref().unwrap().headline;
+        assert!(h.contains(&esc(v)), "verdict {v} missing");
+        assert_eq!(h.matches(&esc(v)).count(), 2, "badge and the OOM section");
     }
 
     /// The only `http://` allowed is the SVG namespace, which is an identifier, not a fetch.

@@ -96,18 +96,19 @@ pub(super) fn run_summary_table(r: &RunResult) -> String {
         fmt_bytes(r.peaks.fragmented_segment_bytes)
     );
     if let Some(s) = &r.oom_search {
-        let opt = |v: Option<usize>| v.map(|x| x.to_string()).unwrap_or_else(|| "-".into());
         let _ = writeln!(
             o,
-            "OOM    predicted first OOM at {}={}  observed {}  safe {} (budget {}, {:.0}% margin)  +{} per {}",
-            s.axis,
-            opt(s.predicted_oom_load),
-            opt(s.observed_oom_load),
-            opt(s.verified_safe_load),
+            "OOM    {}  (fit {} + {} per {}, budget {}, {:.0}% margin)",
+            s.headline,
+            fmt_signed_bytes(s.fit.a.round() as i64),
+            fmt_bytes(s.marginal_bytes_per_unit),
+            if s.axis == "batch" {
+                "sample"
+            } else {
+                "concurrent request"
+            },
             fmt_bytes(s.budget_bytes),
             s.margin_fraction * 100.0,
-            fmt_bytes(s.marginal_bytes_per_unit),
-            if s.axis == "batch" { "sample" } else { "concurrent request" }
         );
     }
     finding_lines(&mut o, r, true);
@@ -170,6 +171,9 @@ mod tests {
         assert!(s.contains("autograd_in_inference"));
         assert!(s.contains("with torch.no_grad():"));
         assert!(s.contains("p99<20ms") && s.contains("FAIL"));
-        assert!(s.contains("predicted first OOM at concurrency=10"));
+        // the one verdict, as the JSON and the HTML say it
+        let v = &r.oom_search.as_ref().unwrap().headline;
+        assert!(v.starts_with("safe concurrency 7, first OOM at 10"), "{v}");
+        assert!(s.contains(v.as_str()), "{s}");
     }
 }

@@ -47,6 +47,8 @@ pub mod size;
 pub mod snapshot;
 pub mod stats;
 pub mod summary;
+/// The one plain-text table printer.
+pub mod table;
 
 pub use allocator::CachingAllocator;
 pub use config::{AllocatorConfig, Backend, ConfigError, ConfigScope};

@@ -438,7 +438,8 @@ fn activations_claim() -> Claim {
 /// model the OOM search stands on; `matches_pytorch` uses a 10% tolerance for grad on, and
 /// no_grad figures (transient, so sensitive to how requests overlap) are context.
 pub fn concurrency_vs_pytorch() -> ClaimVerdict {
-    use crate::runner::{drive_for_probe, LoadPlan};
+    use crate::config::LoadPlan;
+    use crate::engine::drive_for_probe;
     use headroom_workload::device::{Interleave, RunDevice};
     use headroom_workload::{InputDist, Scenario};
 

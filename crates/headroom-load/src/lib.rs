@@ -17,27 +17,42 @@
 //!   Prometheus endpoint, the `headroom_probe.py` probe) on the same timeline; the result is
 //!   the same [`RunResult`] with its `http` part, so reports and thresholds are shared.
 //!
-//! Modules: [`results`] (the result types and the documented JSON schema), [`runner`]
-//! (closed-model load), [`timeline`] (measurement), [`search`] (OOM search), [`diagnose`]
-//! (findings and what-if), [`threshold`], [`claims`], [`http`] (the HTTP load client),
+//! The flow is one way: [`config`] (what the user asked, validated) → [`engine`] (the
+//! closed-model load on one device) → [`search`] (the OOM search on the meta twin, which
+//! probes with the engine) → [`diagnose`] (findings and the what-if replay, for in-process
+//! and HTTP runs alike) → [`results`] (the result types and the documented JSON schema) →
+//! [`report`] (terminal, JSON, HTML; a pure function of the result). [`pipeline`] orders
+//! the steps; no step calls back into the one that called it. Beside them: [`timeline`]
+//! (measurement), [`threshold`], [`claims`], [`http`] (the HTTP load client),
 //! [`memsource`] (memory from outside the allocator: NVML, fakes). Workloads, devices and
 //! stages come from headroom-workload.
 
 pub mod claims;
+pub mod config;
 pub mod diagnose;
+pub mod engine;
 pub mod error;
 pub mod http;
 pub mod memsource;
+pub mod pipeline;
 pub mod report;
 pub mod results;
-pub mod runner;
+/// The old home of the load's configuration, kept for `http/run.rs` (owned by the HTTP
+/// side) until it names [`config`] directly.
+#[doc(hidden)]
+pub mod runner {
+    pub use crate::config::DEFAULT_WHAT_IF;
+}
 pub mod search;
 pub mod threshold;
 pub mod timeline;
 
+pub use config::{
+    parse_stages, LoadConfig, LoadPlan, RampStep, Stage, DEFAULT_CAPACITY, DEFAULT_WHAT_IF,
+};
 pub use error::{LoadError, Result};
 pub use memsource::{FnSource, MemoryReading, MemorySource, NvmlDevice, NvmlSource};
+pub use pipeline::run;
 pub use results::*;
-pub use runner::{parse_stages, run, LoadConfig, LoadPlan, RampStep, Stage, DEFAULT_CAPACITY};
 pub use search::{oom_search, SearchAxis, SearchConfig};
 pub use threshold::{parse_thresholds, Threshold};

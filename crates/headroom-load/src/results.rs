@@ -429,8 +429,8 @@ pub struct OomSearch {
     pub margin_fraction: f64,
     /// `capacity_bytes - margin`: what a "safe" load must stay under.
     pub budget_bytes: u64,
-    /// Which peak was fitted: `"peak_allocated"` (see `search.rs`: near the capacity the
-    /// allocator gives back its cache before it fails, so allocated is what runs into it).
+    /// Which peak was fitted: `"peak_reserved"`, what runs into the capacity (see
+    /// `search.rs`).
     pub metric: String,
     /// The measured points the fit used.
     pub points: Vec<LoadPoint>,
@@ -455,6 +455,61 @@ pub struct OomSearch {
     pub marginal_bytes_per_unit: u64,
     /// Upper bound of the search.
     pub max_load_tried: usize,
+    /// The allocator config the search ran under (`PYTORCH_CUDA_ALLOC_CONF` syntax, `""`
+    /// is the default).
+    #[serde(default)]
+    pub alloc_conf: String,
+    /// The same search under the recommended config (the what-if row that fits and
+    /// reserves least), when it differs from the run's own.
+    #[serde(default)]
+    pub recommended: Option<RecommendedSearch>,
+    /// The verdict in one sentence ([`OomSearch::headline`]), said identically by the
+    /// terminal summary, this file and the HTML report.
+    #[serde(default)]
+    pub headline: String,
+}
+
+/// The OOM search's answer under the recommended allocator config.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RecommendedSearch {
+    pub alloc_conf: String,
+    pub verified_safe_load: Option<usize>,
+    pub observed_oom_load: Option<usize>,
+}
+
+impl OomSearch {
+    /// `safe concurrency N, first OOM at M, on capacity C under config X, and N' under the
+    /// recommended config Y`: the one verdict, from the search's own numbers.
+    pub fn headline(&self) -> String {
+        let opt = |v: Option<usize>| v.map_or_else(|| "none".to_string(), |x| x.to_string());
+        let conf = |c: &str| {
+            if c.is_empty() {
+                "the default config".to_string()
+            } else {
+                format!("PYTORCH_CUDA_ALLOC_CONF={c}")
+            }
+        };
+        let first = match self.observed_oom_load {
+            Some(m) => format!("first OOM at {m}"),
+            None => format!("no OOM up to {}", self.max_load_tried),
+        };
+        let mut h = format!(
+            "safe {} {}, {first}, on capacity {} under {}",
+            self.axis,
+            opt(self.verified_safe_load),
+            headroom_alloc::human_bytes(self.capacity_bytes),
+            conf(&self.alloc_conf)
+        );
+        match &self.recommended {
+            Some(r) => h.push_str(&format!(
+                ", and {} under the recommended {}",
+                opt(r.verified_safe_load),
+                conf(&r.alloc_conf)
+            )),
+            None => h.push_str(", which is also the recommended config"),
+        }
+        h
+    }
 }
 
 /// One probe: a load level and what it measured.

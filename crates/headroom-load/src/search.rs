@@ -6,13 +6,16 @@
 //! for a fixed number of requests per worker, with workers interleaving op by op (see
 //! `devices::Interleave`), so the requests in flight hold their memory at the same time.
 //!
-//! 1. Fit: probe a few small loads on an unbounded device and fit `peak ≈ a + b·load` to
-//!    the peak *allocated* bytes. `b` is the marginal memory of one more concurrent
-//!    request; where the line crosses the capacity is the predicted OOM load. Not reserved:
-//!    on an unbounded device the cache keeps every segment it ever made, while near the
-//!    capacity the allocator frees its cache and retries before it fails, so at the OOM
-//!    point reserved comes down to allocated plus what cannot be reclaimed. That remainder
-//!    is what the fragmentation margin is for.
+//! 1. Fit: probe loads on an unbounded device under the run's allocator config and fit
+//!    `peak ≈ a + b·load` to the peak *reserved* bytes, what the allocator asks the device
+//!    for and so what runs out: segments, rounding and splits included. The load doubles
+//!    until the peak passes the capacity, and the line is fitted through the top points,
+//!    around the crossing, so the prediction interpolates instead of extrapolating from
+//!    small loads where fixed costs dominate. `b` is the marginal memory of one more
+//!    concurrent request; where the line crosses the capacity is the predicted OOM load.
+//!
+//! Every probe is deterministic for a seed: the meta twin's workers take turns on a
+//! virtual clock, and each draws its request (and so its input) inside its turn.
 //! 2. Verify: under the real capacity, probe the predicted point and walk outward with
 //!    doubling steps until the first OOM is bracketed, then bisect to the exact boundary.
 //!    The allocator can free its cache and retry before it raises OOM, so the observed
@@ -26,9 +29,10 @@ use std::time::{Duration, Instant};
 use headroom_alloc::AllocatorConfig;
 use tracing::debug;
 
+use crate::config::LoadPlan;
+use crate::engine::drive;
 use crate::error::Result;
 use crate::results::{LinearFit, LoadPoint, OomSearch};
-use crate::runner::{drive, LoadPlan};
 use crate::timeline::{linear_fit, Phase};
 use headroom_workload::device::{Interleave, RunDevice};
 use headroom_workload::{Scenario, Workload};
@@ -163,15 +167,14 @@ pub fn oom_search(
     }
     // At small loads fixed costs (weights, the first segments, requests that happen not to
     // overlap) dominate, and a line through them extrapolates badly. Keep doubling the load
-    // until the peak reaches half the capacity, then fit the top points only, where the
-    // marginal cost of a request dominates.
+    // until the peak passes the capacity, then fit the top points only, around the crossing.
     let fit_of = |pts: &[LoadPoint]| {
         let mut v: Vec<&LoadPoint> = pts.iter().collect();
         v.sort_by_key(|p| p.load);
         let top = &v[v.len().saturating_sub(4)..];
         let xy: Vec<(f64, f64)> = top
             .iter()
-            .map(|p| (p.load as f64, p.peak_allocated_bytes as f64))
+            .map(|p| (p.load as f64, p.peak_reserved_bytes as f64))
             .collect();
         linear_fit(&xy).unwrap_or(LinearFit {
             a: xy.first().map(|p| p.1).unwrap_or(0.0),
@@ -183,7 +186,7 @@ pub fn oom_search(
         if last.load >= max_load || out_of_time() {
             break;
         }
-        if last.peak_allocated_bytes >= capacity / 2 {
+        if last.peak_reserved_bytes > capacity {
             break;
         }
         let next = (last.load * 2).min(max_load);
@@ -306,7 +309,7 @@ pub fn oom_search(
         capacity_bytes: capacity,
         margin_fraction: cfg.margin_fraction,
         budget_bytes: budget,
-        metric: "peak_allocated".into(),
+        metric: "peak_reserved".into(),
         points,
         fit,
         predicted_oom_load,
@@ -317,5 +320,8 @@ pub fn oom_search(
         bisection,
         marginal_bytes_per_unit: fit.b.max(0.0).round() as u64,
         max_load_tried: max_load,
+        alloc_conf: String::new(),
+        recommended: None,
+        headline: String::new(),
     })
 }

@@ -327,7 +327,31 @@ fn predict(
     capacity: Option<&Bound<'_, PyAny>>,
     max_batch: bool,
 ) -> PyResult<Py<PyAny>> {
-    let bad = |e: headroom_tensor::TensorError| PyValueError::new_err(e.to_string());
+    let bad = |what: &str, v: &str, ok: &str| {
+        PyValueError::new_err(format!("unknown {what} {v:?} (expected {ok})"))
+    };
+    let model_kind = match model.to_ascii_lowercase().as_str() {
+        "resnet50" => ModelKind::ResNet50,
+        "resnet18" => ModelKind::ResNet18,
+        "gpt2" => ModelKind::Gpt2,
+        "mlp" => ModelKind::Mlp,
+        v => return Err(bad("model", v, "resnet50, resnet18, gpt2, mlp")),
+    };
+    let mode_kind = match mode {
+        "infer" => Mode::Infer,
+        "train" => Mode::Train,
+        v => return Err(bad("mode", v, "infer, train")),
+    };
+    let optim = match optimizer.to_ascii_lowercase().as_str() {
+        "sgd" => OptimKind::Sgd,
+        "adamw" => OptimKind::AdamW,
+        v => return Err(bad("optimizer", v, "sgd, adamw")),
+    };
+    let pattern = match accum_pattern {
+        "each" => AccumPattern::Each,
+        "sum" => AccumPattern::Sum,
+        v => return Err(bad("accum_pattern", v, "each, sum")),
+    };
     let dtype = match dtype.to_ascii_lowercase().as_str() {
         "f32" | "float32" => DType::F32,
         "bf16" | "bfloat16" => DType::BF16,
@@ -345,14 +369,14 @@ fn predict(
         return Err(PyValueError::new_err("max_batch needs capacity"));
     }
     let mut o = PredictOptions {
-        model: model.parse::<ModelKind>().map_err(bad)?,
+        model: model_kind,
         batch,
         seq,
-        mode: mode.parse::<Mode>().map_err(bad)?,
+        mode: mode_kind,
         grad,
-        optimizer: optimizer.parse::<OptimKind>().map_err(bad)?,
+        optimizer: optim,
         accum,
-        accum_pattern: accum_pattern.parse::<AccumPattern>().map_err(bad)?,
+        accum_pattern: pattern,
         dtype,
         alloc_conf: alloc_conf.map(conf).transpose()?.unwrap_or_default(),
         ..Default::default()

@@ -139,6 +139,12 @@ struct VState {
     seen: Vec<bool>,
     /// Virtual time at which the worker's current request began.
     began: Vec<f64>,
+    /// The worker finished a request of a closed loop ([`VirtualClock::enter_closed`]) and
+    /// will send its next one at once: it keeps its place in virtual time, and nobody runs
+    /// past it until it is back or [`VirtualClock::rest`]s.
+    returning: Vec<bool>,
+    /// Virtual time when the last gate was set: the start of the workers it gathers.
+    epoch: f64,
     baton: Option<usize>,
     /// Running mean of a request's virtual duration.
     request_vtime: f64,
@@ -150,7 +156,7 @@ impl VState {
     fn next(&self) -> Option<usize> {
         let mut best: Option<usize> = None;
         for (i, &a) in self.active.iter().enumerate() {
-            if a && best.is_none_or(|b| self.vtime[i] < self.vtime[b]) {
+            if (a || self.returning[i]) && best.is_none_or(|b| self.vtime[i] < self.vtime[b]) {
                 best = Some(i);
             }
         }
@@ -185,6 +191,8 @@ impl VirtualClock {
                 active: vec![false; MAX_WORKERS],
                 seen: vec![false; MAX_WORKERS],
                 began: vec![0.0; MAX_WORKERS],
+                returning: vec![false; MAX_WORKERS],
+                epoch: 0.0,
                 baton: None,
                 request_vtime: 0.0,
                 gate: None,
@@ -237,6 +245,13 @@ impl VirtualClock {
     /// meta run is deterministic.
     pub fn gate(&self, n: usize) {
         let mut st = self.st.lock();
+        st.epoch = st
+            .vtime
+            .iter()
+            .zip(&st.seen)
+            .filter(|(_, &seen)| seen)
+            .map(|(&v, _)| v)
+            .fold(0.0, f64::max);
         st.gate = Some((n.clamp(1, MAX_WORKERS), Instant::now() + GATE_TIMEOUT));
         st.baton = None;
     }
@@ -254,12 +269,16 @@ impl VirtualClock {
         if !st.seen[i] {
             st.seen[i] = true;
             let phase = (i as f64 * 0.618_033_988_749_894_9).fract();
-            st.vtime[i] = now + phase * st.request_vtime;
+            // Behind a gate the workers start from the gate's time, not from whoever
+            // happened to enter first.
+            let base = if st.gate.is_some() { st.epoch } else { now };
+            st.vtime[i] = base + phase * st.request_vtime;
         } else if !st.active[i] {
             st.vtime[i] = st.vtime[i].max(now);
         }
         st.began[i] = st.vtime[i];
         st.active[i] = true;
+        st.returning[i] = false;
         if st.gate.is_some() {
             // The waiting workers poll the gate; wake the one that may open it.
             for k in 0..MAX_WORKERS {
@@ -270,7 +289,34 @@ impl VirtualClock {
         }
         self.wait_turn(&mut st, i);
         WORKER.with(|w| w.set(Some(i)));
-        ClockTurn { clock: self, i }
+        ClockTurn {
+            clock: self,
+            i,
+            closed: false,
+        }
+    }
+    /// [`VirtualClock::enter`] for a worker of a closed loop (a load test's): when the turn
+    /// ends, the worker keeps its place in virtual time until its next request enters, so
+    /// the requests go to the workers in virtual-time order however long its thread takes
+    /// between two requests in real time — what makes a meta load deterministic. A worker
+    /// that stops sending requests must [`VirtualClock::rest`].
+    pub fn enter_closed(&self, i: usize) -> ClockTurn<'_> {
+        let mut t = self.enter(i);
+        t.closed = true;
+        t
+    }
+    /// Worker `i` sends no more requests for now (idle, or the load is over): it gives up
+    /// the place [`VirtualClock::enter_closed`] kept.
+    pub fn rest(&self, i: usize) {
+        let i = i.min(MAX_WORKERS - 1);
+        let mut st = self.st.lock();
+        if !st.returning[i] {
+            return;
+        }
+        st.returning[i] = false;
+        if st.baton == Some(i) || st.baton.is_none() {
+            self.pass(&mut st);
+        }
     }
     /// Called at every allocator call of a worker, before it takes effect: the worker pays
     /// the time its last allocation's op took (that op ran while everything live *then* was
@@ -292,12 +338,13 @@ impl VirtualClock {
         self.pass(&mut st);
         self.wait_turn(&mut st, i);
     }
-    fn leave(&self, i: usize) {
+    fn leave(&self, i: usize, closed: bool) {
         WORKER.with(|w| w.set(None));
         let owed = PENDING.with(|p| p.replace(0.0));
         let mut st = self.st.lock();
         st.vtime[i] += owed;
         st.active[i] = false;
+        st.returning[i] = closed;
         let d = st.vtime[i] - st.began[i];
         st.request_vtime = if st.request_vtime == 0.0 {
             d
@@ -320,11 +367,12 @@ impl Default for VirtualClock {
 pub struct ClockTurn<'a> {
     clock: &'a VirtualClock,
     i: usize,
+    closed: bool,
 }
 
 impl Drop for ClockTurn<'_> {
     fn drop(&mut self) {
-        self.clock.leave(self.i);
+        self.clock.leave(self.i, self.closed);
     }
 }
 

@@ -413,80 +413,16 @@ fn print_table(path: &std::path::Path, capacity: u64, results: &[(String, Replay
     }
 }
 
-/// The longest cell [`print_rows`] prints in full; longer ones (a 70,000-character conf
-/// string from a snapshot) are cut to this many characters with a `…` and their length, so
-/// the table stays readable. `--json` keeps the whole string.
-pub const MAX_CELL_CHARS: usize = 80;
+pub use headroom_alloc::table::cell;
 
-/// `s` cut to [`MAX_CELL_CHARS`] characters (not bytes: a cut never splits a character).
-pub fn cell(s: &str) -> String {
-    let n = s.chars().count();
-    if n <= MAX_CELL_CHARS {
-        return s.to_string();
-    }
-    let note = format!("… ({n} chars)");
-    let keep = MAX_CELL_CHARS.saturating_sub(note.chars().count());
-    s.chars().take(keep).chain(note.chars()).collect()
-}
-
-/// `c` padded with spaces to `width` characters, on the right (`left_align`) or the left.
-/// Done by hand: `format!("{c:<w$}")` panics when `w` exceeds `u16::MAX` ("Formatting
-/// argument out of range"), and a width computed from input must never do that.
-fn pad(c: &str, width: usize, left_align: bool) -> String {
-    let fill = " ".repeat(width.saturating_sub(c.chars().count()));
-    if left_align {
-        format!("{c}{fill}")
-    } else {
-        format!("{fill}{c}")
-    }
-}
-
-/// A plain-text table. Cells are cut to [`MAX_CELL_CHARS`] characters, so neither the
-/// widths nor the output grow with the input.
+/// A plain-text table (headroom-alloc's one printer): the first column left-aligned, the
+/// numbers right-aligned; long cells are cut.
 pub fn print_rows(header: &[&str], rows: &[Vec<String>]) {
-    print!("{}", format_rows(header, rows));
-}
-
-/// [`print_rows`]' text.
-pub fn format_rows(header: &[&str], rows: &[Vec<String>]) -> String {
-    let rows: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| r.iter().map(|c| cell(c)).collect())
-        .collect();
-    let mut w: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for r in &rows {
-        for (i, c) in r.iter().enumerate() {
-            if let Some(wi) = w.get_mut(i) {
-                *wi = (*wi).max(c.chars().count());
-            }
-        }
-    }
-    let line = |cells: &[String]| {
-        cells
-            .iter()
-            .zip(&w)
-            .enumerate()
-            .map(|(i, (c, &wi))| pad(c, wi, i == 0))
-            .collect::<Vec<_>>()
-            .join("  ")
-    };
-    let mut out = String::new();
-    out.push_str(&line(
-        &header.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
-    ));
-    out.push('\n');
-    out.push_str(
-        &w.iter()
-            .map(|n| "-".repeat(*n))
-            .collect::<Vec<_>>()
-            .join("  "),
+    let right: Vec<bool> = (0..header.len()).map(|i| i > 0).collect();
+    print!(
+        "{}",
+        headroom_alloc::table::format_table(header, rows, &right)
     );
-    out.push('\n');
-    for r in &rows {
-        out.push_str(&line(r));
-        out.push('\n');
-    }
-    out
 }
 
 /// A snapshot pickle, or an RMM CSV log (by extension `.csv`).

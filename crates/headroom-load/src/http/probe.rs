@@ -7,8 +7,9 @@
 //! OOM observer dumped if the service ran out of memory (`GET /oom_snapshot`). headroom-trace
 //! reads them; the run's own trace is replayed under the service's allocator config and
 //! the what-if configs (as `headroom loadtest` replays its own), and the findings are
-//! decided from those replays and the scraped numbers, with the same ids, floors and
-//! wording as the in-process diagnosis:
+//! decided from those replays and the scraped numbers by the one diagnosis engine
+//! (`crate::diagnose::diagnose_service`), with the same ids, floors and wording as the
+//! in-process diagnosis:
 //! - `out_of_memory`: the service's OOM counter rose during the run; with the OOM
 //!   snapshot, the allocator state at that moment (reserved, allocated, the largest free
 //!   block) and whether the trace fits under `expandable_segments`;
@@ -17,13 +18,12 @@
 //! - `cache_held`: after the load, the cache still reserves far more than is allocated;
 //!   what `empty_cache()` would return is the snapshot's fully free segments.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use headroom_alloc::{BlockState, Snapshot};
+use headroom_alloc::Snapshot;
 use hyper::Method;
 
-use crate::diagnose::{mib, what_if_table, Rules};
+pub use crate::diagnose::segment_state;
 use crate::http::client;
 use crate::results::*;
 
@@ -95,238 +95,16 @@ pub async fn fetch(
     (p, snap, oom)
 }
 
-/// Reserved, allocated and the largest free block of a snapshot's segments.
-pub fn segment_state(s: &Snapshot) -> (u64, u64, u64) {
-    let mut reserved = 0;
-    let mut allocated = 0;
-    let mut largest_free = 0;
-    for g in &s.segments {
-        reserved += g.total_size;
-        for b in &g.blocks {
-            match b.state {
-                BlockState::Inactive => largest_free = largest_free.max(b.size),
-                _ => allocated += b.size,
-            }
-        }
-    }
-    (reserved, allocated, largest_free)
-}
-
-fn nums(v: &[(&str, f64)]) -> BTreeMap<String, f64> {
-    v.iter().map(|(k, x)| (k.to_string(), *x)).collect()
-}
-
 /// The findings of a finished HTTP run (see the module docs).
 pub fn findings(r: &RunResult) -> Vec<Finding> {
-    let floor = Rules::default().floor(r.capacity_bytes);
-    let mut f = Vec::new();
-    f.extend(out_of_memory(r));
-    f.extend(fragmentation(r, floor));
-    f.extend(cache_held(r, floor));
-    f
-}
-
-fn has(r: &RunResult, series: &str) -> bool {
-    r.http
-        .as_ref()
-        .is_some_and(|h| h.memory_series.iter().any(|s| s == series))
-}
-
-fn out_of_memory(r: &RunResult) -> Option<Finding> {
-    let n = r.errors.oom;
-    if n == 0 {
-        return None;
-    }
-    let first = r.ooms.first();
-    let mut numbers = vec![("service_ooms", n as f64)];
-    let at = first
-        .map(|o| {
-            format!(
-                " The first was seen at t={:.1}s with {} requests in flight, {} allocated and {} \
-                 reserved of {}.",
-                o.t_s,
-                o.concurrency,
-                mib(o.allocated_bytes as f64),
-                mib(o.reserved_bytes as f64),
-                if r.capacity_bytes > 0 {
-                    mib(r.capacity_bytes as f64)
-                } else {
-                    "an unknown capacity".into()
-                }
-            )
-        })
-        .unwrap_or_default();
-    let mut state = String::new();
-    let mut fix = String::from(
-        "Bound the work in flight below the OOM point: put an admission limit in front of the \
-         model (`headroom serve` sheds load with 503 instead of dying), or lower the batch or \
-         sequence-length cap.",
-    );
-    if let Some(s) = &r.oom_snapshot {
-        let (res, alloc, largest) = segment_state(s);
-        numbers.push(("oom_reserved_bytes", res as f64));
-        numbers.push(("oom_allocated_bytes", alloc as f64));
-        numbers.push(("oom_largest_free_block_bytes", largest as f64));
-        state = format!(
-            " The probe's OOM snapshot shows {} reserved in {} segments, {} allocated, and {} \
-             cached but free (the largest free block {}).",
-            mib(res as f64),
-            s.segments.len(),
-            mib(alloc as f64),
-            mib(res.saturating_sub(alloc) as f64),
-            mib(largest as f64)
-        );
-        if res.saturating_sub(alloc) as f64 > 0.1 * res as f64 {
-            fix.push_str(
-                "\nMuch of the reserved memory was free at the OOM, in pieces too small for the \
-                 request: set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`.",
-            );
-        }
-    }
-    Some(Finding {
-        id: FindingId::OutOfMemory,
-        title: "The service ran out of memory".into(),
-        severity: Severity::Critical,
-        evidence: format!(
-            "The service reported {n} out-of-memory error{} during the run.{at}{state}",
-            if n == 1 { "" } else { "s" }
-        ),
-        numbers: nums(&numbers),
-        fix,
-        predicted_saving_bytes: 0,
-    })
-}
-
-fn fragmentation(r: &RunResult, floor: u64) -> Option<Finding> {
-    let p = &r.peaks;
-    let own = r.what_if.first();
-    let best = r
-        .what_if
-        .iter()
-        .skip(1)
-        .min_by_key(|w| (w.num_ooms, w.peak_reserved_bytes));
-    let saving = match (own, best) {
-        (Some(o), Some(b)) => o.peak_reserved_bytes.saturating_sub(b.peak_reserved_bytes),
-        _ => 0,
-    };
-    let ratio = p.reserved_bytes as f64 / p.allocated_bytes.max(1) as f64;
-    // Reserved far above allocated, or free bytes inside split segments, are no evidence
-    // alone: a small model in a 20 MiB segment shows both with nothing wasted. What counts
-    // is the allocator flushing its cache to retry during the run, or a replay of the
-    // service's own trace that needs less memory under another config.
-    if !(p.alloc_retries > 0 || saving >= floor) {
-        return None;
-    }
-    let table = what_if_table(&r.what_if);
-    let fix = match best {
-        Some(b) if saving > 0 => format!(
-            "Set `PYTORCH_CUDA_ALLOC_CONF={}` in the service's environment: the replay of its \
-             trace under it peaks at {} reserved instead of {}.",
-            b.alloc_conf,
-            mib(b.peak_reserved_bytes as f64),
-            mib(own.map(|o| o.peak_reserved_bytes).unwrap_or(0) as f64)
-        ),
-        _ => "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the service's \
-              environment so segments grow in place instead of splitting, and pad variable \
-              sizes (sequence lengths) to a few buckets."
-            .into(),
-    };
-    Some(Finding {
-        id: FindingId::Fragmentation,
-        title: "The service's caching allocator is fragmented".into(),
-        severity: if r.errors.oom > 0 {
-            Severity::Critical
-        } else {
-            Severity::Warning
-        },
-        evidence: format!(
-            "Peak reserved {} against peak allocated {} ({:.2}x); up to {} free inside split \
-             segments; {} alloc retries (cache flushed and retried) during the run.{}",
-            mib(p.reserved_bytes as f64),
-            mib(p.allocated_bytes as f64),
-            ratio,
-            mib(p.inactive_split_bytes as f64),
-            p.alloc_retries,
-            if table.is_empty() {
-                String::new()
-            } else {
-                format!(" Replayed peak reserved of the service's trace: {table}.")
-            }
-        ),
-        numbers: nums(&[
-            ("peak_reserved_bytes", p.reserved_bytes as f64),
-            ("peak_allocated_bytes", p.allocated_bytes as f64),
-            ("reserved_over_allocated", ratio),
-            ("inactive_split_bytes_peak", p.inactive_split_bytes as f64),
-            ("alloc_retries", p.alloc_retries as f64),
-            ("replay_saving_bytes", saving as f64),
-        ]),
-        fix,
-        predicted_saving_bytes: saving,
-    })
-}
-
-fn cache_held(r: &RunResult, floor: u64) -> Option<Finding> {
-    if !(has(r, "allocated") && has(r, "reserved")) {
-        return None;
-    }
-    // The last sample is taken after the load: the service at rest. Only a burst that
-    // allocated much more than what stays allocated leaves cache behind worth freeing.
-    let rest = r.timeline.last()?;
-    let held = rest.reserved_bytes.saturating_sub(rest.allocated_bytes);
-    let dropped = rest.allocated_bytes as f64 <= 0.6 * r.peaks.allocated_bytes as f64;
-    if !dropped || held < floor || rest.reserved_bytes < 2 * rest.allocated_bytes.max(1) {
-        return None;
-    }
-    let releasable = r
-        .snapshot
-        .as_ref()
-        .map(|s| {
-            s.segments
-                .iter()
-                .filter(|g| g.blocks.iter().all(|b| b.state == BlockState::Inactive))
-                .map(|g| g.total_size)
-                .sum::<u64>()
-        })
-        .unwrap_or(held);
-    Some(Finding {
-        id: FindingId::CacheHeld,
-        title: "The service's cache holds memory for a burst that is over".into(),
-        severity: Severity::Info,
-        evidence: format!(
-            "After the load, the service's allocator still reserves {} with {} allocated \
-             (peak allocated under load {}): {} is cached but unused{}.",
-            mib(rest.reserved_bytes as f64),
-            mib(rest.allocated_bytes as f64),
-            mib(r.peaks.allocated_bytes as f64),
-            mib(held as f64),
-            if r.snapshot.is_some() {
-                format!(
-                    "; empty_cache() would return {} (its fully free segments)",
-                    mib(releasable as f64)
-                )
-            } else {
-                String::new()
-            }
-        ),
-        numbers: nums(&[
-            ("reserved_bytes_at_rest", rest.reserved_bytes as f64),
-            ("allocated_bytes_at_rest", rest.allocated_bytes as f64),
-            ("cached_unused_bytes", held as f64),
-            ("empty_cache_returns_bytes", releasable as f64),
-        ]),
-        fix: "Call `torch.cuda.empty_cache()` when the service goes idle (it frees every fully \
-              free segment to the driver, for other processes), or set \
-              `PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.8`."
-            .into(),
-        predicted_saving_bytes: releasable,
-    })
+    crate::diagnose::diagnose_service(r)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::report::testdata::synthetic_http;
+    use headroom_alloc::BlockState;
 
     const MIB: u64 = 1 << 20;
 

@@ -10,11 +10,11 @@
 
 use std::fmt::Write as _;
 
-use super::html::{
-    esc, figure, findings_section, kv, memory_sources_section, ooms_section, stop_text,
-    thresholds_section, what_if_section, CSS,
+use super::parts::{
+    esc, figure, finding_lines, findings_and_thresholds_badges, findings_section, kv,
+    memory_sources_section, ooms_section, stop_text, table, threshold_lines, thresholds_section,
+    what_if_section, CSS,
 };
-use super::terminal::table;
 use super::{fmt_bytes, fmt_ms, plots};
 use crate::results::*;
 
@@ -70,11 +70,9 @@ fn correction_text(h: &HttpResult) -> &'static str {
     }
 }
 
-/// Renders the HTTP run's page.
-pub fn render_http_html(r: &RunResult) -> String {
-    let Some(hr) = r.http.as_ref() else {
-        return super::html::render_html(r);
-    };
+/// Renders the HTTP run's page ([`super::render_html`] picks it for runs with an `http`
+/// part; `hr` is that part).
+pub(super) fn render_http_html(r: &RunResult, hr: &HttpResult) -> String {
     let mut h = String::with_capacity(256 * 1024);
     let title = format!("Headroom HTTP load test: {} {}", hr.method, hr.url);
     let _ = write!(
@@ -218,7 +216,7 @@ fn badges(h: &mut String, r: &RunResult, hr: &HttpResult) {
             if n == 1 { "" } else { "s" }
         );
     }
-    super::html::findings_and_thresholds_badges(h, r);
+    findings_and_thresholds_badges(h, r);
     h.push_str("</div>\n");
 }
 
@@ -457,11 +455,8 @@ fn probe_section(h: &mut String, p: &ProbeResult) {
     kv(h, &rows);
 }
 
-/// The terminal summary of an HTTP run.
-pub fn http_summary_table(r: &RunResult) -> String {
-    let Some(hr) = r.http.as_ref() else {
-        return super::terminal::summary_table(r);
-    };
+/// The terminal summary of an HTTP run (`hr` is its `http` part).
+pub(super) fn http_summary_table(r: &RunResult, hr: &HttpResult) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "headroom http: {}", r.scenario.description);
     let _ = writeln!(
@@ -586,8 +581,8 @@ pub fn http_summary_table(r: &RunResult) -> String {
         super::http_predict::terminal_lines(&mut o, p);
     }
     // As before, this summary leaves each finding's saving to the HTML report.
-    super::terminal::finding_lines(&mut o, r, false);
-    super::terminal::threshold_lines(&mut o, r);
+    finding_lines(&mut o, r, false);
+    threshold_lines(&mut o, r);
     o
 }
 
@@ -600,7 +595,7 @@ mod tests {
     fn http_page_has_its_plots_and_escapes_what_came_from_the_run() {
         for open in [false, true] {
             let r = synthetic_http(open);
-            let h = super::super::html::render_html(&r);
+            let h = super::super::render_html(&r);
             for id in HTTP_PLOT_IDS {
                 assert!(h.contains(&format!("id=\"{id}\"")), "missing {id}");
             }

@@ -11,7 +11,7 @@
 use std::fmt::Write as _;
 
 use super::fmt_bytes;
-use super::html::{esc, figure};
+use super::parts::{esc, figure};
 use crate::http::predict::{Observed, ServicePrediction};
 use crate::results::*;
 

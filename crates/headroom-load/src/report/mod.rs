@@ -1,6 +1,10 @@
 //! The output side of a load run: the self-contained HTML report with SVG plots, the
 //! terminal summary table, and the JSON results file.
 //!
+//! This module is the dispatcher: [`render_html`] and [`summary_table`] pick the in-process
+//! page ([`html`], [`terminal`]) or the HTTP run's ([`http`]); the pieces they share are in
+//! [`parts`]. The pages import the parts and the plots, never each other.
+//!
 //! Design note: everything here is a pure function of a finished [`RunResult`] — the report
 //! never looks at the engine's live state — so a cancelled run (Ctrl-C) reports what it
 //! measured exactly as a completed one does. Files are written atomically (a temporary file
@@ -11,6 +15,7 @@ pub mod histogram;
 pub mod html;
 pub mod http;
 pub mod http_predict;
+pub mod parts;
 pub mod plots;
 pub mod terminal;
 
@@ -19,8 +24,24 @@ use std::path::Path;
 
 use crate::results::RunResult;
 
-pub use html::render_html;
-pub use terminal::summary_table;
+pub use parts::esc;
+
+/// The self-contained HTML report: the HTTP run's page for a run with an `http` part, the
+/// load test's page otherwise.
+pub fn render_html(r: &RunResult) -> String {
+    match r.http.as_ref() {
+        Some(hr) => http::render_http_html(r, hr),
+        None => html::render_run_html(r),
+    }
+}
+
+/// The terminal summary, chosen as [`render_html`] chooses the page.
+pub fn summary_table(r: &RunResult) -> String {
+    match r.http.as_ref() {
+        Some(hr) => http::http_summary_table(r, hr),
+        None => terminal::run_summary_table(r),
+    }
+}
 
 /// Writes `bytes` to `path` by `headroom_alloc::output::write_file`'s rules: atomically
 /// (a temporary file beside it, flushed, then renamed) for a regular file, through a

@@ -733,7 +733,8 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
                 chart
                     .draw_series(std::iter::once(vline(x, C_CAP)))
                     .map_err(err)?;
-                let y = (s.fit.at(x) / sc.div).clamp(0.0, y_max);
+                // On the capacity line: the fit crosses it between k-1 and k.
+                let y = (s.fit.at(x) / sc.div).clamp(0.0, cap);
                 chart
                     .draw_series(std::iter::once(TriangleMarker::new(
                         (x, y),

@@ -3,55 +3,13 @@
 
 use std::fmt::Write as _;
 
-use super::{fmt_bytes, fmt_ms, fmt_signed_bytes, fmt_value};
+use super::parts::{finding_lines, table, threshold_lines};
+use super::{fmt_bytes, fmt_ms, fmt_signed_bytes};
 use crate::results::*;
 
-/// Pads each column to its widest cell; `right[i]` aligns column `i` to the right.
-pub(super) fn table(out: &mut String, header: &[&str], rows: &[Vec<String>], right: &[bool]) {
-    let n = header.len();
-    let mut w: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate().take(n) {
-            w[i] = w[i].max(c.chars().count());
-        }
-    }
-    let line = |out: &mut String, cells: &[String]| {
-        let mut s = String::new();
-        for (i, wi) in w.iter().enumerate() {
-            let c = cells.get(i).map(String::as_str).unwrap_or("");
-            let pad = wi.saturating_sub(c.chars().count());
-            if i > 0 {
-                s.push_str("  ");
-            }
-            if right.get(i).copied().unwrap_or(false) {
-                s.push_str(&" ".repeat(pad));
-                s.push_str(c);
-            } else {
-                s.push_str(c);
-                s.push_str(&" ".repeat(pad));
-            }
-        }
-        out.push_str(s.trim_end());
-        out.push('\n');
-    };
-    line(
-        out,
-        &header.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
-    );
-    let total: usize = w.iter().sum::<usize>() + 2 * n.saturating_sub(1);
-    out.push_str(&"-".repeat(total));
-    out.push('\n');
-    for r in rows {
-        line(out, r);
-    }
-}
-
-/// The summary printed at the end of `headroom loadtest` (and of `headroom http`, whose
-/// own layout is [`super::http::http_summary_table`]).
-pub fn summary_table(r: &RunResult) -> String {
-    if r.http.is_some() {
-        return super::http::http_summary_table(r);
-    }
+/// The summary printed at the end of `headroom loadtest` ([`super::summary_table`] picks
+/// it for in-process runs).
+pub(super) fn run_summary_table(r: &RunResult) -> String {
     let mut o = String::new();
     let sc = &r.scenario;
     let _ = writeln!(o, "headroom loadtest: {}", sc.description);
@@ -139,18 +97,19 @@ pub fn summary_table(r: &RunResult) -> String {
         fmt_bytes(r.peaks.fragmented_segment_bytes)
     );
     if let Some(s) = &r.oom_search {
-        let opt = |v: Option<usize>| v.map(|x| x.to_string()).unwrap_or_else(|| "-".into());
         let _ = writeln!(
             o,
-            "OOM    predicted first OOM at {}={}  observed {}  safe {} (budget {}, {:.0}% margin)  +{} per {}",
-            s.axis,
-            opt(s.predicted_oom_load),
-            opt(s.observed_oom_load),
-            opt(s.verified_safe_load),
+            "OOM    {}  (fit {} + {} per {}, budget {}, {:.0}% margin)",
+            s.headline,
+            fmt_signed_bytes(s.fit.a.round() as i64),
+            fmt_bytes(s.marginal_bytes_per_unit),
+            if s.axis == "batch" {
+                "sample"
+            } else {
+                "concurrent request"
+            },
             fmt_bytes(s.budget_bytes),
             s.margin_fraction * 100.0,
-            fmt_bytes(s.marginal_bytes_per_unit),
-            if s.axis == "batch" { "sample" } else { "concurrent request" }
         );
     }
     finding_lines(&mut o, r, true);
@@ -192,62 +151,9 @@ pub fn summary_table(r: &RunResult) -> String {
     o
 }
 
-/// The findings block: severity, title, evidence and fix of each (and, with `savings`, the
-/// peak it is predicted to save).
-pub(crate) fn finding_lines(o: &mut String, r: &RunResult, savings: bool) {
-    o.push('\n');
-    if r.findings.is_empty() {
-        o.push_str("findings: none\n");
-        return;
-    }
-    let _ = writeln!(o, "findings ({}):", r.findings.len());
-    for f in &r.findings {
-        let sev = match f.severity {
-            Severity::Critical => "CRITICAL",
-            Severity::Warning => "WARNING",
-            Severity::Info => "info",
-        };
-        let _ = writeln!(o, "  [{sev}] {} ({})", f.title, f.id.as_str());
-        let _ = writeln!(o, "    evidence: {}", f.evidence);
-        let mut fix = f.fix.lines();
-        if let Some(first) = fix.next() {
-            let _ = writeln!(o, "    fix:      {first}");
-            for l in fix {
-                let _ = writeln!(o, "              {l}");
-            }
-        }
-        if savings && f.predicted_saving_bytes > 0 {
-            let _ = writeln!(
-                o,
-                "    saves:    {} of peak",
-                fmt_bytes(f.predicted_saving_bytes)
-            );
-        }
-    }
-}
-
-/// One line per `--threshold`, pass or FAIL and the measured value.
-pub(crate) fn threshold_lines(o: &mut String, r: &RunResult) {
-    if r.thresholds.is_empty() {
-        return;
-    }
-    o.push('\n');
-    for t in &r.thresholds {
-        let _ = writeln!(
-            o,
-            "threshold {:<28} {}  (measured {})",
-            t.expr,
-            if t.passed { "pass" } else { "FAIL" },
-            t.actual
-                .map(|v| fmt_value(v, &t.unit))
-                .unwrap_or_else(|| "nothing".into())
-        );
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::report::summary_table;
     use crate::report::testdata::synthetic;
 
     #[test]
@@ -266,6 +172,9 @@ mod tests {
         assert!(s.contains("autograd_in_inference"));
         assert!(s.contains("with torch.no_grad():"));
         assert!(s.contains("p99<20ms") && s.contains("FAIL"));
-        assert!(s.contains("predicted first OOM at concurrency=10"));
+        // the one verdict, as the JSON and the HTML say it
+        let v = &r.oom_search.as_ref().unwrap().headline;
+        assert!(v.starts_with("safe concurrency 7, first OOM at 10"), "{v}");
+        assert!(s.contains(v.as_str()), "{s}");
     }
 }

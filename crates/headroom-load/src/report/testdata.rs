@@ -177,6 +177,17 @@ pub fn synthetic() -> RunResult {
         ],
         marginal_bytes_per_unit: 6 * MIB,
         max_load_tried: 12,
+        alloc_conf: String::new(),
+        recommended: Some(RecommendedSearch {
+            alloc_conf: "expandable_segments:True".into(),
+            verified_safe_load: Some(8),
+            observed_oom_load: Some(11),
+        }),
+        headline: String::new(),
+    };
+    let search = OomSearch {
+        headline: search.headline(),
+        ..search
     };
     let mut numbers = BTreeMap::new();
     numbers.insert("activation_bytes".into(), (30 * MIB) as f64);

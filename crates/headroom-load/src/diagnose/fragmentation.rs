@@ -1,0 +1,180 @@
+//! `fragmentation`: memory the caching allocator reserved because its free cache was in the
+//! wrong pieces. One rule for a load test's own allocator and for a service's (an HTTP run,
+//! read through the probe): the same evidence (alloc retries, the what-if replay) decides.
+use super::{mib, nums, what_if_table, Rules};
+use crate::results::*;
+
+pub(super) fn fragmentation(r: &RunResult, rules: &Rules) -> Option<Finding> {
+    let p = &r.peaks;
+    let waste = p.reserved_bytes.saturating_sub(p.allocated_bytes);
+    let ratio = p.reserved_bytes as f64 / p.allocated_bytes.max(1) as f64;
+    let floor = rules.floor(r.capacity_bytes);
+    let oom_waste = r
+        .ooms
+        .iter()
+        .map(|o| o.reserved_bytes.saturating_sub(o.allocated_bytes))
+        .max()
+        .unwrap_or(0);
+    // Reserved above allocated alone is no evidence: a small model on 20 MiB segments shows
+    // a high ratio with nothing wasted. What counts is memory reserved *because* the free
+    // cache was in the wrong pieces, retries, and OOMs with much cached-but-free memory.
+    let frag = p.fragmented_segment_bytes;
+    let fires =
+        (frag >= floor && ratio >= rules.frag_ratio) || p.alloc_retries > 0 || oom_waste >= floor;
+    if !fires {
+        return None;
+    }
+    let own = r.what_if.first();
+    let best = r
+        .what_if
+        .iter()
+        .skip(1)
+        .min_by_key(|w| (w.num_ooms, w.peak_reserved_bytes));
+    let table = what_if_table(&r.what_if);
+    let saving = match (own, best) {
+        (Some(o), Some(b)) if b.peak_reserved_bytes < o.peak_reserved_bytes => {
+            o.peak_reserved_bytes - b.peak_reserved_bytes
+        }
+        (Some(_), Some(_)) => 0,
+        // No replay to ask: the fragmented segments are the upper bound of what a
+        // fragmentation-free allocator would not have reserved.
+        _ => frag.min(waste),
+    };
+    let fix = match best {
+        Some(b) if saving > 0 => format!(
+            "Set `PYTORCH_CUDA_ALLOC_CONF={}`: the replay of this run's trace under it peaks \
+             at {} reserved instead of {}.",
+            b.alloc_conf,
+            mib(b.peak_reserved_bytes as f64),
+            mib(own
+                .map(|o| o.peak_reserved_bytes)
+                .unwrap_or(p.reserved_bytes) as f64)
+        ),
+        Some(_) => "No allocator config helps this trace much (see the what-if table): the \
+              waste comes from requests of many sizes whose lifetimes interleave. Pad the \
+              variable dimension to a few buckets (e.g. sequence lengths to multiples of 64) so \
+              freed blocks fit the next request."
+            .into(),
+        None => "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so segments grow in place \
+              instead of splitting, and pad variable sizes to a few buckets."
+            .into(),
+    };
+    Some(Finding {
+        id: FindingId::Fragmentation,
+        title: "The caching allocator's memory is fragmented".into(),
+        severity: if r.errors.oom > 0 && oom_waste >= floor {
+            Severity::Critical
+        } else {
+            Severity::Warning
+        },
+        evidence: format!(
+            "Peak reserved {} against peak allocated {} ({:.2}x); {} new segments ({}) were \
+             reserved while the pool already held enough free cache for the request; up to {} \
+             free inside split segments; {} alloc retries{}.{}",
+            mib(p.reserved_bytes as f64),
+            mib(p.allocated_bytes as f64),
+            ratio,
+            p.fragmented_segment_allocs,
+            mib(frag as f64),
+            mib(p.inactive_split_bytes as f64),
+            p.alloc_retries,
+            if oom_waste > 0 {
+                format!(
+                    "; at an OOM {} was reserved but unallocated",
+                    mib(oom_waste as f64)
+                )
+            } else {
+                String::new()
+            },
+            if table.is_empty() {
+                String::new()
+            } else {
+                format!(" Replayed peak reserved: {table}.")
+            }
+        ),
+        numbers: nums(&[
+            ("peak_reserved_bytes", p.reserved_bytes as f64),
+            ("peak_allocated_bytes", p.allocated_bytes as f64),
+            ("reserved_over_allocated", ratio),
+            ("inactive_split_bytes_peak", p.inactive_split_bytes as f64),
+            ("alloc_retries", p.alloc_retries as f64),
+            ("oom_reserved_unallocated_bytes", oom_waste as f64),
+            ("fragmented_segment_bytes", frag as f64),
+            (
+                "fragmented_segment_allocs",
+                p.fragmented_segment_allocs as f64,
+            ),
+        ]),
+        fix,
+        predicted_saving_bytes: saving,
+    })
+}
+
+pub(super) fn service_fragmentation(r: &RunResult, floor: u64) -> Option<Finding> {
+    let p = &r.peaks;
+    let own = r.what_if.first();
+    let best = r
+        .what_if
+        .iter()
+        .skip(1)
+        .min_by_key(|w| (w.num_ooms, w.peak_reserved_bytes));
+    let saving = match (own, best) {
+        (Some(o), Some(b)) => o.peak_reserved_bytes.saturating_sub(b.peak_reserved_bytes),
+        _ => 0,
+    };
+    let ratio = p.reserved_bytes as f64 / p.allocated_bytes.max(1) as f64;
+    // Reserved far above allocated, or free bytes inside split segments, are no evidence
+    // alone: a small model in a 20 MiB segment shows both with nothing wasted. What counts
+    // is the allocator flushing its cache to retry during the run, or a replay of the
+    // service's own trace that needs less memory under another config.
+    if !(p.alloc_retries > 0 || saving >= floor) {
+        return None;
+    }
+    let table = what_if_table(&r.what_if);
+    let fix = match best {
+        Some(b) if saving > 0 => format!(
+            "Set `PYTORCH_CUDA_ALLOC_CONF={}` in the service's environment: the replay of its \
+             trace under it peaks at {} reserved instead of {}.",
+            b.alloc_conf,
+            mib(b.peak_reserved_bytes as f64),
+            mib(own.map(|o| o.peak_reserved_bytes).unwrap_or(0) as f64)
+        ),
+        _ => "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the service's \
+              environment so segments grow in place instead of splitting, and pad variable \
+              sizes (sequence lengths) to a few buckets."
+            .into(),
+    };
+    Some(Finding {
+        id: FindingId::Fragmentation,
+        title: "The service's caching allocator is fragmented".into(),
+        severity: if r.errors.oom > 0 {
+            Severity::Critical
+        } else {
+            Severity::Warning
+        },
+        evidence: format!(
+            "Peak reserved {} against peak allocated {} ({:.2}x); up to {} free inside split \
+             segments; {} alloc retries (cache flushed and retried) during the run.{}",
+            mib(p.reserved_bytes as f64),
+            mib(p.allocated_bytes as f64),
+            ratio,
+            mib(p.inactive_split_bytes as f64),
+            p.alloc_retries,
+            if table.is_empty() {
+                String::new()
+            } else {
+                format!(" Replayed peak reserved of the service's trace: {table}.")
+            }
+        ),
+        numbers: nums(&[
+            ("peak_reserved_bytes", p.reserved_bytes as f64),
+            ("peak_allocated_bytes", p.allocated_bytes as f64),
+            ("reserved_over_allocated", ratio),
+            ("inactive_split_bytes_peak", p.inactive_split_bytes as f64),
+            ("alloc_retries", p.alloc_retries as f64),
+            ("replay_saving_bytes", saving as f64),
+        ]),
+        fix,
+        predicted_saving_bytes: saving,
+    })
+}

@@ -1,0 +1,109 @@
+//! `leak`: memory that stays allocated after the requests that made it are over.
+use super::{mib, nums, Rules};
+use crate::results::*;
+use crate::timeline::linear_fit;
+
+pub(super) fn leak(r: &RunResult, rules: &Rules) -> Option<Finding> {
+    let periodic: Vec<&MemorySample> = r
+        .timeline
+        .iter()
+        .filter(|s| s.kind == SampleKind::Periodic)
+        .collect();
+    let rest = periodic.last()?;
+    let first = periodic.first()?;
+    let retained = rest.allocated_bytes.saturating_sub(r.baseline_bytes);
+    // Floors of allocated memory in windows of the longest stage after its first quarter:
+    // the in-flight requests' memory comes and goes, a leak raises the floor.
+    let mut slope = 0.0;
+    let mut r2 = 0.0;
+    let mut steady_s = 0.0;
+    if let Some(st) = r
+        .stages
+        .iter()
+        .max_by(|a, b| (a.end_s - a.start_s).total_cmp(&(b.end_s - b.start_s)))
+    {
+        let t0 = st.start_s + 0.25 * (st.end_s - st.start_s);
+        let pts: Vec<&&MemorySample> = periodic
+            .iter()
+            .filter(|s| s.stage == st.index && s.t_s >= t0 && s.t_s <= st.end_s)
+            .collect();
+        if pts.len() >= 12 {
+            let w = 6;
+            let per = pts.len() / w;
+            let floors: Vec<(f64, f64)> = pts
+                .chunks(per.max(1))
+                .filter(|c| c.len() == per.max(1))
+                .map(|c| {
+                    let t = c.iter().map(|s| s.t_s).sum::<f64>() / c.len() as f64;
+                    let m = c.iter().map(|s| s.allocated_bytes).min().unwrap_or(0);
+                    (t, m as f64)
+                })
+                .collect();
+            if let Some(fit) = linear_fit(&floors) {
+                slope = fit.b;
+                r2 = fit.r2;
+                steady_s = st.end_s - t0;
+            }
+        }
+    }
+    let floor = rules.floor(r.capacity_bytes);
+    let drift = (slope * steady_s).max(0.0);
+    let fires = retained >= floor || (drift >= floor as f64 && r2 >= 0.6);
+    if !fires {
+        return None;
+    }
+    let grown: Vec<(&'static str, u64)> = rest
+        .categories
+        .entries()
+        .iter()
+        .zip(first.categories.entries().iter())
+        .filter_map(|((n, a), (_, b))| (a > b).then_some((*n, a - b)))
+        .collect();
+    let grown_txt = if grown.is_empty() {
+        "no single category".to_string()
+    } else {
+        grown
+            .iter()
+            .map(|(n, b)| format!("{n} +{}", mib(*b as f64)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let per_req = retained as f64 / r.requests.ok.max(1) as f64;
+    let mut numbers = nums(&[
+        ("retained_bytes_at_rest", retained as f64),
+        ("floor_slope_bytes_per_s", slope),
+        ("floor_slope_r2", r2),
+        ("retained_bytes_per_request", per_req),
+    ]);
+    for (n, b) in &grown {
+        numbers.insert(format!("grew_{n}_bytes"), *b as f64);
+    }
+    Some(Finding {
+        id: FindingId::Leak,
+        title: "Memory leaks across requests".into(),
+        severity: if r.errors.oom > 0 {
+            Severity::Critical
+        } else {
+            Severity::Warning
+        },
+        evidence: format!(
+            "Allocated memory drifts up at steady load: the floor rises {}/s (R² {:.2}), and \
+             {} stays allocated after every request has finished ({} per request). Grew: {}.",
+            mib(slope),
+            r2,
+            mib(retained as f64),
+            if per_req >= 1024.0 {
+                mib(per_req)
+            } else {
+                format!("{per_req:.0} B")
+            },
+            grown_txt
+        ),
+        numbers,
+        fix: "Do not keep references to request outputs (a list of outputs or losses keeps \
+              their memory, and with grad on their graphs): keep `out.detach().cpu()` or \
+              `loss.item()`, or bound the list."
+            .into(),
+        predicted_saving_bytes: retained.max(drift as u64),
+    })
+}

@@ -1,0 +1,128 @@
+//! Diagnosis: named causes of memory waste, each with evidence, a fix and a saving.
+//!
+//! The one diagnosis engine, for in-process runs ([`diagnose`]) and HTTP runs
+//! ([`diagnose_service`], which `http::probe` calls): each rule lives in its own file here.
+//!
+//! Design note: every finding is decided from measurements, never from the scenario's
+//! mistake switches — the switches only plant the mistake; the diagnosis must see it in the
+//! numbers, as it would in a user's workload. Each rule has an absolute floor (bytes that
+//! matter against the capacity) so that a clean run produces no findings, and each reports
+//! a predicted saving measured the same way PyTorch users would measure it:
+//!
+//! - `autograd_in_inference`: activation-category bytes (saved for backward) at the peak of
+//!   an inference run. With `no_grad` there are none, so the saving is exactly those bytes.
+//! - `graph_accumulated`: the peak grows with accumulation steps. Meta probes of the same
+//!   training step at 1 and N micro-steps, and at N with backward every micro-step; the
+//!   saving is the difference between the run's pattern and the correct one at N.
+//! - `leak`: allocated memory that stays after every request has finished (at rest, over
+//!   the baseline), and the slope of allocated-memory floors over a steady stage; the
+//!   categories that grew.
+//! - `fragmentation`: reserved far above allocated at the peak, inactive split bytes,
+//!   alloc retries, or OOMs with much cached-but-free memory. The run's own trace is
+//!   replayed under other allocator configs; the saving is the best one's peak reserved
+//!   below the replay of the run's own config.
+//! - `out_of_memory` (HTTP runs): the service's OOM counter rose, with the state the
+//!   probe's OOM snapshot shows.
+//! - `cache_held`: after the load fell, the cache still holds memory for a burst that is
+//!   over; what `empty_cache()` would hand back (fully free segments) is the saving.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
+
+use headroom_alloc::AllocatorConfig;
+
+use crate::results::*;
+use headroom_workload::Scenario;
+
+mod accum;
+mod autograd;
+mod cache;
+mod fragmentation;
+mod leak;
+mod oom;
+mod whatif;
+
+pub use oom::segment_state;
+pub use whatif::{what_if, what_if_snapshot, what_if_table};
+
+const MIB: f64 = 1048576.0;
+
+pub(crate) fn mib(b: f64) -> String {
+    format!("{:.1} MiB", b / MIB)
+}
+
+/// Thresholds of the rules, in one place.
+#[derive(Debug, Clone, Copy)]
+pub struct Rules {
+    /// A byte figure matters when it is at least this share of the capacity...
+    pub capacity_share: f64,
+    /// ...and at least this many bytes.
+    pub min_bytes: u64,
+    /// Fragmentation: peak reserved / peak allocated at least this.
+    pub frag_ratio: f64,
+    /// Graph accumulated: peak at N micro-steps over peak at 1 at least this.
+    pub accum_ratio: f64,
+    /// Cache held: the last stage's peak allocated at most this share of the run's peak.
+    pub load_drop: f64,
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Rules {
+            capacity_share: 0.05,
+            min_bytes: 4 << 20,
+            frag_ratio: 1.5,
+            accum_ratio: 1.5,
+            load_drop: 0.6,
+        }
+    }
+}
+
+impl Rules {
+    /// The smallest byte figure that matters on a device of `capacity` bytes.
+    pub fn floor(&self, capacity: u64) -> u64 {
+        ((capacity as f64 * self.capacity_share) as u64).max(self.min_bytes)
+    }
+}
+
+pub(crate) fn nums(v: &[(&str, f64)]) -> BTreeMap<String, f64> {
+    v.iter().map(|(k, x)| (k.to_string(), *x)).collect()
+}
+
+/// All findings for a finished run.
+pub fn diagnose(
+    r: &RunResult,
+    scenario: &Scenario,
+    conf: &AllocatorConfig,
+    stop: &AtomicBool,
+) -> Vec<Finding> {
+    diagnose_with(r, scenario, conf, stop, &Rules::default())
+}
+
+pub fn diagnose_with(
+    r: &RunResult,
+    scenario: &Scenario,
+    conf: &AllocatorConfig,
+    stop: &AtomicBool,
+    rules: &Rules,
+) -> Vec<Finding> {
+    let mut f = Vec::new();
+    f.extend(autograd::autograd_in_inference(r, scenario));
+    f.extend(accum::graph_accumulated(r, scenario, conf, stop, rules));
+    f.extend(leak::leak(r, rules));
+    f.extend(fragmentation::fragmentation(r, rules));
+    f.extend(cache::cache_held(r, rules));
+    f
+}
+
+/// The findings of a finished HTTP run: the service is seen through its metrics and the
+/// probe's snapshots, so only the rules that need no workload apply (out of memory,
+/// fragmentation, cache held), with the same ids, floors and wording.
+pub fn diagnose_service(r: &RunResult) -> Vec<Finding> {
+    let floor = Rules::default().floor(r.capacity_bytes);
+    let mut f = Vec::new();
+    f.extend(oom::out_of_memory(r));
+    f.extend(fragmentation::service_fragmentation(r, floor));
+    f.extend(cache::service_cache_held(r, floor));
+    f
+}

@@ -29,7 +29,7 @@ fail=0
 # Checks that need neither a GPU nor torch: the script, the Python, the binary's flags.
 bash -n "$0" || fail=1
 python3 -m py_compile $HERE/common.py $HERE/collect_c.py $HERE/fake_service.py \
-  $HERE/bert_encoder.py $HERE/gpt2_generate.py $HERE/resnet_batch.py python/headroom_probe.py || fail=1
+  $HERE/bert_encoder.py $HERE/gpt2_generate.py $HERE/resnet_batch.py python/headroom/probe.py || fail=1
 if [ ! -x "$HR" ]; then
   echo "no headroom binary at $HR (set HEADROOM=...)"; exit 2
 fi

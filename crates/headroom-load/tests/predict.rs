@@ -262,7 +262,7 @@ fn in_a_torchrun_job_the_probe_listens_on_base_port_plus_local_rank() {
     let out = Command::new(py)
         .args([
             "-c",
-            "import sys, urllib.request, headroom_probe\n\
+            "import sys, urllib.request\nfrom headroom import probe as headroom_probe\n\
              p = headroom_probe.start(port=int(sys.argv[1]))\n\
              m = urllib.request.urlopen(p.url + '/metrics').read().decode()\n\
              print(p.port)\n\

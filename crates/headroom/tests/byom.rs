@@ -5,11 +5,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use common::{bin, run_in, scratch};
@@ -313,14 +311,6 @@ fn loadtest_runs_a_config_including_generate() {
     }
 }
 
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn http(addr: &str, req: &str) -> String {
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
@@ -333,38 +323,16 @@ fn http(addr: &str, req: &str) -> String {
 #[test]
 fn serve_generates_from_a_config() {
     let m = fixture("gpt2-tiny");
-    let child = bin()
-        .args([
-            "serve",
-            "--model",
-            &m,
-            "--new",
-            "4",
-            "--port",
-            "0",
-            "--max-wait",
-            "1ms",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn headroom serve");
-    let mut child = Killed(child);
-    let stdout = child.0.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let line = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the listening line within 60 s");
-    let url = line
-        .trim()
-        .strip_prefix("listening on http://")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
+    let (mut child, url) = common::spawn_serve(&[
+        "--model",
+        &m,
+        "--new",
+        "4",
+        "--port",
+        "0",
+        "--max-wait",
+        "1ms",
+    ]);
     let post = |body: &str| {
         http(
             &url,

@@ -1,10 +1,11 @@
 //! `headroom serve` as a user runs it: one-line errors with exit 2, the bound address on
 //! stdout, real answers, and SIGTERM draining to exit 0.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn bin() -> Command {
@@ -40,14 +41,6 @@ fn bad_arguments_exit_2_with_one_line() {
     }
 }
 
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn http(addr: &str, req: &str) -> String {
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
@@ -59,36 +52,8 @@ fn http(addr: &str, req: &str) -> String {
 
 #[test]
 fn serves_on_port_0_and_drains_on_sigterm() {
-    let child = bin()
-        .args([
-            "serve",
-            "--model",
-            "gpt2-tiny",
-            "--port",
-            "0",
-            "--max-wait",
-            "1ms",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn headroom serve");
-    let mut child = Killed(child);
-    let stdout = child.0.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let line = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the listening line within 60 s");
-    let url = line
-        .trim()
-        .strip_prefix("listening on http://")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
+    let (mut child, url) =
+        common::spawn_serve(&["--model", "gpt2-tiny", "--port", "0", "--max-wait", "1ms"]);
     let health = http(
         &url,
         "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
@@ -143,36 +108,14 @@ fn serves_on_port_0_and_drains_on_sigterm() {
 /// to wait out the whole drain timeout), and what it says is true: nothing was in flight.
 #[test]
 fn slowloris_connections_do_not_hold_sigterm() {
-    let child = bin()
-        .args([
-            "serve",
-            "--model",
-            "mlp-tiny",
-            "--port",
-            "0",
-            "--drain-timeout",
-            "31s",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn headroom serve");
-    let mut child = Killed(child);
-    let stdout = child.0.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let line = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the listening line within 60 s");
-    let url = line
-        .trim()
-        .strip_prefix("listening on http://")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
+    let (mut child, url) = common::spawn_serve(&[
+        "--model",
+        "mlp-tiny",
+        "--port",
+        "0",
+        "--drain-timeout",
+        "31s",
+    ]);
     let mut lorises = Vec::new();
     for _ in 0..50 {
         let mut s = TcpStream::connect(&url).expect("connect");

@@ -64,3 +64,43 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
 pub fn read_json(p: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(p).expect("results.json")).expect("json")
 }
+
+/// A child process killed (and reaped) when the test ends, passing or not.
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `headroom serve ARGS` (with `--port 0` among them) started, and the address it printed
+/// on its first line, `listening on http://ADDR`, waited for up to 60 s.
+pub fn spawn_serve(args: &[&str]) -> (Killed, String) {
+    use std::io::{BufRead, BufReader};
+    let child = bin()
+        .arg("serve")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn headroom serve");
+    let mut child = Killed(child);
+    let stdout = child.0.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the listening line within 60 s");
+    let url = line
+        .trim()
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    (child, url)
+}

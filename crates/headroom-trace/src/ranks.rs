@@ -48,6 +48,20 @@ pub struct RankTable {
     pub min_capacity_bytes: Option<u64>,
 }
 
+impl RankTable {
+    /// The mean of the rows' peak reserved, which `imbalance` and each row's share are over.
+    pub fn mean_peak_reserved(&self) -> f64 {
+        mean_peak_reserved(&self.rows)
+    }
+}
+
+fn mean_peak_reserved(rows: &[RankRow]) -> f64 {
+    rows.iter()
+        .map(|r| r.peak_reserved_bytes as f64)
+        .sum::<f64>()
+        / rows.len().max(1) as f64
+}
+
 /// Options for [`rank_table`].
 #[derive(Clone, Debug, Default)]
 pub struct RankOptions {
@@ -106,11 +120,7 @@ pub fn rank_table(
     let worst = (0..rows.len())
         .max_by_key(|&i| (rows[i].peak_reserved_bytes, std::cmp::Reverse(i)))
         .unwrap_or(0);
-    let mean = rows
-        .iter()
-        .map(|r| r.peak_reserved_bytes as f64)
-        .sum::<f64>()
-        / rows.len().max(1) as f64;
+    let mean = mean_peak_reserved(&rows);
     let imbalance = if mean > 0.0 {
         rows[worst].peak_reserved_bytes as f64 / mean
     } else {

@@ -155,13 +155,7 @@ fn print_table(label: &str, t: &RankTable) {
     if has_min {
         header.push("min capacity");
     }
-    let n = t.rows.len().max(1) as f64;
-    let mean = t
-        .rows
-        .iter()
-        .map(|r| r.peak_reserved_bytes as f64)
-        .sum::<f64>()
-        / n;
+    let mean = t.mean_peak_reserved();
     let rows: Vec<Vec<String>> = t
         .rows
         .iter()

@@ -19,7 +19,14 @@ TARGET=${CARGO_TARGET_DIR:-$PWD/target}
 if [ "$PREBUILT" = 0 ]; then
     cargo build --release -p headroom -p headroom-torch
 fi
-for f in "$TARGET/release/headroom" "$TARGET/release/libheadroom_torch.so"; do
+# `cargo test` builds the cdylib into release/deps/ but does not copy it up to release/ (only
+# `cargo build` does), so the newer of the two is the one to ship.
+LIB=$TARGET/release/libheadroom_torch.so
+if [ -f "$TARGET/release/deps/libheadroom_torch.so" ] &&
+    { [ ! -f "$LIB" ] || [ "$TARGET/release/deps/libheadroom_torch.so" -nt "$LIB" ]; }; then
+    LIB=$TARGET/release/deps/libheadroom_torch.so
+fi
+for f in "$TARGET/release/headroom" "$LIB"; do
     [ -f "$f" ] || { echo "build_wheel.sh: $f is missing (run without --prebuilt)" >&2; exit 2; }
 done
 mkdir -p python/headroom/_bin
@@ -33,7 +40,7 @@ strip_copy() {
     chmod "$3" "$2"
 }
 strip_copy "$TARGET/release/headroom" python/headroom/_bin/headroom 755
-strip_copy "$TARGET/release/libheadroom_torch.so" python/headroom/libheadroom_torch.so 644
+strip_copy "$LIB" python/headroom/libheadroom_torch.so 644
 rm -rf dist
 # --compatibility linux: the binary and the libraries link the build machine's glibc; the tag
 # says so rather than claiming a manylinux baseline that was not checked.

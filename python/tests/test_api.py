@@ -88,6 +88,15 @@ def test_predict_matches_the_cli(cli):
     api = headroom.predict("mlp", batch=4)
     c = json.loads(run([cli, "predict", "--model", "mlp", "--batch", "4", "--json"]).stdout)
     assert api == c
+    # The flags' vocabulary, in keyword form: a distribution, training, a planted mistake.
+    api = headroom.predict("gpt2-tiny", batch=2, seq="uniform:8..32", mode="train",
+                           optimizer="adamw", grad=False, alloc_conf="expandable_segments:True")
+    c = json.loads(run([cli, "predict", "--model", "gpt2-tiny", "--batch", "2", "--seq",
+                        "uniform:8..32", "--mode", "train", "--optimizer", "adamw",
+                        "--alloc-conf", "expandable_segments:True", "--json"]).stdout)
+    assert api == c and api["size"] == 32
+    assert headroom.predict("gpt2-tiny", seq=16, grad=True) == json.loads(run(
+        [cli, "predict", "--model", "gpt2-tiny", "--seq", "16", "--grad-on", "--json"]).stdout)
     assert api["peak_allocated_bytes"] > 0
     assert headroom.predict("mlp", batch=8)["peak_allocated_bytes"] > api["peak_allocated_bytes"]
 
@@ -117,3 +126,12 @@ def test_bad_input_raises_clear_errors(tmp_path, traces):
         headroom.replay(junk)
     with pytest.raises(ValueError):
         headroom.predict("no_such_model")
+
+
+def test_predict_takes_a_hugging_face_config_as_the_cli_does(cli):
+    config = Path(__file__).resolve().parents[2] / "fixtures" / "hf" / "llama-small"
+    args = dict(mode="generate", seq=64, new=8, batch=2)
+    api = headroom.predict(config, **args)
+    c = json.loads(run([cli, "predict", "--model", str(config), "--mode", "generate", "--seq",
+                        "64", "--new", "8", "--batch", "2", "--json"]).stdout)
+    assert api == c and api["peak_allocated_bytes"] > api["base_bytes"] > 0

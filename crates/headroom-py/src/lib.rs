@@ -1,6 +1,6 @@
 //! `headroom._native`: the Python API of the wheel, over the Rust crates.
 //!
-//! Design note: every function is a thin call into headroom-trace / headroom-tensor, the same
+//! Design note: every function is a thin call into headroom-trace / headroom-workload, the same
 //! calls the CLI makes, so `headroom.replay(...)` and `headroom replay --json` give the same
 //! numbers (python/tests/ compares them on ../shared/traces/). Results cross into Python as
 //! JSON text turned into dicts by Python's `json` module: the CLI's `--json` objects, with no
@@ -15,12 +15,11 @@ use std::path::PathBuf;
 
 use headroom_alloc::size::parse_size;
 use headroom_alloc::AllocatorConfig;
-use headroom_tensor::predict::{
-    max_batch, predict as run_predict, AccumPattern, Mode, ModelKind, OptimKind, PredictOptions,
-};
-use headroom_tensor::DType;
 use headroom_trace::recommend::{recommended, CANDIDATE_CONFS};
 use headroom_trace::{ReplayOptions, ReplayResult, Snapshot};
+use headroom_workload::{
+    max_batch as workload_max_batch, predict as workload_predict, PredictDevice, WorkloadFlags,
+};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -299,96 +298,104 @@ fn summary(
     })
 }
 
-/// predict(model, batch=1, seq=1024, mode="infer", grad=False, optimizer="sgd", accum=1,
-///         accum_pattern="each", dtype="f32", alloc_conf=None, capacity=None,
-///         max_batch=False) -> dict
+/// predict(model=None, batch=None, seq=None, mode=None, grad=False, optimizer=None,
+///         accum=None, accum_pattern=None, dtype=None, seed=None, new=None, cache=None,
+///         use_cache=None, steps=None, alloc_conf=None, capacity=None, max_batch=False) -> dict
 ///
-/// A model workload's peak memory on the meta device (no GPU), as `headroom predict --json`:
-/// {"model", "batch", "peak_allocated_bytes", "peak_reserved_bytes",
-/// "peak_over_input_bytes", "categories", "stats"}. An out-of-memory under `capacity`
-/// raises MemoryError; max_batch=True (needs capacity) returns the largest batch that fits.
+/// One request of a workload on the meta device (no GPU), as `headroom predict --json`,
+/// with the same arguments as its flags (None: the flag left out): model is a zoo name or
+/// the path of a Hugging Face config.json (or its folder); seq an int or a distribution
+/// ("uniform:16..128"); mode "infer", "train" or "generate"; grad=True is `--grad-on`.
+/// Returns {"scenario", "size", "batch", "peak_allocated_bytes", "peak_reserved_bytes",
+/// "base_bytes", "peak_over_base_bytes", "categories", "stats"}. An out-of-memory under
+/// `capacity` raises MemoryError; max_batch=True (needs capacity) returns the largest batch
+/// that fits.
 #[pyfunction]
-#[pyo3(signature = (model, batch=1, seq=1024, mode="infer", grad=false, optimizer="sgd",
-    accum=1, accum_pattern="each", dtype="f32", alloc_conf=None, capacity=None,
-    max_batch=false))]
+#[pyo3(signature = (model=None, batch=None, seq=None, mode=None, grad=false, optimizer=None,
+    accum=None, accum_pattern=None, dtype=None, seed=None, new=None, cache=None,
+    use_cache=None, steps=None, alloc_conf=None, capacity=None, max_batch=false))]
 #[allow(clippy::too_many_arguments)]
 fn predict(
     py: Python<'_>,
-    model: &str,
-    batch: usize,
-    seq: usize,
-    mode: &str,
+    model: Option<&Bound<'_, PyAny>>,
+    batch: Option<usize>,
+    seq: Option<&Bound<'_, PyAny>>,
+    mode: Option<String>,
     grad: bool,
-    optimizer: &str,
-    accum: usize,
-    accum_pattern: &str,
-    dtype: &str,
+    optimizer: Option<String>,
+    accum: Option<usize>,
+    accum_pattern: Option<String>,
+    dtype: Option<String>,
+    seed: Option<u64>,
+    new: Option<usize>,
+    cache: Option<String>,
+    use_cache: Option<bool>,
+    steps: Option<usize>,
     alloc_conf: Option<&str>,
     capacity: Option<&Bound<'_, PyAny>>,
     max_batch: bool,
 ) -> PyResult<Py<PyAny>> {
-    let bad = |what: &str, v: &str, ok: &str| {
-        PyValueError::new_err(format!("unknown {what} {v:?} (expected {ok})"))
+    let model = match model {
+        None => None,
+        Some(m) if m.is_none() => None,
+        Some(m) => match m.extract::<String>() {
+            Ok(s) => Some(s),
+            Err(_) => {
+                let os = py.import("os")?;
+                Some(os.call_method1("fspath", (m,))?.extract::<String>()?)
+            }
+        },
     };
-    let model_kind = match model.to_ascii_lowercase().as_str() {
-        "resnet50" => ModelKind::ResNet50,
-        "resnet18" => ModelKind::ResNet18,
-        "gpt2" => ModelKind::Gpt2,
-        "mlp" => ModelKind::Mlp,
-        v => return Err(bad("model", v, "resnet50, resnet18, gpt2, mlp")),
+    let seq = match seq {
+        None => None,
+        Some(s) if s.is_none() => None,
+        Some(s) => Some(match s.extract::<usize>() {
+            Ok(n) => n.to_string(),
+            Err(_) => s.extract::<String>().map_err(|_| {
+                PyValueError::new_err(
+                    "seq must be an int or a distribution such as 'uniform:16..128'",
+                )
+            })?,
+        }),
     };
-    let mode_kind = match mode {
-        "infer" => Mode::Infer,
-        "train" => Mode::Train,
-        v => return Err(bad("mode", v, "infer, train")),
+    let flags = WorkloadFlags {
+        model,
+        batch,
+        seq,
+        mode,
+        optimizer,
+        accum,
+        accum_pattern,
+        dtype,
+        seed,
+        new_tokens: new,
+        cache,
+        use_cache,
+        grad_on: grad,
+        ..WorkloadFlags::default()
     };
-    let optim = match optimizer.to_ascii_lowercase().as_str() {
-        "sgd" => OptimKind::Sgd,
-        "adamw" => OptimKind::AdamW,
-        v => return Err(bad("optimizer", v, "sgd, adamw")),
-    };
-    let pattern = match accum_pattern {
-        "each" => AccumPattern::Each,
-        "sum" => AccumPattern::Sum,
-        v => return Err(bad("accum_pattern", v, "each, sum")),
-    };
-    let dtype = match dtype.to_ascii_lowercase().as_str() {
-        "f32" | "float32" => DType::F32,
-        "bf16" | "bfloat16" => DType::BF16,
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "unknown dtype {other:?} (expected f32, bf16)"
-            )))
-        }
-    };
-    if batch == 0 || accum == 0 {
-        return Err(PyValueError::new_err("batch and accum must be at least 1"));
-    }
+    let mut sc = flags
+        .scenario()
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
     let cap = capacity_arg(capacity)?;
     if max_batch && cap.is_none() {
         return Err(PyValueError::new_err("max_batch needs capacity"));
     }
-    let mut o = PredictOptions {
-        model: model_kind,
-        batch,
-        seq,
-        mode: mode_kind,
-        grad,
-        optimizer: optim,
-        accum,
-        accum_pattern: pattern,
-        dtype,
+    let mut dev = PredictDevice {
         alloc_conf: alloc_conf.map(conf).transpose()?.unwrap_or_default(),
-        ..Default::default()
+        steps,
+        ..PredictDevice::default()
     };
     if let Some(c) = cap {
-        o.capacity = c;
+        dev.capacity = c;
     }
     let v = py.detach(|| -> PyResult<serde_json::Value> {
         let p = if max_batch {
-            match self::max_batch(&o, 1 << 20).map_err(|e| PyValueError::new_err(e.to_string()))? {
+            match workload_max_batch(&sc, &dev, 1 << 20)
+                .map_err(|e| PyValueError::new_err(e.to_string()))?
+            {
                 Some((b, p)) => {
-                    o.batch = b;
+                    sc.batch = b;
                     p
                 }
                 None => {
@@ -398,7 +405,7 @@ fn predict(
                 }
             }
         } else {
-            match run_predict(&o) {
+            match workload_predict(&sc, &dev) {
                 Ok(p) => p,
                 Err(e) if e.is_oom() => {
                     return Err(pyo3::exceptions::PyMemoryError::new_err(format!(
@@ -408,15 +415,7 @@ fn predict(
                 Err(e) => return Err(PyValueError::new_err(e.to_string())),
             }
         };
-        Ok(serde_json::json!({
-            "model": model,
-            "batch": o.batch,
-            "peak_allocated_bytes": p.peak_allocated_bytes,
-            "peak_reserved_bytes": p.peak_reserved_bytes,
-            "peak_over_input_bytes": p.peak_over_input_bytes,
-            "categories": p.categories,
-            "stats": p.stats,
-        }))
+        Ok(p.to_json(&sc))
     })?;
     to_py(py, &v)
 }

@@ -63,6 +63,24 @@ pub struct Prediction {
     pub summary: Option<String>,
 }
 
+impl Prediction {
+    /// `headroom predict --json` and Python's `headroom.predict()`: one object, so the two
+    /// cannot drift apart.
+    pub fn to_json(&self, sc: &Scenario) -> serde_json::Value {
+        serde_json::json!({
+            "scenario": sc.info(),
+            "size": self.size,
+            "batch": self.batch,
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "base_bytes": self.base_bytes,
+            "peak_over_base_bytes": self.peak_over_base_bytes,
+            "categories": self.categories,
+            "stats": self.stats,
+        })
+    }
+}
+
 fn unsupported(what: &str) -> WorkloadError {
     WorkloadError::Scenario(format!(
         "{what} is not predicted by `headroom predict` (one request); `headroom loadtest` \

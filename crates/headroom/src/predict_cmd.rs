@@ -101,17 +101,7 @@ pub fn predict(a: PredictArgs) -> Result<ExitCode, UserError> {
         }
     };
     if a.json {
-        let j = serde_json::json!({
-            "scenario": sc.info(),
-            "size": p.size,
-            "batch": p.batch,
-            "peak_allocated_bytes": p.peak_allocated_bytes,
-            "peak_reserved_bytes": p.peak_reserved_bytes,
-            "base_bytes": p.base_bytes,
-            "peak_over_base_bytes": p.peak_over_base_bytes,
-            "categories": p.categories,
-            "stats": p.stats,
-        });
+        let j = p.to_json(&sc);
         println!("{}", serde_json::to_string_pretty(&j).unwrap_or_default());
     } else {
         print_human(&sc, &p);

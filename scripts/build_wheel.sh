@@ -42,7 +42,32 @@ strip_copy() {
 strip_copy "$TARGET/release/headroom" python/headroom/_bin/headroom 755
 strip_copy "$LIB" python/headroom/libheadroom_torch.so 644
 rm -rf dist
-# --compatibility linux: the binary and the libraries link the build machine's glibc; the tag
-# says so rather than claiming a manylinux baseline that was not checked.
-CARGO_TARGET_DIR=$TARGET "$MATURIN" build --release --compatibility linux -o dist
+# The manylinux tag is checked, not assumed. maturin audits the extension it builds; the CLI
+# binary and the allocator library ride along as package data, so they are audited here the
+# same way (PEP 600): they may link only the libraries every glibc system has, and the
+# newest glibc symbol version any of them needs is the tag's baseline. When readelf/objdump
+# are missing, or a file fails the check, the wheel is tagged plain `linux` and says why.
+COMPAT=linux
+MANYLINUX_LIBS=" libc.so.6 libm.so.6 libgcc_s.so.1 libpthread.so.0 libdl.so.2 librt.so.1 ld-linux-x86-64.so.2 "
+if command -v readelf >/dev/null 2>&1 && command -v objdump >/dev/null 2>&1 &&
+    [ "$(uname -m)" = x86_64 ]; then
+    GLIBC_MINOR=17
+    for f in python/headroom/_bin/headroom python/headroom/libheadroom_torch.so; do
+        for lib in $(readelf -d "$f" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p'); do
+            case "$MANYLINUX_LIBS" in
+            *" $lib "*) ;;
+            *) echo "build_wheel.sh: $f links $lib, outside manylinux: tagging linux" >&2
+                GLIBC_MINOR= ;;
+            esac
+        done
+        [ -n "$GLIBC_MINOR" ] || break
+        m=$(objdump -T "$f" | grep -o 'GLIBC_2\.[0-9]*' | sed 's/GLIBC_2\.//' | sort -n | tail -1)
+        [ -n "$m" ] && [ "$m" -gt "$GLIBC_MINOR" ] && GLIBC_MINOR=$m
+    done
+    [ -n "$GLIBC_MINOR" ] && COMPAT=manylinux_2_$GLIBC_MINOR
+else
+    echo "build_wheel.sh: no readelf/objdump (or not x86_64): tagging linux, not manylinux" >&2
+fi
+echo "build_wheel.sh: wheel tag $COMPAT"
+CARGO_TARGET_DIR=$TARGET "$MATURIN" build --release --compatibility "$COMPAT" -o dist
 ls -l dist/*.whl

@@ -1,6 +1,7 @@
-"""headroom_probe: PyTorch's CUDA memory, served from inside a service, for Headroom.
+"""headroom.probe: PyTorch's CUDA memory, served from inside a service, for Headroom.
 
-One pure-Python file (standard library, plus torch at run time). It starts a small HTTP
+One pure-Python module (standard library, plus torch at run time; it runs from a source
+checkout too, with PYTHONPATH=python). It starts a small HTTP
 server on a daemon thread of the service's process and serves what only that process can
 see: the caching allocator's statistics, its snapshot, and a snapshot taken at the moment
 of an out-of-memory error.
@@ -9,14 +10,14 @@ Use in a real service (any PyTorch server: FastAPI, Flask, Triton's Python backe
 training loop), as early as possible, before the model is loaded, so the allocation
 history covers it:
 
-    import headroom_probe
+    from headroom import probe as headroom_probe
     probe = headroom_probe.start(port=9464)    # host="127.0.0.1", snapshot_dir=...,
                                                # record_history=True
     ... load the model, serve requests ...
 
 Or without touching the code:
 
-    python -m headroom_probe --port 9464 -- my_server.py --its --args
+    python -m headroom.probe --port 9464 -- my_server.py --its --args
 
 Then point Headroom's load client at the service and the probe:
 
@@ -171,7 +172,7 @@ class Probe:
                 self.wfile.write(body)
 
             def _fail(self, e):
-                self._send(500, "headroom_probe: %s: %s\n" % (type(e).__name__, e), "text/plain")
+                self._send(500, "headroom.probe: %s: %s\n" % (type(e).__name__, e), "text/plain")
 
             def do_GET(self):
                 path = self.path.split("?", 1)[0]
@@ -582,7 +583,7 @@ def start(port=9464, host="127.0.0.1", snapshot_dir=None, record_history=True, m
 
 
 def main(argv=None):
-    """`python -m headroom_probe [--port N] [--host H] [--snapshot-dir D] [--no-history]
+    """`python -m headroom.probe [--port N] [--host H] [--snapshot-dir D] [--no-history]
     [--max-entries N] -- script.py [args...]`: runs the script with the probe started."""
     import argparse
     import runpy
@@ -592,7 +593,7 @@ def main(argv=None):
     if "--" in argv:
         i = argv.index("--")
         argv, script = argv[:i], argv[i + 1:]
-    p = argparse.ArgumentParser(prog="python -m headroom_probe", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m headroom.probe", description=main.__doc__)
     p.add_argument("--port", type=int, default=9464)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--snapshot-dir", default=None)
@@ -600,9 +601,9 @@ def main(argv=None):
     p.add_argument("--max-entries", type=int, default=100000)
     a = p.parse_args(argv)
     probe = start(a.port, a.host, a.snapshot_dir, not a.no_history, a.max_entries)
-    sys.stderr.write("headroom_probe: serving %s/metrics\n" % probe.url)
+    sys.stderr.write("headroom.probe: serving %s/metrics\n" % probe.url)
     if not script:
-        sys.stderr.write("headroom_probe: no script given; serving until Ctrl-C\n")
+        sys.stderr.write("headroom.probe: no script given; serving until Ctrl-C\n")
         try:
             while True:
                 time.sleep(3600)

@@ -14,7 +14,7 @@
 //!
 //! - [`http::run()`]`(&HttpConfig, stop, progress) -> Result<RunResult>`: `headroom http`, load
 //!   on any HTTP endpoint (closed or open model, stages), with the service's memory (NVML, a
-//!   Prometheus endpoint, the `headroom_probe.py` probe) on the same timeline; the result is
+//!   Prometheus endpoint, the `headroom.probe` probe) on the same timeline; the result is
 //!   the same [`RunResult`] with its `http` part, so reports and thresholds are shared.
 //!
 //! The flow is one way: [`config`] (what the user asked, validated) → [`engine`] (the

@@ -394,7 +394,7 @@ fn python_m_headroom_probe_runs_a_script_with_the_probe_started() {
     // Before the service initialised CUDA the probe asks nothing of it; after, it exports.
     assert_eq!(stdout.trim(), "['--model', 'x'] False True", "{stderr}");
     assert!(
-        stderr.contains("headroom_probe: serving http://127.0.0.1:"),
+        stderr.contains("headroom.probe: serving http://127.0.0.1:"),
         "{stderr}"
     );
     let _ = std::fs::remove_dir_all(&dir);

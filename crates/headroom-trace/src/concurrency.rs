@@ -441,7 +441,7 @@ fn request_pool(w: &Workload, opts: &LoadWhatIf) -> Result<Vec<usize>, LoadWhatI
         .collect();
     if pool.is_empty() {
         return Err(LoadWhatIfError::NoRequests(
-            "the trace holds no request to replay at higher load (tag requests with headroom_probe's request helper, or record while the service serves)".into(),
+            "the trace holds no request to replay at higher load (tag requests with headroom.probe's request helper, or record while the service serves)".into(),
         ));
     }
     Ok(pool)

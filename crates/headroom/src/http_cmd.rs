@@ -299,7 +299,7 @@ fn config(a: &HttpArgs) -> Result<HttpConfig, UserError> {
     if a.predict {
         if a.metrics_url.is_empty() || a.no_probe {
             return Err(anyhow!(
-                "--predict needs the probe's trace: give --metrics-url of a headroom_probe endpoint (and no --no-probe)"
+                "--predict needs the probe's trace: give --metrics-url of a headroom.probe endpoint (and no --no-probe)"
             )
             .into());
         }

@@ -19,11 +19,11 @@ use crate::UserError;
 #[command(after_help = "Examples:\n  \
     headroom watch http://127.0.0.1:9464/metrics\n  \
     headroom watch http://127.0.0.1:9464/metrics http://127.0.0.1:9465/metrics -z 5m --out watch.json\n\n\
-In a torchrun job, start the probe with headroom_probe.start(port=9464) in every rank: each\n\
+In a torchrun job, start the probe with headroom.probe.start(port=9464) in every rank: each\n\
 rank listens on 9464 + LOCAL_RANK. Exit codes: 0 done (-z over), 2 bad input or no endpoint\n\
 answers, 130 Ctrl-C (the timeline is still written).")]
 pub struct WatchArgs {
-    /// Prometheus endpoints: headroom_probe.py, headroom serve, DCGM exporter, Triton.
+    /// Prometheus endpoints: the probe (headroom.probe), headroom serve, DCGM exporter, Triton.
     #[arg(required = true, value_name = "URL")]
     urls: Vec<String>,
     /// Stop after this long (default: until Ctrl-C).

@@ -14,7 +14,7 @@
 //! - [`sample`]: the memory sampler (scraped endpoint, NVML) on the load's clock.
 //! - [`predict`]: `--predict` (the OOM concurrency per device and config, size caps,
 //!   per-request attribution) and `--ramp-until-oom`'s comparison with it.
-//! - [`probe`]: snapshots from `python/headroom_probe.py`, replays, findings.
+//! - [`probe`]: snapshots from `python/headroom/probe.py`, replays, findings.
 //! - [`mod@run`]: [`HttpConfig`] and [`run()`](run::run), the whole run.
 //! - [`watch`]: `headroom watch`: several endpoints (ranks) on one timeline, no load.
 //! - [`server`]: a small loopback server for tests and `headroom bench http`.

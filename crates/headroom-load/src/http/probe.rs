@@ -1,4 +1,4 @@
-//! The probe (`python/headroom_probe.py`) from the client's side, and the findings of an
+//! The probe (`python/headroom/probe.py`) from the client's side, and the findings of an
 //! HTTP run.
 //!
 //! Design note: when the metrics endpoint is a probe (it exports `headroom_probe_info`),

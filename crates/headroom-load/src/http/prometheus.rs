@@ -22,7 +22,7 @@
 //! for its target. Series of one selector are *summed* (a service on two GPUs exports one
 //! series per device; its allocated memory is their sum); pick one device with a label
 //! matcher. User rules (`--metric allocated=name{label="x"}`) come before the known ones:
-//! `headroom serve`'s, the probe's (`python/headroom_probe.py`), DCGM exporter's (MiB) and
+//! `headroom serve`'s, the probe's (`python/headroom/probe.py`), DCGM exporter's (MiB) and
 //! Triton's.
 
 use std::collections::BTreeMap;
@@ -713,7 +713,7 @@ pub fn parse_selector(s: &str) -> Result<Selector, String> {
     })
 }
 
-/// The metric a `headroom_probe.py` endpoint always exports: it marks the endpoint as a
+/// The metric a `headroom.probe` endpoint always exports: it marks the endpoint as a
 /// probe (snapshots can be fetched from it).
 pub const PROBE_INFO_METRIC: &str = "headroom_probe_info";
 /// The probe's per-device capacity: what the process may reserve (fraction × total).
@@ -746,7 +746,7 @@ impl Origin {
         match self {
             Origin::User => "--metric",
             Origin::HeadroomServe => "headroom serve",
-            Origin::Probe => "headroom_probe.py",
+            Origin::Probe => "headroom.probe",
             Origin::Dcgm => "DCGM exporter",
             Origin::Triton => "Triton",
         }
@@ -761,7 +761,7 @@ pub struct Mapped {
     pub reading: MemoryReading,
     /// `target ← selector (origin)` for every target that was filled.
     pub matched: Vec<String>,
-    /// The endpoint is a `headroom_probe.py` probe.
+    /// The endpoint is a `headroom.probe` probe.
     pub is_probe: bool,
     /// `torch.cuda.memory_stats()` keys as the probe or `headroom serve` export them,
     /// summed over devices.

@@ -45,7 +45,7 @@ pub struct Sampler {
     scrapes: Vec<(Scrape, MemorySourceInfo)>,
     blocking: Vec<(Arc<dyn MemorySource>, MemorySourceInfo)>,
     timeout: Duration,
-    /// The endpoint is a `headroom_probe.py`.
+    /// The endpoint is a `headroom.probe`.
     pub is_probe: bool,
     /// The probe's `memory_stats()` at the first and at the latest scrape.
     pub first_stats: BTreeMap<String, i64>,

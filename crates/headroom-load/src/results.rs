@@ -166,6 +166,9 @@ pub enum StopReason {
     OomFound,
     /// `--ramp-until-oom` hit its time bound before any OOM.
     TimeLimit,
+    /// `headroom http --ramp-until-oom`: no request sent at the last load step got an answer
+    /// within `--timeout`, so higher steps could not show an OOM either; the ramp stopped.
+    Saturated,
 }
 
 /// How the load was driven.

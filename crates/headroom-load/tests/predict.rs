@@ -236,6 +236,77 @@ fn a_500_naming_a_cuda_oom_is_an_oom_and_ends_the_ramp() {
         .all(|st| st.requests.oom == 0 && st.requests.other_errors == 0));
 }
 
+/// A `generate()` service: each request takes longer the more are in flight (the GPU and
+/// the GIL are shared), and one sent with more than 6 in flight runs out of memory, which
+/// it only says when it is done.
+fn slow_generate(seen: &Seen) -> Reply {
+    let took = Duration::from_millis(150 * seen.in_flight as u64);
+    if seen.in_flight > 6 {
+        Reply {
+            status: 500,
+            body: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB".into(),
+            ..Reply::ok("")
+        }
+        .after(took)
+    } else {
+        Reply::ok("ok").after(took)
+    }
+}
+
+#[test]
+fn a_ramp_step_is_held_until_its_own_slow_answers_are_back() {
+    let s = TestServer::start(2, Arc::new(slow_generate)).unwrap();
+    let mut c = HttpConfig::new(s.url("/"));
+    // Steps far shorter than a request at 8 in flight (1.2 s): without the hold the ramp
+    // would be at 24 workers before any answer sent at 8 came back.
+    c.stages = ramp(Duration::from_millis(200));
+    c.stop_at_first_oom = true;
+    c.probe = false;
+    c.threads = 2;
+    c.timeout = Duration::from_secs(10);
+    let r = http::run(&c, no_stop(), |_| {}).unwrap();
+    assert_eq!(r.stop_reason, StopReason::OomFound, "{:?}", r.stages);
+    let last = r.stages.last().unwrap();
+    // 8 workers are the first step with more than 6 in flight; it is where the ramp ends,
+    // and no later step (more workers) ever ran.
+    assert_eq!(last.concurrency, 8, "{:?}", r.stages);
+    assert!(last.requests.oom > 0);
+    assert!(r.stages[..r.stages.len() - 1]
+        .iter()
+        .all(|st| st.requests.oom == 0 && st.requests.ok > 0));
+}
+
+#[test]
+fn a_ramp_whose_step_gets_no_answer_stops_as_saturated() {
+    // From 4 in flight on, the service answers nothing within the client's timeout.
+    let s = TestServer::start(
+        2,
+        Arc::new(|seen: &Seen| {
+            if seen.in_flight >= 4 {
+                Reply::ok("late").after(Duration::from_secs(5))
+            } else {
+                Reply::ok("ok").after(Duration::from_millis(5))
+            }
+        }),
+    )
+    .unwrap();
+    let mut c = HttpConfig::new(s.url("/"));
+    c.stages = ramp(Duration::from_millis(200));
+    c.stop_at_first_oom = true;
+    c.probe = false;
+    c.threads = 2;
+    c.timeout = Duration::from_millis(600);
+    let t0 = std::time::Instant::now();
+    let r = http::run(&c, no_stop(), |_| {}).unwrap();
+    assert_eq!(r.stop_reason, StopReason::Saturated, "{:?}", r.stages);
+    assert_eq!(r.requests.oom, 0);
+    // It stopped at the first step with nothing answered (4 or 6 workers), not at the end
+    // of the ramp.
+    let last = r.stages.last().unwrap().concurrency;
+    assert!(last == 4 || last == 6, "{:?}", r.stages);
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}
+
 #[test]
 fn oom_messages_are_recognised_in_error_bodies() {
     use headroom_load::http::client::body_names_oom;

@@ -2,7 +2,8 @@
 //! the same clock, then turn it all into a [`RunResult`].
 //!
 //! Design note: the calling thread is the controller (`block_on` on a small runtime of its
-//! own): it walks the stages at fixed times from the start, reports progress, and watches
+//! own): it walks the stages at fixed times from the start (a `--ramp-until-oom` step is
+//! held until its own requests are back: [`ramp_step_end`]), reports progress, and watches
 //! the stop flag; the memory sampler is one more task there. The load runs elsewhere:
 //! - closed model: `threads` load threads, each a current-thread runtime (`Shards`) that
 //!   owns every `threads`-th worker with its connection, timer and I/O registration, as
@@ -316,6 +317,10 @@ struct Ctx {
     oom_answers: AtomicU64,
     in_flight: AtomicUsize,
     peak_in_flight: Vec<AtomicUsize>,
+    /// Per stage: requests sent in it that have finished (any outcome), and those that got
+    /// an HTTP answer. `--ramp-until-oom` holds a step until its own requests are back.
+    finished_by_stage: Vec<AtomicU64>,
+    answered_by_stage: Vec<AtomicU64>,
     connections: AtomicU64,
     live_workers: AtomicUsize,
     /// Open model.
@@ -332,6 +337,43 @@ struct Ctx {
 impl Ctx {
     fn t(&self) -> f64 {
         self.start.elapsed().as_secs_f64()
+    }
+}
+
+/// What the controller does when a stage's time is up.
+enum StepEnd {
+    Next,
+    Hold,
+    Saturated,
+}
+
+/// `--ramp-until-oom` (closed model): a step is over once as many of the requests sent in
+/// it have come back as it has workers, so every step really held its load at once; a
+/// service whose requests take longer than the step (a `generate()` of many tokens under
+/// 16 concurrent requests) would otherwise be ramped past its OOM point before any of its
+/// answers, OOM or not, came back. The hold is bounded: by `--timeout` after the step's
+/// time every request it sent has finished or timed out. A step none of whose requests got
+/// an answer ends the ramp: no higher load could show an OOM either. Other runs keep their
+/// stages to the clock.
+fn ramp_step_end(cfg: &HttpConfig, ctx: &Ctx, i: usize, load: Load, end_at: f64) -> StepEnd {
+    let Load::Closed(workers) = load else {
+        return StepEnd::Next;
+    };
+    if !cfg.stop_at_first_oom {
+        return StepEnd::Next;
+    }
+    let count = |v: &[AtomicU64]| v.get(i).map_or(0, |n| n.load(Ordering::Relaxed));
+    let finished = count(&ctx.finished_by_stage);
+    let answered = count(&ctx.answered_by_stage);
+    let expired = ctx.t() >= end_at + cfg.timeout.as_secs_f64();
+    if finished >= workers as u64 || expired {
+        if answered == 0 && finished > 0 {
+            StepEnd::Saturated
+        } else {
+            StepEnd::Next
+        }
+    } else {
+        StepEnd::Hold
     }
 }
 
@@ -399,6 +441,11 @@ async fn one_request(
             Outcome::Error(ErrorKind::Timeout)
         }
     };
+    if matches!(outcome, Outcome::Answer { .. }) {
+        if let Some(n) = ctx.answered_by_stage.get(stage) {
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+    }
     let raw_us = t_done.duration_since(t_send).as_micros() as u64;
     let latency_us = match intended {
         Some(i) => t_done.saturating_duration_since(i).as_micros() as u64,
@@ -428,6 +475,9 @@ async fn one_request(
         _ => {
             ctx.failed.fetch_add(1, Ordering::Relaxed);
         }
+    }
+    if let Some(n) = ctx.finished_by_stage.get(stage) {
+        n.fetch_add(1, Ordering::Relaxed);
     }
     ctx.finished.fetch_add(1, Ordering::Relaxed);
 }
@@ -684,6 +734,8 @@ async fn drive(
         oom_answers: AtomicU64::new(0),
         in_flight: AtomicUsize::new(0),
         peak_in_flight: cfg.stages.iter().map(|_| AtomicUsize::new(0)).collect(),
+        finished_by_stage: cfg.stages.iter().map(|_| AtomicU64::new(0)).collect(),
+        answered_by_stage: cfg.stages.iter().map(|_| AtomicU64::new(0)).collect(),
         connections: AtomicU64::new(0),
         live_workers: AtomicUsize::new(0),
         scheduled: AtomicU64::new(0),
@@ -827,11 +879,26 @@ async fn drive(
                 }
             }
             if end_at.is_some_and(|e| ctx.t() >= e) {
-                break;
+                match ramp_step_end(cfg, &ctx, i, st.load, end_at.unwrap_or(0.0)) {
+                    StepEnd::Hold => {}
+                    StepEnd::Next => break,
+                    StepEnd::Saturated => {
+                        stop_reason = StopReason::Saturated;
+                        ctx.cancelled.store(true, Ordering::Relaxed);
+                        stages_run.push((i, stage_start, ctx.t()));
+                        info!(stage = i, "no answer at this step: the ramp stops");
+                        break 'stages;
+                    }
+                }
             }
         }
         stages_run.push((i, stage_start, ctx.t()));
-        boundary = end_at.unwrap_or(boundary);
+        boundary = match end_at {
+            // A held ramp step ends late; the next step gets its whole duration.
+            Some(e) if cfg.stop_at_first_oom => e.max(ctx.t()),
+            Some(e) => e,
+            None => boundary,
+        };
     }
     let load_end = ctx.t();
     ctx.done.store(true, Ordering::SeqCst);

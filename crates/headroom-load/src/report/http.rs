@@ -467,6 +467,8 @@ pub(super) fn http_summary_table(r: &RunResult, hr: &HttpResult) -> String {
         match r.stop_reason {
             StopReason::Cancelled => "CANCELLED: partial results",
             StopReason::OomFound => "stopped at the first OOM (--ramp-until-oom)",
+            StopReason::Saturated =>
+                "stopped: no answer within --timeout at the last step, before any OOM",
             _ => "completed",
         },
         hr.body

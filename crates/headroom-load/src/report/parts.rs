@@ -72,6 +72,9 @@ pub(crate) fn stop_text(s: StopReason) -> &'static str {
         StopReason::Cancelled => "cancelled (Ctrl-C): partial results",
         StopReason::OomFound => "stopped at the first OOM (ramp until OOM)",
         StopReason::TimeLimit => "time limit reached before any OOM",
+        StopReason::Saturated => {
+            "stopped: no answer at the last load step within --timeout (saturated before any OOM)"
+        }
     }
 }
 

@@ -30,6 +30,7 @@ pub(super) fn run_summary_table(r: &RunResult) -> String {
             StopReason::Cancelled => "CANCELLED: partial results",
             StopReason::OomFound => "stopped at the first OOM",
             StopReason::TimeLimit => "time limit, no OOM",
+            StopReason::Saturated => "saturated (no answer within --timeout), no OOM",
         }
     );
     o.push('\n');

@@ -46,7 +46,7 @@ SERVICES = {
 }
 # 64 MiB model + 10 requests of 40 MiB fit in 484 MiB of the stub's 80 GiB: OOM at 11-12.
 FAKE = {"fake": ("fake_service.py", 484 / (80 * 1024), '{"k": 2}', 40, 8)}
-TIMEOUTS = {"gentle": 300, "ramp": 150, "expandable": 120}
+TIMEOUTS = {"gentle": 200, "ramp": 240, "expandable": 120}
 # The device call's limit is 600 s: the summary is written by then whatever still runs.
 DEADLINE_S = 530
 

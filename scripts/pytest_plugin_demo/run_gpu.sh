@@ -13,6 +13,16 @@ V=/tmp/headroom-demo-venv
 rm -rf "$V"
 if python3 -m venv --system-site-packages "$V" 2>/dev/null; then
     PY=$V/bin/python
+    # When python3 is itself a virtual environment (or torch sits in a user site), the new
+    # venv's --system-site-packages sees the base interpreter's packages, not torch: point it
+    # at the folder python3 imports torch from.
+    if ! "$PY" -c 'import torch' 2>/dev/null; then
+        TORCH_SITE=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null)
+        if [ -n "$TORCH_SITE" ]; then
+            "$PY" -c 'import site, sys; open(site.getsitepackages()[0] + "/system-torch.pth", "w").write(sys.argv[1] + "\n")' "$TORCH_SITE"
+            echo "(torch from $TORCH_SITE, through system-torch.pth)"
+        fi
+    fi
     "$PY" -m pip install -q --no-index --find-links wheelhouse headroom pytest 2>&1 | tail -5
     HR=("$V/bin/headroom")
 else

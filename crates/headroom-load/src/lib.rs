@@ -37,12 +37,6 @@ pub mod memsource;
 pub mod pipeline;
 pub mod report;
 pub mod results;
-/// The old home of the load's configuration, kept for `http/run.rs` (owned by the HTTP
-/// side) until it names [`config`] directly.
-#[doc(hidden)]
-pub mod runner {
-    pub use crate::config::DEFAULT_WHAT_IF;
-}
 pub mod search;
 pub mod threshold;
 pub mod timeline;

@@ -125,7 +125,7 @@ impl HttpConfig {
             memory_sources: Vec::new(),
             thresholds: Vec::new(),
             probe: true,
-            what_if: crate::runner::DEFAULT_WHAT_IF
+            what_if: crate::config::DEFAULT_WHAT_IF
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),

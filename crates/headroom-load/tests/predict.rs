@@ -112,6 +112,16 @@ fn no_stop() -> Arc<AtomicBool> {
     Arc::new(AtomicBool::new(false))
 }
 
+/// `--ramp-until-oom` against a loopback test server (no probe).
+fn loopback_ramp(s: &TestServer, step: Duration) -> HttpConfig {
+    let mut c = HttpConfig::new(s.url("/"));
+    c.stages = ramp(step);
+    c.stop_at_first_oom = true;
+    c.probe = false;
+    c.threads = 2;
+    c
+}
+
 fn ramp(step: Duration) -> Vec<HttpStage> {
     DEFAULT_RAMP[..8]
         .iter()
@@ -219,11 +229,7 @@ fn a_500_naming_a_cuda_oom_is_an_oom_and_ends_the_ramp() {
         }),
     )
     .unwrap();
-    let mut c = HttpConfig::new(s.url("/"));
-    c.stages = ramp(Duration::from_millis(400));
-    c.stop_at_first_oom = true;
-    c.probe = false;
-    c.threads = 2;
+    let c = loopback_ramp(&s, Duration::from_millis(400));
     let r = http::run(&c, no_stop(), |_| {}).unwrap();
     assert_eq!(r.stop_reason, StopReason::OomFound);
     assert!(r.requests.oom > 0);
@@ -256,13 +262,9 @@ fn slow_generate(seen: &Seen) -> Reply {
 #[test]
 fn a_ramp_step_is_held_until_its_own_slow_answers_are_back() {
     let s = TestServer::start(2, Arc::new(slow_generate)).unwrap();
-    let mut c = HttpConfig::new(s.url("/"));
     // Steps far shorter than a request at 8 in flight (1.2 s): without the hold the ramp
     // would be at 24 workers before any answer sent at 8 came back.
-    c.stages = ramp(Duration::from_millis(200));
-    c.stop_at_first_oom = true;
-    c.probe = false;
-    c.threads = 2;
+    let mut c = loopback_ramp(&s, Duration::from_millis(200));
     c.timeout = Duration::from_secs(10);
     let r = http::run(&c, no_stop(), |_| {}).unwrap();
     assert_eq!(r.stop_reason, StopReason::OomFound, "{:?}", r.stages);
@@ -290,11 +292,7 @@ fn a_ramp_whose_step_gets_no_answer_stops_as_saturated() {
         }),
     )
     .unwrap();
-    let mut c = HttpConfig::new(s.url("/"));
-    c.stages = ramp(Duration::from_millis(200));
-    c.stop_at_first_oom = true;
-    c.probe = false;
-    c.threads = 2;
+    let mut c = loopback_ramp(&s, Duration::from_millis(200));
     c.timeout = Duration::from_millis(600);
     let t0 = std::time::Instant::now();
     let r = http::run(&c, no_stop(), |_| {}).unwrap();

@@ -100,6 +100,12 @@ pub fn run(
     let dev = make_device(&cfg.device, cfg.capacity, &conf)?;
     dev.probe
         .record_memory_history(HistoryMode::All, cfg.history_entries.max(1));
+    // Before anything is allocated: the what-if replays the whole run from this log.
+    let run_log = (!cfg.what_if.is_empty() || cfg.diagnose)
+        .then(|| crate::diagnose::RunLog::new(cfg.what_if_log_entries));
+    let log_id = run_log
+        .as_ref()
+        .map(|l| dev.probe.add_observer(l.observer()));
     let workload = Workload::build(&cfg.scenario, &dev.device)?;
     let baseline = dev.device.memory_allocated();
     dev.probe.reset_peak_memory_stats();
@@ -190,6 +196,9 @@ pub fn run(
     let ext = ext_source.sample();
     timeline.sample_now_with(&dev.probe.stats(), &dev.device, used(&dev), ext.as_ref());
     dev.probe.remove_observer(obs_id);
+    if let Some(id) = log_id {
+        dev.probe.remove_observer(id);
+    }
     let outcome = outcome?;
 
     let stats = dev.probe.stats();
@@ -207,7 +216,16 @@ pub fn run(
     if !cancelled {
         prog.phase = "what_if".into();
         progress(&prog);
-        result.what_if = crate::diagnose::what_if(&result, &cfg.alloc_conf, &cfg.what_if);
+        let (rows, check) =
+            crate::diagnose::what_if(&result, run_log.as_ref(), &cfg.alloc_conf, &cfg.what_if);
+        result.what_if = rows;
+        result.what_if_check = check;
+        if !result.what_if_check.agrees && !result.what_if.is_empty() {
+            warn!(note = %result.what_if_check.note, "what-if disagrees with the run");
+        }
+        if let Some(l) = &run_log {
+            l.clear();
+        }
         if let Some(sc) = &cfg.search {
             prog.phase = "search".into();
             progress(&prog);
@@ -242,16 +260,12 @@ fn verdict(
         }
     };
     s.alloc_conf = cfg.alloc_conf.clone();
+    // The what-if's best row is recommended only when the search under it does better.
     if let Some(best) = recommended_config(what_if) {
         if let Ok(rc) = headroom_alloc::AllocatorConfig::parse(&best) {
             match oom_search(&cfg.scenario, cfg.capacity, &rc, sc, stop) {
-                Ok(r) => {
-                    s.recommended = Some(RecommendedSearch {
-                        alloc_conf: best,
-                        verified_safe_load: r.verified_safe_load,
-                        observed_oom_load: r.observed_oom_load,
-                    })
-                }
+                Ok(r) if s.is_beaten_by(&r) => s.recommended = Some(r.as_recommended(&best)),
+                Ok(r) => s.not_better = Some(r.as_recommended(&best)),
                 Err(e) => warn!(error = %e, "OOM search under the recommended config failed"),
             }
         }
@@ -405,6 +419,7 @@ fn aggregate(
         oom_search: None,
         findings: Vec::new(),
         what_if: Vec::new(),
+        what_if_check: WhatIfCheck::default(),
         thresholds: Vec::new(),
         final_memory_stats: BTreeMap::new(),
         final_memory_summary: String::new(),

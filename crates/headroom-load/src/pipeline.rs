@@ -229,7 +229,7 @@ pub fn run(
         if let Some(sc) = &cfg.search {
             prog.phase = "search".into();
             progress(&prog);
-            result.oom_search = verdict(cfg, &conf, sc, &result.what_if, &stop);
+            result.oom_search = verdict(cfg, &conf, sc, &stop);
         }
     }
     if cfg.diagnose {
@@ -243,13 +243,15 @@ pub fn run(
     Ok(result)
 }
 
-/// The OOM search under the run's config and, when the what-if table recommends another,
-/// under that one too; the headline is said from these numbers only.
+/// The OOM search under the run's config and under each what-if config: the headline
+/// recommends the one that does best when it beats the run's own (more safe load, or the
+/// same with less peak reserved there), else says the run's config is already the best.
+/// Every search is deterministic for a seed and none reads the run's own measurements, so
+/// two runs with one seed print the same verdict.
 fn verdict(
     cfg: &LoadConfig,
     conf: &headroom_alloc::AllocatorConfig,
     sc: &crate::search::SearchConfig,
-    what_if: &[WhatIfRow],
     stop: &AtomicBool,
 ) -> Option<OomSearch> {
     let mut s = match oom_search(&cfg.scenario, cfg.capacity, conf, sc, stop) {
@@ -260,30 +262,29 @@ fn verdict(
         }
     };
     s.alloc_conf = cfg.alloc_conf.clone();
-    // The what-if's best row is recommended only when the search under it does better.
-    if let Some(best) = recommended_config(what_if) {
-        if let Ok(rc) = headroom_alloc::AllocatorConfig::parse(&best) {
-            match oom_search(&cfg.scenario, cfg.capacity, &rc, sc, stop) {
-                Ok(r) if s.is_beaten_by(&r) => s.recommended = Some(r.as_recommended(&best)),
-                Ok(r) => s.not_better = Some(r.as_recommended(&best)),
-                Err(e) => warn!(error = %e, "OOM search under the recommended config failed"),
+    let mut best: Option<(String, OomSearch)> = None;
+    for c in cfg.what_if.iter().filter(|c| **c != cfg.alloc_conf) {
+        let Ok(rc) = headroom_alloc::AllocatorConfig::parse(c) else {
+            continue;
+        };
+        match oom_search(&cfg.scenario, cfg.capacity, &rc, sc, stop) {
+            Ok(r) => {
+                if best.as_ref().is_none_or(|(_, b)| b.is_beaten_by(&r)) {
+                    best = Some((c.clone(), r));
+                }
             }
+            Err(e) => warn!(conf = %c, error = %e, "OOM search under a what-if config failed"),
+        }
+    }
+    if let Some((c, r)) = best {
+        if s.is_beaten_by(&r) {
+            s.recommended = Some(r.as_recommended(&c));
+        } else {
+            s.not_better = Some(r.as_recommended(&c));
         }
     }
     s.headline = s.headline();
     Some(s)
-}
-
-/// The what-if row to recommend instead of the run's own config (the first row): the one
-/// with the fewest OOMs, then the least peak reserved, when that is less than the own.
-pub fn recommended_config(rows: &[WhatIfRow]) -> Option<String> {
-    let own = rows.first()?;
-    let best = rows
-        .iter()
-        .skip(1)
-        .min_by_key(|w| (w.num_ooms, w.peak_reserved_bytes))?;
-    ((best.num_ooms, best.peak_reserved_bytes) < (own.num_ooms, own.peak_reserved_bytes))
-        .then(|| best.alloc_conf.clone())
 }
 
 fn planned_seconds(plan: &LoadPlan) -> Option<f64> {

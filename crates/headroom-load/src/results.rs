@@ -462,13 +462,13 @@ pub struct OomSearch {
     /// is the default).
     #[serde(default)]
     pub alloc_conf: String,
-    /// The same search under the recommended config: the what-if's best row, when its
-    /// search does better than the run's own config (more safe load, or the same with less
-    /// peak reserved there).
+    /// The same search under the recommended config: of the what-if's configs, the one
+    /// whose search does best, when it does better than the run's own config (more safe
+    /// load, or the same with less peak reserved there).
     #[serde(default)]
     pub recommended: Option<RecommendedSearch>,
-    /// The what-if's best row when its search did no better: the run's config is already
-    /// the best of those tried, and this says what the other one gave.
+    /// The best of the what-if's configs when its search did no better: the run's config
+    /// is already the best of those tried, and this says what the other one gave.
     #[serde(default)]
     pub not_better: Option<RecommendedSearch>,
     /// The verdict in one sentence ([`OomSearch::headline`]), said identically by the

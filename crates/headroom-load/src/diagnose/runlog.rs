@@ -36,7 +36,7 @@ enum Kind {
     Oom = 2,
 }
 
-/// `addr | stream << 48 | kind << 60`, and the size.
+/// `addr | stream index << 48 | kind << 60`, and the size.
 #[derive(Clone, Copy)]
 struct Entry(u64, u64);
 
@@ -50,6 +50,8 @@ struct Inner {
     stopped: Option<String>,
     /// Requests seen after it stopped.
     missed: u64,
+    /// The streams seen, by index (a CUDA stream is a raw pointer: it does not fit 12 bits).
+    streams: Vec<u64>,
 }
 
 impl Inner {
@@ -66,9 +68,16 @@ impl Inner {
             self.missed += 1;
             return;
         }
-        if addr > ADDR_MASK || stream >= 1 << (KIND_SHIFT - STREAM_SHIFT) {
+        let idx = match self.streams.iter().position(|&s| s == stream) {
+            Some(i) => i as u64,
+            None => {
+                self.streams.push(stream);
+                self.streams.len() as u64 - 1
+            }
+        };
+        if addr > ADDR_MASK || idx >= 1 << (KIND_SHIFT - STREAM_SHIFT) {
             self.stopped = Some(format!(
-                "an address ({addr:#x}) or stream ({stream}) beyond what the compact log holds"
+                "an address ({addr:#x}) or a stream count beyond what the compact log holds"
             ));
             self.missed += 1;
             return;
@@ -78,7 +87,7 @@ impl Inner {
         }
         if let Some(c) = self.chunks.last_mut() {
             c.push(Entry(
-                addr | stream << STREAM_SHIFT | (kind as u64) << KIND_SHIFT,
+                addr | idx << STREAM_SHIFT | (kind as u64) << KIND_SHIFT,
                 size,
             ));
             self.len += 1;
@@ -163,7 +172,8 @@ impl RunLog {
         let mut live: HashMap<u64, u64> = HashMap::new();
         for e in g.chunks.iter().flatten() {
             let addr = e.0 & ADDR_MASK;
-            let stream = (e.0 >> STREAM_SHIFT) & ((1 << (KIND_SHIFT - STREAM_SHIFT)) - 1);
+            let idx = (e.0 >> STREAM_SHIFT) & ((1 << (KIND_SHIFT - STREAM_SHIFT)) - 1);
+            let stream = g.streams.get(idx as usize).copied().unwrap_or(0);
             let kind = match e.0 >> KIND_SHIFT {
                 0 => Kind::Alloc,
                 1 => Kind::Free,
@@ -196,5 +206,67 @@ impl RunLog {
             num_alloc_retries: st.num_alloc_retries,
             num_ooms: st.num_ooms,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A client of variable sizes that runs out now and then on 64 MiB, logged.
+    fn logged(max: usize) -> (RunLog, CachingAllocator<SimDevice>) {
+        let alloc = CachingAllocator::new(SimDevice::new(64 * MIB), AllocatorConfig::default());
+        let log = RunLog::new(max);
+        alloc.add_observer(log.observer());
+        let mut live: Vec<u64> = Vec::new();
+        let mut x = 7u64;
+        for i in 0..2_000u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let size = (x >> 40) % (6 * MIB) + 512;
+            if let Ok(a) = alloc.malloc(size, if i % 7 == 0 { 0x7f00_dead } else { 0 }) {
+                live.push(a.ptr);
+            }
+            if live.len() > 12 || (x >> 20) % 3 == 0 {
+                let k = ((x >> 8) as usize) % live.len().max(1);
+                if k < live.len() {
+                    alloc.free(live.swap_remove(k)).unwrap();
+                }
+            }
+        }
+        (log, alloc)
+    }
+
+    #[test]
+    fn replay_under_the_run_config_remakes_the_run() {
+        let (log, alloc) = logged(1 << 20);
+        assert!(log.incomplete().is_none());
+        let st = alloc.stats();
+        assert!(st.num_ooms > 0, "the client never ran out");
+        let r = log.replay(&AllocatorConfig::default(), 64 * MIB).unwrap();
+        assert_eq!(r.num_ooms, st.num_ooms);
+        assert_eq!(
+            r.peak_reserved_bytes,
+            st.reserved_bytes.all().peak.max(0) as u64
+        );
+        assert_eq!(
+            r.peak_allocated_bytes,
+            st.allocated_bytes.all().peak.max(0) as u64
+        );
+        // More room: fewer OOMs.
+        let big = log.replay(&AllocatorConfig::default(), 256 * MIB).unwrap();
+        assert!(big.num_ooms < r.num_ooms);
+    }
+
+    #[test]
+    fn a_full_log_says_so() {
+        let (log, _) = logged(100);
+        assert_eq!(log.len(), 100);
+        let (why, missed) = log.incomplete().unwrap();
+        assert!(why.contains("100"), "{why}");
+        assert!(missed > 0);
     }
 }

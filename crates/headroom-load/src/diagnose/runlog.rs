@@ -227,10 +227,10 @@ mod tests {
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             let size = (x >> 40) % (6 * MIB) + 512;
-            if let Ok(a) = alloc.malloc(size, if i % 7 == 0 { 0x7f00_dead } else { 0 }) {
+            if let Ok(a) = alloc.malloc(size, if i.is_multiple_of(7) { 0x7f00_dead } else { 0 }) {
                 live.push(a.ptr);
             }
-            if live.len() > 12 || (x >> 20) % 3 == 0 {
+            if live.len() > 12 || (x >> 20).is_multiple_of(3) {
                 let k = ((x >> 8) as usize) % live.len().max(1);
                 if k < live.len() {
                     alloc.free(live.swap_remove(k)).unwrap();

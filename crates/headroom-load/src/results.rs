@@ -34,7 +34,8 @@
 //!   ooms: [OomRecord],             // allocator state at each OOM (first `MAX_OOM_RECORDS`)
 //!   oom_search: OomSearch | null,  // largest safe concurrency (or batch), fit + bisection
 //!   findings: [Finding],           // named causes; empty for a clean run
-//!   what_if: [WhatIfRow],          // the run's own trace replayed under other alloc configs
+//!   what_if: [WhatIfRow],          // the run's own requests replayed under other alloc configs
+//!   what_if_check: WhatIfCheck,    // what was replayed; does the own-config row agree with the run
 //!   thresholds: [ThresholdResult], // k6-style gates; any `passed: false` => exit 99
 //!   final_memory_stats: { "allocated_bytes.all.current": i64, ... }, // torch.cuda.memory_stats()
 //!   final_memory_summary: "...",   // torch.cuda.memory_summary()
@@ -68,6 +69,8 @@
 //!   duration ended (or Ctrl-C), stopped at their next op; not in `requests.total`.
 //!   `stages[].workers_started`: the workers that ran in the stage (fewer than its
 //!   `concurrency` only when the load ended before all could start).
+//! - `what_if_check` (see [`WhatIfCheck`]); `OomSearch.not_better`,
+//!   `RecommendedSearch.safe_peak_reserved_bytes`; `LoadPoint.peak_activation_bytes`.
 //!
 //! Each type below documents its own fields; the doc comment of a field is its schema entry.
 

@@ -290,3 +290,30 @@ fn one_seed_one_verdict() {
         );
     }
 }
+
+#[test]
+fn grad_on_past_capacity_blames_the_mistake_not_the_load() {
+    // gpt2-small with grad on at 10 workers needs some 160 MiB; without the mistake it
+    // would fit (about 66 MiB). The mistake is the one critical finding;
+    // the over-capacity finding says to fix it first.
+    let mut s = infer("gpt2-small", 4, "uniform:16..128");
+    s.mistakes.grad_at_inference = true;
+    let mut c = cfg(
+        s,
+        128 * MIB,
+        LoadPlan::Stages(vec![Stage::timed(10, Duration::from_millis(500))]),
+        true,
+    );
+    c.what_if = vec![];
+    let r = run_it(&c);
+    assert!(r.errors.oom > 0);
+    let f = only(&r, FindingId::AutogradInInference);
+    assert_eq!(f.severity, Severity::Critical);
+    let d = r
+        .findings
+        .iter()
+        .find(|f| f.id == FindingId::OutOfMemory)
+        .unwrap_or_else(|| panic!("{}", summary(&r)));
+    assert_eq!(d.severity, Severity::Warning, "{}", d.evidence);
+    assert!(d.evidence.contains("fix it first"), "{}", d.evidence);
+}

@@ -152,10 +152,36 @@ pub fn diagnose_with(
     let (leaks, over) = (leak.is_some(), demand.is_some());
     f.extend(leak);
     f.extend(fragmentation::fragmentation(r, rules, leaks, over));
-    f.extend(demand);
+    f.extend(demand.map(|d| blame_the_mistake(d, &f)));
     f.extend(oom::unexplained_ooms(r, &f));
     f.extend(cache::cache_held(r, rules));
     f
+}
+
+/// Demand over the capacity that a critical mistake's own saving would bring back under
+/// it is that mistake's doing: the over-capacity finding then says so and is a warning,
+/// so the mistake stays the one critical finding.
+fn blame_the_mistake(mut demand: Finding, found: &[Finding]) -> Finding {
+    let excess = demand.predicted_saving_bytes;
+    let culprit = found.iter().find(|f| {
+        f.severity == Severity::Critical
+            && matches!(
+                f.id,
+                FindingId::AutogradInInference | FindingId::GraphAccumulated | FindingId::Leak
+            )
+            && f.predicted_saving_bytes >= excess
+    });
+    if let Some(c) = culprit {
+        demand.severity = Severity::Warning;
+        demand.evidence.push_str(&format!(
+            " The critical finding `{}` saves {}, more than the {} the demand is over: fix \
+             it first.",
+            c.id.as_str(),
+            mib(c.predicted_saving_bytes as f64),
+            mib(excess as f64)
+        ));
+    }
+    demand
 }
 
 /// The findings of a finished HTTP run: the service is seen through its metrics and the

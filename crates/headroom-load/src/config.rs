@@ -92,6 +92,9 @@ pub struct LoadConfig {
     pub thresholds: Vec<Threshold>,
     /// Entries of allocator history kept for the snapshot (ring buffer).
     pub history_entries: usize,
+    /// Allocator requests the what-if's run log keeps (16 bytes each): the what-if replays
+    /// the whole run from it. A longer run falls back to the history ring, with a note.
+    pub what_if_log_entries: usize,
     /// Memory seen from outside the allocator (NVML on a CUDA device), sampled with every
     /// periodic timeline sample: the process's bytes on the device and the context +
     /// library overhead beside the allocator's numbers. `None`: the allocator's view only.
@@ -99,6 +102,10 @@ pub struct LoadConfig {
 }
 
 pub use headroom_workload::device::DEFAULT_CAPACITY;
+
+/// The run log's default bound: 8M requests, 128 MiB, about a minute of the busiest meta
+/// run (gpt2-small at 32 workers makes some 135,000 requests a second).
+pub const DEFAULT_WHAT_IF_LOG_ENTRIES: usize = 8_000_000;
 
 /// The default what-if configs.
 pub const DEFAULT_WHAT_IF: [&str; 3] = [
@@ -125,6 +132,7 @@ impl Default for LoadConfig {
             what_if: DEFAULT_WHAT_IF.iter().map(|s| s.to_string()).collect(),
             thresholds: Vec::new(),
             history_entries: 400_000,
+            what_if_log_entries: DEFAULT_WHAT_IF_LOG_ENTRIES,
             memory_source: None,
         }
     }

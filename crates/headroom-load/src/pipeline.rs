@@ -100,6 +100,12 @@ pub fn run(
     let dev = make_device(&cfg.device, cfg.capacity, &conf)?;
     dev.probe
         .record_memory_history(HistoryMode::All, cfg.history_entries.max(1));
+    // Before anything is allocated: the what-if replays the whole run from this log.
+    let run_log = (!cfg.what_if.is_empty() || cfg.diagnose)
+        .then(|| crate::diagnose::RunLog::new(cfg.what_if_log_entries));
+    let log_id = run_log
+        .as_ref()
+        .map(|l| dev.probe.add_observer(l.observer()));
     let workload = Workload::build(&cfg.scenario, &dev.device)?;
     let baseline = dev.device.memory_allocated();
     dev.probe.reset_peak_memory_stats();
@@ -190,6 +196,9 @@ pub fn run(
     let ext = ext_source.sample();
     timeline.sample_now_with(&dev.probe.stats(), &dev.device, used(&dev), ext.as_ref());
     dev.probe.remove_observer(obs_id);
+    if let Some(id) = log_id {
+        dev.probe.remove_observer(id);
+    }
     let outcome = outcome?;
 
     let stats = dev.probe.stats();
@@ -207,11 +216,20 @@ pub fn run(
     if !cancelled {
         prog.phase = "what_if".into();
         progress(&prog);
-        result.what_if = crate::diagnose::what_if(&result, &cfg.alloc_conf, &cfg.what_if);
+        let (rows, check) =
+            crate::diagnose::what_if(&result, run_log.as_ref(), &cfg.alloc_conf, &cfg.what_if);
+        result.what_if = rows;
+        result.what_if_check = check;
+        if !result.what_if_check.agrees && !result.what_if.is_empty() {
+            warn!(note = %result.what_if_check.note, "what-if disagrees with the run");
+        }
+        if let Some(l) = &run_log {
+            l.clear();
+        }
         if let Some(sc) = &cfg.search {
             prog.phase = "search".into();
             progress(&prog);
-            result.oom_search = verdict(cfg, &conf, sc, &result.what_if, &stop);
+            result.oom_search = verdict(cfg, &conf, sc, &stop);
         }
     }
     if cfg.diagnose {
@@ -225,13 +243,15 @@ pub fn run(
     Ok(result)
 }
 
-/// The OOM search under the run's config and, when the what-if table recommends another,
-/// under that one too; the headline is said from these numbers only.
+/// The OOM search under the run's config and under each what-if config: the headline
+/// recommends the one that does best when it beats the run's own (more safe load, or the
+/// same with less peak reserved there), else says the run's config is already the best.
+/// Every search is deterministic for a seed and none reads the run's own measurements, so
+/// two runs with one seed print the same verdict.
 fn verdict(
     cfg: &LoadConfig,
     conf: &headroom_alloc::AllocatorConfig,
     sc: &crate::search::SearchConfig,
-    what_if: &[WhatIfRow],
     stop: &AtomicBool,
 ) -> Option<OomSearch> {
     let mut s = match oom_search(&cfg.scenario, cfg.capacity, conf, sc, stop) {
@@ -242,34 +262,29 @@ fn verdict(
         }
     };
     s.alloc_conf = cfg.alloc_conf.clone();
-    if let Some(best) = recommended_config(what_if) {
-        if let Ok(rc) = headroom_alloc::AllocatorConfig::parse(&best) {
-            match oom_search(&cfg.scenario, cfg.capacity, &rc, sc, stop) {
-                Ok(r) => {
-                    s.recommended = Some(RecommendedSearch {
-                        alloc_conf: best,
-                        verified_safe_load: r.verified_safe_load,
-                        observed_oom_load: r.observed_oom_load,
-                    })
+    let mut best: Option<(String, OomSearch)> = None;
+    for c in cfg.what_if.iter().filter(|c| **c != cfg.alloc_conf) {
+        let Ok(rc) = headroom_alloc::AllocatorConfig::parse(c) else {
+            continue;
+        };
+        match oom_search(&cfg.scenario, cfg.capacity, &rc, sc, stop) {
+            Ok(r) => {
+                if best.as_ref().is_none_or(|(_, b)| b.is_beaten_by(&r)) {
+                    best = Some((c.clone(), r));
                 }
-                Err(e) => warn!(error = %e, "OOM search under the recommended config failed"),
             }
+            Err(e) => warn!(conf = %c, error = %e, "OOM search under a what-if config failed"),
+        }
+    }
+    if let Some((c, r)) = best {
+        if s.is_beaten_by(&r) {
+            s.recommended = Some(r.as_recommended(&c));
+        } else {
+            s.not_better = Some(r.as_recommended(&c));
         }
     }
     s.headline = s.headline();
     Some(s)
-}
-
-/// The what-if row to recommend instead of the run's own config (the first row): the one
-/// with the fewest OOMs, then the least peak reserved, when that is less than the own.
-pub fn recommended_config(rows: &[WhatIfRow]) -> Option<String> {
-    let own = rows.first()?;
-    let best = rows
-        .iter()
-        .skip(1)
-        .min_by_key(|w| (w.num_ooms, w.peak_reserved_bytes))?;
-    ((best.num_ooms, best.peak_reserved_bytes) < (own.num_ooms, own.peak_reserved_bytes))
-        .then(|| best.alloc_conf.clone())
 }
 
 fn planned_seconds(plan: &LoadPlan) -> Option<f64> {
@@ -405,6 +420,7 @@ fn aggregate(
         oom_search: None,
         findings: Vec::new(),
         what_if: Vec::new(),
+        what_if_check: WhatIfCheck::default(),
         thresholds: Vec::new(),
         final_memory_stats: BTreeMap::new(),
         final_memory_summary: String::new(),

@@ -34,7 +34,8 @@
 //!   ooms: [OomRecord],             // allocator state at each OOM (first `MAX_OOM_RECORDS`)
 //!   oom_search: OomSearch | null,  // largest safe concurrency (or batch), fit + bisection
 //!   findings: [Finding],           // named causes; empty for a clean run
-//!   what_if: [WhatIfRow],          // the run's own trace replayed under other alloc configs
+//!   what_if: [WhatIfRow],          // the run's own requests replayed under other alloc configs
+//!   what_if_check: WhatIfCheck,    // what was replayed; does the own-config row agree with the run
 //!   thresholds: [ThresholdResult], // k6-style gates; any `passed: false` => exit 99
 //!   final_memory_stats: { "allocated_bytes.all.current": i64, ... }, // torch.cuda.memory_stats()
 //!   final_memory_summary: "...",   // torch.cuda.memory_summary()
@@ -68,6 +69,8 @@
 //!   duration ended (or Ctrl-C), stopped at their next op; not in `requests.total`.
 //!   `stages[].workers_started`: the workers that ran in the stage (fewer than its
 //!   `concurrency` only when the load ended before all could start).
+//! - `what_if_check` (see [`WhatIfCheck`]); `OomSearch.not_better`,
+//!   `RecommendedSearch.safe_peak_reserved_bytes`; `LoadPoint.peak_activation_bytes`.
 //!
 //! Each type below documents its own fields; the doc comment of a field is its schema entry.
 
@@ -120,6 +123,9 @@ pub struct RunResult {
     pub oom_search: Option<OomSearch>,
     pub findings: Vec<Finding>,
     pub what_if: Vec<WhatIfRow>,
+    /// Whether the what-if row for the run's own config and capacity agrees with the run.
+    #[serde(default)]
+    pub what_if_check: WhatIfCheck,
     pub thresholds: Vec<ThresholdResult>,
     /// `torch.cuda.memory_stats()` at the end of the run.
     pub final_memory_stats: BTreeMap<String, i64>,
@@ -462,10 +468,15 @@ pub struct OomSearch {
     /// is the default).
     #[serde(default)]
     pub alloc_conf: String,
-    /// The same search under the recommended config (the what-if row that fits and
-    /// reserves least), when it differs from the run's own.
+    /// The same search under the recommended config: of the what-if's configs, the one
+    /// whose search does best, when it does better than the run's own config (more safe
+    /// load, or the same with less peak reserved there).
     #[serde(default)]
     pub recommended: Option<RecommendedSearch>,
+    /// The best of the what-if's configs when its search did no better: the run's config
+    /// is already the best of those tried, and this says what the other one gave.
+    #[serde(default)]
+    pub not_better: Option<RecommendedSearch>,
     /// The verdict in one sentence ([`OomSearch::headline`]), said identically by the
     /// terminal summary, this file and the HTML report.
     #[serde(default)]
@@ -478,6 +489,9 @@ pub struct RecommendedSearch {
     pub alloc_conf: String,
     pub verified_safe_load: Option<usize>,
     pub observed_oom_load: Option<usize>,
+    /// Peak reserved of its probe at its safe load.
+    #[serde(default)]
+    pub safe_peak_reserved_bytes: Option<u64>,
 }
 
 impl OomSearch {
@@ -503,15 +517,67 @@ impl OomSearch {
             headroom_alloc::human_bytes(self.capacity_bytes),
             conf(&self.alloc_conf)
         );
-        match &self.recommended {
-            Some(r) => h.push_str(&format!(
-                ", and {} under the recommended {}",
-                opt(r.verified_safe_load),
-                conf(&r.alloc_conf)
+        match (&self.recommended, &self.not_better) {
+            (Some(r), _) => {
+                h.push_str(&format!(
+                    ", and {} under the recommended {}",
+                    opt(r.verified_safe_load),
+                    conf(&r.alloc_conf)
+                ));
+                if r.verified_safe_load == self.verified_safe_load {
+                    if let (Some(b), Some(a)) =
+                        (r.safe_peak_reserved_bytes, self.safe_peak_reserved())
+                    {
+                        h.push_str(&format!(
+                            " with less peak reserved there ({} against {})",
+                            headroom_alloc::human_bytes(b),
+                            headroom_alloc::human_bytes(a)
+                        ));
+                    }
+                }
+            }
+            (None, Some(n)) => h.push_str(&format!(
+                ", which is already the best config tried ({} gives {})",
+                conf(&n.alloc_conf),
+                opt(n.verified_safe_load)
             )),
-            None => h.push_str(", which is also the recommended config"),
+            (None, None) => h.push_str(", which is already the best config tried"),
         }
         h
+    }
+
+    /// Peak reserved of the probe at the verified safe load, when one ran there.
+    pub fn safe_peak_reserved(&self) -> Option<u64> {
+        let safe = self.verified_safe_load?;
+        self.bisection
+            .iter()
+            .chain(self.points.iter())
+            .filter(|p| p.load == safe && !p.oom)
+            .map(|p| p.peak_reserved_bytes)
+            .max()
+    }
+
+    /// This search's outcome under another config, for [`OomSearch::recommended`].
+    pub fn as_recommended(&self, alloc_conf: &str) -> RecommendedSearch {
+        RecommendedSearch {
+            alloc_conf: alloc_conf.into(),
+            verified_safe_load: self.verified_safe_load,
+            observed_oom_load: self.observed_oom_load,
+            safe_peak_reserved_bytes: self.safe_peak_reserved(),
+        }
+    }
+
+    /// `other` (the same search under another config) does better: more safe load, or the
+    /// same safe load with less peak reserved there.
+    pub fn is_beaten_by(&self, other: &OomSearch) -> bool {
+        let (a, b) = (self.verified_safe_load, other.verified_safe_load);
+        b > a
+            || (b == a
+                && b.is_some()
+                && matches!(
+                    (self.safe_peak_reserved(), other.safe_peak_reserved()),
+                    (Some(x), Some(y)) if y < x
+                ))
     }
 }
 
@@ -523,6 +589,10 @@ pub struct LoadPoint {
     pub peak_reserved_bytes: u64,
     /// The probe hit at least one OOM.
     pub oom: bool,
+    /// Activation-category bytes (saved for backward) at the peak: what a graph kept alive
+    /// holds, apart from weights, gradients and optimizer state.
+    #[serde(default)]
+    pub peak_activation_bytes: u64,
 }
 
 /// `y ≈ a + b·x`.
@@ -614,6 +684,57 @@ pub struct WhatIfRow {
     pub fits_capacity: bool,
     /// `run peak reserved − this peak reserved` (negative: this config needs more).
     pub saving_vs_run_bytes: i64,
+}
+
+/// The what-if's row for the run's own config and capacity against the run itself: the
+/// replay is evidence only when they agree.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WhatIfCheck {
+    /// What was replayed: `"run log"` (every allocator request of the run, from an empty
+    /// allocator), `"history ring"` (the snapshot's last events, from the state rebuilt at
+    /// their start), or `""` (no what-if).
+    pub source: String,
+    /// Allocator requests (allocs, frees, OOMs) replayed.
+    pub events: u64,
+    /// The own-config row has the run's peak reserved and OOM count.
+    pub agrees: bool,
+    pub run_peak_reserved_bytes: u64,
+    /// The allocator's `num_ooms` at the end of the run.
+    pub run_ooms: i64,
+    pub row_peak_reserved_bytes: u64,
+    pub row_ooms: i64,
+    /// How and why they disagree (empty when they agree).
+    pub note: String,
+}
+
+impl WhatIfCheck {
+    /// One sentence under the what-if table, the same in the terminal and the report:
+    /// what was replayed and whether the own-config row is the run. Empty without a
+    /// what-if.
+    pub fn summary(&self) -> String {
+        let what = match self.source.as_str() {
+            "" => return String::new(),
+            "run log" => format!(
+                "replayed from the run log ({} allocator requests, from the empty allocator)",
+                self.events
+            ),
+            "history ring" => format!(
+                "replayed from the snapshot's history ring ({} events)",
+                self.events
+            ),
+            other => format!("replayed from {other} ({} events)", self.events),
+        };
+        if self.agrees {
+            format!(
+                "{what}; the row for the run's own config agrees with the run: {} peak \
+                 reserved, {} OOMs",
+                headroom_alloc::human_bytes(self.run_peak_reserved_bytes),
+                self.run_ooms
+            )
+        } else {
+            format!("{what}; it DISAGREES with the run: {}", self.note)
+        }
+    }
 }
 
 /// One `--threshold` and how the run did against it.
@@ -856,6 +977,20 @@ pub struct ClaimNumber {
     pub pytorch: Option<f64>,
     /// Relative tolerance used for `matches_pytorch`.
     pub tolerance: f64,
+}
+
+impl ClaimNumber {
+    /// Whether Headroom's figure is within the tolerance of PyTorch's (relative, or
+    /// absolute around a PyTorch figure of 0); `None` where PyTorch has no figure. The one
+    /// test of a row, for the row's "match" column and the claim's `matches_pytorch` alike.
+    pub fn matches(&self) -> Option<bool> {
+        let p = self.pytorch?;
+        Some(if p != 0.0 {
+            ((self.headroom - p) / p).abs() <= self.tolerance
+        } else {
+            self.headroom.abs() <= self.tolerance
+        })
+    }
 }
 
 #[cfg(test)]

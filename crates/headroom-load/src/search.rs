@@ -104,6 +104,10 @@ pub fn probe(
             peak_allocated_bytes: st.allocated_bytes.all().peak.max(0) as u64,
             peak_reserved_bytes: st.reserved_bytes.all().peak.max(0) as u64,
             oom,
+            peak_activation_bytes: dev
+                .device
+                .peak_memory_by_category()
+                .get(headroom_tensor::MemoryCategory::Activation),
         }
     };
     let workload = match Workload::build(&sc, &dev.device) {
@@ -322,6 +326,7 @@ pub fn oom_search(
         max_load_tried: max_load,
         alloc_conf: String::new(),
         recommended: None,
+        not_better: None,
         headline: String::new(),
     })
 }

@@ -78,21 +78,9 @@ fn print_claim(i: usize, c: &ClaimVerdict) {
             .numbers
             .iter()
             .map(|n| {
-                let matches = match n.pytorch {
-                    Some(p) if p != 0.0 => {
-                        if ((n.headroom - p) / p).abs() <= n.tolerance {
-                            "yes"
-                        } else {
-                            "no"
-                        }
-                    }
-                    Some(_) => {
-                        if n.headroom.abs() <= n.tolerance {
-                            "yes"
-                        } else {
-                            "no"
-                        }
-                    }
+                let matches = match n.matches() {
+                    Some(true) => "yes",
+                    Some(false) => "no",
                     None => "-",
                 };
                 vec![

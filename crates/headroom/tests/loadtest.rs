@@ -274,3 +274,66 @@ fn claims_prints_a_verdict_per_claim() {
     }
     assert!(files_under(&d).is_empty(), "claims writes no file");
 }
+
+#[test]
+fn claims_agree_only_when_every_row_agrees() {
+    let d = scratch("claims-agree");
+    let (code, text, err) = run_in(&d, &["claims"]);
+    assert_eq!(code, 0, "{err}");
+    let mut agreeing = 0;
+    for block in text
+        .split("\n\n")
+        .filter(|b| b.contains("agrees with PyTorch"))
+    {
+        let rows_say_no = block
+            .lines()
+            .any(|l| l.trim_end().ends_with(" no") && !l.contains("agrees with"));
+        let says_yes = block.contains("agrees with PyTorch's measurements: yes");
+        assert_eq!(says_yes, !rows_say_no, "{block}");
+        agreeing += says_yes as usize;
+    }
+    assert!(
+        text.contains(&format!("{agreeing} of 5 agree")),
+        "the summary must count the claims whose every row agrees ({agreeing}):\n{text}"
+    );
+}
+
+#[test]
+fn over_capacity_run_blames_demand_and_the_what_if_agrees() {
+    // 32 gpt2-small workers on 128 MiB: about 160 MiB of demand.
+    let d = scratch("over-capacity");
+    let (code, out, err) = run_in(
+        &d,
+        &[
+            "loadtest",
+            "--device",
+            "meta",
+            "-c",
+            "32",
+            "-z",
+            "1s",
+            "--capacity",
+            "128MiB",
+            "--quiet",
+            "--out",
+            "o",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("[CRITICAL] The load needs more memory than the device has (out_of_memory)"),
+        "{out}"
+    );
+    assert!(!out.contains("[CRITICAL] The caching allocator"), "{out}");
+    assert!(
+        out.contains("what if: replayed from the run log") && out.contains("agrees with the run"),
+        "{out}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("o/results.json")).unwrap()).unwrap();
+    assert_eq!(v["what_if_check"]["agrees"], true, "{}", v["what_if_check"]);
+    assert_eq!(
+        v["what_if"][0]["num_ooms"],
+        v["final_memory_stats"]["num_ooms"]
+    );
+}

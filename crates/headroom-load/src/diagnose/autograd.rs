@@ -1,9 +1,13 @@
 //! `autograd_in_inference`: activations saved for a backward pass that never runs.
-use super::{mib, nums};
+use super::{by_cost, mib, nums, Rules};
 use crate::results::*;
 use headroom_workload::Scenario;
 
-pub(super) fn autograd_in_inference(r: &RunResult, scenario: &Scenario) -> Option<Finding> {
+pub(super) fn autograd_in_inference(
+    r: &RunResult,
+    scenario: &Scenario,
+    rules: &Rules,
+) -> Option<Finding> {
     if scenario.is_training() {
         return None;
     }
@@ -21,25 +25,25 @@ pub(super) fn autograd_in_inference(r: &RunResult, scenario: &Scenario) -> Optio
         return None;
     }
     let above = r.peaks.above_base_bytes.max(1) as f64;
+    // What it costs: the saved activations' share of the peak above the model (on
+    // gpt2-small most of it), whether or not this run happened to OOM.
+    let share = (act as f64 / above).min(1.0);
     Some(Finding {
         id: FindingId::AutogradInInference,
         title: "Autograd was on during inference".into(),
-        severity: if r.errors.oom > 0 {
-            Severity::Critical
-        } else {
-            Severity::Warning
-        },
+        severity: by_cost(share, rules),
         evidence: format!(
             "{} of activations were saved for a backward pass that never runs ({:.0}% of the \
              peak above the model's {}); an inference forward under no_grad saves none.",
             mib(act as f64),
-            100.0 * at_peak as f64 / above,
+            100.0 * share,
             mib(r.baseline_bytes as f64)
         ),
         numbers: nums(&[
             ("activation_bytes_at_peak", at_peak as f64),
             ("activation_bytes_max", max_seen as f64),
             ("peak_above_base_bytes", r.peaks.above_base_bytes as f64),
+            ("share_of_peak_above_base", share),
         ]),
         fix: "Run the forward under `with torch.no_grad():` (or `torch.inference_mode()`), \
               or decorate the handler with `@torch.no_grad()`."

@@ -4,7 +4,14 @@
 use super::{mib, nums, what_if_table, Rules};
 use crate::results::*;
 
-pub(super) fn fragmentation(r: &RunResult, rules: &Rules) -> Option<Finding> {
+/// `leak`/`demand`: a leak or demand over the capacity explains the run's OOMs.
+pub(super) fn fragmentation(
+    r: &RunResult,
+    rules: &Rules,
+    leak: bool,
+    demand: bool,
+) -> Option<Finding> {
+    let ooms_explained = leak || demand;
     let p = &r.peaks;
     let waste = p.reserved_bytes.saturating_sub(p.allocated_bytes);
     let ratio = p.reserved_bytes as f64 / p.allocated_bytes.max(1) as f64;
@@ -15,21 +22,48 @@ pub(super) fn fragmentation(r: &RunResult, rules: &Rules) -> Option<Finding> {
         .map(|o| o.reserved_bytes.saturating_sub(o.allocated_bytes))
         .max()
         .unwrap_or(0);
-    // Reserved above allocated alone is no evidence: a small model on 20 MiB segments shows
-    // a high ratio with nothing wasted. What counts is memory reserved *because* the free
-    // cache was in the wrong pieces, retries, and OOMs with much cached-but-free memory.
-    let frag = p.fragmented_segment_bytes;
-    let fires =
-        (frag >= floor && ratio >= rules.frag_ratio) || p.alloc_retries > 0 || oom_waste >= floor;
-    if !fires {
-        return None;
-    }
-    let own = r.what_if.first();
+    // The replay of the run's own trace is evidence only when its own-config row agrees
+    // with the run (it starts from an empty allocator and saw every event).
+    let own = r.what_if.first().filter(|_| r.what_if_check.agrees);
     let best = r
         .what_if
         .iter()
         .skip(1)
         .min_by_key(|w| (w.num_ooms, w.peak_reserved_bytes));
+    // OOMs another config would have avoided: the one thing that makes fragmentation the
+    // cause of a run's OOMs rather than the demand.
+    let avoided = match (own, best) {
+        (Some(o), Some(b)) => (o.num_ooms - b.num_ooms).max(0) as u64,
+        _ => 0,
+    };
+    // A replay re-issues the recorded requests only: a request that OOMed in the run and
+    // fits in the replay made none of its later allocations. So when a leak explains the
+    // OOMs (any config runs out once it has grown) the avoided count is no evidence, and
+    // when demand does, only the OOM search under that config (which runs whole requests)
+    // can say it helps.
+    let material = avoided >= 1
+        && avoided as f64
+            >= rules.avoidable_oom_share * own.map(|o| o.num_ooms).unwrap_or(0) as f64
+        && !leak
+        && (!demand
+            || r.oom_search
+                .as_ref()
+                .is_some_and(|s| s.recommended.is_some()));
+    // Every OOM is preceded by a retry (the allocator flushes its cache first): only
+    // retries that succeeded are a cost of their own.
+    let retries_ok = (p.alloc_retries.max(0) as u64).saturating_sub(r.errors.oom);
+    // Reserved above allocated alone is no evidence: a small model on 20 MiB segments shows
+    // a high ratio with nothing wasted. What counts is memory reserved *because* the free
+    // cache was in the wrong pieces, retries, OOMs with much cached-but-free memory — the
+    // last two only while neither the demand nor a leak explains the run's OOMs, since a
+    // device filled by either shows both.
+    let frag = p.fragmented_segment_bytes;
+    let fires = (frag >= floor && ratio >= rules.frag_ratio)
+        || material
+        || (!ooms_explained && (retries_ok > 0 || oom_waste >= floor));
+    if !fires {
+        return None;
+    }
     let table = what_if_table(&r.what_if);
     let saving = match (own, best) {
         (Some(o), Some(b)) if b.peak_reserved_bytes < o.peak_reserved_bytes => {
@@ -41,6 +75,14 @@ pub(super) fn fragmentation(r: &RunResult, rules: &Rules) -> Option<Finding> {
         _ => frag.min(waste),
     };
     let fix = match best {
+        Some(b) if material => format!(
+            "Set `PYTORCH_CUDA_ALLOC_CONF={}`: the replay of this run's trace under it has {} \
+             OOMs instead of {} and peaks at {} reserved.",
+            b.alloc_conf,
+            b.num_ooms,
+            own.map(|o| o.num_ooms).unwrap_or(0),
+            mib(b.peak_reserved_bytes as f64)
+        ),
         Some(b) if saving > 0 => format!(
             "Set `PYTORCH_CUDA_ALLOC_CONF={}`: the replay of this run's trace under it peaks \
              at {} reserved instead of {}.",
@@ -50,19 +92,22 @@ pub(super) fn fragmentation(r: &RunResult, rules: &Rules) -> Option<Finding> {
                 .map(|o| o.peak_reserved_bytes)
                 .unwrap_or(p.reserved_bytes) as f64)
         ),
-        Some(_) => "No allocator config helps this trace much (see the what-if table): the \
+        Some(_) if own.is_some() => {
+            "No allocator config helps this trace much (see the what-if table): the \
               waste comes from requests of many sizes whose lifetimes interleave. Pad the \
               variable dimension to a few buckets (e.g. sequence lengths to multiples of 64) so \
               freed blocks fit the next request."
-            .into(),
-        None => "Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so segments grow in place \
+                .into()
+        }
+        _ => "Try `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so segments grow in place \
               instead of splitting, and pad variable sizes to a few buckets."
             .into(),
     };
     Some(Finding {
         id: FindingId::Fragmentation,
         title: "The caching allocator's memory is fragmented".into(),
-        severity: if r.errors.oom > 0 && oom_waste >= floor {
+        // Critical only when the replay shows the OOMs were the cache's fault.
+        severity: if material {
             Severity::Critical
         } else {
             Severity::Warning
@@ -88,6 +133,18 @@ pub(super) fn fragmentation(r: &RunResult, rules: &Rules) -> Option<Finding> {
             },
             if table.is_empty() {
                 String::new()
+            } else if own.is_none() {
+                format!(
+                    " Replayed peak reserved (not evidence: {}): {table}.",
+                    r.what_if_check.note
+                )
+            } else if avoided > 0 {
+                format!(
+                    " The replay under {} avoids {avoided} of the run's {} OOMs. Replayed peak \
+                     reserved: {table}.",
+                    best.map(|b| b.alloc_conf.as_str()).unwrap_or(""),
+                    own.map(|o| o.num_ooms).unwrap_or(0)
+                )
             } else {
                 format!(" Replayed peak reserved: {table}.")
             }
@@ -98,6 +155,7 @@ pub(super) fn fragmentation(r: &RunResult, rules: &Rules) -> Option<Finding> {
             ("reserved_over_allocated", ratio),
             ("inactive_split_bytes_peak", p.inactive_split_bytes as f64),
             ("alloc_retries", p.alloc_retries as f64),
+            ("replay_ooms_avoided", avoided as f64),
             ("oom_reserved_unallocated_bytes", oom_waste as f64),
             ("fragmented_segment_bytes", frag as f64),
             (

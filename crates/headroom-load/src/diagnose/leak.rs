@@ -1,5 +1,5 @@
 //! `leak`: memory that stays allocated after the requests that made it are over.
-use super::{mib, nums, Rules};
+use super::{by_cost, mib, nums, Rules};
 use crate::results::*;
 use crate::timeline::linear_fit;
 
@@ -69,6 +69,7 @@ pub(super) fn leak(r: &RunResult, rules: &Rules) -> Option<Finding> {
             .join(", ")
     };
     let per_req = retained as f64 / r.requests.ok.max(1) as f64;
+    let share = retained.max(drift as u64) as f64 / r.peaks.above_base_bytes.max(1) as f64;
     let mut numbers = nums(&[
         ("retained_bytes_at_rest", retained as f64),
         ("floor_slope_bytes_per_s", slope),
@@ -81,10 +82,12 @@ pub(super) fn leak(r: &RunResult, rules: &Rules) -> Option<Finding> {
     Some(Finding {
         id: FindingId::Leak,
         title: "Memory leaks across requests".into(),
+        // A leak grows without bound: once it has driven the run out of memory it costs
+        // everything; before that, what it holds decides.
         severity: if r.errors.oom > 0 {
             Severity::Critical
         } else {
-            Severity::Warning
+            by_cost(share, rules)
         },
         evidence: format!(
             "Allocated memory drifts up at steady load: the floor rises {}/s (R² {:.2}), and \

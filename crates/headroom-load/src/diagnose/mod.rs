@@ -11,18 +11,28 @@
 //!
 //! - `autograd_in_inference`: activation-category bytes (saved for backward) at the peak of
 //!   an inference run. With `no_grad` there are none, so the saving is exactly those bytes.
-//! - `graph_accumulated`: the peak grows with accumulation steps. Meta probes of the same
-//!   training step at 1 and N micro-steps, and at N with backward every micro-step; the
-//!   saving is the difference between the run's pattern and the correct one at N.
+//! - `graph_accumulated`: activations saved for backward grow with the micro-steps. Meta
+//!   probes of the run's training step at N micro-steps and of the same step with backward
+//!   every micro-step, at the largest input; the saving is the difference, per worker.
 //! - `leak`: allocated memory that stays after every request has finished (at rest, over
 //!   the baseline), and the slope of allocated-memory floors over a steady stage; the
 //!   categories that grew.
-//! - `fragmentation`: reserved far above allocated at the peak, inactive split bytes,
-//!   alloc retries, or OOMs with much cached-but-free memory. The run's own trace is
+//! - `fragmentation`: segments reserved while the free cache held enough in the wrong
+//!   pieces (with reserved far above allocated), alloc retries that did not end in an OOM,
+//!   or a replayed config that needs materially less. The run's own trace is
 //!   replayed under other allocator configs; the saving is the best one's peak reserved
 //!   below the replay of the run's own config.
-//! - `out_of_memory` (HTTP runs): the service's OOM counter rose, with the state the
-//!   probe's OOM snapshot shows.
+//! - `out_of_memory`: in a load test, the run's OOMs and what explains them: the demand
+//!   the OOM search measured (its fit of peak reserved against load) at the run's
+//!   concurrency, against the capacity (critical: the load is more than the device holds);
+//!   OOMs that neither the demand, a leak nor fragmentation explains get a warning. In HTTP
+//!   runs: the service's OOM counter rose, with the state the probe's OOM snapshot shows.
+//!
+//! Severities are set by measured cost, the cause's share of the run's peak above the
+//! baseline ([`Rules::critical_share`], [`Rules::warning_share`]), never by whether the run
+//! happened to OOM; the over-capacity finding is critical by nature. Fragmentation is
+//! critical only when the replay shows another config avoiding a material share of the
+//! OOMs; OOMs that demand or a leak explain are not blamed on it.
 //! - `cache_held`: after the load fell, the cache still holds memory for a burst that is
 //!   over; what `empty_cache()` would hand back (fully free segments) is the saving.
 
@@ -40,10 +50,12 @@ mod cache;
 mod fragmentation;
 mod leak;
 mod oom;
+mod runlog;
 mod whatif;
 
 pub use oom::segment_state;
-pub use whatif::{what_if, what_if_snapshot, what_if_table};
+pub use runlog::{LogReplay, RunLog};
+pub use whatif::{check as what_if_check, what_if, what_if_snapshot, what_if_table};
 
 const MIB: f64 = 1048576.0;
 
@@ -60,8 +72,17 @@ pub struct Rules {
     pub min_bytes: u64,
     /// Fragmentation: peak reserved / peak allocated at least this.
     pub frag_ratio: f64,
-    /// Graph accumulated: peak at N micro-steps over peak at 1 at least this.
+    /// Graph accumulated: activation bytes at the peak of the run's pattern over those of
+    /// backward-every-micro-step at least this.
     pub accum_ratio: f64,
+    /// Severity by measured cost: a cause that takes at least this share of the run's peak
+    /// above the baseline is critical...
+    pub critical_share: f64,
+    /// ...and at least this share a warning; less is info.
+    pub warning_share: f64,
+    /// Fragmentation is blamed for OOMs only when a replayed config avoids at least this
+    /// share of them (and at least one).
+    pub avoidable_oom_share: f64,
     /// Cache held: the last stage's peak allocated at most this share of the run's peak.
     pub load_drop: f64,
 }
@@ -73,6 +94,9 @@ impl Default for Rules {
             min_bytes: 4 << 20,
             frag_ratio: 1.5,
             accum_ratio: 1.5,
+            critical_share: 0.25,
+            warning_share: 0.05,
+            avoidable_oom_share: 0.1,
             load_drop: 0.6,
         }
     }
@@ -82,6 +106,18 @@ impl Rules {
     /// The smallest byte figure that matters on a device of `capacity` bytes.
     pub fn floor(&self, capacity: u64) -> u64 {
         ((capacity as f64 * self.capacity_share) as u64).max(self.min_bytes)
+    }
+}
+
+/// The severity of a cause from what it costs: its share of the run's peak above the
+/// baseline. Whether the run happened to OOM does not make a cheap cause critical.
+pub(crate) fn by_cost(share: f64, rules: &Rules) -> Severity {
+    if share >= rules.critical_share {
+        Severity::Critical
+    } else if share >= rules.warning_share {
+        Severity::Warning
+    } else {
+        Severity::Info
     }
 }
 
@@ -107,12 +143,45 @@ pub fn diagnose_with(
     rules: &Rules,
 ) -> Vec<Finding> {
     let mut f = Vec::new();
-    f.extend(autograd::autograd_in_inference(r, scenario));
+    f.extend(autograd::autograd_in_inference(r, scenario, rules));
     f.extend(accum::graph_accumulated(r, scenario, conf, stop, rules));
-    f.extend(leak::leak(r, rules));
-    f.extend(fragmentation::fragmentation(r, rules));
+    let leak = leak::leak(r, rules);
+    let demand = oom::over_capacity(r);
+    // The OOMs' cause decides what is blamed for them: demand over the capacity, a leak,
+    // or (only when the replay shows another config avoids them) fragmentation.
+    let (leaks, over) = (leak.is_some(), demand.is_some());
+    f.extend(leak);
+    f.extend(fragmentation::fragmentation(r, rules, leaks, over));
+    f.extend(demand.map(|d| blame_the_mistake(d, &f)));
+    f.extend(oom::unexplained_ooms(r, &f));
     f.extend(cache::cache_held(r, rules));
     f
+}
+
+/// Demand over the capacity that a critical mistake's own saving would bring back under
+/// it is that mistake's doing: the over-capacity finding then says so and is a warning,
+/// so the mistake stays the one critical finding.
+fn blame_the_mistake(mut demand: Finding, found: &[Finding]) -> Finding {
+    let excess = demand.predicted_saving_bytes;
+    let culprit = found.iter().find(|f| {
+        f.severity == Severity::Critical
+            && matches!(
+                f.id,
+                FindingId::AutogradInInference | FindingId::GraphAccumulated | FindingId::Leak
+            )
+            && f.predicted_saving_bytes >= excess
+    });
+    if let Some(c) = culprit {
+        demand.severity = Severity::Warning;
+        demand.evidence.push_str(&format!(
+            " The critical finding `{}` saves {}, more than the {} the demand is over: fix \
+             it first.",
+            c.id.as_str(),
+            mib(c.predicted_saving_bytes as f64),
+            mib(excess as f64)
+        ));
+    }
+    demand
 }
 
 /// The findings of a finished HTTP run: the service is seen through its metrics and the

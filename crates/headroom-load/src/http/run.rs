@@ -1503,6 +1503,7 @@ impl Aggregate<'_> {
             oom_search: None,
             findings: Vec::new(),
             what_if: Vec::new(),
+            what_if_check: WhatIfCheck::default(),
             thresholds: Vec::new(),
             final_memory_stats: self.last_stats.clone(),
             final_memory_summary: String::new(),

@@ -216,6 +216,19 @@ pub(crate) fn what_if_section(h: &mut String, r: &RunResult) {
         );
     }
     h.push_str("</table>\n");
+    let chk = r.what_if_check.summary();
+    if !chk.is_empty() {
+        let _ = writeln!(
+            h,
+            "<p class=\"{}\">{}</p>",
+            if r.what_if_check.agrees {
+                "pass"
+            } else {
+                "fail"
+            },
+            esc(&chk)
+        );
+    }
 }
 
 pub(crate) fn thresholds_section(h: &mut String, r: &RunResult) {

@@ -147,6 +147,10 @@ pub(super) fn run_summary_table(r: &RunResult) -> String {
             &rows,
             &[false, true, true, true, true, true],
         );
+        let chk = r.what_if_check.summary();
+        if !chk.is_empty() {
+            let _ = writeln!(o, "what if: {chk}");
+        }
     }
     threshold_lines(&mut o, r);
     o

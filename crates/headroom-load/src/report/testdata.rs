@@ -135,6 +135,7 @@ pub fn synthetic() -> RunResult {
             peak_allocated_bytes: base + 3 * MIB * c as u64,
             peak_reserved_bytes: base + 4 * MIB + 6 * MIB * c as u64,
             oom: false,
+            ..Default::default()
         })
         .collect();
     let search = OomSearch {
@@ -161,18 +162,21 @@ pub fn synthetic() -> RunResult {
                 peak_allocated_bytes: 95 * MIB,
                 peak_reserved_bytes: 100 * MIB,
                 oom: true,
+                ..Default::default()
             },
             LoadPoint {
                 load: 9,
                 peak_allocated_bytes: 70 * MIB,
                 peak_reserved_bytes: 98 * MIB,
                 oom: false,
+                ..Default::default()
             },
             LoadPoint {
                 load: 10,
                 peak_allocated_bytes: 74 * MIB,
                 peak_reserved_bytes: 100 * MIB,
                 oom: true,
+                ..Default::default()
             },
         ],
         marginal_bytes_per_unit: 6 * MIB,
@@ -182,7 +186,9 @@ pub fn synthetic() -> RunResult {
             alloc_conf: "expandable_segments:True".into(),
             verified_safe_load: Some(8),
             observed_oom_load: Some(11),
+            safe_peak_reserved_bytes: None,
         }),
+        not_better: None,
         headline: String::new(),
     };
     let search = OomSearch {
@@ -351,6 +357,7 @@ pub fn synthetic() -> RunResult {
         oom_search: Some(search),
         findings,
         what_if,
+        what_if_check: WhatIfCheck::default(),
         thresholds,
         final_memory_stats: stats,
         final_memory_summary: "|===========|\n| PyTorch CUDA memory summary |".into(),

@@ -64,6 +64,14 @@ impl Replica {
     /// Opens `device`, builds the model and its twin, checks the smallest request fits,
     /// calibrates the compute-time model and starts the compute threads.
     pub fn build(cfg: &ServeConfig, device: ServeDevice, name: String) -> Result<Replica, ServeError> {
+        let r = Replica::open(cfg, device, name)?;
+        r.sched.spawn_workers().map_err(ServeError::Thread)?;
+        Ok(r)
+    }
+
+    /// [`Replica::build`] without the compute threads: nothing it admits runs (tests hold a
+    /// replica full with it).
+    pub fn open(cfg: &ServeConfig, device: ServeDevice, name: String) -> Result<Replica, ServeError> {
         let dev = open_device(device, cfg.capacity, &cfg.alloc_conf)?;
         let model_err = |source| ServeError::Model {
             model: cfg.model.name(),
@@ -119,7 +127,6 @@ impl Replica {
             metrics.clone(),
         );
         sched.calibrate(key, fits.min(4)).map_err(model_err)?;
-        sched.spawn_workers().map_err(ServeError::Thread)?;
         Ok(Replica {
             name,
             device,
@@ -314,5 +321,94 @@ impl Replicas {
         for r in &self.list {
             r.sched.close_and_join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Margin;
+    use crate::error::Reject;
+    use crate::model::Family;
+
+    /// Two cpu replicas whose admitted work (no compute threads: it stays queued) has room
+    /// for 2.5 requests of `body` each.
+    fn two_held_replicas(body: &[u8]) -> (Replicas, u64, ServeConfig) {
+        let mut cfg = ServeConfig {
+            model: "gpt2-tiny".parse().unwrap(),
+            capacity: 64 << 20,
+            latency: crate::scheduler::LatencyTarget::Off,
+            ..ServeConfig::default()
+        };
+        let probe = Replica::open(&cfg, ServeDevice::Cpu, "probe".into()).unwrap();
+        let input = probe.model.decode_json(body, cfg.max_batch).unwrap();
+        let pred = probe.predictor.predict(input.key, input.samples).unwrap();
+        let base = probe.sched.ledger().3;
+        probe.sched.close_and_join();
+        let limit = base + pred * 5 / 2;
+        cfg.margin = Margin::Bytes(cfg.capacity - limit);
+        let list = ["cpu:0", "cpu:1"]
+            .iter()
+            .map(|n| Arc::new(Replica::open(&cfg, ServeDevice::Cpu, n.to_string()).unwrap()))
+            .collect();
+        assert!(matches!(probe.model.family(), Family::Lm { .. }));
+        (Replicas::new(list), pred, cfg)
+    }
+
+    #[test]
+    fn a_full_replica_passes_the_request_to_the_other_and_503_only_when_both_are_full() {
+        let body = br#"{"inputs": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]}"#;
+        let (reps, pred, cfg) = two_held_replicas(body);
+        let input = || reps.first().model.decode_json(body, cfg.max_batch).unwrap();
+        let preds = [pred, pred];
+        let mut held = Vec::new();
+        // Fill replica 0 straight through its scheduler: two fit, the third does not.
+        for id in 0..2 {
+            held.push(reps.list()[0].sched.submit(id, input(), pred).unwrap());
+        }
+        let e = reps.list()[0].sched.submit(2, input(), pred).err().unwrap();
+        assert_eq!(e.reject, Some(Reject::Memory));
+        // The router sends the next two to replica 1, whatever its turn says.
+        for id in 10..12 {
+            let (i, a) = reps.route(id, input(), &preds).ok().unwrap();
+            assert_eq!(i, 1, "request {id} went to the full replica");
+            held.push(a);
+        }
+        assert_eq!(reps.list()[1].routed(), 2);
+        assert_eq!(reps.list()[0].routed(), 0);
+        // Both full: 503 with Retry-After, counted once, on the replica that answered.
+        let before: u64 = reps.list().iter().map(|r| r.metrics.rejections_total()).sum();
+        let (i, e) = reps.route(20, input(), &preds).err().unwrap();
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.reject, Some(Reject::Memory));
+        assert!(e.retry_after_s.is_some_and(|s| s >= 1));
+        let after: u64 = reps.list().iter().map(|r| r.metrics.rejections_total()).sum();
+        assert_eq!(after, before + 1);
+        assert_eq!(reps.list()[i].metrics.rejections(Reject::Memory), 1 + (i == 0) as u64);
+        // A request freed on replica 0 (its client left) makes room there again.
+        drop(held.remove(0));
+        let (i, a) = reps.route(21, input(), &preds).ok().unwrap();
+        assert_eq!(i, 0);
+        held.push(a);
+        drop(held);
+        reps.close_and_join();
+    }
+
+    #[test]
+    fn idle_identical_replicas_take_turns_and_memory_left_comes_first() {
+        let body = br#"{"inputs": [5, 6, 7]}"#;
+        let (reps, pred, cfg) = two_held_replicas(body);
+        let input = || reps.first().model.decode_json(body, cfg.max_batch).unwrap();
+        let first: Vec<usize> = (0..4).map(|_| reps.order(&[pred, pred])[0]).collect();
+        assert_eq!(first, [0, 1, 0, 1], "idle replicas alternate");
+        // One request queued on replica 1: replica 0 has more memory left, whoever's turn.
+        let _held = reps.list()[1].sched.submit(1, input(), pred).unwrap();
+        for _ in 0..3 {
+            assert_eq!(reps.order(&[pred, pred]), [0, 1]);
+        }
+        // A bigger prediction on replica 0 (another GPU's workspaces) can reverse that.
+        assert_eq!(reps.order(&[pred * 3, pred]), [1, 0]);
+        drop(_held);
+        reps.close_and_join();
     }
 }

@@ -176,7 +176,8 @@ impl App {
             "Connections the server closed with no request in flight: no request head in time, idle past the keep-alive timeout, or at shutdown.",
             conns.closed_idle.load(Ordering::Relaxed),
         );
-        let routed: Vec<(String, u64)> = list.iter().map(|r| (r.name.clone(), r.routed())).collect();
+        let routed: Vec<(String, u64)> =
+            list.iter().map(|r| (r.name.clone(), r.routed())).collect();
         crate::metrics::labelled_counter(
             &mut o,
             "headroom_replica_requests_total",

@@ -569,11 +569,20 @@ mod tests {
         let a = "# HELP x_total help\n# TYPE x_total counter\nx_total 1\n\
                  # HELP h hist\n# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_sum 3\nh_count 2\n";
         let b = a.replace("x_total 1", "x_total 5");
-        let m = merge_labelled("device", &[("cuda:0".into(), a.into()), ("cuda:1".into(), b)]);
+        let m = merge_labelled(
+            "device",
+            &[("cuda:0".into(), a.into()), ("cuda:1".into(), b)],
+        );
         assert_eq!(m.matches("# TYPE x_total counter").count(), 1, "{m}");
         assert_eq!(m.matches("# HELP h hist").count(), 1, "{m}");
-        assert!(m.contains("x_total{device=\"cuda:0\"} 1\nx_total{device=\"cuda:1\"} 5\n"), "{m}");
-        assert!(m.contains("h_bucket{device=\"cuda:1\",le=\"1\"} 2\n"), "{m}");
+        assert!(
+            m.contains("x_total{device=\"cuda:0\"} 1\nx_total{device=\"cuda:1\"} 5\n"),
+            "{m}"
+        );
+        assert!(
+            m.contains("h_bucket{device=\"cuda:1\",le=\"1\"} 2\n"),
+            "{m}"
+        );
         assert!(m.contains("h_count{device=\"cuda:0\"} 2\n"), "{m}");
         // a family's samples stay together: the second family starts after both x_total
         let x1 = m.find("x_total{device=\"cuda:1\"}").unwrap();

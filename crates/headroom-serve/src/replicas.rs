@@ -63,7 +63,11 @@ impl Replica {
 
     /// Opens `device`, builds the model and its twin, checks the smallest request fits,
     /// calibrates the compute-time model and starts the compute threads.
-    pub fn build(cfg: &ServeConfig, device: ServeDevice, name: String) -> Result<Replica, ServeError> {
+    pub fn build(
+        cfg: &ServeConfig,
+        device: ServeDevice,
+        name: String,
+    ) -> Result<Replica, ServeError> {
         let r = Replica::open(cfg, device, name)?;
         r.sched.spawn_workers().map_err(ServeError::Thread)?;
         Ok(r)
@@ -71,7 +75,11 @@ impl Replica {
 
     /// [`Replica::build`] without the compute threads: nothing it admits runs (tests hold a
     /// replica full with it).
-    pub fn open(cfg: &ServeConfig, device: ServeDevice, name: String) -> Result<Replica, ServeError> {
+    pub fn open(
+        cfg: &ServeConfig,
+        device: ServeDevice,
+        name: String,
+    ) -> Result<Replica, ServeError> {
         let dev = open_device(device, cfg.capacity, &cfg.alloc_conf)?;
         let model_err = |source| ServeError::Model {
             model: cfg.model.name(),
@@ -82,14 +90,11 @@ impl Replica {
                 .map_err(model_err)?,
         );
         let predictor = Arc::new(
-            Predictor::with_generation(&cfg.model, &dev.twin, cfg.generation)
-                .map_err(model_err)?,
+            Predictor::with_generation(&cfg.model, &dev.twin, cfg.generation).map_err(model_err)?,
         );
         let key = reference_key(model.family());
         // The device's own capacity: on a GPU, --capacity clamped to the card.
-        let limit = dev
-            .capacity
-            .saturating_sub(cfg.margin.bytes(dev.capacity));
+        let limit = dev.capacity.saturating_sub(cfg.margin.bytes(dev.capacity));
         let base = model.device().memory_allocated();
         let mut fits = 0;
         for n in 1..=cfg.max_batch {
@@ -189,11 +194,9 @@ impl Replicas {
                         r.sched.close_and_join();
                     }
                     return Err(match e {
-                        ServeError::Model { model, source } if several => {
-                            ServeError::Config(format!(
-                                "could not load model {model} on {name}: {source}"
-                            ))
-                        }
+                        ServeError::Model { model, source } if several => ServeError::Config(
+                            format!("could not load model {model} on {name}: {source}"),
+                        ),
                         e => e,
                     });
                 }
@@ -267,9 +270,10 @@ impl Replicas {
                     r.routed.fetch_add(1, Ordering::Relaxed);
                     return Ok((i, a));
                 }
-                Err((e, back)) => {
-                    refused.push((i, e));
-                    input = back;
+                Err(r) => {
+                    let r = *r;
+                    refused.push((i, r.error));
+                    input = r.input;
                 }
             }
         }
@@ -377,14 +381,25 @@ mod tests {
         assert_eq!(reps.list()[1].routed(), 2);
         assert_eq!(reps.list()[0].routed(), 0);
         // Both full: 503 with Retry-After, counted once, on the replica that answered.
-        let before: u64 = reps.list().iter().map(|r| r.metrics.rejections_total()).sum();
+        let before: u64 = reps
+            .list()
+            .iter()
+            .map(|r| r.metrics.rejections_total())
+            .sum();
         let (i, e) = reps.route(20, input(), &preds).err().unwrap();
         assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(e.reject, Some(Reject::Memory));
         assert!(e.retry_after_s.is_some_and(|s| s >= 1));
-        let after: u64 = reps.list().iter().map(|r| r.metrics.rejections_total()).sum();
+        let after: u64 = reps
+            .list()
+            .iter()
+            .map(|r| r.metrics.rejections_total())
+            .sum();
         assert_eq!(after, before + 1);
-        assert_eq!(reps.list()[i].metrics.rejections(Reject::Memory), 1 + (i == 0) as u64);
+        assert_eq!(
+            reps.list()[i].metrics.rejections(Reject::Memory),
+            1 + (i == 0) as u64
+        );
         // A request freed on replica 0 (its client left) makes room there again.
         drop(held.remove(0));
         let (i, a) = reps.route(21, input(), &preds).ok().unwrap();

@@ -106,6 +106,12 @@ pub struct Done {
 
 type Reply = oneshot::Sender<Result<Done, ApiError>>;
 
+/// A request [`Scheduler::try_submit`] did not admit: why, and the input, handed back.
+pub struct Refused {
+    pub error: ApiError,
+    pub input: Input,
+}
+
 /// An admitted request: its place in the queue and where its answer comes.
 pub type Admitted = (Ticket, oneshot::Receiver<Result<Done, ApiError>>);
 
@@ -466,11 +472,11 @@ impl Scheduler {
         input: Input,
         pred: u64,
     ) -> Result<Admitted, ApiError> {
-        self.try_submit(id, input, pred).map_err(|(e, _)| {
-            if let Some(reason) = e.reject {
+        self.try_submit(id, input, pred).map_err(|r| {
+            if let Some(reason) = r.error.reject {
                 self.metrics.reject(reason);
             }
-            e
+            r.error
         })
     }
 
@@ -481,13 +487,13 @@ impl Scheduler {
         id: u64,
         input: Input,
         pred: u64,
-    ) -> Result<Admitted, (ApiError, Input)> {
+    ) -> Result<Admitted, Box<Refused>> {
         let now = Instant::now();
         let mut st = self.st.lock();
         // Checked and queued under one lock: a burst cannot slip past the budgets together.
         let target = match self.refusal(&mut st, &input, pred, now) {
             Ok(t) => t,
-            Err(e) => return Err((e, input)),
+            Err(error) => return Err(Box::new(Refused { error, input })),
         };
         let (tx, rx) = oneshot::channel();
         st.queued_pred += pred;
@@ -579,7 +585,6 @@ impl Scheduler {
         }
         Ok(target)
     }
-
 
     /// The client of request `id` went away: if it is still queued, forget it.
     fn cancel(&self, id: u64) {

@@ -55,8 +55,8 @@ async fn load(addr: std::net::SocketAddr, clients: usize, each: usize) -> BTreeM
             tokio::spawn(async move {
                 let mut codes = Vec::new();
                 for _ in 0..each {
-                    let r = post_json(addr, &json!({ "inputs": (0..30).collect::<Vec<i64>>() }))
-                        .await;
+                    let r =
+                        post_json(addr, &json!({ "inputs": (0..30).collect::<Vec<i64>>() })).await;
                     if r.status == 503 {
                         let ra: u64 = r
                             .header("retry-after")
@@ -136,19 +136,41 @@ async fn two_replicas_hold_4x_the_load_one_sheds_at_with_only_200_and_503() {
             &format!("headroom_requests_total{{device=\"{dev}\",code=\"200\"}}"),
         )
         .unwrap_or(0.0);
-        assert!(routed > 0.0 && served > 0.0, "{dev}: routed {routed}, served {served}");
-        assert_eq!(routed, served, "{dev}: every placed request was answered 200");
+        assert!(
+            routed > 0.0 && served > 0.0,
+            "{dev}: routed {routed}, served {served}"
+        );
+        assert_eq!(
+            routed, served,
+            "{dev}: every placed request was answered 200"
+        );
     }
     // Summed over devices, the counts are the answers the clients saw.
-    assert_eq!(sum(&m, "headroom_requests_total", Some("code=\"200\"")), ok as f64);
-    assert_eq!(sum(&m, "headroom_requests_total", Some("code=\"503\"")), shed as f64);
     assert_eq!(
-        sum(&m, "headroom_admission_rejections_total", Some("reason=\"memory\"")),
+        sum(&m, "headroom_requests_total", Some("code=\"200\"")),
+        ok as f64
+    );
+    assert_eq!(
+        sum(&m, "headroom_requests_total", Some("code=\"503\"")),
+        shed as f64
+    );
+    assert_eq!(
+        sum(
+            &m,
+            "headroom_admission_rejections_total",
+            Some("reason=\"memory\"")
+        ),
         shed as f64
     );
     // Each family is declared once, its samples labelled per replica.
-    assert_eq!(m.matches("# TYPE headroom_memory_allocated_bytes gauge").count(), 1);
-    assert!(!m.lines().any(|l| l.starts_with("headroom_memory_allocated_bytes ")));
+    assert_eq!(
+        m.matches("# TYPE headroom_memory_allocated_bytes gauge")
+            .count(),
+        1
+    );
+    assert!(!m
+        .lines()
+        .any(|l| l.starts_with("headroom_memory_allocated_bytes ")));
 
     let hz = get(addr, "/healthz").await.json();
     assert_eq!(hz["device"], "cpu:0,cpu:1");
@@ -188,13 +210,19 @@ async fn shutdown_drains_every_replica() {
         .iter()
         .any(|r| r.sched.depth().0 == 0)
     {
-        assert!(std::time::Instant::now() < deadline, "requests never queued on both");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "requests never queued on both"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let t0 = std::time::Instant::now();
     let report = h.shutdown().await;
     assert!(report.drained, "{report:?}");
-    assert!(t0.elapsed() < Duration::from_secs(4), "the drain waited for max_wait");
+    assert!(
+        t0.elapsed() < Duration::from_secs(4),
+        "the drain waited for max_wait"
+    );
     for t in tasks {
         assert_eq!(t.await.unwrap().status, 200);
     }

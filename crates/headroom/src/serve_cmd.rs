@@ -379,7 +379,10 @@ mod tests {
         assert_eq!(c.devices.names(), ["cpu:0", "cpu:1"]);
         assert_eq!(c.capacity, 64 << 20);
         // a GPU list defaults to each whole card
-        assert_eq!(cfg(&["--device", "cuda:0,cuda:1"]).unwrap().capacity, u64::MAX);
+        assert_eq!(
+            cfg(&["--device", "cuda:0,cuda:1"]).unwrap().capacity,
+            u64::MAX
+        );
         let c = cfg(&[
             "--model",
             "mlp-tiny",

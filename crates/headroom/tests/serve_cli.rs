@@ -167,7 +167,9 @@ fn bad_device_lists_exit_2_naming_the_entry() {
         ("cpu,cuda:0", "mixes cpu and cuda"),
     ] {
         let out = bin()
-            .args(["serve", "--model", "mlp-tiny", "--port", "0", "--device", list])
+            .args([
+                "serve", "--model", "mlp-tiny", "--port", "0", "--device", list,
+            ])
             .output()
             .expect("run headroom");
         let err = String::from_utf8_lossy(&out.stderr);
@@ -183,7 +185,9 @@ fn get_body(url: &str, path: &str) -> String {
         url,
         &format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
     );
-    r.split_once("\r\n\r\n").map(|x| x.1.to_string()).unwrap_or(r)
+    r.split_once("\r\n\r\n")
+        .map(|x| x.1.to_string())
+        .unwrap_or(r)
 }
 
 fn sigterm_exit_0(child: &mut common::Killed) -> String {
@@ -198,7 +202,10 @@ fn sigterm_exit_0(child: &mut common::Killed) -> String {
         if let Some(s) = child.0.try_wait().unwrap() {
             break s;
         }
-        assert!(t0.elapsed() < Duration::from_secs(30), "no exit after SIGTERM");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no exit after SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     let mut err = String::new();
@@ -217,11 +224,21 @@ fn sigterm_exit_0(child: &mut common::Killed) -> String {
 #[test]
 fn two_cpu_replicas_serve_and_show_in_healthz_and_metrics() {
     let (mut child, url) = common::spawn_serve(&[
-        "--model", "mlp-tiny", "--port", "0", "--device", "cpu,cpu", "--capacity", "64MiB",
+        "--model",
+        "mlp-tiny",
+        "--port",
+        "0",
+        "--device",
+        "cpu,cpu",
+        "--capacity",
+        "64MiB",
     ]);
     let health = get_body(&url, "/healthz");
     assert!(health.contains("\"device\":\"cpu:0,cpu:1\""), "{health}");
-    assert!(health.contains("\"replicas\":[{\"device\":\"cpu:0\""), "{health}");
+    assert!(
+        health.contains("\"replicas\":[{\"device\":\"cpu:0\""),
+        "{health}"
+    );
     let body = format!("{{\"inputs\": [{}]}}", vec!["0.5"; 64].join(","));
     for _ in 0..4 {
         let answer = http(
@@ -237,17 +254,25 @@ fn two_cpu_replicas_serve_and_show_in_healthz_and_metrics() {
     let m = get_body(&url, "/metrics");
     for dev in ["cpu:0", "cpu:1"] {
         assert!(
-            m.contains(&format!("headroom_memory_capacity_bytes{{device=\"{dev}\"}} {}", 64 << 20)),
+            m.contains(&format!(
+                "headroom_memory_capacity_bytes{{device=\"{dev}\"}} {}",
+                64 << 20
+            )),
             "{m}"
         );
         // idle replicas take turns: four sequential requests, two each
         assert!(
-            m.contains(&format!("headroom_replica_requests_total{{device=\"{dev}\"}} 2")),
+            m.contains(&format!(
+                "headroom_replica_requests_total{{device=\"{dev}\"}} 2"
+            )),
             "{m}"
         );
     }
     let err = sigterm_exit_0(&mut child);
-    assert!(err.contains("serving mlp-tiny on cpu:0") && err.contains("on cpu:1"), "{err}");
+    assert!(
+        err.contains("serving mlp-tiny on cpu:0") && err.contains("on cpu:1"),
+        "{err}"
+    );
     assert!(err.contains("drained"), "{err}");
 }
 
@@ -259,10 +284,20 @@ fn one_gpu_serves_through_the_replica_code() {
         return;
     }
     let (mut child, url) = common::spawn_serve(&[
-        "--model", "gpt2-tiny", "--port", "0", "--device", "cuda:0", "--capacity", "2GiB",
+        "--model",
+        "gpt2-tiny",
+        "--port",
+        "0",
+        "--device",
+        "cuda:0",
+        "--capacity",
+        "2GiB",
     ]);
     let health = get_body(&url, "/healthz");
-    assert!(health.contains("\"replicas\":[{\"device\":\"cuda:0\""), "{health}");
+    assert!(
+        health.contains("\"replicas\":[{\"device\":\"cuda:0\""),
+        "{health}"
+    );
     let body = r#"{"inputs": [1, 2, 3]}"#;
     let answer = http(
         &url,
@@ -274,7 +309,10 @@ fn one_gpu_serves_through_the_replica_code() {
     );
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let m = get_body(&url, "/metrics");
-    assert!(m.contains("headroom_replica_requests_total{device=\"cuda:0\"} 1"), "{m}");
+    assert!(
+        m.contains("headroom_replica_requests_total{device=\"cuda:0\"} 1"),
+        "{m}"
+    );
     assert!(m.contains("headroom_num_ooms_total 0"), "{m}");
     sigterm_exit_0(&mut child);
 }

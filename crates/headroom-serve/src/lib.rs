@@ -15,8 +15,9 @@
 //! the compute threads.
 //!
 //! Main types:
-//! - [`ServeConfig`]: model, device, capacity, allocator config, margin, batching and
-//!   queue limits, address; [`start`] builds the model, calibrates, binds and serves.
+//! - [`ServeConfig`]: model, devices (one replica each), capacity and margin (per replica),
+//!   allocator config, batching and queue limits, address; [`start`] builds the replicas,
+//!   calibrates, binds and serves.
 //! - [`ServerHandle`]: the bound address, the shared [`App`], `shutdown()`.
 //! - [`replicas::Replicas`]: one [`replicas::Replica`] per `--device` entry (model copy,
 //!   twin, scheduler, metrics) and the router that places each request on the replica

@@ -51,6 +51,99 @@ impl FromStr for ServeDevice {
     }
 }
 
+/// `--device`: one replica per entry (`cuda:0,cuda:1`, `cpu,cpu`, `cuda`).
+///
+/// Each entry gets its own model copy, caching allocator, meta twin and scheduler. A GPU
+/// may appear once (two replicas on one card would each believe they own its memory); cpu
+/// may repeat, each entry a separate simulated device of `--capacity`, which is what tests
+/// and CI balance across. Mixing cpu and cuda is refused: `--capacity` means a simulated
+/// device on one and a cap on the card on the other.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceList(Vec<ServeDevice>);
+
+impl DeviceList {
+    /// A list of at least one device, checked as [`FromStr`] checks it.
+    pub fn new(devices: Vec<ServeDevice>) -> Result<DeviceList, ServeError> {
+        if devices.is_empty() {
+            return Err(ServeError::Config("the device list is empty".into()));
+        }
+        for (i, d) in devices.iter().enumerate() {
+            if matches!(d, ServeDevice::Cuda(_)) && devices[..i].contains(d) {
+                return Err(ServeError::Config(format!(
+                    "{d} is listed twice (one replica per GPU)"
+                )));
+            }
+        }
+        let cpus = devices.iter().filter(|d| **d == ServeDevice::Cpu).count();
+        if cpus > 0 && cpus < devices.len() {
+            return Err(ServeError::Config(
+                "the list mixes cpu and cuda; list devices of one kind".into(),
+            ));
+        }
+        Ok(DeviceList(devices))
+    }
+    pub fn devices(&self) -> &[ServeDevice] {
+        &self.0
+    }
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// Any entry is a GPU.
+    pub fn has_cuda(&self) -> bool {
+        self.0.iter().any(|d| matches!(d, ServeDevice::Cuda(_)))
+    }
+    /// The replicas' names, unique: a GPU's own (`cuda:1`); cpu alone is `cpu`, several cpu
+    /// entries are `cpu:0`, `cpu:1`, ... in list order (the `device` label of `/metrics`).
+    pub fn names(&self) -> Vec<String> {
+        let several_cpus = self.0.iter().filter(|d| **d == ServeDevice::Cpu).count() > 1;
+        let mut cpu_i = 0;
+        self.0
+            .iter()
+            .map(|d| match d {
+                ServeDevice::Cpu if several_cpus => {
+                    cpu_i += 1;
+                    format!("cpu:{}", cpu_i - 1)
+                }
+                d => d.to_string(),
+            })
+            .collect()
+    }
+}
+
+impl From<ServeDevice> for DeviceList {
+    fn from(d: ServeDevice) -> DeviceList {
+        DeviceList(vec![d])
+    }
+}
+
+impl fmt::Display for DeviceList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<String> = self.0.iter().map(ServeDevice::to_string).collect();
+        f.write_str(&names.join(","))
+    }
+}
+
+impl FromStr for DeviceList {
+    type Err = ServeError;
+    /// `cpu`, `cuda`, `cuda:0,cuda:1`, `cpu,cpu`; an empty entry names its position.
+    fn from_str(s: &str) -> Result<Self, ServeError> {
+        let mut v = Vec::new();
+        for (i, part) in s.split(',').enumerate() {
+            if part.trim().is_empty() {
+                return Err(ServeError::Config(format!(
+                    "an empty entry (entry {}) in the device list",
+                    i + 1
+                )));
+            }
+            v.push(part.parse::<ServeDevice>()?);
+        }
+        DeviceList::new(v)
+    }
+}
+
 /// Memory kept free below the capacity: bytes or a share of the capacity.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Margin {
@@ -144,8 +237,10 @@ pub struct ServeConfig {
     pub model: ModelSpec,
     /// A Hugging Face decoder's answer: `--new N` tokens, `use_cache`.
     pub generation: crate::model::Generation,
-    pub device: ServeDevice,
-    /// Device capacity in bytes (on cpu: the simulated GPU the caching allocator manages).
+    /// One replica per entry.
+    pub devices: DeviceList,
+    /// Each replica's device capacity in bytes (on cpu: the simulated GPU the caching
+    /// allocator manages; on cuda: a cap on the card, clamped to its total).
     pub capacity: u64,
     pub alloc_conf: AllocatorConfig,
     pub margin: Margin,
@@ -174,7 +269,7 @@ impl Default for ServeConfig {
         ServeConfig {
             model: ModelSpec::Gpt2(ModelSpec::gpt2_small_config()),
             generation: crate::model::Generation::default(),
-            device: ServeDevice::Cpu,
+            devices: DeviceList::from(ServeDevice::Cpu),
             capacity: DEFAULT_CAPACITY,
             alloc_conf: AllocatorConfig::default(),
             margin: Margin::Fraction(0.10),
@@ -227,7 +322,7 @@ impl ServeConfig {
         }
         Ok(())
     }
-    /// capacity − margin.
+    /// capacity − margin, of each replica (before a GPU's capacity is clamped to its card).
     pub fn limit_bytes(&self) -> u64 {
         self.capacity
             .saturating_sub(self.margin.bytes(self.capacity))
@@ -258,6 +353,26 @@ mod tests {
             ServeDevice::Cuda(1)
         );
         assert!("tpu".parse::<ServeDevice>().is_err());
+        let l: DeviceList = "cuda:0, cuda:1".parse().unwrap();
+        assert_eq!(l.devices(), &[ServeDevice::Cuda(0), ServeDevice::Cuda(1)]);
+        assert_eq!(l.names(), ["cuda:0", "cuda:1"]);
+        let l: DeviceList = "cpu,cpu".parse().unwrap();
+        assert_eq!(l.names(), ["cpu:0", "cpu:1"]);
+        assert_eq!("cpu".parse::<DeviceList>().unwrap().names(), ["cpu"]);
+        assert_eq!("cuda".parse::<DeviceList>().unwrap().to_string(), "cuda:0");
+        for (bad, says) in [
+            ("cuda:x", "\"cuda:x\""),
+            ("cuda:0,,cuda:1", "empty entry (entry 2)"),
+            ("", "empty entry (entry 1)"),
+            ("cpu,", "empty entry (entry 2)"),
+            ("cpu,tpu", "\"tpu\""),
+            ("cuda:1,cuda:1", "cuda:1 is listed twice"),
+            ("cuda,cuda:0", "cuda:0 is listed twice"),
+            ("cpu,cuda:0", "mixes cpu and cuda"),
+        ] {
+            let e = bad.parse::<DeviceList>().unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
         assert_eq!(
             "auto".parse::<LatencyTarget>().unwrap(),
             LatencyTarget::Auto

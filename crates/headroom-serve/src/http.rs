@@ -1,6 +1,7 @@
 //! The HTTP surface: `POST /v1/infer`, `GET /metrics`, `GET /healthz`.
 //!
-//! Design note: handlers only parse, admit and wait; compute happens on the scheduler's
+//! Design note: handlers only parse, route (to the replica that admits the request, see
+//! [`crate::replicas`]) and wait; compute happens on the scheduler's
 //! threads, and anything that could take more than a few microseconds of CPU on the async
 //! executor (decoding a large body, a meta-device prediction on a cache miss) goes
 //! through `spawn_blocking`. The body is read by hand under `--max-body` (a declared
@@ -44,6 +45,7 @@ use crate::conn::ConnStats;
 use crate::error::ApiError;
 use crate::metrics::{MemoryView, Metrics, SchedView};
 use crate::model::{BatchKey, Input, Predictor, SampleOutput, ServedModel};
+use crate::replicas::{Replica, Replicas};
 use crate::scheduler::Scheduler;
 
 /// Bodies larger than this are decoded off the async executor.
@@ -52,12 +54,18 @@ const INLINE_DECODE_BYTES: usize = 64 << 10;
 /// Everything the handlers share.
 pub struct App {
     pub cfg: ServeConfig,
+    /// One per `--device` entry, and the router between them.
+    pub replicas: Replicas,
+    /// The first replica's model, twin, scheduler, counters and allocator (with one device,
+    /// the server's own): what code written for one device reads.
     pub model: Arc<ServedModel>,
     pub predictor: Arc<Predictor>,
     pub sched: Arc<Scheduler>,
     pub metrics: Arc<Metrics>,
     pub probe: Arc<dyn AllocatorProbe>,
+    /// The first replica's capacity.
     pub capacity: u64,
+    /// The replicas' names, comma-separated (`cpu`, `cuda:0,cuda:1`).
     pub device_name: String,
     next_id: AtomicU64,
     next_ticket: AtomicU64,
@@ -70,26 +78,24 @@ pub struct App {
 }
 
 impl App {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        cfg: ServeConfig,
-        model: Arc<ServedModel>,
-        predictor: Arc<Predictor>,
-        sched: Arc<Scheduler>,
-        metrics: Arc<Metrics>,
-        probe: Arc<dyn AllocatorProbe>,
-        capacity: u64,
-        device_name: String,
-    ) -> App {
+    pub fn new(cfg: ServeConfig, replicas: Replicas) -> App {
+        let first = replicas.first().clone();
+        let device_name = replicas
+            .list()
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
         App {
             cfg,
-            model,
-            predictor,
-            sched,
-            metrics,
-            probe,
-            capacity,
+            model: first.model.clone(),
+            predictor: first.predictor.clone(),
+            sched: first.sched.clone(),
+            metrics: first.metrics.clone(),
+            probe: first.probe.clone(),
+            capacity: first.capacity,
             device_name,
+            replicas,
             next_id: AtomicU64::new(1),
             next_ticket: AtomicU64::new(1),
             draining: AtomicBool::new(false),
@@ -98,29 +104,59 @@ impl App {
         }
     }
 
-    /// The Prometheus exposition of everything now.
-    pub fn render_metrics(&self) -> String {
-        let (committed, ..) = self.sched.ledger();
-        let (queue_depth, queue_samples, running) = self.sched.depth();
-        let (cost, quiet) = self.sched.cost_model();
+    /// One replica's series, unlabelled.
+    fn render_replica(r: &Replica) -> String {
+        let (committed, ..) = r.sched.ledger();
+        let (queue_depth, queue_samples, running) = r.sched.depth();
+        let (cost, quiet) = r.sched.cost_model();
         let mem = MemoryView {
-            allocated: self.model.device().memory_allocated(),
-            reserved: self.model.device().memory_reserved(),
-            capacity: self.capacity,
-            stats: self.probe.memory_stats(),
+            allocated: r.model.device().memory_allocated(),
+            reserved: r.model.device().memory_reserved(),
+            capacity: r.capacity,
+            stats: r.probe.memory_stats(),
         };
         let sched = SchedView {
             queue_depth,
             queue_samples,
             running,
             committed,
-            limit: self.cfg.limit_bytes(),
+            limit: r.limit,
             cost_fixed_s: cost.alpha,
             cost_per_unit_s: cost.beta,
             quiet_cost_fixed_s: quiet.alpha,
             quiet_cost_per_unit_s: quiet.beta,
         };
-        let mut o = self.metrics.render(&mem, &sched);
+        let mut o = r.metrics.render(&mem, &sched);
+        let (entries, evicted) = r.predictor.cache_stats();
+        crate::metrics::gauge(
+            &mut o,
+            "headroom_prediction_cache_entries",
+            "Memory predictions cached by (input shape, batch size); bounded, least recently used evicted.",
+            entries as u64,
+        );
+        crate::metrics::counter(
+            &mut o,
+            "headroom_prediction_cache_evictions_total",
+            "Predictions evicted from the bounded cache.",
+            evicted,
+        );
+        o
+    }
+
+    /// The Prometheus exposition of everything now. With several replicas every
+    /// per-replica series carries `device="cuda:1"` (same names; sum or filter by label);
+    /// with one it is unlabelled, as a single-device server always wrote it.
+    pub fn render_metrics(&self) -> String {
+        let list = self.replicas.list();
+        let mut o = if list.len() == 1 {
+            Self::render_replica(&list[0])
+        } else {
+            let parts: Vec<(String, String)> = list
+                .iter()
+                .map(|r| (r.name.clone(), Self::render_replica(r)))
+                .collect();
+            crate::metrics::merge_labelled("device", &parts)
+        };
         let conns = &self.conns;
         crate::metrics::gauge(
             &mut o,
@@ -140,18 +176,14 @@ impl App {
             "Connections the server closed with no request in flight: no request head in time, idle past the keep-alive timeout, or at shutdown.",
             conns.closed_idle.load(Ordering::Relaxed),
         );
-        let (entries, evicted) = self.predictor.cache_stats();
-        crate::metrics::gauge(
+        let routed: Vec<(String, u64)> =
+            list.iter().map(|r| (r.name.clone(), r.routed())).collect();
+        crate::metrics::labelled_counter(
             &mut o,
-            "headroom_prediction_cache_entries",
-            "Memory predictions cached by (input shape, batch size); bounded, least recently used evicted.",
-            entries as u64,
-        );
-        crate::metrics::counter(
-            &mut o,
-            "headroom_prediction_cache_evictions_total",
-            "Predictions evicted from the bounded cache.",
-            evicted,
+            "headroom_replica_requests_total",
+            "Requests the router placed on each replica (admitted there), by device.",
+            "device",
+            &routed,
         );
         o
     }
@@ -190,26 +222,63 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
 struct Health {
     status: &'static str,
     model: String,
+    /// The replicas' names, comma-separated; the figures below are their sums.
     device: String,
     capacity_bytes: u64,
     allocated_bytes: u64,
     reserved_bytes: u64,
     limit_bytes: u64,
     queue_depth: usize,
+    replicas: Vec<ReplicaHealth>,
+}
+
+#[derive(Serialize)]
+struct ReplicaHealth {
+    device: String,
+    capacity_bytes: u64,
+    allocated_bytes: u64,
+    reserved_bytes: u64,
+    limit_bytes: u64,
+    committed_bytes: u64,
+    queue_depth: usize,
+    batches_running: usize,
+    /// Requests the router placed here since start.
+    requests: u64,
 }
 
 /// 200 while serving, 503 while draining (so a balancer stops sending).
 async fn healthz(State(app): State<Arc<App>>) -> Response {
     let draining = app.draining.load(Ordering::Relaxed);
+    let replicas: Vec<ReplicaHealth> = app
+        .replicas
+        .list()
+        .iter()
+        .map(|r| {
+            let (queue_depth, _, batches_running) = r.sched.depth();
+            ReplicaHealth {
+                device: r.name.clone(),
+                capacity_bytes: r.capacity,
+                allocated_bytes: r.model.device().memory_allocated(),
+                reserved_bytes: r.model.device().memory_reserved(),
+                limit_bytes: r.limit,
+                committed_bytes: r.sched.ledger().0,
+                queue_depth,
+                batches_running,
+                requests: r.routed(),
+            }
+        })
+        .collect();
+    let sum = |f: fn(&ReplicaHealth) -> u64| replicas.iter().map(f).sum::<u64>();
     let h = Health {
         status: if draining { "draining" } else { "ok" },
         model: app.model.name(),
         device: app.device_name.clone(),
-        capacity_bytes: app.capacity,
-        allocated_bytes: app.model.device().memory_allocated(),
-        reserved_bytes: app.model.device().memory_reserved(),
-        limit_bytes: app.cfg.limit_bytes(),
-        queue_depth: app.sched.depth().0,
+        capacity_bytes: sum(|r| r.capacity_bytes),
+        allocated_bytes: sum(|r| r.allocated_bytes),
+        reserved_bytes: sum(|r| r.reserved_bytes),
+        limit_bytes: sum(|r| r.limit_bytes),
+        queue_depth: replicas.iter().map(|r| r.queue_depth).sum(),
+        replicas,
     };
     let code = if draining {
         StatusCode::SERVICE_UNAVAILABLE
@@ -247,15 +316,21 @@ async fn infer(
     let arrived = Instant::now();
     let id = request_id(&headers)
         .unwrap_or_else(|| format!("req-{}", app.next_id.fetch_add(1, Ordering::Relaxed)));
-    let mut resp = match infer_inner(&app, version, &headers, body, &id).await {
+    // The replica that answers counts the answer; one refused before routing (unreadable,
+    // unsupported) is counted on the first.
+    let mut at = 0;
+    let mut resp = match infer_inner(&app, version, &headers, body, &id, &mut at).await {
         Ok(r) => {
-            app.metrics
+            app.replicas.list()[at]
+                .metrics
                 .observe_duration(arrived.elapsed().as_secs_f64());
             Json(r).into_response()
         }
         Err(e) => e.into_response(),
     };
-    app.metrics.count_response(resp.status().as_u16());
+    app.replicas.list()[at]
+        .metrics
+        .count_response(resp.status().as_u16());
     if let Ok(v) = HeaderValue::from_str(&id) {
         resp.headers_mut().insert("x-request-id", v);
     }
@@ -478,6 +553,7 @@ async fn infer_inner(
     headers: &HeaderMap,
     body: Body,
     id: &str,
+    at: &mut usize,
 ) -> Result<InferResponse, ApiError> {
     let fmt = content_format(headers)?;
     let body = read_body(app, version, headers, body).await?;
@@ -490,10 +566,19 @@ async fn infer_inner(
             .await
             .map_err(|e| ApiError::internal(format!("decoder failed: {e}")))??
     };
-    let pred = predict(app, input.key, input.samples).await?;
+    let preds = predict(app, input.key, input.samples).await?;
     let key = input.key;
     let ticket_id = app.next_ticket.fetch_add(1, Ordering::Relaxed);
-    let (ticket, rx) = app.sched.submit(ticket_id, input, pred)?;
+    let (ticket, rx) = match app.replicas.route(ticket_id, input, &preds) {
+        Ok((i, admitted)) => {
+            *at = i;
+            admitted
+        }
+        Err((i, e)) => {
+            *at = i;
+            return Err(e);
+        }
+    };
     let done = rx
         .await
         .map_err(|_| ApiError::internal("the request was dropped by the scheduler"))??;
@@ -513,20 +598,29 @@ async fn infer_inner(
     })
 }
 
-/// A request's predicted peak; on the first request of a new shape, also predicts every
-/// batch size of that shape the scheduler may form (so dispatch never waits on the twin).
-async fn predict(app: &Arc<App>, key: BatchKey, samples: usize) -> Result<u64, ApiError> {
-    if let Some(p) = app.predictor.cached(key, samples) {
+/// A request's predicted peak on every replica's twin; on the first request of a new
+/// shape, also predicts every batch size of that shape the schedulers may form (so
+/// dispatch never waits on a twin).
+async fn predict(app: &Arc<App>, key: BatchKey, samples: usize) -> Result<Vec<u64>, ApiError> {
+    if let Some(p) = app.replicas.cached_preds(key, samples) {
         return Ok(p);
     }
-    let pred = app.predictor.clone();
+    let preds: Vec<Arc<Predictor>> = app
+        .replicas
+        .list()
+        .iter()
+        .map(|r| r.predictor.clone())
+        .collect();
     let max = app.cfg.max_batch;
     tokio::task::spawn_blocking(move || {
-        let own = pred.predict(key, samples)?;
-        for n in 1..=max {
-            pred.predict(key, n)?;
+        let mut own = Vec::with_capacity(preds.len());
+        for pred in &preds {
+            own.push(pred.predict(key, samples)?);
+            for n in 1..=max {
+                pred.predict(key, n)?;
+            }
         }
-        Ok::<u64, headroom_tensor::TensorError>(own)
+        Ok::<Vec<u64>, headroom_tensor::TensorError>(own)
     })
     .await
     .map_err(|e| ApiError::internal(format!("predictor failed: {e}")))?

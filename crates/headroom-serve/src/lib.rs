@@ -1,7 +1,8 @@
 //! # headroom-serve
 //!
 //! An inference server that knows its memory and sheds load instead of dying: it serves a
-//! Headroom model (GPT-2, ResNet, MLP; cpu now, cuda when its backend lands) over HTTP,
+//! Headroom model (GPT-2, ResNet, MLP, a Hugging Face decoder; cpu or cuda, one replica per
+//! device of `--device cuda:0,cuda:1`) over HTTP,
 //! batches requests dynamically, and admits a request only if the memory the meta device
 //! predicts for its input still fits under the capacity minus a margin, and if it can
 //! finish within its latency target. Everything else gets `503` with `Retry-After`, so the
@@ -14,9 +15,13 @@
 //! the compute threads.
 //!
 //! Main types:
-//! - [`ServeConfig`]: model, device, capacity, allocator config, margin, batching and
-//!   queue limits, address; [`start`] builds the model, calibrates, binds and serves.
+//! - [`ServeConfig`]: model, devices (one replica each), capacity and margin (per replica),
+//!   allocator config, batching and queue limits, address; [`start`] builds the replicas,
+//!   calibrates, binds and serves.
 //! - [`ServerHandle`]: the bound address, the shared [`App`], `shutdown()`.
+//! - [`replicas::Replicas`]: one [`replicas::Replica`] per `--device` entry (model copy,
+//!   twin, scheduler, metrics) and the router that places each request on the replica
+//!   that admits it with the most memory left (design note there). One device: one replica.
 //! - [`scheduler::Scheduler`]: the admission ledger, the batch queue and the compute
 //!   threads (design note there); [`model::ServedModel`] runs batches and
 //!   [`model::Predictor`] predicts their memory on the meta twin.
@@ -47,6 +52,7 @@ pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod model;
+pub mod replicas;
 pub mod scheduler;
 
 use std::net::SocketAddr;
@@ -56,12 +62,13 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 
-pub use config::{parse_duration, Margin, ServeConfig, ServeDevice};
+pub use config::{parse_duration, DeviceList, Margin, ServeConfig, ServeDevice};
 pub use device::{open_device, OpenedDevice};
 pub use error::{ApiError, Reject, ServeError};
 pub use http::{App, InferResponse};
 pub use metrics::Metrics;
 pub use model::{BatchKey, Family, Generation, Input, Predictor, SampleOutput, ServedModel};
+pub use replicas::{Replica, Replicas};
 pub use scheduler::{LatencyTarget, SchedConfig, Scheduler};
 
 /// A running server.
@@ -78,7 +85,7 @@ pub struct ShutdownReport {
     pub drained: bool,
     pub elapsed: Duration,
     /// Requests being served when the drain began (queued, running, or between: reading
-    /// a body, predicting); what the drain waited for.
+    /// a body, predicting), on every replica; what the drain waited for.
     pub in_flight_at_start: usize,
     /// When the drain timed out: requests still queued (answered 503 then), still
     /// running (cut off), and in flight elsewhere in a handler. All 0 when drained.
@@ -87,85 +94,10 @@ pub struct ShutdownReport {
     pub in_flight_at_timeout: usize,
 }
 
-/// The batch key calibration and the start-up fit check use: the smallest input.
-fn reference_key(f: Family) -> BatchKey {
-    match f {
-        Family::Lm {
-            n_positions, pad, ..
-        } => BatchKey::Tokens {
-            len: if pad {
-                model::bucket(1, n_positions)
-            } else {
-                1
-            },
-        },
-        Family::Image { .. } => BatchKey::Image {
-            h: model::MIN_IMAGE_SIDE,
-            w: model::MIN_IMAGE_SIDE,
-        },
-        Family::Mlp { .. } => BatchKey::Rows,
-    }
-}
-
-/// Opens the device, builds the model and its twin, checks the smallest request fits,
-/// calibrates the compute-time model and starts the compute threads.
+/// Builds every replica (one per `--device` entry) and the app around them.
 fn build_app(cfg: ServeConfig) -> Result<Arc<App>, ServeError> {
-    let dev = open_device(cfg.device, cfg.capacity, &cfg.alloc_conf)?;
-    let model_err = |source| ServeError::Model {
-        model: cfg.model.name(),
-        source,
-    };
-    let model = Arc::new(
-        ServedModel::load_with(&cfg.model, &dev.run.device, cfg.generation).map_err(model_err)?,
-    );
-    let predictor = Arc::new(
-        Predictor::with_generation(&cfg.model, &dev.twin, cfg.generation).map_err(model_err)?,
-    );
-    let key = reference_key(model.family());
-    let limit = cfg.limit_bytes();
-    let base = model.device().memory_allocated();
-    let mut fits = 0;
-    for n in 1..=cfg.max_batch {
-        let p = predictor.predict(key, n).map_err(model_err)?;
-        if base + p <= limit {
-            fits = n;
-        }
-    }
-    if fits == 0 {
-        let p = predictor.cached(key, 1).unwrap_or(0);
-        return Err(ServeError::Config(format!(
-            "model {} holds {base} bytes and its smallest request needs {p} more, over \
-             --capacity minus --margin ({limit} bytes)",
-            cfg.model.name()
-        )));
-    }
-    let metrics = Arc::new(Metrics::new());
-    let sched = Scheduler::new(
-        SchedConfig {
-            max_batch: cfg.max_batch,
-            max_wait: cfg.max_wait,
-            max_queue: cfg.max_queue,
-            latency: cfg.latency,
-            limit_bytes: limit,
-            workers: cfg.workers,
-        },
-        model.clone(),
-        predictor.clone(),
-        dev.run.probe.clone(),
-        metrics.clone(),
-    );
-    sched.calibrate(key, fits.min(4)).map_err(model_err)?;
-    sched.spawn_workers().map_err(ServeError::Thread)?;
-    Ok(Arc::new(App::new(
-        cfg,
-        model,
-        predictor,
-        sched,
-        metrics,
-        dev.run.probe.clone(),
-        dev.capacity,
-        dev.run.name.clone(),
-    )))
+    let replicas = Replicas::build(&cfg)?;
+    Ok(Arc::new(App::new(cfg, replicas)))
 }
 
 /// Binds `cfg.addr`, builds everything and serves until [`ServerHandle::shutdown`].
@@ -216,7 +148,7 @@ impl ServerHandle {
         let t0 = Instant::now();
         let in_flight_at_start = self.app.conns.in_flight.load(Ordering::Acquire);
         self.app.draining.store(true, Ordering::Relaxed);
-        self.app.sched.drain();
+        self.app.replicas.drain();
         // Stops accepting; connections with nothing in flight (idle, or still sending a
         // head) close now, bodies still arriving are answered 503.
         // send_replace: the value changes even when no receiver is left to be told
@@ -232,11 +164,11 @@ impl ServerHandle {
         };
         if tokio::time::timeout(timeout, &mut self.task).await.is_err() {
             report.drained = false;
-            let (queued, _, running) = self.app.sched.depth();
+            let (queued, running) = self.app.replicas.depth();
             report.queued_at_timeout = queued;
             report.running_at_timeout = running;
             report.in_flight_at_timeout = self.app.conns.in_flight.load(Ordering::Acquire);
-            self.app.sched.abort_queued();
+            self.app.replicas.abort_queued();
             // The 503s are on their way; give connections a moment to flush them.
             if tokio::time::timeout(Duration::from_secs(1), &mut self.task)
                 .await
@@ -245,8 +177,8 @@ impl ServerHandle {
                 self.task.abort();
             }
         }
-        let sched = self.app.sched.clone();
-        let _ = tokio::task::spawn_blocking(move || sched.close_and_join()).await;
+        let app = self.app.clone();
+        let _ = tokio::task::spawn_blocking(move || app.replicas.close_and_join()).await;
         report.elapsed = t0.elapsed();
         report
     }

@@ -8,6 +8,12 @@
 //! running batch. Histograms are Prometheus-style (cumulative `_bucket{le}`, `_sum`,
 //! `_count`) with fixed buckets, so a scraper can compute quantiles over any window.
 //!
+//! Replicas (`--device cuda:0,cuda:1`): each replica has its own [`Metrics`] and allocator,
+//! and with more than one every series below gains a `device` label naming its replica
+//! ([`merge_labelled`]); the names stay, so a dashboard sums or filters by `device`
+//! (`headroom http` sums them). Requests refused before they reach a replica (unreadable,
+//! unsupported) are counted on the first. Connection counts are the server's, unlabelled.
+//!
 //! The exported names (the `headroom http` client maps them, so they are part of the API):
 //!
 //! | name | type | what |
@@ -36,6 +42,9 @@
 //! | `headroom_batch_actual_peak_bytes{slot}` | gauge | the same batches, measured (NaN when it overlapped another batch) |
 //! | `headroom_batch_samples{slot}` | gauge | the same batches' sizes |
 //! | `headroom_prediction_underestimates_total` | counter | batches that peaked above their prediction |
+//! | `headroom_prediction_cache_entries` | gauge | predictions cached |
+//! | `headroom_prediction_cache_evictions_total` | counter | predictions evicted |
+//! | `headroom_replica_requests_total{device}` | counter | requests the router placed on each replica |
 //! | `headroom_compute_model_seconds{fit,term}` | gauge | fitted compute time (`fit`: `live`, or `quiet` = while nothing was shed), `fixed` per batch, `per_unit` per token/pixel/row |
 
 use std::collections::{BTreeMap, VecDeque};
@@ -435,6 +444,79 @@ impl Metrics {
     }
 }
 
+/// One counter family with a series per `(label value, count)`.
+pub(crate) fn labelled_counter(
+    o: &mut String,
+    name: &str,
+    help: &str,
+    label: &str,
+    series: &[(String, u64)],
+) {
+    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
+    for (v, n) in series {
+        let _ = writeln!(o, "{name}{{{label}=\"{}\"}} {n}", escape(v));
+    }
+}
+
+/// Several expositions of the same families (one per replica) as one: each family's
+/// `# HELP`/`# TYPE` once, then the samples of every part, each with `label="name"` of
+/// its part added first. The text format wants a family's samples together, so the
+/// parts cannot simply be concatenated.
+pub fn merge_labelled(label: &str, parts: &[(String, String)]) -> String {
+    // family name -> (header lines, sample lines), in first-seen order
+    let mut order: Vec<String> = Vec::new();
+    let mut fams: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
+    for (k, (value, text)) in parts.iter().enumerate() {
+        let add = format!("{label}=\"{}\"", escape(value));
+        let mut current = String::new();
+        for line in text.lines() {
+            if let Some(rest) = line
+                .strip_prefix("# HELP ")
+                .or_else(|| line.strip_prefix("# TYPE "))
+            {
+                current = rest.split(' ').next().unwrap_or("").to_string();
+                let f = fams.entry(current.clone()).or_insert_with(|| {
+                    order.push(current.clone());
+                    Default::default()
+                });
+                if k == 0 {
+                    f.0.push(line.to_string());
+                }
+                continue;
+            }
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let labelled = match line.find(['{', ' ']) {
+                Some(i) if line.as_bytes()[i] == b'{' => {
+                    let rest = &line[i + 1..];
+                    let sep = if rest.starts_with('}') { "" } else { "," };
+                    format!("{}{{{add}{sep}{rest}", &line[..i])
+                }
+                Some(i) => format!("{}{{{add}}}{}", &line[..i], &line[i..]),
+                None => continue,
+            };
+            fams.entry(current.clone())
+                .or_insert_with(|| {
+                    order.push(current.clone());
+                    Default::default()
+                })
+                .1
+                .push(labelled);
+        }
+    }
+    let mut o = String::with_capacity(parts.iter().map(|p| p.1.len() + p.1.len() / 4).sum());
+    for name in &order {
+        if let Some((head, samples)) = fams.get(name) {
+            for l in head.iter().chain(samples) {
+                o.push_str(l);
+                o.push('\n');
+            }
+        }
+    }
+    o
+}
+
 pub(crate) fn gauge(o: &mut String, name: &str, help: &str, v: u64) {
     let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
 }
@@ -480,6 +562,31 @@ mod tests {
             o.contains("x_sum 6.5\n") && o.contains("x_count 4\n"),
             "{o}"
         );
+    }
+
+    #[test]
+    fn replicas_merge_into_one_family_each_with_a_device_label() {
+        let a = "# HELP x_total help\n# TYPE x_total counter\nx_total 1\n\
+                 # HELP h hist\n# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_sum 3\nh_count 2\n";
+        let b = a.replace("x_total 1", "x_total 5");
+        let m = merge_labelled(
+            "device",
+            &[("cuda:0".into(), a.into()), ("cuda:1".into(), b)],
+        );
+        assert_eq!(m.matches("# TYPE x_total counter").count(), 1, "{m}");
+        assert_eq!(m.matches("# HELP h hist").count(), 1, "{m}");
+        assert!(
+            m.contains("x_total{device=\"cuda:0\"} 1\nx_total{device=\"cuda:1\"} 5\n"),
+            "{m}"
+        );
+        assert!(
+            m.contains("h_bucket{device=\"cuda:1\",le=\"1\"} 2\n"),
+            "{m}"
+        );
+        assert!(m.contains("h_count{device=\"cuda:0\"} 2\n"), "{m}");
+        // a family's samples stay together: the second family starts after both x_total
+        let x1 = m.find("x_total{device=\"cuda:1\"}").unwrap();
+        assert!(m.find("# HELP h").unwrap() > x1, "{m}");
     }
 
     #[test]

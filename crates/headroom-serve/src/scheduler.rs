@@ -106,6 +106,15 @@ pub struct Done {
 
 type Reply = oneshot::Sender<Result<Done, ApiError>>;
 
+/// A request [`Scheduler::try_submit`] did not admit: why, and the input, handed back.
+pub struct Refused {
+    pub error: ApiError,
+    pub input: Input,
+}
+
+/// An admitted request: its place in the queue and where its answer comes.
+pub type Admitted = (Ticket, oneshot::Receiver<Result<Done, ApiError>>);
+
 struct Entry {
     id: u64,
     input: Input,
@@ -462,78 +471,30 @@ impl Scheduler {
         id: u64,
         input: Input,
         pred: u64,
-    ) -> Result<(Ticket, oneshot::Receiver<Result<Done, ApiError>>), ApiError> {
-        let r = self.admit(id, input, pred);
-        if let Err(e) = &r {
-            if let Some(reason) = e.reject {
+    ) -> Result<Admitted, ApiError> {
+        self.try_submit(id, input, pred).map_err(|r| {
+            if let Some(reason) = r.error.reject {
                 self.metrics.reject(reason);
             }
-        }
-        r
+            r.error
+        })
     }
 
-    fn admit(
+    /// [`Scheduler::submit`] that counts no rejection and hands a refused input back, so a
+    /// router can offer it to another replica (and count the refusal once, where it answers).
+    pub fn try_submit(
         self: &Arc<Self>,
         id: u64,
         input: Input,
         pred: u64,
-    ) -> Result<(Ticket, oneshot::Receiver<Result<Done, ApiError>>), ApiError> {
+    ) -> Result<Admitted, Box<Refused>> {
         let now = Instant::now();
         let mut st = self.st.lock();
-        if st.draining || st.closed {
-            return Err(ApiError::shed(
-                Reject::Shutdown,
-                1,
-                "the server is shutting down",
-            ));
-        }
-        if st.model_base.saturating_add(pred) > self.cfg.limit_bytes {
-            return Err(ApiError::unprocessable(format!(
-                "this input needs {} bytes at its peak (predicted on the meta device) on top \
-                 of the model's {}; the server admits at most {} in all (capacity − margin)",
-                pred, st.model_base, self.cfg.limit_bytes
-            )));
-        }
-        if st.queue.len() >= self.cfg.max_queue {
-            let ra = self.retry_after(&st, now);
-            return Err(ApiError::shed(
-                Reject::QueueFull,
-                ra,
-                format!("{} requests are queued (--max-queue)", st.queue.len()),
-            ));
-        }
-        let (target, est) = self.latency_check(&st, &input, now);
-        // A request that finds the server idle runs next whatever the estimate says: shedding
-        // it could not make anything faster, and the batches it runs keep the compute-time
-        // model learning (an estimate too high would otherwise shed everything for ever).
-        let idle = st.running.is_empty() && st.queue.is_empty();
-        if let (Some(t), false) = (target, idle) {
-            if est > secs(t) {
-                let ra = self.retry_after(&st, now);
-                return Err(ApiError::shed(
-                    Reject::QueueDelay,
-                    ra,
-                    format!(
-                        "predicted latency {:.1} ms is over the target {:.1} ms",
-                        est * 1e3,
-                        secs(t) * 1e3
-                    ),
-                ));
-            }
-        }
-        let committed = self.committed(&mut st);
-        if committed.saturating_add(pred) > self.cfg.limit_bytes {
-            let ra = self.retry_after(&st, now);
-            return Err(ApiError::shed(
-                Reject::Memory,
-                ra,
-                format!(
-                    "not enough memory: {committed} bytes committed + {pred} predicted for this \
-                     request > {} (capacity − margin)",
-                    self.cfg.limit_bytes
-                ),
-            ));
-        }
+        // Checked and queued under one lock: a burst cannot slip past the budgets together.
+        let target = match self.refusal(&mut st, &input, pred, now) {
+            Ok(t) => t,
+            Err(error) => return Err(Box::new(Refused { error, input })),
+        };
         let (tx, rx) = oneshot::channel();
         st.queued_pred += pred;
         let seq_at_arrival = st.batch_seq;
@@ -558,6 +519,71 @@ impl Scheduler {
             },
             rx,
         ))
+    }
+
+    /// Why `input` cannot be admitted now, or its latency target if it can.
+    fn refusal(
+        &self,
+        st: &mut State,
+        input: &Input,
+        pred: u64,
+        now: Instant,
+    ) -> Result<Option<Duration>, ApiError> {
+        if st.draining || st.closed {
+            return Err(ApiError::shed(
+                Reject::Shutdown,
+                1,
+                "the server is shutting down",
+            ));
+        }
+        if st.model_base.saturating_add(pred) > self.cfg.limit_bytes {
+            return Err(ApiError::unprocessable(format!(
+                "this input needs {} bytes at its peak (predicted on the meta device) on top \
+                 of the model's {}; the server admits at most {} in all (capacity − margin)",
+                pred, st.model_base, self.cfg.limit_bytes
+            )));
+        }
+        if st.queue.len() >= self.cfg.max_queue {
+            let ra = self.retry_after(st, now);
+            return Err(ApiError::shed(
+                Reject::QueueFull,
+                ra,
+                format!("{} requests are queued (--max-queue)", st.queue.len()),
+            ));
+        }
+        let (target, est) = self.latency_check(st, input, now);
+        // A request that finds the server idle runs next whatever the estimate says: shedding
+        // it could not make anything faster, and the batches it runs keep the compute-time
+        // model learning (an estimate too high would otherwise shed everything for ever).
+        let idle = st.running.is_empty() && st.queue.is_empty();
+        if let (Some(t), false) = (target, idle) {
+            if est > secs(t) {
+                let ra = self.retry_after(st, now);
+                return Err(ApiError::shed(
+                    Reject::QueueDelay,
+                    ra,
+                    format!(
+                        "predicted latency {:.1} ms is over the target {:.1} ms",
+                        est * 1e3,
+                        secs(t) * 1e3
+                    ),
+                ));
+            }
+        }
+        let committed = self.committed(st);
+        if committed.saturating_add(pred) > self.cfg.limit_bytes {
+            let ra = self.retry_after(st, now);
+            return Err(ApiError::shed(
+                Reject::Memory,
+                ra,
+                format!(
+                    "not enough memory: {committed} bytes committed + {pred} predicted for this \
+                     request > {} (capacity − margin)",
+                    self.cfg.limit_bytes
+                ),
+            ));
+        }
+        Ok(target)
     }
 
     /// The client of request `id` went away: if it is still queued, forget it.

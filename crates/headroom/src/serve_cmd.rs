@@ -14,7 +14,7 @@ use anyhow::{anyhow, Context};
 use clap::Args;
 use headroom_alloc::size::{human_bytes, parse_size};
 use headroom_alloc::AllocatorConfig;
-use headroom_serve::{parse_duration, Generation, LatencyTarget, Margin, ServeConfig, ServeDevice};
+use headroom_serve::{parse_duration, DeviceList, Generation, LatencyTarget, Margin, ServeConfig};
 use headroom_workload::ModelSpec;
 
 use crate::UserError;
@@ -27,11 +27,12 @@ const EXIT_INTERRUPTED: u8 = 130;
     POST /v1/infer   {\"inputs\": ...} as JSON, or a raw tensor (application/octet-stream\n                   \
     with X-Shape: N,3,224,224 and X-Dtype: float32|int64|int32)\n  \
     GET  /metrics    Prometheus text: memory_stats(), admission, batching, latency\n  \
-    GET  /healthz    {\"status\": \"ok\", \"model\", \"device\", \"capacity_bytes\", ...}\n\n\
+    GET  /healthz    {\"status\": \"ok\", \"model\", \"device\", \"capacity_bytes\", ..., \"replicas\"}\n\n\
     Examples:\n  \
     headroom serve --model gpt2-tiny --port 0\n  \
     headroom serve --model resnet18 --capacity 2GiB --margin 256MiB --max-batch 16\n  \
     headroom serve --model fixtures/hf/llama-tiny --new 16 --capacity 256MiB\n  \
+    headroom serve --model gpt2 --device cuda:0,cuda:1 --margin 2GiB\n  \
     curl -s localhost:8000/v1/infer -H 'Content-Type: application/json' \\\n      \
     -d '{\"inputs\": [[464, 2068, 1586]]}'")]
 pub struct ServeArgs {
@@ -50,19 +51,20 @@ pub struct ServeArgs {
     /// Same as --use-cache false.
     #[arg(long = "no-cache", conflicts_with = "use_cache")]
     no_cache: bool,
-    /// cpu (real compute under --capacity) or cuda.
-    #[arg(long, default_value = "cpu")]
+    /// cpu (real compute under --capacity), cuda (= cuda:0), cuda:N, or a comma list: one
+    /// replica per entry (cuda:0,cuda:1; cpu,cpu simulates two devices), each with its own
+    /// model copy, allocator and admission; requests go to the one with the most memory left.
+    #[arg(long, default_value = "cpu", value_name = "DEVICE[,DEVICE...]")]
     device: String,
-    /// Device capacity, e.g. 256MiB, 6GiB (on cuda: default the whole card; on cpu: the
-    /// simulated GPU the caching allocator
-    /// manages). Default: 128MiB.
+    /// Device capacity of each replica, e.g. 256MiB, 6GiB (on cuda: default the whole card;
+    /// on cpu: the simulated GPU the caching allocator manages). Default: 128MiB.
     #[arg(long, value_name = "SIZE")]
     capacity: Option<String>,
     /// Allocator config in PYTORCH_CUDA_ALLOC_CONF syntax. Default: $PYTORCH_CUDA_ALLOC_CONF
     /// when set, else PyTorch's default.
     #[arg(long = "alloc-conf", value_name = "CONF")]
     alloc_conf: Option<String>,
-    /// Memory kept free below the capacity: bytes (256MiB) or a percentage (10%).
+    /// Memory kept free below each replica's capacity: bytes (256MiB) or a percentage (10%).
     #[arg(long, default_value = "10%")]
     margin: String,
     /// Most samples (sequences, images, rows) per batch, and per request.
@@ -112,7 +114,10 @@ fn duration(flag: &str, s: &str) -> Result<std::time::Duration, UserError> {
 /// Everything the user typed, checked.
 fn config(a: &ServeArgs) -> Result<ServeConfig, UserError> {
     let model: ModelSpec = a.model.parse().map_err(|e| anyhow!("bad --model: {e}"))?;
-    let device: ServeDevice = a.device.parse().map_err(|e| anyhow!("bad --device: {e}"))?;
+    let devices: DeviceList = a
+        .device
+        .parse()
+        .map_err(|e| anyhow!("bad --device {:?}: {e}", a.device))?;
     let use_cache = match (&a.use_cache, a.no_cache) {
         (_, true) => false,
         (Some(u), false) => headroom_workload::flags::parse_bool("--use-cache", u)
@@ -159,11 +164,11 @@ fn config(a: &ServeArgs) -> Result<ServeConfig, UserError> {
         }
         _ => {}
     }
-    let capacity = match (&a.capacity, device) {
+    let capacity = match &a.capacity {
         // On a GPU the default is the whole card (the device clamps to its total).
-        (None, ServeDevice::Cuda(_)) => u64::MAX,
-        (None, _) => headroom_serve::config::DEFAULT_CAPACITY,
-        (Some(c), _) => parse_size(c).with_context(|| format!("bad --capacity {c:?}"))?,
+        None if devices.has_cuda() => u64::MAX,
+        None => headroom_serve::config::DEFAULT_CAPACITY,
+        Some(c) => parse_size(c).with_context(|| format!("bad --capacity {c:?}"))?,
     };
     let env = crate::replay_cmd::env_alloc_conf(a.alloc_conf.is_some());
     if let Some(e) = &env {
@@ -193,7 +198,7 @@ fn config(a: &ServeArgs) -> Result<ServeConfig, UserError> {
     let cfg = ServeConfig {
         model,
         generation,
-        device,
+        devices,
         capacity,
         alloc_conf,
         margin,
@@ -238,19 +243,21 @@ async fn run(cfg: ServeConfig) -> Result<ExitCode, UserError> {
     let drain = cfg.drain_timeout;
     let server = headroom_serve::start(cfg).await?;
     let app = server.app().clone();
-    let (_, _, _, base) = app.sched.ledger();
-    eprintln!(
-        "serving {} on {}: capacity {}, admits up to {} (model {}), max batch {}, max wait {:?}, \
-         {} worker(s)",
-        app.model.name(),
-        app.device_name,
-        human_bytes(app.capacity),
-        human_bytes(app.cfg.limit_bytes()),
-        human_bytes(base),
-        app.cfg.max_batch,
-        app.cfg.max_wait,
-        app.cfg.workers,
-    );
+    for r in app.replicas.list() {
+        let (_, _, _, base) = r.sched.ledger();
+        eprintln!(
+            "serving {} on {}: capacity {}, admits up to {} (model {}), max batch {}, max wait \
+             {:?}, {} worker(s)",
+            r.model.name(),
+            r.name,
+            human_bytes(r.capacity),
+            human_bytes(r.limit),
+            human_bytes(base),
+            app.cfg.max_batch,
+            app.cfg.max_wait,
+            app.cfg.workers,
+        );
+    }
     let stop = headroom_serve::shutdown_signal();
     println!("listening on {}", server.url());
     let _ = std::io::stdout().flush();
@@ -367,6 +374,15 @@ mod tests {
         assert_eq!(c.capacity, 128 << 20);
         assert_eq!(c.max_wait, std::time::Duration::from_millis(5));
         assert_eq!(c.addr.port(), 8000);
+        assert_eq!(c.devices.to_string(), "cpu");
+        let c = cfg(&["--device", "cpu,cpu", "--capacity", "64MiB"]).unwrap();
+        assert_eq!(c.devices.names(), ["cpu:0", "cpu:1"]);
+        assert_eq!(c.capacity, 64 << 20);
+        // a GPU list defaults to each whole card
+        assert_eq!(
+            cfg(&["--device", "cuda:0,cuda:1"]).unwrap().capacity,
+            u64::MAX
+        );
         let c = cfg(&[
             "--model",
             "mlp-tiny",
@@ -397,6 +413,10 @@ mod tests {
         for (args, says) in [
             (&["--model", "bert"][..], "--model"),
             (&["--device", "tpu"], "--device"),
+            (&["--device", "cuda:x"], "\"cuda:x\""),
+            (&["--device", "cpu,,cpu"], "empty entry (entry 2)"),
+            (&["--device", "cuda:0,tpu"], "\"tpu\""),
+            (&["--device", "cuda:1,cuda:1"], "cuda:1 is listed twice"),
             (&["--capacity", "0"], "--capacity"),
             (&["--capacity", "lots"], "--capacity"),
             (&["--alloc-conf", "bogus:1"], "--alloc-conf"),

@@ -153,3 +153,166 @@ fn slowloris_connections_do_not_hold_sigterm() {
     assert!(err.contains("no request was in flight"), "{err}");
     assert!(!err.contains("still queued"), "{err}");
 }
+
+/// A bad `--device` list is one line and exit 2, naming the bad entry.
+#[test]
+fn bad_device_lists_exit_2_naming_the_entry() {
+    for (list, says) in [
+        ("cuda:x", "\"cuda:x\""),
+        ("cpu,,cpu", "empty entry (entry 2)"),
+        ("cpu,", "empty entry (entry 2)"),
+        ("tpu", "\"tpu\""),
+        ("cpu,tpu", "\"tpu\""),
+        ("cuda:0,cuda:0", "cuda:0 is listed twice"),
+        ("cpu,cuda:0", "mixes cpu and cuda"),
+    ] {
+        let out = bin()
+            .args([
+                "serve", "--model", "mlp-tiny", "--port", "0", "--device", list,
+            ])
+            .output()
+            .expect("run headroom");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{list}: {err}");
+        assert_eq!(err.lines().count(), 1, "{list}: {err}");
+        assert!(err.starts_with("error: bad --device"), "{list}: {err}");
+        assert!(err.contains(says), "{list}: {err}");
+    }
+}
+
+fn get_body(url: &str, path: &str) -> String {
+    let r = http(
+        url,
+        &format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+    );
+    r.split_once("\r\n\r\n")
+        .map(|x| x.1.to_string())
+        .unwrap_or(r)
+}
+
+fn sigterm_exit_0(child: &mut common::Killed) -> String {
+    let pid = child.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    child
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{err}");
+    err
+}
+
+/// `--device cpu,cpu`: two replicas, each announced, each in /healthz and /metrics.
+#[test]
+fn two_cpu_replicas_serve_and_show_in_healthz_and_metrics() {
+    let (mut child, url) = common::spawn_serve(&[
+        "--model",
+        "mlp-tiny",
+        "--port",
+        "0",
+        "--device",
+        "cpu,cpu",
+        "--capacity",
+        "64MiB",
+    ]);
+    let health = get_body(&url, "/healthz");
+    assert!(health.contains("\"device\":\"cpu:0,cpu:1\""), "{health}");
+    assert!(
+        health.contains("\"replicas\":[{\"device\":\"cpu:0\""),
+        "{health}"
+    );
+    let body = format!("{{\"inputs\": [{}]}}", vec!["0.5"; 64].join(","));
+    for _ in 0..4 {
+        let answer = http(
+            &url,
+            &format!(
+                "POST /v1/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: \
+                 application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            ),
+        );
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+    let m = get_body(&url, "/metrics");
+    for dev in ["cpu:0", "cpu:1"] {
+        assert!(
+            m.contains(&format!(
+                "headroom_memory_capacity_bytes{{device=\"{dev}\"}} {}",
+                64 << 20
+            )),
+            "{m}"
+        );
+        // idle replicas take turns: four sequential requests, two each
+        assert!(
+            m.contains(&format!(
+                "headroom_replica_requests_total{{device=\"{dev}\"}} 2"
+            )),
+            "{m}"
+        );
+    }
+    let err = sigterm_exit_0(&mut child);
+    assert!(
+        err.contains("serving mlp-tiny on cpu:0") && err.contains("on cpu:1"),
+        "{err}"
+    );
+    assert!(err.contains("drained"), "{err}");
+}
+
+/// `--device cuda:0` through the same replica code, on a machine with a GPU.
+#[test]
+fn one_gpu_serves_through_the_replica_code() {
+    if let Some(why) = headroom_cuda::unavailable_reason() {
+        eprintln!("skipped: no GPU here ({why})");
+        return;
+    }
+    let (mut child, url) = common::spawn_serve(&[
+        "--model",
+        "gpt2-tiny",
+        "--port",
+        "0",
+        "--device",
+        "cuda:0",
+        "--capacity",
+        "2GiB",
+    ]);
+    let health = get_body(&url, "/healthz");
+    assert!(
+        health.contains("\"replicas\":[{\"device\":\"cuda:0\""),
+        "{health}"
+    );
+    let body = r#"{"inputs": [1, 2, 3]}"#;
+    let answer = http(
+        &url,
+        &format!(
+            "POST /v1/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: \
+             application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let m = get_body(&url, "/metrics");
+    assert!(
+        m.contains("headroom_replica_requests_total{device=\"cuda:0\"} 1"),
+        "{m}"
+    );
+    assert!(m.contains("headroom_num_ooms_total 0"), "{m}");
+    sigterm_exit_0(&mut child);
+}

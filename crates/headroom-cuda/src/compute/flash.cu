@@ -5,9 +5,11 @@
 // Design note: FlashAttention-2's forward. A block owns one (batch, query head, tile of query
 // rows); key and value tiles stream through shared memory; the softmax is online (a running
 // row max and sum, the output rescaled when the max grows), so the scores never reach global
-// memory and no scratch is allocated: the output and the logsumexp are the only writes. Scores
-// live in the log2 domain (scale * log2(e) folded in, exp2), and the logsumexp is converted
-// back to natural log when written, as PyTorch stores it.
+// memory and no scratch is allocated: the output and the logsumexp are the only writes.
+// Scores stay in natural units and are multiplied by log2(e) only after the row max is
+// subtracted (exp2 of the difference): a mask of finfo.min (what transformers puts on
+// padding) then stays finite, and a row masked everywhere with it comes out uniform, as in
+// PyTorch and k_attn_fwd, where folding log2(e) into the scores would overflow it to -inf.
 // - k_flash_mma_d64 / _d128 (bf16, f16; head dim 64 or 128): 4 warps, 64 query rows (16 per
 //   warp) against 64-key tiles, both products on tensor cores with `mma.sync.m16n8k16` (f32
 //   accumulate) from inline PTX, since NVRTC has no mma.h. The probabilities go from the
@@ -25,12 +27,15 @@
 // key masked gives zeros and a logsumexp of -inf, as k_attn_fwd does.
 
 #define LOG2E_F 1.4426950408889634f
-#define LN2_F 0.6931471805599453f
 
 __device__ __forceinline__ float f_ninf() { return __int_as_float(0xff800000); }
 
-__device__ __forceinline__ void lse_store(const T& lse, i64 b, i64 h, i64 i, float m2, float l) {
-    float v = l > 0.f ? (m2 + log2f(l)) * LN2_F : f_ninf();
+// e^(x - mu), where mu is the row max (0 for a row with nothing visible yet, so that
+// -inf - -inf never makes a NaN).
+__device__ __forceinline__ float exp_from(float x, float mu) { return exp2f((x - mu) * LOG2E_F); }
+
+__device__ __forceinline__ void lse_store(const T& lse, i64 b, i64 h, i64 i, float m, float l) {
+    float v = l > 0.f ? m + logf(l) : f_ninf();
     stf(lse, lse.off + b * lse.st[0] + h * lse.st[1] + i * lse.st[2], v);
 }
 
@@ -72,7 +77,7 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
 // it stages the Q tile first (BM == BN). Vt holds V transposed: D rows of BN keys (+8).
 template <int D, bool BF>
 __device__ __forceinline__ void flash_mma(u16* Ks, u16* Vt, const T& q, const T& k, const T& v, const T& mask,
-                                          int has_mask, const T& out, const T& lse, int has_lse, float scale2,
+                                          int has_mask, const T& out, const T& lse, int has_lse, float scale,
                                           int causal, const AttnShape& s) {
     constexpr int LD = D + 8;
     constexpr int CH = D / 8;  // 16-byte chunks per row
@@ -110,7 +115,7 @@ __device__ __forceinline__ void flash_mma(u16* Ks, u16* Vt, const T& q, const T&
     float o[D / 8][4];
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
-    // Rows g and g + 8 of the warp: running max (log2 domain) and this thread's part of the sum.
+    // Rows g and g + 8 of the warp: running max and this thread's part of the sum.
     float m[2] = {f_ninf(), f_ninf()}, l[2] = {0.f, 0.f};
     const i64 ri[2] = {q0 + wr + g, q0 + wr + g + 8};
 
@@ -163,11 +168,11 @@ __device__ __forceinline__ void flash_mma(u16* Ks, u16* Vt, const T& q, const T&
             for (int x = 0; x < 4; ++x) {
                 i64 i = ri[x >> 1];
                 i64 j = k0 + nt * 8 + t4 * 2 + (x & 1);
-                float sv = sc[nt][x] * scale2;
+                float sv = sc[nt][x] * scale;
                 if (j >= s.S || (causal && j > i)) {
                     sv = f_ninf();
                 } else if (has_mask && i < s.TQ) {
-                    sv += ldf(mask, off4(mask, b, h, i, j)) * LOG2E_F;
+                    sv += ldf(mask, off4(mask, b, h, i, j));
                 }
                 sc[nt][x] = sv;
                 mn[x >> 1] = fmaxf(mn[x >> 1], sv);
@@ -181,7 +186,7 @@ __device__ __forceinline__ void flash_mma(u16* Ks, u16* Vt, const T& q, const T&
             mn[r] = fmaxf(mn[r], __shfl_xor_sync(0xffffffffu, mn[r], 2));
             // A row with nothing visible yet keeps max -inf; subtract 0 then, not -inf.
             mu[r] = mn[r] == f_ninf() ? 0.f : mn[r];
-            float alpha = exp2f(m[r] - mu[r]);
+            float alpha = exp_from(m[r], mu[r]);
             m[r] = mn[r];
             l[r] *= alpha;
 #pragma unroll
@@ -194,7 +199,7 @@ __device__ __forceinline__ void flash_mma(u16* Ks, u16* Vt, const T& q, const T&
         for (int nt = 0; nt < FM_BN / 8; ++nt) {
 #pragma unroll
             for (int x = 0; x < 4; ++x) {
-                float p = exp2f(sc[nt][x] - mu[x >> 1]);
+                float p = exp_from(sc[nt][x], mu[x >> 1]);
                 sc[nt][x] = p;
                 l[x >> 1] += p;
             }
@@ -241,11 +246,10 @@ extern "C" __global__ void __launch_bounds__(FM_THREADS) k_flash_mma_d64(T q, T 
                                                                       AttnShape s) {
     __shared__ __align__(16) u16 Ks[FM_BN * (64 + 8)];
     __shared__ __align__(16) u16 Vt[64 * FM_LDV];
-    float scale2 = (float)scale * LOG2E_F;
     if (q.dt == DT_BF16)
-        flash_mma<64, true>(Ks, Vt, q, k, v, mask, has_mask, out, lse, has_lse, scale2, causal, s);
+        flash_mma<64, true>(Ks, Vt, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
     else
-        flash_mma<64, false>(Ks, Vt, q, k, v, mask, has_mask, out, lse, has_lse, scale2, causal, s);
+        flash_mma<64, false>(Ks, Vt, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
 }
 
 extern "C" __global__ void __launch_bounds__(FM_THREADS) k_flash_mma_d128(T q, T k, T v, T mask, int has_mask, T out,
@@ -253,11 +257,10 @@ extern "C" __global__ void __launch_bounds__(FM_THREADS) k_flash_mma_d128(T q, T
                                                                        AttnShape s) {
     __shared__ __align__(16) u16 Ks[FM_BN * (128 + 8)];
     __shared__ __align__(16) u16 Vt[128 * FM_LDV];
-    float scale2 = (float)scale * LOG2E_F;
     if (q.dt == DT_BF16)
-        flash_mma<128, true>(Ks, Vt, q, k, v, mask, has_mask, out, lse, has_lse, scale2, causal, s);
+        flash_mma<128, true>(Ks, Vt, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
     else
-        flash_mma<128, false>(Ks, Vt, q, k, v, mask, has_mask, out, lse, has_lse, scale2, causal, s);
+        flash_mma<128, false>(Ks, Vt, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -284,7 +287,7 @@ extern "C" __global__ void __launch_bounds__(FF_THREADS) k_flash_f32_d64(T q, T 
     const i64 b = blockIdx.z, h = blockIdx.y;
     const i64 q0 = (i64)blockIdx.x * FF_BM;
     const i64 kh = h / (s.HQ / s.HKV);
-    const float scale2 = (float)scale * LOG2E_F;
+    const float sc_f = (float)scale;
     const float* qp = (const float*)q.p;
     const float* kp = (const float*)k.p;
     const float* vp = (const float*)v.p;
@@ -357,11 +360,11 @@ extern "C" __global__ void __launch_bounds__(FF_THREADS) k_flash_f32_d64(T q, T 
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 i64 i = ri[a], j = k0 + tx + 16 * c;
-                float sv = sc[a][c] * scale2;
+                float sv = sc[a][c] * sc_f;
                 if (j >= s.S || (causal && j > i)) {
                     sv = f_ninf();
                 } else if (has_mask && i < s.TQ) {
-                    sv += ldf(mask, off4(mask, b, h, i, j)) * LOG2E_F;
+                    sv += ldf(mask, off4(mask, b, h, i, j));
                 }
                 sc[a][c] = sv;
                 mn = fmaxf(mn, sv);
@@ -370,14 +373,14 @@ extern "C" __global__ void __launch_bounds__(FF_THREADS) k_flash_f32_d64(T q, T 
 #pragma unroll
             for (int w = 1; w < 16; w <<= 1) mn = fmaxf(mn, __shfl_xor_sync(0xffffffffu, mn, w));
             float mu = mn == f_ninf() ? 0.f : mn;
-            float alpha = exp2f(m[a] - mu);
+            float alpha = exp_from(m[a], mu);
             m[a] = mn;
             l[a] *= alpha;
 #pragma unroll
             for (int c = 0; c < FF_D / 16; ++c) o[a][c] *= alpha;
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
-                float p = exp2f(sc[a][c] - mu);
+                float p = exp_from(sc[a][c], mu);
                 l[a] += p;
                 Ps[(ty + 16 * a) * FF_LDP + tx + 16 * c] = p;
             }
@@ -435,9 +438,8 @@ extern "C" __global__ void __launch_bounds__(AR_WARPS * 32) k_attn_rows(T q, T k
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const i64 i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const i64 kh = h / (s.HQ / s.HKV);
-    const float scale2 = (float)scale * LOG2E_F;
     const int D = (int)s.D, DV = (int)s.DV;
-    for (int e = tid; e < D; e += AR_WARPS * 32) qs[e] = ldf(q, off4(q, b, h, i, e)) * scale2;
+    for (int e = tid; e < D; e += AR_WARPS * 32) qs[e] = ldf(q, off4(q, b, h, i, e)) * (float)scale;
     __syncthreads();
     // Lane owns dims lane + 32c: a warp reads a key row in consecutive elements.
     float qr[AR_NC], acc[AR_NC];
@@ -476,18 +478,18 @@ extern "C" __global__ void __launch_bounds__(AR_WARPS * 32) k_attn_rows(T q, T k
             if (j >= jend)
                 sc[u] = f_ninf();
             else if (has_mask)
-                sc[u] += ldf(mask, off4(mask, b, h, i, j)) * LOG2E_F;
+                sc[u] += ldf(mask, off4(mask, b, h, i, j));
             mn = fmaxf(mn, sc[u]);
         }
         float mu = mn == f_ninf() ? 0.f : mn;
-        float alpha = exp2f(m - mu);
+        float alpha = exp_from(m, mu);
         m = mn;
         l *= alpha;
 #pragma unroll
         for (int c = 0; c < AR_NC; ++c) acc[c] *= alpha;
 #pragma unroll
         for (int u = 0; u < AR_UNROLL; ++u) {
-            float p = exp2f(sc[u] - mu);
+            float p = exp_from(sc[u], mu);
             l += p;
             // p is the same in every lane (the score was all-reduced): no divergence.
             if (p != 0.f) {
@@ -513,11 +515,11 @@ extern "C" __global__ void __launch_bounds__(AR_WARPS * 32) k_attn_rows(T q, T k
     for (int w = 0; w < AR_WARPS; ++w) M = fmaxf(M, wm[w]);
     const float mu = M == f_ninf() ? 0.f : M;
     float L = 0.f;
-    for (int w = 0; w < AR_WARPS; ++w) L += wl[w] * exp2f(wm[w] - mu);
+    for (int w = 0; w < AR_WARPS; ++w) L += wl[w] * exp_from(wm[w], mu);
     const float inv = L > 0.f ? 1.f / L : 0.f;
     for (int e = tid; e < DV; e += AR_WARPS * 32) {
         float acc_e = 0.f;
-        for (int w = 0; w < AR_WARPS; ++w) acc_e += wacc[w][e] * exp2f(wm[w] - mu);
+        for (int w = 0; w < AR_WARPS; ++w) acc_e += wacc[w][e] * exp_from(wm[w], mu);
         stf(out, off4(out, b, h, i, e), acc_e * inv);
     }
     if (has_lse && tid == 0) lse_store(lse, b, h, i, M, L);

@@ -14,8 +14,10 @@
 //   warp) against 64-key tiles, both products on tensor cores with `mma.sync.m16n8k16` (f32
 //   accumulate) from inline PTX, since NVRTC has no mma.h. The probabilities go from the
 //   score accumulators straight into the A operand of the second product (the C layout of
-//   two n8 tiles is the A layout of one k16 step). V is stored transposed in shared memory so
-//   the B operand of P V is two 32-bit loads.
+//   two n8 tiles is the A layout of one k16 step); V's B operand is read transposed by
+//   `ldmatrix.trans`. K and V tiles arrive by `cp.async`, double-buffered at head dim 64 (the
+//   next tile's copy runs under this one's math), and tiles wholly inside the keys and below
+//   the causal diagonal skip the per-element mask tests.
 // - k_flash_f32_d64 (f32): plain FMA, no TF32 (PyTorch's f32 SDPA does not use TF32 either):
 //   256 threads as 16 x 16, each owning 4 query rows (r = ty + 16a) and 2 key columns of
 //   each 32-key tile, and 4 output columns (tx + 16c).
@@ -45,7 +47,43 @@ __device__ __forceinline__ void lse_store(const T& lse, i64 b, i64 h, i64 i, flo
 #define FM_BM 64
 #define FM_BN 64
 #define FM_THREADS 128
-#define FM_LDV (FM_BN + 8)
+
+// Shared-memory address of a generic pointer (what ldmatrix and cp.async take).
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+// 16 bytes global -> shared without passing through registers; `bytes` 0 writes zeros and
+// reads nothing. sm_80+ (the tiled kernels are launched on sm_80+ only).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+// Four 8x8 b16 matrices, transposed: lanes 8i..8i+7 give the row addresses of matrix i, and
+// each lane gets, of matrix i in register i, elements (2 * (lane % 4), lane / 4) and
+// (2 * (lane % 4) + 1, lane / 4).
+__device__ __forceinline__ void ldsm_x4_trans(u32& r0, u32& r1, u32& r2, u32& r3, const u16* p) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(smem_u32(p))
+                 : "memory");
+#endif
+}
 
 template <bool BF>
 __device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, u32 b1) {
@@ -73,13 +111,23 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
     return (u32)f2h(lo) | ((u32)f2h(hi) << 16);
 }
 
-// Ks holds BN rows of D (+8 padding, so the fragment loads of a warp hit 32 distinct banks);
-// it stages the Q tile first (BM == BN). Vt holds V transposed: D rows of BN keys (+8).
-template <int D, bool BF>
-__device__ __forceinline__ void flash_mma(u16* Ks, u16* Vt, const T& q, const T& k, const T& v, const T& mask,
-                                          int has_mask, const T& out, const T& lse, int has_lse, float scale,
-                                          int causal, const AttnShape& s) {
-    constexpr int LD = D + 8;
+// Shared memory: STAGES x (K tile, V tile), each BN rows of D (+8 padding, so that a warp's
+// fragment loads and ldmatrix rows hit distinct banks). With two stages the next tile's
+// copy (cp.async) runs under this tile's math. Stage 0's K tile stages the Q tile first
+// (BM == BN).
+template <int D, int STAGES>
+struct FmSmem {
+    static constexpr int LD = D + 8;
+    static constexpr int TILE = FM_BN * LD;
+    static constexpr int ELEMS = STAGES * 2 * TILE;
+};
+
+template <int D, int STAGES, bool BF>
+__device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const T& v, const T& mask, int has_mask,
+                                          const T& out, const T& lse, int has_lse, float scale, int causal,
+                                          const AttnShape& s) {
+    constexpr int LD = FmSmem<D, STAGES>::LD;
+    constexpr int TILE = FmSmem<D, STAGES>::TILE;
     constexpr int CH = D / 8;  // 16-byte chunks per row
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
@@ -95,7 +143,7 @@ __device__ __forceinline__ void flash_mma(u16* Ks, u16* Vt, const T& q, const T&
         i64 i = q0 + r;
         uint4 val = make_uint4(0, 0, 0, 0);
         if (i < s.TQ) val = *(const uint4*)(qp + off4(q, b, h, i, e));
-        *(uint4*)(Ks + r * LD + e) = val;
+        *(uint4*)(sm + r * LD + e) = val;
     }
     __syncthreads();
     // This warp's 16 query rows as A fragments: rows g and g + 8, columns 2 * t4 (+1, +8, +9).
@@ -103,7 +151,7 @@ __device__ __forceinline__ void flash_mma(u16* Ks, u16* Vt, const T& q, const T&
     u32 qf[D / 16][4];
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-        const u16* p0 = Ks + (wr + g) * LD + kk * 16 + t4 * 2;
+        const u16* p0 = sm + (wr + g) * LD + kk * 16 + t4 * 2;
         const u16* p1 = p0 + 8 * LD;
         qf[kk][0] = *(const u32*)p0;
         qf[kk][1] = *(const u32*)p1;
@@ -112,38 +160,53 @@ __device__ __forceinline__ void flash_mma(u16* Ks, u16* Vt, const T& q, const T&
     }
     __syncthreads();
 
+    // Keys k0.. into stage st: rows past S are zero-filled (their scores are masked to -inf,
+    // and zeros keep 0 * V finite); their source address is row 0's, never read.
+    auto load = [&](int st, i64 k0) {
+        u16* kd = sm + st * 2 * TILE;
+        u16* vd = kd + TILE;
+        for (int c = tid; c < FM_BN * CH; c += FM_THREADS) {
+            int r = c / CH, e = (c % CH) * 8;
+            i64 j = k0 + r;
+            bool in = j < s.S;
+            i64 jr = in ? j : 0;
+            cp_async16(kd + r * LD + e, kp + off4(k, b, kh, jr, e), in ? 16 : 0);
+            cp_async16(vd + r * LD + e, vp + off4(v, b, kh, jr, e), in ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+
     float o[D / 8][4];
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
     // Rows g and g + 8 of the warp: running max and this thread's part of the sum.
     float m[2] = {f_ninf(), f_ninf()}, l[2] = {0.f, 0.f};
     const i64 ri[2] = {q0 + wr + g, q0 + wr + g + 8};
+    // ldmatrix row of this lane for the V operand: matrix lane / 8 is (keys +0 or +8) x
+    // (dims of n-tile nt or nt + 1).
+    const int vrow = ((lane >> 3) & 1) * 8 + (lane & 7), vcol = (lane >> 4) * 8;
 
     i64 kend = s.S;
     if (causal && q0 + FM_BM < kend) kend = q0 + FM_BM;
-    for (i64 k0 = 0; k0 < kend; k0 += FM_BN) {
-        // K row-major, chunks along the row (coalesced); V transposed, chunks down the keys
-        // so that a warp's scattered 16-bit stores land in distinct banks.
-        for (int c = tid; c < FM_BN * CH; c += FM_THREADS) {
-            int r = c / CH, e = (c % CH) * 8;
-            i64 j = k0 + r;
-            uint4 val = make_uint4(0, 0, 0, 0);
-            if (j < s.S) val = *(const uint4*)(kp + off4(k, b, kh, j, e));
-            *(uint4*)(Ks + r * LD + e) = val;
-        }
-        for (int c = tid; c < FM_BN * CH; c += FM_THREADS) {
-            int r = c % FM_BN, e = (c / FM_BN) * 8;
-            i64 j = k0 + r;
-            uint4 val = make_uint4(0, 0, 0, 0);
-            if (j < s.S) val = *(const uint4*)(vp + off4(v, b, kh, j, e));
-            u32 w[4] = {val.x, val.y, val.z, val.w};
-#pragma unroll
-            for (int x = 0; x < 4; ++x) {
-                Vt[(e + 2 * x) * FM_LDV + r] = (u16)(w[x] & 0xffffu);
-                Vt[(e + 2 * x + 1) * FM_LDV + r] = (u16)(w[x] >> 16);
-            }
+    const i64 ntiles = (kend + FM_BN - 1) / FM_BN;
+    if (STAGES == 2 && ntiles > 0) load(0, 0);
+    for (i64 t = 0; t < ntiles; ++t) {
+        const i64 k0 = t * FM_BN;
+        const int st = STAGES == 2 ? (int)(t & 1) : 0;
+        if (STAGES == 1) {
+            load(0, k0);
+            cp_async_wait<0>();
+        } else if (t + 1 < ntiles) {
+            // The other stage was last read in the previous iteration, before its closing
+            // barrier.
+            load(st ^ 1, k0 + FM_BN);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
         __syncthreads();
+        const u16* Ks = sm + st * 2 * TILE;
+        const u16* Vs = Ks + TILE;
 
         // S = Q K^T for the warp's 16 rows and the tile's 64 keys. B(k = dim, n = key) is
         // K[key][dim]: the pair (dim 2*t4, 2*t4+1) of key g is one 32-bit load.
@@ -160,22 +223,36 @@ __device__ __forceinline__ void flash_mma(u16* Ks, u16* Vt, const T& q, const T&
             }
         }
         // Scale, mask, and the new row max. Element x of tile nt: row ri[x >> 1], key
-        // k0 + nt * 8 + 2 * t4 + (x & 1).
+        // k0 + nt * 8 + 2 * t4 + (x & 1). Tiles inside the keys and wholly below the
+        // diagonal of this warp's rows, without a mask, skip the per-element tests.
         float mn[2] = {m[0], m[1]};
+        const bool edge = has_mask || k0 + FM_BN > s.S || (causal && k0 + FM_BN - 1 > q0 + wr);
+        if (edge) {
 #pragma unroll
-        for (int nt = 0; nt < FM_BN / 8; ++nt) {
+            for (int nt = 0; nt < FM_BN / 8; ++nt) {
 #pragma unroll
-            for (int x = 0; x < 4; ++x) {
-                i64 i = ri[x >> 1];
-                i64 j = k0 + nt * 8 + t4 * 2 + (x & 1);
-                float sv = sc[nt][x] * scale;
-                if (j >= s.S || (causal && j > i)) {
-                    sv = f_ninf();
-                } else if (has_mask && i < s.TQ) {
-                    sv += ldf(mask, off4(mask, b, h, i, j));
+                for (int x = 0; x < 4; ++x) {
+                    i64 i = ri[x >> 1];
+                    i64 j = k0 + nt * 8 + t4 * 2 + (x & 1);
+                    float sv = sc[nt][x] * scale;
+                    if (j >= s.S || (causal && j > i)) {
+                        sv = f_ninf();
+                    } else if (has_mask && i < s.TQ) {
+                        sv += ldf(mask, off4(mask, b, h, i, j));
+                    }
+                    sc[nt][x] = sv;
+                    mn[x >> 1] = fmaxf(mn[x >> 1], sv);
                 }
-                sc[nt][x] = sv;
-                mn[x >> 1] = fmaxf(mn[x >> 1], sv);
+            }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < FM_BN / 8; ++nt) {
+#pragma unroll
+                for (int x = 0; x < 4; ++x) {
+                    float sv = sc[nt][x] * scale;
+                    sc[nt][x] = sv;
+                    mn[x >> 1] = fmaxf(mn[x >> 1], sv);
+                }
             }
         }
         float mu[2];
@@ -205,7 +282,9 @@ __device__ __forceinline__ void flash_mma(u16* Ks, u16* Vt, const T& q, const T&
             }
         }
         // O += P V, 16 keys per step: the C fragments of score tiles 2kk and 2kk+1 are the A
-        // fragment of the step. B(k = key, n = dim) is Vt[dim][key]: one 32-bit load per pair.
+        // fragment of the step. B(k = key, n = dim) = V[key][dim], read transposed by
+        // ldmatrix: registers 0, 1 are the (keys +0, +8) halves for dims of n-tile nt,
+        // registers 2, 3 those for n-tile nt + 1.
 #pragma unroll
         for (int kk = 0; kk < FM_BN / 16; ++kk) {
             u32 a[4];
@@ -214,11 +293,11 @@ __device__ __forceinline__ void flash_mma(u16* Ks, u16* Vt, const T& q, const T&
             a[2] = pack2<BF>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
             a[3] = pack2<BF>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
 #pragma unroll
-            for (int nt = 0; nt < D / 8; ++nt) {
-                const u16* vr = Vt + (nt * 8 + g) * FM_LDV + kk * 16 + t4 * 2;
-                u32 b0 = *(const u32*)vr;
-                u32 b1 = *(const u32*)(vr + 8);
+            for (int nt = 0; nt < D / 8; nt += 2) {
+                u32 b0, b1, b2, b3;
+                ldsm_x4_trans(b0, b1, b2, b3, Vs + (kk * 16 + vrow) * LD + nt * 8 + vcol);
                 mma16816<BF>(o[nt], a, b0, b1);
+                mma16816<BF>(o[nt + 1], a, b2, b3);
             }
         }
         __syncthreads();
@@ -241,26 +320,26 @@ __device__ __forceinline__ void flash_mma(u16* Ks, u16* Vt, const T& q, const T&
     }
 }
 
+// Head dim 64: two stages (36 KiB). Head dim 128: one (34 KiB; two would pass the 48 KiB of
+// static shared memory).
 extern "C" __global__ void __launch_bounds__(FM_THREADS) k_flash_mma_d64(T q, T k, T v, T mask, int has_mask, T out,
                                                                       T lse, int has_lse, double scale, int causal,
                                                                       AttnShape s) {
-    __shared__ __align__(16) u16 Ks[FM_BN * (64 + 8)];
-    __shared__ __align__(16) u16 Vt[64 * FM_LDV];
+    __shared__ __align__(16) u16 sm[FmSmem<64, 2>::ELEMS];
     if (q.dt == DT_BF16)
-        flash_mma<64, true>(Ks, Vt, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
+        flash_mma<64, 2, true>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
     else
-        flash_mma<64, false>(Ks, Vt, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
+        flash_mma<64, 2, false>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
 }
 
 extern "C" __global__ void __launch_bounds__(FM_THREADS) k_flash_mma_d128(T q, T k, T v, T mask, int has_mask, T out,
                                                                        T lse, int has_lse, double scale, int causal,
                                                                        AttnShape s) {
-    __shared__ __align__(16) u16 Ks[FM_BN * (128 + 8)];
-    __shared__ __align__(16) u16 Vt[128 * FM_LDV];
+    __shared__ __align__(16) u16 sm[FmSmem<128, 1>::ELEMS];
     if (q.dt == DT_BF16)
-        flash_mma<128, true>(Ks, Vt, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
+        flash_mma<128, 1, true>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
     else
-        flash_mma<128, false>(Ks, Vt, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
+        flash_mma<128, 1, false>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
 }
 
 // ---------------------------------------------------------------------------------------

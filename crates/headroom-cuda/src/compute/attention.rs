@@ -135,7 +135,7 @@ const TILE_ROWS: i64 = 64;
 fn rows_aligned(t: &Strided, bytes: i64) -> bool {
     let es = t.dt().size() as i64;
     t.strides[3] == 1
-        && t.addr() % bytes as u64 == 0
+        && t.addr().is_multiple_of(bytes as u64)
         && t.strides[..3].iter().all(|st| (st * es) % bytes == 0)
 }
 

@@ -130,13 +130,13 @@ const DECODE_ROWS: i64 = 4;
 /// Query rows per block of the tiled kernels (FM_BM and FF_BM of flash.cu).
 const TILE_ROWS: i64 = 64;
 
-/// Whether `t` can be read in 16-byte vectors along its last dim: unit inner stride, the
-/// first element and every row 16-byte aligned.
+/// Whether `t` can be read in `bytes`-byte vectors along its last dim: unit inner stride, the
+/// first element and every row aligned (the strides of size-1 dims are never stepped).
 fn rows_aligned(t: &Strided, bytes: i64) -> bool {
     let es = t.dt().size() as i64;
     t.strides[3] == 1
         && t.addr().is_multiple_of(bytes as u64)
-        && t.strides[..3].iter().all(|st| (st * es) % bytes == 0)
+        && (0..3).all(|d| t.shape[d] == 1 || (t.strides[d] * es) % bytes == 0)
 }
 
 impl Gpu {

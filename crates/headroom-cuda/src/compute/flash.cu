@@ -532,17 +532,18 @@ extern "C" __global__ void __launch_bounds__(AR_WARPS * 32) k_attn_rows(T q, T k
     i64 jend = s.S;
     if (causal && i + 1 < jend) jend = i + 1;
     for (i64 j0 = (i64)warp * AR_UNROLL; j0 < jend; j0 += AR_WARPS * AR_UNROLL) {
-        float sc[AR_UNROLL];
+        // The value rows are loaded with the key rows, so that their latency overlaps the
+        // score's reduction rather than following it.
+        float sc[AR_UNROLL], vv[AR_UNROLL][AR_NC];
 #pragma unroll
         for (int u = 0; u < AR_UNROLL; ++u) {
             i64 j = j0 + u;
             float p = 0.f;
-            if (j < jend) {
 #pragma unroll
-                for (int c = 0; c < AR_NC; ++c) {
-                    int e = lane + 32 * c;
-                    if (e < D) p = fmaf(qr[c], ldf(k, off4(k, b, kh, j, e)), p);
-                }
+            for (int c = 0; c < AR_NC; ++c) {
+                int e = lane + 32 * c;
+                vv[u][c] = j < jend && e < DV ? ldf(v, off4(v, b, kh, j, e)) : 0.f;
+                if (j < jend && e < D) p = fmaf(qr[c], ldf(k, off4(k, b, kh, j, e)), p);
             }
             sc[u] = p;
         }
@@ -570,13 +571,11 @@ extern "C" __global__ void __launch_bounds__(AR_WARPS * 32) k_attn_rows(T q, T k
         for (int u = 0; u < AR_UNROLL; ++u) {
             float p = exp_from(sc[u], mu);
             l += p;
-            // p is the same in every lane (the score was all-reduced): no divergence.
+            // Skipped at weight 0, as k_attn_fwd does, so that a masked cache slot holding
+            // NaN cannot leak in; p is the same in every lane (the score was all-reduced).
             if (p != 0.f) {
 #pragma unroll
-                for (int c = 0; c < AR_NC; ++c) {
-                    int e = lane + 32 * c;
-                    if (e < DV) acc[c] = fmaf(p, ldf(v, off4(v, b, kh, j0 + u, e)), acc[c]);
-                }
+                for (int c = 0; c < AR_NC; ++c) acc[c] = fmaf(p, vv[u][c], acc[c]);
             }
         }
     }

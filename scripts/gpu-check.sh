@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Headroom on a real GPU: the GPU tests, the allocator benchmark against PyTorch's C++
 # allocator, ResNet-50 and GPT-2 against PyTorch eager, and PyTorch workloads under
-# headroom_torch against PyTorch's native allocator.
+# headroom_torch against PyTorch's native allocator, and the attention kernels alone against SDPA.
 #
 #   scripts/gpu-check.sh build   # here (no GPU needed): release builds, copied into devcarry/
-#   scripts/gpu-check.sh gpu [--quick] [--only tests,alloc,models,workloads,probe,loadtest,http,hf]
+#   scripts/gpu-check.sh gpu [--quick] [--only tests,alloc,models,workloads,probe,loadtest,http,hf,attn]
 #                                # on the GPU machine, in the repo root, with devcarry/ present
 #
 # The two halves are one workflow: build here, then send the tree with devcarry/ carried to
@@ -18,7 +18,7 @@ CARRY=$ROOT/devcarry
 MODE=${1:-build}
 shift || true
 QUICK=""
-ONLY="tests,alloc,models,workloads,probe,loadtest,http,hf"
+ONLY="tests,alloc,models,workloads,probe,loadtest,http,hf,attn"
 while [ $# -gt 0 ]; do
   case "$1" in
   --quick) QUICK="--quick" ;;
@@ -32,7 +32,7 @@ build() {
   set -e
   local target=${CARGO_TARGET_DIR:-$ROOT/target}
   cargo build --release -p headroom -p headroom-torch
-  cargo build --release -p headroom-cuda --example cuda_bench
+  cargo build --release -p headroom-cuda --example cuda_bench --example attention_bench
   local tests
   tests=$( (cargo test --release -p headroom-cuda --no-run --message-format=json 2>/dev/null
     cargo test --release -p headroom-tensor --test cuda --no-run --message-format=json 2>/dev/null) |
@@ -46,7 +46,7 @@ for line in sys.stdin:
   mkdir -p "$CARRY"
   find "$CARRY" -maxdepth 1 -type f -delete
   cp "$target/release/libheadroom_torch.so" "$target/release/headroom" "$CARRY/"
-  cp "$target/release/examples/cuda_bench" "$CARRY/"
+  cp "$target/release/examples/cuda_bench" "$target/release/examples/attention_bench" "$CARRY/"
   for t in $tests; do cp "${t#*=}" "$CARRY/test-${t%%=*}"; done
   find "$CARRY" -maxdepth 1 -type f -exec strip --strip-debug {} + 2>/dev/null || true
   cp scripts/torch_raw_shim.cpp "$CARRY/"
@@ -206,6 +206,17 @@ PY
     echo "   ($((SECONDS - T0)) s)"
   fi
 
+  if want attn; then
+    echo "== attention forward alone: naive vs fast kernel (flash.cu) vs PyTorch SDPA =="
+    local TORCH_ATTN=""
+    if python3 scripts/torch_sdpa_bench.py "$R/torch_sdpa.jsonl" 2>&1 | tee "$R/torch_sdpa.txt"; then
+      TORCH_ATTN="--torch $R/torch_sdpa.jsonl"
+    fi
+    # shellcheck disable=SC2086
+    "$CARRY/attention_bench" $TORCH_ATTN --json "$R/attention.jsonl" 2>&1 | tee "$R/attention.txt"
+    echo "   ($((SECONDS - T0)) s)"
+  fi
+
   if want probe && [ -f python/headroom/probe.py ]; then
     echo "== headroom.probe against a real PyTorch service =="
     if [ -f scripts/probe_check.py ]; then
@@ -241,5 +252,5 @@ PY
 case "$MODE" in
 build) build ;;
 gpu) gpu ;;
-*) echo "usage: $0 build | gpu [--quick] [--only tests,alloc,models,workloads,probe,loadtest,http,hf]" >&2; exit 2 ;;
+*) echo "usage: $0 build | gpu [--quick] [--only tests,alloc,models,workloads,probe,loadtest,http,hf,attn]" >&2; exit 2 ;;
 esac

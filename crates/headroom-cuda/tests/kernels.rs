@@ -25,6 +25,10 @@ fn kernels_compile_for_ampere_and_hopper() {
             "k_argmax",
             "k_attn_fwd",
             "k_attn_bwd_kv",
+            "k_attn_rows",
+            "k_flash_f32_d64",
+            "k_flash_mma_d64",
+            "k_flash_mma_d128",
         ] {
             assert!(
                 bin.windows(name.len()).any(|w| w == name.as_bytes()),

@@ -545,6 +545,61 @@ fn fast_paths_match_the_cpu() {
 }
 
 #[test]
+fn scaled_dot_product_attention_matches_the_cpu() {
+    // The fused kernels of the cuda backend (flash.cu's tiles and its row kernel, picked by
+    // shape) against the cpu backend's f64 attention, as transformers calls SDPA.
+    let (rt, _g) = gpu!();
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        both(
+            rt,
+            &format!("scaled_dot_product_attention {dt}"),
+            tol(dt),
+            |d| {
+                let _ng = no_grad();
+                let x0 = |shape: &[usize]| Tensor::randn(shape, 0.0, 1.0, dt, d);
+                let mut out = Vec::new();
+                for hd in [64usize, 128] {
+                    // GPT-2's views of one c_attn projection, causal, a ragged last tile.
+                    let (b, t, h) = (2usize, 77usize, 4usize);
+                    let qkv = x0(&[b, t, 3 * h * hd])?;
+                    let parts = qkv.split(h * hd, 2)?;
+                    let heads = |p: &Tensor| {
+                        p.view(&[b as isize, t as isize, h as isize, hd as isize])?
+                            .transpose(1, 2)
+                    };
+                    let (q, k, v) = (heads(&parts[0])?, heads(&parts[1])?, heads(&parts[2])?);
+                    let causal = ops::SdpaArgs {
+                        is_causal: true,
+                        ..Default::default()
+                    };
+                    out.push(ops::scaled_dot_product_attention(&q, &k, &v, &causal)?);
+                    // A padding mask (true: attend), the second sequence half padding.
+                    let keep: Vec<f64> = (0..b * t)
+                        .map(|i| (i / t == 0 || i % t < t / 2) as u8 as f64)
+                        .collect();
+                    let m = Tensor::from_f64(&keep, &[b, 1, 1, t], DType::Bool, d)?;
+                    let masked = ops::SdpaArgs {
+                        attn_mask: Some(&m),
+                        ..Default::default()
+                    };
+                    out.push(ops::scaled_dot_product_attention(&q, &k, &v, &masked)?);
+                    // The decode step: one query against a 300-key cache, grouped heads.
+                    let q1 = x0(&[b, 8, 1, hd])?;
+                    let kc = x0(&[b, 2, 300, hd])?;
+                    let vc = x0(&[b, 2, 300, hd])?;
+                    let gqa = ops::SdpaArgs {
+                        enable_gqa: true,
+                        ..Default::default()
+                    };
+                    out.push(ops::scaled_dot_product_attention(&q1, &kc, &vc, &gqa)?);
+                }
+                Ok(out)
+            },
+        );
+    }
+}
+
+#[test]
 fn softmax_embedding_dropout_and_losses() {
     let (rt, _g) = gpu!();
     both(rt, "softmax", (1e-4, 1e-5), |d| {

@@ -1,13 +1,23 @@
-//! Host side of the fused attention kernels of kernels.cu (`k_attn_fwd`, `k_attn_bwd_q`,
-//! `k_attn_bwd_kv`).
+//! Host side of the attention kernels: the naive ones of kernels.cu (`k_attn_fwd`,
+//! `k_attn_bwd_q`, `k_attn_bwd_kv`) and the fast forward ones of flash.cu (`k_flash_*`,
+//! `k_attn_rows`), and the choice between them.
 //!
-//! Design note: the kernels compute what PyTorch's flash / memory-efficient / cuDNN attention
-//! computes, but they are written for correctness, not speed (a thread per query or key
-//! row, scores recomputed on the fly). Every buffer they touch was allocated by the tensor
-//! runtime's op layer the way PyTorch's chosen kernel allocates it, so memory matches PyTorch
-//! whatever the kernel's speed; they need no scratch memory of their own.
+//! Design note: every kernel computes what PyTorch's flash / memory-efficient / cuDNN
+//! attention computes. Every buffer they touch was allocated by the tensor runtime's op layer
+//! the way PyTorch's chosen kernel allocates it, so memory matches PyTorch whichever kernel
+//! runs; none needs scratch memory of its own (the fast forward keeps its softmax state in
+//! registers and shared memory, and decode splits the keys inside one block rather than
+//! across blocks, which would need a partial-results buffer).
+//!
+//! The forward picks ([`Gpu::attention_kernel`]): dropout goes to the naive kernel (the only
+//! one that draws the dropout mask); one to four query rows (the decode step against the KV
+//! cache) to `k_attn_rows`, a block per query row; otherwise the FlashAttention-2 tiles
+//! when the call fits them (head dim 64 or 128 in bf16/f16 on sm_80+, 64 in f32; q, k, v
+//! with a unit inner stride and 16-byte aligned rows, as transformers' views of a fused QKV
+//! projection or a KV cache are), else `k_attn_rows`, which takes any layout and head dim.
+//! The backward stays the naive pair (a thread per query row, then per key row).
 
-use super::{kargs, Gpu, Strided, K};
+use super::{kargs, Dt, Gpu, Strided, K};
 use crate::driver::CudaError;
 
 type R = Result<(), CudaError>;
@@ -26,6 +36,24 @@ struct AttnShape {
     s: i64,
     d: i64,
     dv: i64,
+}
+
+/// Which forward kernel runs an attention call. `Auto` picks ([`Gpu::attention_kernel`]);
+/// the others are for tests and benchmarks that compare the kernels on the same inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKernel {
+    Auto,
+    /// `k_attn_fwd`: a thread per query row; the only one with dropout.
+    Naive,
+    /// `k_attn_rows`: a block per query row (decode; any head dim, layout and dtype).
+    Rows,
+    /// `k_flash_mma_d64/_d128` (bf16, f16) or `k_flash_f32_d64`: FlashAttention-2 tiles.
+    Tiled,
+}
+
+/// Heads and batches index the grid's y and z (at most 65535 each).
+fn grid_ok(s: &AttnShape) -> bool {
+    s.hq <= 65535 && s.b <= 65535 && s.tq <= i32::MAX as i64
 }
 
 /// What the attention kernels compute besides their tensors.
@@ -73,6 +101,21 @@ fn shape(a: &AttentionViews) -> Result<AttnShape, CudaError> {
             s.hq, s.hkv
         )));
     }
+    let fits = |t: &Strided, want: [i64; 4]| t.dims() == want;
+    if !fits(&a.k, [s.b, s.hkv, s.s, s.d])
+        || !fits(&a.v, [s.b, s.hkv, s.s, s.dv])
+        || !fits(&a.out, [s.b, s.hq, s.tq, s.dv])
+        || (a.mask.ptr != 0 && !fits(&a.mask, [s.b, s.hq, s.tq, s.s]))
+    {
+        return Err(CudaError::Invalid(format!(
+            "attention: q {:?}, k {:?}, v {:?}, out {:?} and mask {:?} do not fit together",
+            a.q.dims(),
+            a.k.dims(),
+            a.v.dims(),
+            a.out.dims(),
+            a.mask.dims()
+        )));
+    }
     if s.d > ATTENTION_MAX_HEAD_DIM || s.dv > ATTENTION_MAX_HEAD_DIM {
         return Err(CudaError::Invalid(format!(
             "attention: head dims {} / {} above {ATTENTION_MAX_HEAD_DIM}",
@@ -82,20 +125,119 @@ fn shape(a: &AttentionViews) -> Result<AttnShape, CudaError> {
     Ok(s)
 }
 
+/// Query rows up to which the forward runs a block per row (the decode step).
+const DECODE_ROWS: i64 = 4;
+/// Query rows per block of the tiled kernels (FM_BM and FF_BM of flash.cu).
+const TILE_ROWS: i64 = 64;
+
+/// Whether `t` can be read in `bytes`-byte vectors along its last dim: unit inner stride, the
+/// first element and every row aligned (the strides of size-1 dims are never stepped).
+fn rows_aligned(t: &Strided, bytes: i64) -> bool {
+    let es = t.dt().size() as i64;
+    t.strides[3] == 1
+        && t.addr().is_multiple_of(bytes as u64)
+        && (0..3).all(|d| t.shape[d] == 1 || (t.strides[d] * es) % bytes == 0)
+}
+
 impl Gpu {
+    /// The kernel [`AttentionKernel::Auto`] runs for this call (see the module note).
+    pub fn attention_kernel(
+        &self,
+        a: &AttentionViews,
+        p: &AttentionSpec,
+    ) -> Result<AttentionKernel, CudaError> {
+        let s = shape(a)?;
+        Ok(if p.dropout > 0.0 || !grid_ok(&s) {
+            AttentionKernel::Naive
+        } else if s.tq <= DECODE_ROWS {
+            AttentionKernel::Rows
+        } else if self.tiled_kernel(a, &s).is_some() {
+            AttentionKernel::Tiled
+        } else {
+            AttentionKernel::Rows
+        })
+    }
+
+    /// The tiled kernel for this call, if one takes it.
+    fn tiled_kernel(&self, a: &AttentionViews, s: &AttnShape) -> Option<(K, u32)> {
+        let dt = a.q.dt();
+        if [a.k.dt(), a.v.dt(), a.out.dt()].iter().any(|&d| d != dt) || s.d != s.dv {
+            return None;
+        }
+        let picked = match (dt, s.d) {
+            (Dt::F32, 64) => (K::FlashF32D64, 256),
+            (Dt::BF16 | Dt::F16, 64) if self.arch().0 >= 8 => (K::FlashMmaD64, 128),
+            (Dt::BF16 | Dt::F16, 128) if self.arch().0 >= 8 => (K::FlashMmaD128, 128),
+            _ => return None,
+        };
+        // 16-bit outputs are written in pairs (4-byte stores); f32 element by element.
+        let out_ok = dt == Dt::F32 || rows_aligned(&a.out, 4);
+        let in_ok = [&a.q, &a.k, &a.v].iter().all(|t| rows_aligned(t, 16));
+        (in_ok && out_ok).then_some(picked)
+    }
+
     /// `out = softmax(q k^T * scale + mask) v`, and the rows' log-sum-exp into `lse` if given.
     pub fn attention(&self, a: &AttentionViews, p: &AttentionSpec) -> R {
+        self.attention_with(AttentionKernel::Auto, a, p)
+    }
+
+    /// [`Gpu::attention`] on a chosen kernel; one that cannot take the call is an error.
+    pub fn attention_with(
+        &self,
+        kernel: AttentionKernel,
+        a: &AttentionViews,
+        p: &AttentionSpec,
+    ) -> R {
         let s = shape(a)?;
+        let kernel = match kernel {
+            AttentionKernel::Auto => self.attention_kernel(a, p)?,
+            k => k,
+        };
         let (has_mask, has_lse) = ((a.mask.ptr != 0) as i32, (a.lse.ptr != 0) as i32);
-        let (causal, n) = (p.causal as i32, s.b * s.hq * s.tq);
-        self.launch1d(
-            K::AttnFwd,
-            n,
-            &mut kargs![
-                a.q, a.k, a.v, a.mask, has_mask, a.out, a.lse, has_lse, p.scale, causal, p.dropout,
-                p.seed, s
-            ],
-        )
+        let causal = p.causal as i32;
+        let refuse = |why: &str| {
+            Err(CudaError::Invalid(format!(
+                "attention: the {kernel:?} kernel {why}"
+            )))
+        };
+        if kernel != AttentionKernel::Naive && (p.dropout > 0.0 || !grid_ok(&s)) {
+            return refuse("takes no dropout and at most 65535 heads and batches");
+        }
+        match kernel {
+            AttentionKernel::Auto | AttentionKernel::Naive => {
+                let n = s.b * s.hq * s.tq;
+                self.launch1d(
+                    K::AttnFwd,
+                    n,
+                    &mut kargs![
+                        a.q, a.k, a.v, a.mask, has_mask, a.out, a.lse, has_lse, p.scale, causal,
+                        p.dropout, p.seed, s
+                    ],
+                )
+            }
+            AttentionKernel::Rows => self.launch(
+                K::AttnRows,
+                (s.tq as u32, s.hq as u32, s.b as u32),
+                (256, 1, 1),
+                &mut kargs![
+                    a.q, a.k, a.v, a.mask, has_mask, a.out, a.lse, has_lse, p.scale, causal, s
+                ],
+            ),
+            AttentionKernel::Tiled => {
+                let Some((k, threads)) = self.tiled_kernel(a, &s) else {
+                    return refuse("does not take this dtype, head dim or layout");
+                };
+                let tiles = (s.tq + TILE_ROWS - 1) / TILE_ROWS;
+                self.launch(
+                    k,
+                    (tiles as u32, s.hq as u32, s.b as u32),
+                    (threads, 1, 1),
+                    &mut kargs![
+                        a.q, a.k, a.v, a.mask, has_mask, a.out, a.lse, has_lse, p.scale, causal, s
+                    ],
+                )
+            }
+        }
     }
 
     /// The gradients of [`Gpu::attention`]: `gq`, `gk`, `gv` (overwritten) from `gout`, the

@@ -28,7 +28,7 @@ pub mod libs;
 pub mod nvrtc;
 mod ops;
 
-pub use attention::{AttentionSpec, AttentionViews, ATTENTION_MAX_HEAD_DIM};
+pub use attention::{AttentionKernel, AttentionSpec, AttentionViews, ATTENTION_MAX_HEAD_DIM};
 pub use dnn::ConvArgs;
 pub use dnn::{ConvPass, ConvSpec};
 pub use graph::CudaGraph;
@@ -199,7 +199,7 @@ impl Strided {
     }
 }
 
-/// The kernels of kernels.cu, by index into the loaded module's functions.
+/// The kernels of kernels.cu and flash.cu, by index into the loaded module's functions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[allow(non_camel_case_types)]
 pub(crate) enum K {
@@ -246,6 +246,10 @@ pub(crate) enum K {
     AttnFwd,
     AttnBwdQ,
     AttnBwdKv,
+    AttnRows,
+    FlashF32D64,
+    FlashMmaD64,
+    FlashMmaD128,
 }
 
 const KERNEL_NAMES: &[(K, &str)] = &[
@@ -292,6 +296,10 @@ const KERNEL_NAMES: &[(K, &str)] = &[
     (K::AttnFwd, "k_attn_fwd"),
     (K::AttnBwdQ, "k_attn_bwd_q"),
     (K::AttnBwdKv, "k_attn_bwd_kv"),
+    (K::AttnRows, "k_attn_rows"),
+    (K::FlashF32D64, "k_flash_f32_d64"),
+    (K::FlashMmaD64, "k_flash_mma_d64"),
+    (K::FlashMmaD128, "k_flash_mma_d128"),
 ];
 
 /// Codes a kernel writes to the error word, and the op each stands for.
@@ -775,9 +783,13 @@ mod tests {
     fn kernel_table_is_in_enum_order_and_every_kernel_is_in_the_source() {
         for (i, (k, name)) in KERNEL_NAMES.iter().enumerate() {
             assert_eq!(*k as usize, i, "{name} is out of order");
+            // `__global__ void [__launch_bounds__(..)] name(` on one line
+            let call = format!(" {name}(");
             assert!(
-                nvrtc::SOURCE.contains(&format!("__global__ void {name}(")),
-                "{name} is not in kernels.cu"
+                nvrtc::SOURCE
+                    .lines()
+                    .any(|l| l.contains("__global__ void") && l.contains(&call)),
+                "{name} is not in kernels.cu or flash.cu"
             );
         }
     }

@@ -1,4 +1,4 @@
-//! Compiling kernels.cu with NVRTC, with an on-disk cache.
+//! Compiling kernels.cu (and flash.cu, appended to it) with NVRTC, with an on-disk cache.
 //!
 //! Design note: the kernels are compiled at run time for the exact GPU (`sm_XY` from the
 //! device's compute capability) straight to a CUBIN, so loading needs no PTX JIT. Compiling
@@ -17,7 +17,9 @@ use cudarc::nvrtc::sys as nv;
 use super::libs::{ensure, Lib};
 use crate::driver::CudaError;
 
-pub const SOURCE: &str = include_str!("kernels.cu");
+/// The kernel source: kernels.cu, then the fast attention kernels of flash.cu (which use its
+/// descriptors and helpers), compiled as one program into one module.
+pub const SOURCE: &str = concat!(include_str!("kernels.cu"), include_str!("flash.cu"));
 
 fn nvrtc_check(call: &'static str, r: nv::nvrtcResult) -> Result<(), CudaError> {
     if r == nv::nvrtcResult::NVRTC_SUCCESS {

@@ -1,0 +1,604 @@
+// Fast attention forward kernels, appended to kernels.cu by NVRTC (compute/nvrtc.rs) and
+// launched by compute/attention.rs, which picks one per call (the naive `k_attn_fwd` of
+// kernels.cu stays for dropout, for the backward and for what these do not cover).
+//
+// Design note: FlashAttention-2's forward. A block owns one (batch, query head, tile of query
+// rows); key and value tiles stream through shared memory; the softmax is online (a running
+// row max and sum, the output rescaled when the max grows), so the scores never reach global
+// memory and no scratch is allocated: the output and the logsumexp are the only writes.
+// Scores stay in natural units and are multiplied by log2(e) only after the row max is
+// subtracted (exp2 of the difference): a mask of finfo.min (what transformers puts on
+// padding) then stays finite, and a row masked everywhere with it comes out uniform, as in
+// PyTorch and k_attn_fwd, where folding log2(e) into the scores would overflow it to -inf.
+// - k_flash_mma_d64 / _d128 (bf16, f16; head dim 64 or 128): 4 warps, 64 query rows (16 per
+//   warp) against 64-key tiles, both products on tensor cores with `mma.sync.m16n8k16` (f32
+//   accumulate) from inline PTX, since NVRTC has no mma.h. The probabilities go from the
+//   score accumulators straight into the A operand of the second product (the C layout of
+//   two n8 tiles is the A layout of one k16 step); V's B operand is read transposed by
+//   `ldmatrix.trans`. K and V tiles arrive by `cp.async`, double-buffered at head dim 64 (the
+//   next tile's copy runs under this one's math), and tiles wholly inside the keys and below
+//   the causal diagonal skip the per-element mask tests.
+// - k_flash_f32_d64 (f32): plain FMA, no TF32 (PyTorch's f32 SDPA does not use TF32 either):
+//   256 threads as 16 x 16, each owning 4 query rows (r = ty + 16a) and 2 key columns of
+//   each 32-key tile, and 4 output columns (tx + 16c).
+// - k_attn_rows (every dtype, any strides, head dims up to 256): one block per query row,
+//   8 warps splitting the keys and merging their partial softmax at the end: the decode
+//   step (one query against the KV cache) and the fallback for head dims or layouts the
+//   tiled kernels do not take.
+// Causal masking is top-left (query i sees keys 0..=i), as in k_attn_fwd; a row with every
+// key masked gives zeros and a logsumexp of -inf, as k_attn_fwd does.
+
+#define LOG2E_F 1.4426950408889634f
+
+__device__ __forceinline__ float f_ninf() { return __int_as_float(0xff800000); }
+
+// e^(x - mu), where mu is the row max (0 for a row with nothing visible yet, so that
+// -inf - -inf never makes a NaN).
+__device__ __forceinline__ float exp_from(float x, float mu) { return exp2f((x - mu) * LOG2E_F); }
+
+__device__ __forceinline__ void lse_store(const T& lse, i64 b, i64 h, i64 i, float m, float l) {
+    float v = l > 0.f ? m + logf(l) : f_ninf();
+    stf(lse, lse.off + b * lse.st[0] + h * lse.st[1] + i * lse.st[2], v);
+}
+
+// ---------------------------------------------------------------------------------------
+// bf16 / f16 on tensor cores.
+
+#define FM_BM 64
+#define FM_BN 64
+#define FM_THREADS 128
+
+// Shared-memory address of a generic pointer (what ldmatrix and cp.async take).
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+// 16 bytes global -> shared without passing through registers; `bytes` 0 writes zeros and
+// reads nothing. sm_80+ (the tiled kernels are launched on sm_80+ only).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+// Four 8x8 b16 matrices, transposed: lanes 8i..8i+7 give the row addresses of matrix i, and
+// each lane gets, of matrix i in register i, elements (2 * (lane % 4), lane / 4) and
+// (2 * (lane % 4) + 1, lane / 4).
+__device__ __forceinline__ void ldsm_x4_trans(u32& r0, u32& r1, u32& r2, u32& r3, const u16* p) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(smem_u32(p))
+                 : "memory");
+#endif
+}
+
+template <bool BF>
+__device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, u32 b1) {
+#if __CUDA_ARCH__ >= 800
+    if (BF) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+#endif
+}
+
+// Two floats as one 32-bit pair of 16-bit values, `lo` in the low half (the lower index).
+template <bool BF>
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+    if (BF) return f2bf2(lo, hi);
+    return (u32)f2h(lo) | ((u32)f2h(hi) << 16);
+}
+
+// Shared memory: STAGES x (K tile, V tile), each BN rows of D (+8 padding, so that a warp's
+// fragment loads and ldmatrix rows hit distinct banks). With two stages the next tile's
+// copy (cp.async) runs under this tile's math. Stage 0's K tile stages the Q tile first
+// (BM == BN).
+template <int D, int STAGES>
+struct FmSmem {
+    static constexpr int LD = D + 8;
+    static constexpr int TILE = FM_BN * LD;
+    static constexpr int ELEMS = STAGES * 2 * TILE;
+};
+
+template <int D, int STAGES, bool BF>
+__device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const T& v, const T& mask, int has_mask,
+                                          const T& out, const T& lse, int has_lse, float scale, int causal,
+                                          const AttnShape& s) {
+    constexpr int LD = FmSmem<D, STAGES>::LD;
+    constexpr int TILE = FmSmem<D, STAGES>::TILE;
+    constexpr int CH = D / 8;  // 16-byte chunks per row
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const i64 b = blockIdx.z, h = blockIdx.y;
+    const i64 q0 = (i64)blockIdx.x * FM_BM;
+    const i64 kh = h / (s.HQ / s.HKV);
+    const u16* qp = (const u16*)q.p;
+    const u16* kp = (const u16*)k.p;
+    const u16* vp = (const u16*)v.p;
+
+    for (int c = tid; c < FM_BM * CH; c += FM_THREADS) {
+        int r = c / CH, e = (c % CH) * 8;
+        i64 i = q0 + r;
+        uint4 val = make_uint4(0, 0, 0, 0);
+        if (i < s.TQ) val = *(const uint4*)(qp + off4(q, b, h, i, e));
+        *(uint4*)(sm + r * LD + e) = val;
+    }
+    __syncthreads();
+    // This warp's 16 query rows as A fragments: rows g and g + 8, columns 2 * t4 (+1, +8, +9).
+    const int wr = warp * 16;
+    u32 qf[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const u16* p0 = sm + (wr + g) * LD + kk * 16 + t4 * 2;
+        const u16* p1 = p0 + 8 * LD;
+        qf[kk][0] = *(const u32*)p0;
+        qf[kk][1] = *(const u32*)p1;
+        qf[kk][2] = *(const u32*)(p0 + 8);
+        qf[kk][3] = *(const u32*)(p1 + 8);
+    }
+    __syncthreads();
+
+    // Keys k0.. into stage st: rows past S are zero-filled (their scores are masked to -inf,
+    // and zeros keep 0 * V finite); their source address is row 0's, never read.
+    auto load = [&](int st, i64 k0) {
+        u16* kd = sm + st * 2 * TILE;
+        u16* vd = kd + TILE;
+        for (int c = tid; c < FM_BN * CH; c += FM_THREADS) {
+            int r = c / CH, e = (c % CH) * 8;
+            i64 j = k0 + r;
+            bool in = j < s.S;
+            i64 jr = in ? j : 0;
+            cp_async16(kd + r * LD + e, kp + off4(k, b, kh, jr, e), in ? 16 : 0);
+            cp_async16(vd + r * LD + e, vp + off4(v, b, kh, jr, e), in ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+    // Rows g and g + 8 of the warp: running max and this thread's part of the sum.
+    float m[2] = {f_ninf(), f_ninf()}, l[2] = {0.f, 0.f};
+    const i64 ri[2] = {q0 + wr + g, q0 + wr + g + 8};
+    // ldmatrix row of this lane for the V operand: matrix lane / 8 is (keys +0 or +8) x
+    // (dims of n-tile nt or nt + 1).
+    const int vrow = ((lane >> 3) & 1) * 8 + (lane & 7), vcol = (lane >> 4) * 8;
+
+    i64 kend = s.S;
+    if (causal && q0 + FM_BM < kend) kend = q0 + FM_BM;
+    const i64 ntiles = (kend + FM_BN - 1) / FM_BN;
+    if (STAGES == 2 && ntiles > 0) load(0, 0);
+    for (i64 t = 0; t < ntiles; ++t) {
+        const i64 k0 = t * FM_BN;
+        const int st = STAGES == 2 ? (int)(t & 1) : 0;
+        if (STAGES == 1) {
+            load(0, k0);
+            cp_async_wait<0>();
+        } else if (t + 1 < ntiles) {
+            // The other stage was last read in the previous iteration, before its closing
+            // barrier.
+            load(st ^ 1, k0 + FM_BN);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const u16* Ks = sm + st * 2 * TILE;
+        const u16* Vs = Ks + TILE;
+
+        // S = Q K^T for the warp's 16 rows and the tile's 64 keys. B(k = dim, n = key) is
+        // K[key][dim]: the pair (dim 2*t4, 2*t4+1) of key g is one 32-bit load.
+        float sc[FM_BN / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < FM_BN / 8; ++nt) {
+            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+            const u16* kr = Ks + (nt * 8 + g) * LD + t4 * 2;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                u32 b0 = *(const u32*)(kr + kk * 16);
+                u32 b1 = *(const u32*)(kr + kk * 16 + 8);
+                mma16816<BF>(sc[nt], qf[kk], b0, b1);
+            }
+        }
+        // Scale, mask, and the new row max. Element x of tile nt: row ri[x >> 1], key
+        // k0 + nt * 8 + 2 * t4 + (x & 1). Tiles inside the keys and wholly below the
+        // diagonal of this warp's rows, without a mask, skip the per-element tests.
+        float mn[2] = {m[0], m[1]};
+        const bool edge = has_mask || k0 + FM_BN > s.S || (causal && k0 + FM_BN - 1 > q0 + wr);
+        if (edge) {
+#pragma unroll
+            for (int nt = 0; nt < FM_BN / 8; ++nt) {
+#pragma unroll
+                for (int x = 0; x < 4; ++x) {
+                    i64 i = ri[x >> 1];
+                    i64 j = k0 + nt * 8 + t4 * 2 + (x & 1);
+                    float sv = sc[nt][x] * scale;
+                    if (j >= s.S || (causal && j > i)) {
+                        sv = f_ninf();
+                    } else if (has_mask && i < s.TQ) {
+                        sv += ldf(mask, off4(mask, b, h, i, j));
+                    }
+                    sc[nt][x] = sv;
+                    mn[x >> 1] = fmaxf(mn[x >> 1], sv);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < FM_BN / 8; ++nt) {
+#pragma unroll
+                for (int x = 0; x < 4; ++x) {
+                    float sv = sc[nt][x] * scale;
+                    sc[nt][x] = sv;
+                    mn[x >> 1] = fmaxf(mn[x >> 1], sv);
+                }
+            }
+        }
+        float mu[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            // The four threads of a quad hold the row's 64 columns between them.
+            mn[r] = fmaxf(mn[r], __shfl_xor_sync(0xffffffffu, mn[r], 1));
+            mn[r] = fmaxf(mn[r], __shfl_xor_sync(0xffffffffu, mn[r], 2));
+            // A row with nothing visible yet keeps max -inf; subtract 0 then, not -inf.
+            mu[r] = mn[r] == f_ninf() ? 0.f : mn[r];
+            float alpha = exp_from(m[r], mu[r]);
+            m[r] = mn[r];
+            l[r] *= alpha;
+#pragma unroll
+            for (int nt = 0; nt < D / 8; ++nt) {
+                o[nt][2 * r] *= alpha;
+                o[nt][2 * r + 1] *= alpha;
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < FM_BN / 8; ++nt) {
+#pragma unroll
+            for (int x = 0; x < 4; ++x) {
+                float p = exp_from(sc[nt][x], mu[x >> 1]);
+                sc[nt][x] = p;
+                l[x >> 1] += p;
+            }
+        }
+        // O += P V, 16 keys per step: the C fragments of score tiles 2kk and 2kk+1 are the A
+        // fragment of the step. B(k = key, n = dim) = V[key][dim], read transposed by
+        // ldmatrix: registers 0, 1 are the (keys +0, +8) halves for dims of n-tile nt,
+        // registers 2, 3 those for n-tile nt + 1.
+#pragma unroll
+        for (int kk = 0; kk < FM_BN / 16; ++kk) {
+            u32 a[4];
+            a[0] = pack2<BF>(sc[2 * kk][0], sc[2 * kk][1]);
+            a[1] = pack2<BF>(sc[2 * kk][2], sc[2 * kk][3]);
+            a[2] = pack2<BF>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+            a[3] = pack2<BF>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+#pragma unroll
+            for (int nt = 0; nt < D / 8; nt += 2) {
+                u32 b0, b1, b2, b3;
+                ldsm_x4_trans(b0, b1, b2, b3, Vs + (kk * 16 + vrow) * LD + nt * 8 + vcol);
+                mma16816<BF>(o[nt], a, b0, b1);
+                mma16816<BF>(o[nt + 1], a, b2, b3);
+            }
+        }
+        __syncthreads();
+    }
+
+    u16* op = (u16*)out.p;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        i64 i = ri[r];
+        if (i >= s.TQ) continue;
+        float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+#pragma unroll
+        for (int nt = 0; nt < D / 8; ++nt) {
+            int e = nt * 8 + t4 * 2;
+            *(u32*)(op + off4(out, b, h, i, e)) = pack2<BF>(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
+        }
+        if (has_lse && t4 == 0) lse_store(lse, b, h, i, m[r], l[r]);
+    }
+}
+
+// Head dim 64: two stages (36 KiB). Head dim 128: one (34 KiB; two would pass the 48 KiB of
+// static shared memory).
+extern "C" __global__ void __launch_bounds__(FM_THREADS) k_flash_mma_d64(T q, T k, T v, T mask, int has_mask, T out,
+                                                                      T lse, int has_lse, double scale, int causal,
+                                                                      AttnShape s) {
+    __shared__ __align__(16) u16 sm[FmSmem<64, 2>::ELEMS];
+    if (q.dt == DT_BF16)
+        flash_mma<64, 2, true>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
+    else
+        flash_mma<64, 2, false>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
+}
+
+extern "C" __global__ void __launch_bounds__(FM_THREADS) k_flash_mma_d128(T q, T k, T v, T mask, int has_mask, T out,
+                                                                       T lse, int has_lse, double scale, int causal,
+                                                                       AttnShape s) {
+    __shared__ __align__(16) u16 sm[FmSmem<128, 1>::ELEMS];
+    if (q.dt == DT_BF16)
+        flash_mma<128, 1, true>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
+    else
+        flash_mma<128, 1, false>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
+}
+
+// ---------------------------------------------------------------------------------------
+// f32 with FMA.
+
+#define FF_D 64
+#define FF_BM 64
+#define FF_BN 32
+#define FF_THREADS 256
+#define FF_LDQ (FF_D + 4)
+#define FF_LDK (FF_D + 4)
+#define FF_LDP (FF_BN + 4)
+
+extern "C" __global__ void __launch_bounds__(FF_THREADS) k_flash_f32_d64(T q, T k, T v, T mask, int has_mask, T out,
+                                                                      T lse, int has_lse, double scale, int causal,
+                                                                      AttnShape s) {
+    // Rows padded by 4 floats: a quarter-warp's 16-byte loads of 8 different rows then hit
+    // 32 distinct banks.
+    __shared__ __align__(16) float Qs[FF_BM * FF_LDQ];
+    __shared__ __align__(16) float Ks[FF_BN * FF_LDK];
+    __shared__ __align__(16) float Vs[FF_BN * FF_D];
+    __shared__ __align__(16) float Ps[FF_BM * FF_LDP];
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const i64 b = blockIdx.z, h = blockIdx.y;
+    const i64 q0 = (i64)blockIdx.x * FF_BM;
+    const i64 kh = h / (s.HQ / s.HKV);
+    const float sc_f = (float)scale;
+    const float* qp = (const float*)q.p;
+    const float* kp = (const float*)k.p;
+    const float* vp = (const float*)v.p;
+    constexpr int CH = FF_D / 4;
+
+    for (int c = tid; c < FF_BM * CH; c += FF_THREADS) {
+        int r = c / CH, e = (c % CH) * 4;
+        i64 i = q0 + r;
+        float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i < s.TQ) val = *(const float4*)(qp + off4(q, b, h, i, e));
+        *(float4*)(Qs + r * FF_LDQ + e) = val;
+    }
+
+    float o[4][FF_D / 16];
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int c = 0; c < FF_D / 16; ++c) o[a][c] = 0.f;
+    float m[4], l[4];
+    i64 ri[4];
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+        m[a] = f_ninf();
+        l[a] = 0.f;
+        ri[a] = q0 + ty + 16 * a;
+    }
+
+    i64 kend = s.S;
+    if (causal && q0 + FF_BM < kend) kend = q0 + FF_BM;
+    for (i64 k0 = 0; k0 < kend; k0 += FF_BN) {
+        for (int c = tid; c < FF_BN * CH; c += FF_THREADS) {
+            int r = c / CH, e = (c % CH) * 4;
+            i64 j = k0 + r;
+            float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
+            if (j < s.S) {
+                kv = *(const float4*)(kp + off4(k, b, kh, j, e));
+                vv = *(const float4*)(vp + off4(v, b, kh, j, e));
+            }
+            *(float4*)(Ks + r * FF_LDK + e) = kv;
+            *(float4*)(Vs + r * FF_D + e) = vv;
+        }
+        __syncthreads();
+
+        // Scores of rows ty + 16a against keys tx + 16c.
+        float sc[4][2];
+#pragma unroll
+        for (int a = 0; a < 4; ++a) sc[a][0] = sc[a][1] = 0.f;
+#pragma unroll 4
+        for (int e = 0; e < FF_D; e += 4) {
+            float4 qa[4], kb[2];
+#pragma unroll
+            for (int a = 0; a < 4; ++a) qa[a] = *(const float4*)(Qs + (ty + 16 * a) * FF_LDQ + e);
+#pragma unroll
+            for (int c = 0; c < 2; ++c) kb[c] = *(const float4*)(Ks + (tx + 16 * c) * FF_LDK + e);
+#pragma unroll
+            for (int a = 0; a < 4; ++a)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    float t = sc[a][c];
+                    t = fmaf(qa[a].x, kb[c].x, t);
+                    t = fmaf(qa[a].y, kb[c].y, t);
+                    t = fmaf(qa[a].z, kb[c].z, t);
+                    t = fmaf(qa[a].w, kb[c].w, t);
+                    sc[a][c] = t;
+                }
+        }
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            float mn = m[a];
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                i64 i = ri[a], j = k0 + tx + 16 * c;
+                float sv = sc[a][c] * sc_f;
+                if (j >= s.S || (causal && j > i)) {
+                    sv = f_ninf();
+                } else if (has_mask && i < s.TQ) {
+                    sv += ldf(mask, off4(mask, b, h, i, j));
+                }
+                sc[a][c] = sv;
+                mn = fmaxf(mn, sv);
+            }
+            // The 16 threads of a row are one half of a warp (lanes tx, same ty).
+#pragma unroll
+            for (int w = 1; w < 16; w <<= 1) mn = fmaxf(mn, __shfl_xor_sync(0xffffffffu, mn, w));
+            float mu = mn == f_ninf() ? 0.f : mn;
+            float alpha = exp_from(m[a], mu);
+            m[a] = mn;
+            l[a] *= alpha;
+#pragma unroll
+            for (int c = 0; c < FF_D / 16; ++c) o[a][c] *= alpha;
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                float p = exp_from(sc[a][c], mu);
+                l[a] += p;
+                Ps[(ty + 16 * a) * FF_LDP + tx + 16 * c] = p;
+            }
+        }
+        __syncthreads();
+
+#pragma unroll 2
+        for (int j = 0; j < FF_BN; j += 4) {
+            float4 pa[4];
+#pragma unroll
+            for (int a = 0; a < 4; ++a) pa[a] = *(const float4*)(Ps + (ty + 16 * a) * FF_LDP + j);
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+                float vv[FF_D / 16];
+#pragma unroll
+                for (int c = 0; c < FF_D / 16; ++c) vv[c] = Vs[(j + jj) * FF_D + tx + 16 * c];
+#pragma unroll
+                for (int a = 0; a < 4; ++a) {
+                    float p = jj == 0 ? pa[a].x : jj == 1 ? pa[a].y : jj == 2 ? pa[a].z : pa[a].w;
+#pragma unroll
+                    for (int c = 0; c < FF_D / 16; ++c) o[a][c] = fmaf(p, vv[c], o[a][c]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    float* op = (float*)out.p;
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+#pragma unroll
+        for (int w = 1; w < 16; w <<= 1) l[a] += __shfl_xor_sync(0xffffffffu, l[a], w);
+        i64 i = ri[a];
+        if (i >= s.TQ) continue;
+        float inv = l[a] > 0.f ? 1.f / l[a] : 0.f;
+#pragma unroll
+        for (int c = 0; c < FF_D / 16; ++c) op[off4(out, b, h, i, tx + 16 * c)] = o[a][c] * inv;
+        if (has_lse && tx == 0) lse_store(lse, b, h, i, m[a], l[a]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// One query row per block: decode, and the general fallback.
+
+#define AR_WARPS 8
+#define AR_UNROLL 4
+#define AR_NC (ATTN_MAXD / 32)
+
+extern "C" __global__ void __launch_bounds__(AR_WARPS * 32) k_attn_rows(T q, T k, T v, T mask, int has_mask, T out,
+                                                                       T lse, int has_lse, double scale, int causal,
+                                                                       AttnShape s) {
+    __shared__ float qs[ATTN_MAXD];
+    __shared__ float wm[AR_WARPS], wl[AR_WARPS];
+    __shared__ float wacc[AR_WARPS][ATTN_MAXD];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const i64 i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const i64 kh = h / (s.HQ / s.HKV);
+    const int D = (int)s.D, DV = (int)s.DV;
+    for (int e = tid; e < D; e += AR_WARPS * 32) qs[e] = ldf(q, off4(q, b, h, i, e)) * (float)scale;
+    __syncthreads();
+    // Lane owns dims lane + 32c: a warp reads a key row in consecutive elements.
+    float qr[AR_NC], acc[AR_NC];
+#pragma unroll
+    for (int c = 0; c < AR_NC; ++c) {
+        int e = lane + 32 * c;
+        qr[c] = e < D ? qs[e] : 0.f;
+        acc[c] = 0.f;
+    }
+    float m = f_ninf(), l = 0.f;
+    i64 jend = s.S;
+    if (causal && i + 1 < jend) jend = i + 1;
+    for (i64 j0 = (i64)warp * AR_UNROLL; j0 < jend; j0 += AR_WARPS * AR_UNROLL) {
+        // The value rows are loaded with the key rows, so that their latency overlaps the
+        // score's reduction rather than following it.
+        float sc[AR_UNROLL], vv[AR_UNROLL][AR_NC];
+#pragma unroll
+        for (int u = 0; u < AR_UNROLL; ++u) {
+            i64 j = j0 + u;
+            float p = 0.f;
+#pragma unroll
+            for (int c = 0; c < AR_NC; ++c) {
+                int e = lane + 32 * c;
+                vv[u][c] = j < jend && e < DV ? ldf(v, off4(v, b, kh, j, e)) : 0.f;
+                if (j < jend && e < D) p = fmaf(qr[c], ldf(k, off4(k, b, kh, j, e)), p);
+            }
+            sc[u] = p;
+        }
+#pragma unroll
+        for (int w = 16; w > 0; w >>= 1)
+#pragma unroll
+            for (int u = 0; u < AR_UNROLL; ++u) sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], w);
+        float mn = m;
+#pragma unroll
+        for (int u = 0; u < AR_UNROLL; ++u) {
+            i64 j = j0 + u;
+            if (j >= jend)
+                sc[u] = f_ninf();
+            else if (has_mask)
+                sc[u] += ldf(mask, off4(mask, b, h, i, j));
+            mn = fmaxf(mn, sc[u]);
+        }
+        float mu = mn == f_ninf() ? 0.f : mn;
+        float alpha = exp_from(m, mu);
+        m = mn;
+        l *= alpha;
+#pragma unroll
+        for (int c = 0; c < AR_NC; ++c) acc[c] *= alpha;
+#pragma unroll
+        for (int u = 0; u < AR_UNROLL; ++u) {
+            float p = exp_from(sc[u], mu);
+            l += p;
+            // Skipped at weight 0, as k_attn_fwd does, so that a masked cache slot holding
+            // NaN cannot leak in; p is the same in every lane (the score was all-reduced).
+            if (p != 0.f) {
+#pragma unroll
+                for (int c = 0; c < AR_NC; ++c) acc[c] = fmaf(p, vv[u][c], acc[c]);
+            }
+        }
+    }
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
+#pragma unroll
+    for (int c = 0; c < AR_NC; ++c) {
+        int e = lane + 32 * c;
+        if (e < DV) wacc[warp][e] = acc[c];
+    }
+    __syncthreads();
+    float M = f_ninf();
+    for (int w = 0; w < AR_WARPS; ++w) M = fmaxf(M, wm[w]);
+    const float mu = M == f_ninf() ? 0.f : M;
+    float L = 0.f;
+    for (int w = 0; w < AR_WARPS; ++w) L += wl[w] * exp_from(wm[w], mu);
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+    for (int e = tid; e < DV; e += AR_WARPS * 32) {
+        float acc_e = 0.f;
+        for (int w = 0; w < AR_WARPS; ++w) acc_e += wacc[w][e] * exp_from(wm[w], mu);
+        stf(out, off4(out, b, h, i, e), acc_e * inv);
+    }
+    if (has_lse && tid == 0) lse_store(lse, b, h, i, M, L);
+}

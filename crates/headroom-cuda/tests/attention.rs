@@ -230,7 +230,21 @@ fn tol(dt: Dt) -> (f64, f64) {
     }
 }
 
-fn assert_close(what: &str, want: &[f64], got: &[f64], (rtol, atol): (f64, f64)) {
+/// Every mismatch of the run (kernel, case, first bad element), reported together at the
+/// end, so one GPU run says which kernels are wrong on which cases.
+static FAILURES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn assert_close(what: &str, want: &[f64], got: &[f64], tolerances: (f64, f64)) {
+    if let Err(e) = std::panic::catch_unwind(|| check_close(what, want, got, tolerances)) {
+        let msg = e
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_else(|| what.to_string());
+        FAILURES.lock().unwrap_or_else(|e| e.into_inner()).push(msg);
+    }
+}
+
+fn check_close(what: &str, want: &[f64], got: &[f64], (rtol, atol): (f64, f64)) {
     assert_eq!(want.len(), got.len(), "{what}: lengths");
     let scale = want
         .iter()
@@ -514,6 +528,13 @@ fn fast_attention_forward_matches_the_reference_and_the_naive_kernel() {
         run(&dev, c);
     }
     eprintln!("{} attention cases checked", cases.len());
+    let failures = std::mem::take(&mut *FAILURES.lock().unwrap_or_else(|e| e.into_inner()));
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]

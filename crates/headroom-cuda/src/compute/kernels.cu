@@ -1769,7 +1769,9 @@ extern "C" __global__ void k_attn_fwd(T q, T k, T v, T mask, int has_mask, T out
         for (i64 e = 0; e < s.DV; ++e) acc[e] = 0.f;
         if (m != -1.0 / 0.0) {
             for (i64 j = 0; j < s.S; ++j) {
-                double w = exp(attn_score(q, k, mask, has_mask, scale, causal, s, b, h, i, j) - lsev);
+                // Divided by l rather than through lsev: with a finfo.min mask a fully masked
+                // row's scores are ~-3.4e38, where m + log(l) rounds back to m.
+                double w = exp(attn_score(q, k, mask, has_mask, scale, causal, s, b, h, i, j) - m) / l;
                 w *= attn_drop(seed, (u64)(r * s.S + j), pdrop);
                 if (w == 0.0) continue;
                 for (i64 e = 0; e < s.DV; ++e) acc[e] += (float)w * ldf(v, off4(v, b, kh, j, e));

@@ -71,20 +71,13 @@ pub fn what_if(
                 continue;
             };
             match l.replay(&config, r.capacity_bytes) {
-                Ok(rr) => rows.push(WhatIfRow {
-                    alloc_conf: c,
-                    peak_allocated_bytes: rr.peak_allocated_bytes,
-                    peak_reserved_bytes: rr.peak_reserved_bytes,
-                    reserved_over_allocated: if rr.peak_allocated_bytes > 0 {
-                        rr.peak_reserved_bytes as f64 / rr.peak_allocated_bytes as f64
-                    } else {
-                        0.0
-                    },
-                    num_alloc_retries: rr.num_alloc_retries,
-                    num_ooms: rr.num_ooms,
-                    fits_capacity: rr.num_ooms == 0,
-                    saving_vs_run_bytes: 0,
-                }),
+                Ok(rr) => rows.push(row(
+                    c,
+                    [rr.peak_allocated_bytes, rr.peak_reserved_bytes],
+                    rr.num_alloc_retries,
+                    rr.num_ooms,
+                    rr.num_ooms == 0,
+                )),
                 Err(e) => warn!(conf = %c, error = %e, "what-if replay of the run log failed"),
             }
         }
@@ -189,24 +182,36 @@ pub fn what_if_snapshot(
             ..ReplayOptions::default()
         };
         match replay(snap, &opts) {
-            Ok(rr) => rows.push(WhatIfRow {
-                alloc_conf: c,
-                peak_allocated_bytes: rr.peak_allocated_bytes,
-                peak_reserved_bytes: rr.peak_reserved_bytes,
-                reserved_over_allocated: if rr.peak_allocated_bytes > 0 {
-                    rr.peak_reserved_bytes as f64 / rr.peak_allocated_bytes as f64
-                } else {
-                    0.0
-                },
-                num_alloc_retries: rr.num_alloc_retries,
-                num_ooms: rr.num_ooms,
+            Ok(rr) => rows.push(row(
+                c,
+                [rr.peak_allocated_bytes, rr.peak_reserved_bytes],
+                rr.num_alloc_retries,
+                rr.num_ooms,
                 // An allocation of 1 EB or more fails without counting an OOM (as in
                 // PyTorch): any failed allocation means the config does not fit.
-                fits_capacity: rr.num_ooms == 0 && rr.oom_event.is_none(),
-                saving_vs_run_bytes: 0,
-            }),
+                rr.num_ooms == 0 && rr.oom_event.is_none(),
+            )),
             Err(e) => warn!(conf = %c, error = %e, "what-if replay failed"),
         }
     }
     with_savings(rows)
+}
+
+/// One what-if row from a replay's figures (`peaks`: allocated, reserved).
+fn row(conf: String, peaks: [u64; 2], retries: i64, ooms: i64, fits: bool) -> WhatIfRow {
+    let [alloc, reserved] = peaks;
+    WhatIfRow {
+        alloc_conf: conf,
+        peak_allocated_bytes: alloc,
+        peak_reserved_bytes: reserved,
+        reserved_over_allocated: if alloc > 0 {
+            reserved as f64 / alloc as f64
+        } else {
+            0.0
+        },
+        num_alloc_retries: retries,
+        num_ooms: ooms,
+        fits_capacity: fits,
+        saving_vs_run_bytes: 0,
+    }
 }

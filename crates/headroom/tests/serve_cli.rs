@@ -71,29 +71,7 @@ fn serves_on_port_0_and_drains_on_sigterm() {
     );
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.contains("\"next_token\""), "{answer}");
-    let pid = child.0.id().to_string();
-    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    assert!(killed.success());
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "no exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert_eq!(status.code(), Some(0));
-    let mut err = String::new();
-    child
-        .0
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let err = sigterm_exit_0(&mut child, Duration::from_secs(30), "no exit after SIGTERM");
     assert!(
         err.contains("shutting down") && err.contains("drained"),
         "{err}"
@@ -124,32 +102,11 @@ fn slowloris_connections_do_not_hold_sigterm() {
         lorises.push(s);
     }
     std::thread::sleep(Duration::from_millis(300));
-    let pid = child.0.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "SIGTERM waited on slowloris connections"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert_eq!(status.code(), Some(0));
-    let mut err = String::new();
-    child
-        .0
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let err = sigterm_exit_0(
+        &mut child,
+        Duration::from_secs(10),
+        "SIGTERM waited on slowloris connections",
+    );
     assert!(err.contains("no request was in flight"), "{err}");
     assert!(!err.contains("still queued"), "{err}");
 }
@@ -190,7 +147,8 @@ fn get_body(url: &str, path: &str) -> String {
         .unwrap_or(r)
 }
 
-fn sigterm_exit_0(child: &mut common::Killed) -> String {
+/// SIGTERM, then the exit within `within` (else `what`): exit code 0; returns stderr.
+fn sigterm_exit_0(child: &mut common::Killed, within: Duration, what: &str) -> String {
     let pid = child.0.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
@@ -202,10 +160,7 @@ fn sigterm_exit_0(child: &mut common::Killed) -> String {
         if let Some(s) = child.0.try_wait().unwrap() {
             break s;
         }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "no exit after SIGTERM"
-        );
+        assert!(t0.elapsed() < within, "{what}");
         std::thread::sleep(Duration::from_millis(20));
     };
     let mut err = String::new();
@@ -268,7 +223,7 @@ fn two_cpu_replicas_serve_and_show_in_healthz_and_metrics() {
             "{m}"
         );
     }
-    let err = sigterm_exit_0(&mut child);
+    let err = sigterm_exit_0(&mut child, Duration::from_secs(30), "no exit after SIGTERM");
     assert!(
         err.contains("serving mlp-tiny on cpu:0") && err.contains("on cpu:1"),
         "{err}"
@@ -314,5 +269,5 @@ fn one_gpu_serves_through_the_replica_code() {
         "{m}"
     );
     assert!(m.contains("headroom_num_ooms_total 0"), "{m}");
-    sigterm_exit_0(&mut child);
+    sigterm_exit_0(&mut child, Duration::from_secs(30), "no exit after SIGTERM");
 }

@@ -3,12 +3,16 @@
 //! of memory and never crashes; the p99 of the admitted requests stays under 2× the unloaded
 //! p99; and the report's timeline shows allocated memory below the capacity throughout.
 //!
-//! Bounded: the server starts in seconds, the unloaded run is 100 requests, the safe
+//! The unloaded run lasts as long as the ramp (4 s at one worker): a p99 of 100 requests is
+//! one sample's luck, and both runs should be exposed alike to the machine's own stalls.
+//!
+//! Bounded: the server starts in seconds, the unloaded run is 4 s, the safe
 //! concurrency is found with three 0.8 s probes, the ramp is 4 s and capped at 200 000
 //! requests (503s are cheap: a fast machine answers tens of thousands a second), and every
 //! child process is killed on drop.
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -88,7 +92,19 @@ const BODY: &str = "{\"inputs\": [[{{rand_ints 16 0 999}}]]}";
 /// `headroom http ARGS --json` in `dir`: the results.
 fn load(dir: &Path, url: &str, args: &[&str]) -> serde_json::Value {
     let t = Instant::now();
-    let out = bin()
+    let mut cmd = bin();
+    // The client runs niced: the property under test is the server's, and on a small CI
+    // machine a client sending tens of thousands of requests a second to be shed otherwise
+    // takes the core the admitted batch waits for (a load generator normally has its own
+    // host). Both the unloaded and the ramp runs are niced alike.
+    // SAFETY: setpriority is async-signal-safe and touches only the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setpriority(libc::PRIO_PROCESS, 0, 10);
+            Ok(())
+        });
+    }
+    let out = cmd
         .args([
             "http",
             url,
@@ -131,10 +147,10 @@ fn http_ramp_against_serve_sheds_with_503_and_keeps_admitted_latency() {
     let metrics = format!("{}/metrics", serve.url);
     let d = scratch();
 
-    // Unloaded: one request at a time.
-    let unloaded = load(&d, &infer, &["-c", "1", "-n", "100", "--out", "unloaded"]);
+    // Unloaded: one request at a time, for as long as the ramp.
+    let unloaded = load(&d, &infer, &["-c", "1", "-z", "4s", "--out", "unloaded"]);
     assert_eq!(u(&unloaded["http"]["shed"]), 0, "shed unloaded");
-    assert_eq!(u(&unloaded["requests"]["ok"]), 100);
+    assert!(u(&unloaded["requests"]["ok"]) >= 50, "{unloaded}");
     let p99_unloaded = unloaded["latency"]["p99_ms"].as_f64().unwrap();
 
     // The safe concurrency: the most workers the server admits every request of.
@@ -171,13 +187,17 @@ fn http_ramp_against_serve_sheds_with_503_and_keeps_admitted_latency() {
     );
     let h = &r["http"];
     let summary = format!(
-        "safe concurrency {safe}, unloaded p99 {p99_unloaded:.2} ms; ramp {stages}: {} ok, {} shed, \
-         {} errors, admitted p99 {:.2} ms (uncorrected {:.2} ms), status {}",
+        "safe concurrency {safe}, unloaded p99 {p99_unloaded:.2} ms (max {:.2} ms, {} requests); \
+         ramp {stages}: {} ok, {} shed, {} errors, admitted p99 {:.2} ms (uncorrected {:.2} ms, \
+         max {:.2} ms), status {}",
+        unloaded["latency"]["max_ms"].as_f64().unwrap_or(0.0),
+        unloaded["requests"]["ok"],
         r["requests"]["ok"],
         h["shed"],
         r["requests"]["other_errors"],
         r["latency"]["p99_ms"].as_f64().unwrap_or(0.0),
         h["latency_uncorrected"]["p99_ms"].as_f64().unwrap_or(0.0),
+        h["latency_uncorrected"]["max_ms"].as_f64().unwrap_or(0.0),
         h["status_codes"]
     );
     println!("{summary}");

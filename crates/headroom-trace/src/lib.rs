@@ -41,8 +41,8 @@ pub use headroom_alloc::snapshot::{
 };
 pub use pickle::{read_snapshot, read_snapshot_file, write_snapshot, write_snapshot_file};
 pub use replay::{
-    min_capacity, min_capacity_plan, recorded_segment_sizes, replay, replay_plan, traced_devices,
-    ReplayError, ReplayOptions, ReplayPlan, ReplayResult,
+    min_capacity, min_capacity_plan, own_config, recorded_segment_sizes, replay, replay_plan,
+    traced_devices, ReplayError, ReplayOptions, ReplayPlan, ReplayResult,
 };
 pub use rmm::{
     read_rmm_csv, rmm_from_snapshot, snapshot_from_rmm, write_rmm_csv, RmmAction, RmmEvent,

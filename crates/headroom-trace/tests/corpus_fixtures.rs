@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use headroom_trace::{
-    read_snapshot_file, recorded_segment_sizes, replay, ReplayOptions, TraceAction,
+    own_config, read_snapshot_file, recorded_segment_sizes, replay, ReplayOptions, TraceAction,
 };
 
 fn root() -> PathBuf {
@@ -68,7 +68,12 @@ fn check_dir(dir: &Path, all: &BTreeMap<String, serde_json::Value>) -> (usize, V
             continue;
         }
         let snap = read_snapshot_file(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let r = replay(&snap, &ReplayOptions::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        // Under its own config: the settings the recording carries.
+        let own = ReplayOptions {
+            config: own_config(&snap),
+            ..ReplayOptions::default()
+        };
+        let r = replay(&snap, &own).unwrap_or_else(|e| panic!("{name}: {e}"));
         let recorded = recorded_segment_sizes(&snap.device_traces[0]);
         checked += 1;
         let got = (

@@ -12,33 +12,7 @@ HEADROOM_PYTHON_SITE=$(python3 -c 'import site; print(site.getsitepackages()[0])
 export HEADROOM_PYTHON_SITE HEADROOM_CACHE_DIR=/tmp/headroom-cache
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "no ncu"; exit 1; }
-summarize() {
-  python3 - "$1" <<'PY'
-import csv, sys, collections
-rows = list(csv.reader(open(sys.argv[1], errors="replace")))
-hdr = None
-tot = collections.defaultdict(lambda: [0, 0.0])
-for r in rows:
-    if "Kernel Name" in r and "Metric Value" in r:
-        hdr = r
-        continue
-    if hdr is None or len(r) != len(hdr):
-        continue
-    d = dict(zip(hdr, r))
-    if d.get("Metric Name") != "gpu__time_duration.sum":
-        continue
-    v = float(d["Metric Value"].replace(",", ""))
-    unit = d.get("Metric Unit", "ns")
-    scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}.get(unit, 1e-3)
-    k = d["Kernel Name"][:90]
-    tot[k][0] += 1
-    tot[k][1] += v * scale
-all_us = sum(t for _, t in tot.values())
-print("   total %.1f us in %d kernels" % (all_us, sum(c for c, _ in tot.values())))
-for k, (c, t) in sorted(tot.items(), key=lambda x: -x[1][1])[:14]:
-    print("   %9.1f us %5d  %s" % (t, c, k))
-PY
-}
+summarize() { python3 scripts/ncu_summary.py "$1"; }
 for c in "$@"; do
   slug=$(echo "$c" | tr ' +' '__')
   echo "== $c: Headroom (one timed iteration after one warm-up; all kernels of the run) =="

@@ -13,36 +13,7 @@ mkdir -p "$R"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "no ncu"; exit 1; }
 ncu_csv() { "$NCU" --metrics gpu__time_duration.sum --csv --clock-control none "$@"; }
-diff_summary() {
-  python3 - "$1" "$2" <<'PY'
-import csv, sys, collections
-def load(p):
-    rows = list(csv.reader(open(p, errors="replace")))
-    hdr, tot = None, collections.defaultdict(lambda: [0, 0.0])
-    for r in rows:
-        if "Kernel Name" in r and "Metric Value" in r:
-            hdr = r
-            continue
-        if hdr is None or len(r) != len(hdr):
-            continue
-        d = dict(zip(hdr, r))
-        if d.get("Metric Name") != "gpu__time_duration.sum":
-            continue
-        v = float(d["Metric Value"].replace(",", ""))
-        scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}.get(d.get("Metric Unit", "ns"), 1e-3)
-        k = d["Kernel Name"][:100]
-        tot[k][0] += 1
-        tot[k][1] += v * scale
-    return tot
-one, three = load(sys.argv[1]), load(sys.argv[2])
-per = {k: ((c - one.get(k, [0, 0])[0]) / 2, (t - one.get(k, [0, 0.0])[1]) / 2) for k, (c, t) in three.items()}
-per = {k: v for k, v in per.items() if v[0] > 0}
-all_us = sum(t for _, t in per.values())
-print("   per forward: %.1f us of kernels, %d launches" % (all_us, sum(c for c, _ in per.values())))
-for k, (c, t) in sorted(per.items(), key=lambda x: -x[1][1])[:16]:
-    print("   %9.1f us %5d  %s" % (t, c, k))
-PY
-}
+diff_summary() { python3 scripts/ncu_summary.py "$1" "$2"; }
 for c in "$@"; do
   read -r name dtype b s <<<"$c"
   slug=$(echo "$c" | tr ' ' '_')

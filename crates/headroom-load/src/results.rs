@@ -692,7 +692,8 @@ pub struct WhatIfRow {
 pub struct WhatIfCheck {
     /// What was replayed: `"run log"` (every allocator request of the run, from an empty
     /// allocator), `"history ring"` (the snapshot's last events, from the state rebuilt at
-    /// their start), or `""` (no what-if).
+    /// their start), `"service snapshot"` (`headroom http`: the probe's snapshot, checked
+    /// against the service's `memory_stats()`), or `""` (no what-if).
     pub source: String,
     /// Allocator requests (allocs, frees, OOMs) replayed.
     pub events: u64,
@@ -722,11 +723,21 @@ impl WhatIfCheck {
                 "replayed from the snapshot's history ring ({} events)",
                 self.events
             ),
+            "service snapshot" => format!(
+                "replayed from the service's snapshot ({} events, from the state rebuilt at \
+                 its start)",
+                self.events
+            ),
             other => format!("replayed from {other} ({} events)", self.events),
+        };
+        let whose = if self.source == "service snapshot" {
+            "the service's own figures (max_memory_reserved, num_ooms)"
+        } else {
+            "the run"
         };
         if self.agrees {
             format!(
-                "{what}; the row for the run's own config agrees with the run: {} peak \
+                "{what}; the row for the run's own config agrees with {whose}: {} peak \
                  reserved, {} OOMs",
                 headroom_alloc::human_bytes(self.run_peak_reserved_bytes),
                 self.run_ooms

@@ -296,7 +296,13 @@ fn headroom_http_picks_up_the_probe() {
     // The service's own trace replayed under its config and the what-if configs.
     assert!(r.what_if.len() >= 2, "{:?}", r.what_if);
     assert_eq!(r.what_if[0].alloc_conf, "");
-    assert!(r.what_if.iter().all(|w| w.num_ooms == 0));
+    // The 1 TiB request fails again under every config, as the service's counter says: the
+    // own-config row agrees with the service's max_memory_reserved and num_ooms.
+    assert!(r.what_if.iter().all(|w| w.num_ooms == 1), "{:?}", r.what_if);
+    let chk = &r.what_if_check;
+    assert_eq!(chk.source, "service snapshot");
+    assert!(chk.agrees, "{chk:?}");
+    assert_eq!(chk.run_peak_reserved_bytes, 160 << 20, "{chk:?}");
     let ids: Vec<&str> = r.findings.iter().map(|f| f.id.as_str()).collect();
     assert!(ids.contains(&"out_of_memory"), "{ids:?}");
     // The stub's failed allocation flushed the cache and retried once, during the run.

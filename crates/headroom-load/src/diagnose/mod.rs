@@ -55,7 +55,10 @@ mod whatif;
 
 pub use oom::segment_state;
 pub use runlog::{LogReplay, RunLog};
-pub use whatif::{check as what_if_check, what_if, what_if_snapshot, what_if_table};
+pub use whatif::{
+    check as what_if_check, check_service as what_if_check_service, what_if, what_if_snapshot,
+    what_if_table,
+};
 
 const MIB: f64 = 1048576.0;
 

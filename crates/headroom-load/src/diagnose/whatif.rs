@@ -124,10 +124,58 @@ pub fn check(
         .get("num_ooms")
         .copied()
         .unwrap_or(r.errors.oom as i64);
+    check_against(r.peaks.reserved_bytes, run_ooms, rows, source, events, why)
+}
+
+/// The own-config row of a service's snapshot (`headroom http`) against the service's own
+/// figures: `max_memory_reserved` and `num_ooms` from its `memory_stats()` as the probe
+/// or `headroom serve` exports them. Only for one traced device (the exported stats are
+/// summed over devices); empty when the service exports no stats.
+pub fn check_service(
+    r: &RunResult,
+    rows: &[WhatIfRow],
+    snap: &headroom_alloc::Snapshot,
+) -> WhatIfCheck {
+    let traced: Vec<usize> = snap
+        .device_traces
+        .iter()
+        .filter(|t| !t.is_empty())
+        .map(Vec::len)
+        .collect();
+    let (Some(&peak), [events]) = (
+        r.final_memory_stats.get("reserved_bytes.all.peak"),
+        traced.as_slice(),
+    ) else {
+        return WhatIfCheck::default();
+    };
+    let ooms = r.final_memory_stats.get("num_ooms").copied().unwrap_or(0);
+    let why = format!(
+        "the rows replay the service's snapshot ({events} events, from the state rebuilt at \
+         its start); a peak from before its recording began, a history ring that wrapped, or \
+         a reset_peak_memory_stats() in the service is outside it"
+    );
+    check_against(
+        peak.max(0) as u64,
+        ooms,
+        rows,
+        "service snapshot",
+        *events as u64,
+        &why,
+    )
+}
+
+fn check_against(
+    run_peak_reserved: u64,
+    run_ooms: i64,
+    rows: &[WhatIfRow],
+    source: &str,
+    events: u64,
+    why: &str,
+) -> WhatIfCheck {
     let mut c = WhatIfCheck {
         source: source.into(),
         events,
-        run_peak_reserved_bytes: r.peaks.reserved_bytes,
+        run_peak_reserved_bytes: run_peak_reserved,
         run_ooms,
         ..Default::default()
     };
@@ -137,14 +185,14 @@ pub fn check(
     };
     c.row_peak_reserved_bytes = own.peak_reserved_bytes;
     c.row_ooms = own.num_ooms;
-    c.agrees = own.peak_reserved_bytes == r.peaks.reserved_bytes && own.num_ooms == run_ooms;
+    c.agrees = own.peak_reserved_bytes == run_peak_reserved && own.num_ooms == run_ooms;
     if !c.agrees {
         c.note = format!(
             "the row for the run's own config peaks at {} reserved with {} OOMs where the run \
              peaked at {} with {}: {}",
             mib(own.peak_reserved_bytes as f64),
             own.num_ooms,
-            mib(r.peaks.reserved_bytes as f64),
+            mib(run_peak_reserved as f64),
             run_ooms,
             if why.is_empty() {
                 "the replay of the run's own requests did not re-make it (a device whose \

@@ -1060,6 +1060,7 @@ fn finish(cfg: &HttpConfig, r: &mut RunResult, caps: &[DeviceCapacity]) {
             1 << 50
         };
         r.what_if = crate::diagnose::what_if_snapshot(s, cap, &own, &cfg.what_if);
+        r.what_if_check = crate::diagnose::what_if_check_service(r, &r.what_if, s);
         if let Some(po) = &cfg.predict {
             let gentle = r.stages.iter().map(|s| s.concurrency).max().unwrap_or(1);
             let p = predict(s, caps, &overhead(r), &own, &cfg.what_if, gentle, po);

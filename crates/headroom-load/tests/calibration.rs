@@ -4,14 +4,13 @@
 //! re-makes the run (peak reserved and OOMs), also when the history ring wrapped. All on
 //! the meta twin, in a few seconds each.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 use std::time::Duration;
 
+mod common;
+
+use common::{requests, run_it, MIB};
 use headroom_load::*;
 use headroom_workload::{AccumPattern, DeviceChoice, InputDist, OptimKind, Scenario};
-
-const MIB: u64 = 1 << 20;
 
 fn cfg(scenario: Scenario, capacity: u64, plan: LoadPlan, search: bool) -> LoadConfig {
     LoadConfig {
@@ -22,17 +21,6 @@ fn cfg(scenario: Scenario, capacity: u64, plan: LoadPlan, search: bool) -> LoadC
         search: search.then(SearchConfig::default),
         ..Default::default()
     }
-}
-
-fn requests(c: usize, n: u64) -> LoadPlan {
-    LoadPlan::Requests {
-        concurrency: c,
-        total: n,
-    }
-}
-
-fn run_it(c: &LoadConfig) -> RunResult {
-    run(c, Arc::new(AtomicBool::new(false)), |_| {}).unwrap()
 }
 
 fn infer(model: &str, batch: usize, input: &str) -> Scenario {

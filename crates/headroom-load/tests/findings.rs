@@ -1,13 +1,11 @@
 //! Every finding both ways: it fires with its planted mistake and stays silent on the
 //! clean scenario. All on the meta device (same allocations as cpu, no compute).
 
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+mod common;
 
+use common::{requests, run_it, MIB};
 use headroom_load::*;
 use headroom_workload::{AccumPattern, DeviceChoice, InputDist, OptimKind, Scenario};
-
-const MIB: u64 = 1 << 20;
 
 fn clean() -> Scenario {
     Scenario::inference("mlp-small".parse().unwrap(), 256, InputDist::Fixed(256))
@@ -24,17 +22,6 @@ fn cfg(scenario: Scenario, plan: LoadPlan) -> LoadConfig {
         history_entries: 20_000,
         ..Default::default()
     }
-}
-
-fn requests(c: usize, n: u64) -> LoadPlan {
-    LoadPlan::Requests {
-        concurrency: c,
-        total: n,
-    }
-}
-
-fn run_it(c: &LoadConfig) -> RunResult {
-    run(c, Arc::new(AtomicBool::new(false)), |_| {}).unwrap()
 }
 
 fn ids(r: &RunResult) -> Vec<FindingId> {

@@ -314,12 +314,29 @@ fn measure(dev: &Device, base: u64) -> Prediction {
 /// `limit` bounds the search (a model whose memory does not grow with batch would
 /// otherwise double forever).
 pub fn max_batch(o: &PredictOptions, limit: usize) -> Result<Option<(usize, Prediction)>> {
-    let try_b = |b: usize| -> Result<Option<Prediction>> {
-        let mut oo = o.clone();
-        oo.batch = b;
-        match predict(&oo) {
+    largest_fitting(
+        limit,
+        |b| {
+            let mut oo = o.clone();
+            oo.batch = b;
+            predict(&oo)
+        },
+        TensorError::is_oom,
+    )
+}
+
+/// The largest `b` in `1..=limit` for which `run(b)` does not run out of memory, assuming
+/// what fits at `b` fits below it: doubling from 1, then bisection between the last fit
+/// and the first OOM (`is_oom`). `None` when 1 does not fit; other errors end the search.
+pub fn largest_fitting<P, E>(
+    limit: usize,
+    mut run: impl FnMut(usize) -> std::result::Result<P, E>,
+    is_oom: impl Fn(&E) -> bool,
+) -> std::result::Result<Option<(usize, P)>, E> {
+    let mut try_b = |b: usize| -> std::result::Result<Option<P>, E> {
+        match run(b) {
             Ok(p) => Ok(Some(p)),
-            Err(e) if e.is_oom() => Ok(None),
+            Err(e) if is_oom(&e) => Ok(None),
             Err(e) => Err(e),
         }
     };
@@ -350,4 +367,39 @@ pub fn max_batch(o: &PredictOptions, limit: usize) -> Result<Option<(usize, Pred
         }
     }
     Ok(Some((lo, best)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fits_up_to(n: usize) -> impl FnMut(usize) -> Result<usize> {
+        move |b| {
+            if b <= n {
+                Ok(b)
+            } else {
+                Err(TensorError::oom(format!("{b} does not fit")))
+            }
+        }
+    }
+
+    #[test]
+    fn largest_fitting_finds_the_last_fit_below_the_limit() {
+        for n in [1, 2, 3, 37, 64, 99] {
+            let got = largest_fitting(100, fits_up_to(n), TensorError::is_oom).unwrap();
+            assert_eq!(got, Some((n, n)), "fits up to {n}");
+        }
+        // Everything fits: the limit bounds the search.
+        assert_eq!(
+            largest_fitting(100, fits_up_to(1000), TensorError::is_oom).unwrap(),
+            Some((100, 100))
+        );
+        assert_eq!(
+            largest_fitting(100, fits_up_to(0), TensorError::is_oom).unwrap(),
+            None
+        );
+        // Another error ends the search.
+        let bad = |_: usize| -> Result<usize> { Err(TensorError::Interrupted) };
+        assert!(largest_fitting(100, bad, TensorError::is_oom).is_err());
+    }
 }

@@ -267,40 +267,13 @@ pub fn max_batch(
     dev: &PredictDevice,
     limit: usize,
 ) -> Result<Option<(usize, Prediction)>> {
-    let try_b = |b: usize| -> Result<Option<Prediction>> {
-        let mut s = sc.clone();
-        s.batch = b;
-        match predict(&s, dev) {
-            Ok(p) => Ok(Some(p)),
-            Err(e) if e.is_oom() => Ok(None),
-            Err(e) => Err(e),
-        }
-    };
-    let Some(mut best) = try_b(1)? else {
-        return Ok(None);
-    };
-    let (mut lo, mut hi) = (1usize, None::<usize>);
-    while hi.is_none() && lo < limit {
-        let b = (lo * 2).min(limit);
-        match try_b(b)? {
-            Some(p) => {
-                lo = b;
-                best = p;
-            }
-            None => hi = Some(b),
-        }
-    }
-    if let Some(mut hi) = hi {
-        while hi - lo > 1 {
-            let mid = lo + (hi - lo) / 2;
-            match try_b(mid)? {
-                Some(p) => {
-                    lo = mid;
-                    best = p;
-                }
-                None => hi = mid,
-            }
-        }
-    }
-    Ok(Some((lo, best)))
+    zoo::largest_fitting(
+        limit,
+        |b| {
+            let mut s = sc.clone();
+            s.batch = b;
+            predict(&s, dev)
+        },
+        WorkloadError::is_oom,
+    )
 }

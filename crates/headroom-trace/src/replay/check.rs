@@ -31,6 +31,23 @@ pub(crate) fn address_ranges(
             }
         }
     }
+    // One device's segments never share an address: PyTorch's come from cudaMalloc or
+    // their own VMM reservation. Overlapping ones are a corrupt snapshot, and the replay's
+    // bookkeeping (reserved bytes, free runs) would mean nothing on them.
+    let mut by_start: Vec<(u64, u64)> = segments
+        .iter()
+        .map(|s| (s.address, s.address + s.total_size))
+        .collect();
+    by_start.sort_unstable();
+    for w in by_start.windows(2) {
+        if w[1].0 < w[0].1 {
+            return Err(ReplayError::Invalid(format!(
+                "segments at {:#x} and {:#x} overlap (the first runs to {:#x}): not a snapshot \
+                 PyTorch writes",
+                w[0].0, w[1].0, w[0].1
+            )));
+        }
+    }
     for (i, e) in trace.iter().enumerate() {
         // An alloc that failed has no address; the others name memory that was handed out.
         let placed = !matches!(e.action, TraceAction::Oom | TraceAction::Snapshot);
@@ -74,5 +91,23 @@ mod tests {
             "{e}"
         );
         assert!(address_ranges(&[&segment(1 << 40, 2 << 20)], &[]).is_ok());
+    }
+
+    #[test]
+    fn overlapping_segments_are_refused_and_named() {
+        // The snapshot_replay fuzz target's: two 128 TiB segments 150 MiB apart.
+        let (a, b) = (
+            segment(0xb900000, 0x8000_1960_0000),
+            segment(0x1ef7800, 1 << 47),
+        );
+        let e = address_ranges(&[&a, &b], &[]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("segments at 0x1ef7800 and 0xb900000 overlap"),
+            "{e}"
+        );
+        // Adjacent is fine.
+        let (c, d) = (segment(0, 2 << 20), segment(2 << 20, 2 << 20));
+        assert!(address_ranges(&[&d, &c], &[]).is_ok());
     }
 }

@@ -165,7 +165,11 @@ impl Model<'_> {
             let imp = &s.import;
             let small = imp.pool == headroom_alloc::PoolKind::Small;
             let size = if imp.expandable {
-                imp.mapped.iter().map(|m| m.0 + m.1).max().unwrap_or(0)
+                imp.mapped
+                    .iter()
+                    .map(|m| m.0.saturating_add(m.1))
+                    .max()
+                    .unwrap_or(0)
             } else {
                 imp.total_size
             };
@@ -179,11 +183,14 @@ impl Model<'_> {
                 released: None,
                 known: Some(imp.pool_id),
             });
-            self.reserved += if imp.expandable {
-                imp.mapped.iter().map(|m| m.1).sum()
+            // Saturating: each segment's range was checked, but a hostile snapshot's
+            // segments can add up past 2^64 (found by the snapshot_replay fuzz target).
+            let held = if imp.expandable {
+                imp.mapped.iter().fold(0u64, |a, m| a.saturating_add(m.1))
             } else {
                 imp.total_size
             };
+            self.reserved = self.reserved.saturating_add(held);
             if imp.expandable {
                 self.reservations.insert(s.recorded_base, inst);
                 for b in &imp.live {

@@ -1,5 +1,7 @@
 //! Real snapshots recorded with PyTorch 2.11 on an H200 (fixtures/snapshots/, recorded with
-//! PyTorch's default recording arguments by scripts/corpus/record_all.py) replay exactly:
+//! PyTorch's default recording arguments by scripts/corpus/record_all.py; CUDA-graph pools
+//! and a side stream under expandable segments, max_split_size and roundup_power2_divisions
+//! beside the default) replay exactly:
 //! under their own config, peak allocated, peak reserved, the OOM count and the sequence of
 //! device allocations equal PyTorch's own figures (scripts/corpus-results/, the same run);
 //! a deterministic default recording predicts the other configs' peaks. With

@@ -15,7 +15,7 @@ use headroom_trace::Snapshot;
 fn fixtures() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/snapshots");
     let mut files = pickles_in(&dir);
-    assert_eq!(files.len(), 8, "eight fixtures in {}", dir.display());
+    assert_eq!(files.len(), 16, "sixteen fixtures in {}", dir.display());
     if let Some(extra) = std::env::var_os("HEADROOM_CORPUS") {
         let extra = PathBuf::from(extra);
         files.extend(pickles_in(&extra));

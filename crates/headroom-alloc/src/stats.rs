@@ -29,11 +29,13 @@ pub struct Stat {
 impl Stat {
     #[inline]
     pub fn increase(&mut self, x: i64) {
-        self.current += x;
+        // Saturating: PyTorch's int64 counters cannot overflow on a real device, but a
+        // hostile snapshot's blocks can add up past 2^63 (the snapshot_replay fuzz target).
+        self.current = self.current.saturating_add(x);
         if self.current > self.peak {
             self.peak = self.current;
         }
-        self.allocated += x;
+        self.allocated = self.allocated.saturating_add(x);
     }
     #[inline]
     pub fn decrease(&mut self, x: i64) {
@@ -42,9 +44,9 @@ impl Stat {
     /// `decrease`; a `LAZY` cell does not count `freed` (see [`LiveStats`]).
     #[inline(always)]
     fn decrease_by<const LAZY: bool>(&mut self, x: i64) {
-        self.current -= x;
+        self.current = self.current.saturating_sub(x);
         if !LAZY {
-            self.freed += x;
+            self.freed = self.freed.saturating_add(x);
         }
     }
     /// Signed update, as PyTorch applies a net change: positive increases, negative decreases.
@@ -57,12 +59,14 @@ impl Stat {
         if delta > 0 {
             self.increase(delta)
         } else if delta < 0 {
-            self.decrease_by::<LAZY>(-delta)
+            self.decrease_by::<LAZY>(delta.saturating_neg())
         }
     }
     /// `freed` as implied by the other counters and `current` at the last reset.
     fn derive_freed(&mut self, base: &Stat) {
-        self.freed = self.allocated - (self.current - base.current);
+        self.freed = self
+            .allocated
+            .saturating_sub(self.current.saturating_sub(base.current));
     }
     pub fn reset_accumulated(&mut self) {
         self.allocated = 0;
@@ -554,6 +558,25 @@ mod tests {
     #[test]
     fn exactly_122_keys() {
         assert_eq!(DeviceStats::new(-1).memory_stats().len(), 122);
+    }
+
+    /// Hostile sizes (blocks near 2^63 from a snapshot) pin the counters at the ends of
+    /// i64 instead of wrapping to negative bytes or panicking.
+    #[test]
+    fn counters_saturate() {
+        let mut s = Stat::default();
+        s.increase(i64::MAX);
+        s.increase(i64::MAX);
+        assert_eq!(
+            (s.current, s.peak, s.allocated),
+            (i64::MAX, i64::MAX, i64::MAX)
+        );
+        s.apply(i64::MIN);
+        assert_eq!(s.current, 0);
+        assert_eq!(s.freed, i64::MAX);
+        s.decrease(i64::MAX);
+        s.decrease(i64::MAX);
+        assert_eq!(s.current, i64::MIN);
     }
 
     /// The allocator's lazily derived `freed` equals the eagerly counted one, before and

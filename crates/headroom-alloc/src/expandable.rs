@@ -118,7 +118,7 @@ impl ExpandableSegment {
 }
 
 impl<D: Device> State<D> {
-    fn page_size(&self, kind: PoolKind) -> u64 {
+    pub(crate) fn page_size(&self, kind: PoolKind) -> u64 {
         match kind {
             PoolKind::Small => SMALL_BUFFER,
             PoolKind::Large => self.config.large_segment_size,

@@ -64,6 +64,19 @@ impl<D: Device> State<D> {
             let base = self.arena.get(id).ptr;
             let mut ranges = seg.mapped.clone();
             ranges.sort_unstable();
+            // PyTorch maps whole pages; a snapshot that says otherwise is not one it wrote
+            // (the snapshot_replay fuzz target's), and mapping from mid-page would misplace
+            // every block after it.
+            let page = self.page_size(seg.pool);
+            if let Some((off, len)) = ranges
+                .iter()
+                .find(|(off, len)| off % page != 0 || len % page != 0)
+            {
+                return Err(AllocError::Device(format!(
+                    "the snapshot's expandable segment maps {len} bytes at offset {off}, not whole \
+                     pages of {page} bytes"
+                )));
+            }
             for (off, len) in ranges {
                 let target = self.find_unmapped_at(seg.pool, stream, base + off);
                 let Some(t) = target else { continue };
@@ -285,5 +298,37 @@ impl<D: Device> State<D> {
             cur = b.next;
         }
         (n, bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{AllocatorConfig, CachingAllocator, ImportSegment, PoolKind, SimDevice};
+
+    fn expandable(mapped: Vec<(u64, u64)>) -> ImportSegment {
+        ImportSegment {
+            pool: PoolKind::Large,
+            stream: 0,
+            total_size: 0,
+            expandable: true,
+            mapped,
+            live: Vec::new(),
+            pool_id: crate::DEFAULT_POOL,
+        }
+    }
+
+    #[test]
+    fn expandable_segments_map_whole_pages_or_are_refused() {
+        let conf = AllocatorConfig::parse("expandable_segments:True").unwrap();
+        let page = conf.large_segment_size;
+        let a = CachingAllocator::new(SimDevice::new(80 << 30), conf.clone());
+        assert!(a.import_segment(&expandable(vec![(0, 2 * page)])).is_ok());
+        // The snapshot_replay fuzz target's: a mapping from mid-page.
+        let a = CachingAllocator::new(SimDevice::new(80 << 30), conf);
+        let e = a
+            .import_segment(&expandable(vec![(109, page)]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at offset 109, not whole pages"), "{e}");
     }
 }

@@ -37,16 +37,14 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use serde::Serialize;
 
-use headroom_workload::AllocatorProbe;
 use tokio::sync::watch;
 
 use crate::config::ServeConfig;
 use crate::conn::ConnStats;
 use crate::error::ApiError;
-use crate::metrics::{MemoryView, Metrics, SchedView};
+use crate::metrics::{MemoryView, SchedView};
 use crate::model::{BatchKey, Input, Predictor, SampleOutput, ServedModel};
 use crate::replicas::{Replica, Replicas};
-use crate::scheduler::Scheduler;
 
 /// Bodies larger than this are decoded off the async executor.
 const INLINE_DECODE_BYTES: usize = 64 << 10;
@@ -56,15 +54,9 @@ pub struct App {
     pub cfg: ServeConfig,
     /// One per `--device` entry, and the router between them.
     pub replicas: Replicas,
-    /// The first replica's model, twin, scheduler, counters and allocator (with one device,
-    /// the server's own): what code written for one device reads.
+    /// The model every replica serves (the first one's copy): what decoding and the
+    /// answers' `model` field read. A replica's own state is in `replicas`.
     pub model: Arc<ServedModel>,
-    pub predictor: Arc<Predictor>,
-    pub sched: Arc<Scheduler>,
-    pub metrics: Arc<Metrics>,
-    pub probe: Arc<dyn AllocatorProbe>,
-    /// The first replica's capacity.
-    pub capacity: u64,
     /// The replicas' names, comma-separated (`cpu`, `cuda:0,cuda:1`).
     pub device_name: String,
     next_id: AtomicU64,
@@ -79,7 +71,7 @@ pub struct App {
 
 impl App {
     pub fn new(cfg: ServeConfig, replicas: Replicas) -> App {
-        let first = replicas.first().clone();
+        let model = replicas.first().model.clone();
         let device_name = replicas
             .list()
             .iter()
@@ -88,12 +80,7 @@ impl App {
             .join(",");
         App {
             cfg,
-            model: first.model.clone(),
-            predictor: first.predictor.clone(),
-            sched: first.sched.clone(),
-            metrics: first.metrics.clone(),
-            probe: first.probe.clone(),
-            capacity: first.capacity,
+            model,
             device_name,
             replicas,
             next_id: AtomicU64::new(1),

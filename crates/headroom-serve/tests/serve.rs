@@ -378,7 +378,7 @@ async fn a_connection_closed_mid_request_wedges_nothing() {
     drop(s);
     // A whole request whose client leaves while it is queued (the batch waits 3 s to
     // fill): it is taken out of the queue and never computed.
-    let batches_before = h.app().metrics.batches();
+    let batches_before = h.app().replicas.first().metrics.batches();
     let mut s = TcpStream::connect(addr).await.unwrap();
     let body = br#"{"inputs": [5, 6, 7]}"#;
     let head = format!(
@@ -388,7 +388,7 @@ async fn a_connection_closed_mid_request_wedges_nothing() {
     s.write_all(head.as_bytes()).await.unwrap();
     s.write_all(body).await.unwrap();
     let t0 = Instant::now();
-    while h.app().sched.depth().0 == 0 {
+    while h.app().replicas.first().sched.depth().0 == 0 {
         assert!(
             t0.elapsed() < Duration::from_secs(5),
             "request never queued"
@@ -398,6 +398,8 @@ async fn a_connection_closed_mid_request_wedges_nothing() {
     drop(s);
     while h
         .app()
+        .replicas
+        .first()
         .metrics
         .cancelled
         .load(std::sync::atomic::Ordering::Relaxed)
@@ -409,13 +411,13 @@ async fn a_connection_closed_mid_request_wedges_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    assert_eq!(h.app().sched.depth().0, 0);
-    let (committed, queued, running, base) = h.app().sched.ledger();
+    assert_eq!(h.app().replicas.first().sched.depth().0, 0);
+    let (committed, queued, running, base) = h.app().replicas.first().sched.ledger();
     assert_eq!((queued, running), (0, 0));
     assert_eq!(committed, base);
     // Only a request still in the queue counts as cancelled: it never ran.
     assert_eq!(
-        h.app().metrics.batches(),
+        h.app().replicas.first().metrics.batches(),
         batches_before,
         "a cancelled request was computed"
     );
@@ -668,7 +670,7 @@ async fn metrics_follow_the_text_format_and_export_the_agreed_names() {
     assert!(text.contains("# TYPE headroom_num_ooms_total counter"));
     assert!(text.contains("# TYPE headroom_memory_stats gauge"));
     // Every memory_stats() key, with the allocator's value at scrape time.
-    let stats = h.app().probe.memory_stats();
+    let stats = h.app().replicas.first().probe.memory_stats();
     assert!(stats.len() > 100);
     for (k, v) in &stats {
         if k.contains("current") && k.starts_with("allocated_bytes.all") {
@@ -682,7 +684,7 @@ async fn metrics_follow_the_text_format_and_export_the_agreed_names() {
     }
     assert_eq!(
         metric(&text, "headroom_memory_allocated_bytes"),
-        Some(h.app().model.device().memory_allocated() as f64)
+        Some(h.app().replicas.first().model.device().memory_allocated() as f64)
     );
     assert_eq!(
         metric(&text, "headroom_memory_capacity_bytes"),
@@ -702,7 +704,7 @@ async fn metrics_follow_the_text_format_and_export_the_agreed_names() {
     // The `headroom http` client's parser reads the same scrape into its memory fields.
     let e = headroom_load::http::prometheus::parse(&text).expect("the client parses it");
     let mapped = headroom_load::http::prometheus::MetricMap::known().apply(&e);
-    let alloc = h.app().model.device().memory_allocated();
+    let alloc = h.app().replicas.first().model.device().memory_allocated();
     assert_eq!(mapped.reading.allocated, Some(alloc));
     assert_eq!(mapped.reading.capacity, Some(256 << 20));
     assert_eq!(mapped.reading.num_ooms, Some(0));
@@ -730,7 +732,7 @@ async fn graceful_shutdown_drains_queued_requests() {
         .map(|i| tokio::spawn(async move { post_json(addr, &json!({"inputs": [i]})).await }))
         .collect();
     let t0 = Instant::now();
-    while h.app().sched.depth().0 < 3 {
+    while h.app().replicas.first().sched.depth().0 < 3 {
         assert!(
             t0.elapsed() < Duration::from_secs(5),
             "requests never queued"
@@ -790,7 +792,7 @@ async fn a_drain_that_times_out_reports_what_was_left() {
         .collect();
     let t0 = Instant::now();
     // one batch running, the rest queued behind it
-    while h.app().sched.depth().0 < 2 {
+    while h.app().replicas.first().sched.depth().0 < 2 {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
             "requests never queued"
@@ -892,7 +894,7 @@ async fn an_oom_the_prediction_missed_is_a_503_and_the_server_keeps_serving() {
     good_lm_request(addr).await;
     let req = tokio::spawn(async move { post_json(addr, &json!({"inputs": [4, 5, 6]})).await });
     let t0 = Instant::now();
-    while h.app().sched.depth().0 == 0 {
+    while h.app().replicas.first().sched.depth().0 == 0 {
         assert!(
             t0.elapsed() < Duration::from_secs(5),
             "request never queued"
@@ -901,7 +903,7 @@ async fn an_oom_the_prediction_missed_is_a_503_and_the_server_keeps_serving() {
     }
     // Admitted and queued; now something outside the ledger takes every free byte of the
     // device (cached blocks included), as a misprediction or a leak would.
-    let dev = h.app().model.device().clone();
+    let dev = h.app().replicas.first().model.device().clone();
     dev.empty_cache();
     let mut hog = Vec::new();
     let mut size = 16usize << 20;

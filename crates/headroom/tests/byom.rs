@@ -5,8 +5,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -311,15 +310,6 @@ fn loadtest_runs_a_config_including_generate() {
     }
 }
 
-fn http(addr: &str, req: &str) -> String {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read the answer");
-    out
-}
-
 #[test]
 fn serve_generates_from_a_config() {
     let m = fixture("gpt2-tiny");
@@ -333,16 +323,7 @@ fn serve_generates_from_a_config() {
         "--max-wait",
         "1ms",
     ]);
-    let post = |body: &str| {
-        http(
-            &url,
-            &format!(
-                "POST /v1/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: \
-                 application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            ),
-        )
-    };
+    let post = |body: &str| common::post_infer(&url, body, Duration::from_secs(30));
     let answer = post(r#"{"inputs": [[1, 2, 3], [4, 5, 6]]}"#);
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let body = answer.split("\r\n\r\n").nth(1).unwrap_or("");

@@ -41,13 +41,11 @@ fn bad_arguments_exit_2_with_one_line() {
     }
 }
 
+/// How long a test waits for the server's answer.
+const ANSWER: Duration = Duration::from_secs(20);
+
 fn http(addr: &str, req: &str) -> String {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read the answer");
-    out
+    common::http(addr, req, ANSWER)
 }
 
 #[test]
@@ -61,14 +59,7 @@ fn serves_on_port_0_and_drains_on_sigterm() {
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
     assert!(health.contains("\"model\":\"gpt2-tiny\""), "{health}");
     let body = r#"{"inputs": [1, 2, 3]}"#;
-    let answer = http(
-        &url,
-        &format!(
-            "POST /v1/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: \
-             application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        ),
-    );
+    let answer = common::post_infer(&url, body, ANSWER);
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.contains("\"next_token\""), "{answer}");
     let err = sigterm_exit_0(&mut child, Duration::from_secs(30), "no exit after SIGTERM");
@@ -196,14 +187,7 @@ fn two_cpu_replicas_serve_and_show_in_healthz_and_metrics() {
     );
     let body = format!("{{\"inputs\": [{}]}}", vec!["0.5"; 64].join(","));
     for _ in 0..4 {
-        let answer = http(
-            &url,
-            &format!(
-                "POST /v1/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: \
-                 application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            ),
-        );
+        let answer = common::post_infer(&url, &body, ANSWER);
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     }
     let m = get_body(&url, "/metrics");
@@ -254,14 +238,7 @@ fn one_gpu_serves_through_the_replica_code() {
         "{health}"
     );
     let body = r#"{"inputs": [1, 2, 3]}"#;
-    let answer = http(
-        &url,
-        &format!(
-            "POST /v1/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: \
-             application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        ),
-    );
+    let answer = common::post_infer(&url, body, ANSWER);
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let m = get_body(&url, "/metrics");
     assert!(

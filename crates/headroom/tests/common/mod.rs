@@ -104,3 +104,28 @@ pub fn spawn_serve(args: &[&str]) -> (Killed, String) {
         .to_string();
     (child, url)
 }
+
+/// One raw HTTP/1.1 exchange with `headroom serve` at `addr` (`req` asks for
+/// `Connection: close`): the whole answer, read for at most `read_timeout`.
+pub fn http(addr: &str, req: &str, read_timeout: Duration) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(read_timeout)).unwrap();
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read the answer");
+    out
+}
+
+/// `POST /v1/infer` with a JSON `body`, through [`http`].
+pub fn post_infer(addr: &str, body: &str, read_timeout: Duration) -> String {
+    http(
+        addr,
+        &format!(
+            "POST /v1/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: \
+             application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+        read_timeout,
+    )
+}

@@ -9,24 +9,9 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use headroom_alloc::AllocatorConfig;
-use headroom_serve::{
-    open_device, start, BatchKey, LatencyTarget, Margin, Predictor, ServeConfig, ServeDevice,
-    ServedModel,
-};
-use headroom_workload::ModelSpec;
+use headroom_serve::{start, BatchKey, LatencyTarget, Margin, ServeConfig};
 
 use common::*;
-
-/// The limit (model + `n` requests of `key`) and one request's predicted peak.
-fn room_for(model: &str, key: BatchKey, n: f64) -> (u64, u64) {
-    let spec: ModelSpec = model.parse().unwrap();
-    let d = open_device(ServeDevice::Cpu, 1 << 30, &AllocatorConfig::default()).unwrap();
-    let m = ServedModel::load(&spec, &d.run.device).unwrap();
-    let p = Predictor::new(&spec, &d.twin).unwrap();
-    let p1 = p.predict(key, 1).unwrap();
-    (m.device().memory_allocated() + (n * p1 as f64) as u64, p1)
-}
 
 /// gpt2-tiny on `devices`, each with room for 2.5 requests of 30 tokens (memory is what
 /// sheds: no latency target).

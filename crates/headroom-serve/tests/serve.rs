@@ -12,10 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use headroom_alloc::AllocatorConfig;
-use headroom_serve::{
-    open_device, start, BatchKey, LatencyTarget, Margin, Predictor, ServeConfig, ServeDevice,
-    ServedModel, ServerHandle,
-};
+use headroom_serve::{start, BatchKey, LatencyTarget, Margin, ServeConfig, ServerHandle};
 use headroom_tensor::{no_grad, DType, Device, Tensor};
 use headroom_workload::Net;
 use headroom_workload::{ModelSpec, RunDevice};
@@ -423,16 +420,6 @@ async fn a_connection_closed_mid_request_wedges_nothing() {
     );
     good_lm_request(addr).await;
     h.shutdown().await;
-}
-
-/// Capacity for `n` single requests of `key` above the model (margin 0).
-fn room_for(model: &str, key: BatchKey, n: f64) -> (u64, u64) {
-    let spec: ModelSpec = model.parse().unwrap();
-    let d = open_device(ServeDevice::Cpu, 1 << 30, &AllocatorConfig::default()).unwrap();
-    let m = ServedModel::load(&spec, &d.run.device).unwrap();
-    let p = Predictor::new(&spec, &d.twin).unwrap();
-    let p1 = p.predict(key, 1).unwrap();
-    (m.device().memory_allocated() + (n * p1 as f64) as u64, p1)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

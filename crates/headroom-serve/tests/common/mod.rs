@@ -147,3 +147,17 @@ pub fn values(n: usize, seed: u64) -> Vec<f32> {
         })
         .collect()
 }
+
+/// The memory for the model plus `n` single requests of `key` on a cpu device (margin 0),
+/// and one request's predicted peak: the capacity tests give a server so that memory, not
+/// latency, is what sheds.
+pub fn room_for(model: &str, key: headroom_serve::BatchKey, n: f64) -> (u64, u64) {
+    use headroom_serve::{open_device, Predictor, ServeDevice, ServedModel};
+    let spec: headroom_workload::ModelSpec = model.parse().unwrap();
+    let conf = headroom_alloc::AllocatorConfig::default();
+    let d = open_device(ServeDevice::Cpu, 1 << 30, &conf).unwrap();
+    let m = ServedModel::load(&spec, &d.run.device).unwrap();
+    let p = Predictor::new(&spec, &d.twin).unwrap();
+    let p1 = p.predict(key, 1).unwrap();
+    (m.device().memory_allocated() + (n * p1 as f64) as u64, p1)
+}

@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 
+use headroom_alloc::rng::Rng;
 use headroom_alloc::AllocatorConfig;
 use headroom_cuda::compute::{AttentionKernel, AttentionSpec, AttentionViews};
 use headroom_cuda::{cuda_allocator, unavailable_reason, CudaAllocator, Dt, Gpu, Strided};
@@ -88,16 +89,12 @@ const CASES: &[Case] = &[
     },
 ];
 
+/// `n` values in [-2, 2) from the workspace's seeded generator, as `dt` bytes.
 fn encode(n: usize, dt: Dt, seed: u64) -> Vec<u8> {
-    let mut z = seed;
+    let mut rng = Rng::new(seed);
     let mut out = Vec::with_capacity(n * dt.size());
     for _ in 0..n {
-        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut x = z;
-        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        x ^= x >> 31;
-        let v = ((x >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0;
+        let v = ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0;
         match dt {
             Dt::BF16 => out.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
             _ => out.extend_from_slice(&v.to_le_bytes()),

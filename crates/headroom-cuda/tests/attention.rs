@@ -8,6 +8,7 @@
 
 use std::sync::Mutex;
 
+use headroom_alloc::rng::Rng;
 use headroom_alloc::AllocatorConfig;
 use headroom_cuda::compute::{AttentionKernel, AttentionSpec, AttentionViews};
 use headroom_cuda::{cuda_allocator, unavailable_reason, CudaAllocator, Dt, Gpu, Strided};
@@ -72,18 +73,12 @@ fn decode(bytes: &[u8], dt: Dt) -> Vec<f64> {
     }
 }
 
-/// Values in [-2, 2) from splitmix64, rounded to `dt` (the reference sees what the GPU sees).
+/// Values in [-2, 2) from the workspace's seeded generator, rounded to `dt` (the reference
+/// sees what the GPU sees).
 fn random(n: usize, seed: u64, dt: Dt) -> Vec<f32> {
-    let mut z = seed;
+    let mut rng = Rng::new(seed);
     let raw: Vec<f32> = (0..n)
-        .map(|_| {
-            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut x = z;
-            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            x ^= x >> 31;
-            ((x >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
-        })
+        .map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0)
         .collect();
     decode(&encode(&raw, dt), dt)
         .into_iter()

@@ -159,6 +159,10 @@ impl Margin {
             Margin::Fraction(f) => (capacity as f64 * f).round() as u64,
         }
     }
+    /// What admission may commit on a device of `capacity` bytes: capacity − margin.
+    pub fn limit(&self, capacity: u64) -> u64 {
+        capacity.saturating_sub(self.bytes(capacity))
+    }
 }
 
 impl FromStr for Margin {
@@ -324,8 +328,7 @@ impl ServeConfig {
     }
     /// capacity − margin, of each replica (before a GPU's capacity is clamped to its card).
     pub fn limit_bytes(&self) -> u64 {
-        self.capacity
-            .saturating_sub(self.margin.bytes(self.capacity))
+        self.margin.limit(self.capacity)
     }
 }
 

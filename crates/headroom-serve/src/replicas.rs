@@ -94,7 +94,7 @@ impl Replica {
         );
         let key = reference_key(model.family());
         // The device's own capacity: on a GPU, --capacity clamped to the card.
-        let limit = dev.capacity.saturating_sub(cfg.margin.bytes(dev.capacity));
+        let limit = cfg.margin.limit(dev.capacity);
         let base = model.device().memory_allocated();
         let mut fits = 0;
         for n in 1..=cfg.max_batch {

@@ -146,16 +146,20 @@ impl Gpu {
         a: &AttentionViews,
         p: &AttentionSpec,
     ) -> Result<AttentionKernel, CudaError> {
-        let s = shape(a)?;
-        Ok(if p.dropout > 0.0 || !grid_ok(&s) {
+        Ok(self.pick_kernel(a, &shape(a)?, p))
+    }
+
+    /// [`Gpu::attention_kernel`] for a call whose shape is already checked.
+    fn pick_kernel(&self, a: &AttentionViews, s: &AttnShape, p: &AttentionSpec) -> AttentionKernel {
+        if p.dropout > 0.0 || !grid_ok(s) {
             AttentionKernel::Naive
         } else if s.tq <= DECODE_ROWS {
             AttentionKernel::Rows
-        } else if self.tiled_kernel(a, &s).is_some() {
+        } else if self.tiled_kernel(a, s).is_some() {
             AttentionKernel::Tiled
         } else {
             AttentionKernel::Rows
-        })
+        }
     }
 
     /// The tiled kernel for this call, if one takes it.
@@ -190,7 +194,7 @@ impl Gpu {
     ) -> R {
         let s = shape(a)?;
         let kernel = match kernel {
-            AttentionKernel::Auto => self.attention_kernel(a, p)?,
+            AttentionKernel::Auto => self.pick_kernel(a, &s, p),
             k => k,
         };
         let (has_mask, has_lse) = ((a.mask.ptr != 0) as i32, (a.lse.ptr != 0) as i32);

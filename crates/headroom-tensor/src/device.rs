@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::backend::{cpu::CpuBackend, meta::MetaBackend, Backend};
+use crate::backend::{cpu::CpuBackend, meta::MetaBackend, Backend, LT_WORKSPACE};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::memory::{Allocation, CategoryBreakdown, CategoryTracker, StorageAllocator};
@@ -285,6 +285,11 @@ impl Device {
         }
         if lt && st.device.is_none() {
             st.device = alloc(per_device)?;
+            if let Some(a) = st.device {
+                self.0
+                    .backend
+                    .bind_blas_workspace(LT_WORKSPACE, a.ptr, a.size)?;
+            }
         }
         Ok(())
     }

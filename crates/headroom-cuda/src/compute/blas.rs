@@ -108,8 +108,12 @@ fn cuda_type(dt: Dt) -> Result<cb::cudaDataType_t, CudaError> {
 }
 
 impl Gpu {
-    /// Give handle `which` (0 forward, 1 backward) its workspace: `size` bytes at `ptr`.
+    /// Give handle `which` (0 forward, 1 backward) its workspace: `size` bytes at `ptr`;
+    /// [`super::blas_lt::LT_WORKSPACE`] names the cuBLASLt workspace instead.
     pub fn bind_blas_workspace(&self, which: usize, ptr: u64, size: u64) -> Result<(), CudaError> {
+        if which == super::blas_lt::LT_WORKSPACE {
+            return self.bind_lt_workspace(ptr, size);
+        }
         self.with_blas(|b| {
             let h = b.handles[which.min(1)];
             // SAFETY: the caller owns ptr..ptr+size for as long as the handle may use it.

@@ -14,13 +14,16 @@
 //   warp) against 64-key tiles, both products on tensor cores with `mma.sync.m16n8k16` (f32
 //   accumulate) from inline PTX, since NVRTC has no mma.h. The probabilities go from the
 //   score accumulators straight into the A operand of the second product (the C layout of
-//   two n8 tiles is the A layout of one k16 step); V's B operand is read transposed by
-//   `ldmatrix.trans`. K and V tiles arrive by `cp.async`, double-buffered at head dim 64 (the
-//   next tile's copy runs under this one's math), and tiles wholly inside the keys and below
-//   the causal diagonal skip the per-element mask tests.
+//   two n8 tiles is the A layout of one k16 step); K's B operand is read by `ldmatrix` and
+//   V's by `ldmatrix.trans` (four 8x8 fragments per instruction, where 32-bit loads of K took
+//   four times the instructions). K and V tiles arrive by `cp.async`, double-buffered at head
+//   dim 64 (the next tile's copy runs under this one's math); tiles wholly inside the keys
+//   and below the causal diagonal skip the per-element mask tests, and a warp whose rows
+//   all precede a tile's keys skips that tile's math.
 // - k_flash_f32_d64 (f32): plain FMA, no TF32 (PyTorch's f32 SDPA does not use TF32 either):
 //   256 threads as 16 x 16, each owning 4 query rows (r = ty + 16a) and 2 key columns of
-//   each 32-key tile, and 4 output columns (tx + 16c).
+//   each 32-key tile, and 4 output columns (tx + 16c); the next K and V tile is read into
+//   registers during this one's math.
 // - k_attn_rows (every dtype, any strides, head dims up to 256): one block per query row,
 //   8 warps splitting the keys and merging their partial softmax at the end: the decode
 //   step (one query against the KV cache) and the fallback for head dims or layouts the
@@ -44,9 +47,8 @@ __device__ __forceinline__ void lse_store(const T& lse, i64 b, i64 h, i64 i, flo
 // ---------------------------------------------------------------------------------------
 // bf16 / f16 on tensor cores.
 
-#define FM_BM 64
+// Keys per tile; query rows per block are a template parameter (BM, 16 per warp).
 #define FM_BN 64
-#define FM_THREADS 128
 
 // Shared-memory address of a generic pointer (what ldmatrix and cp.async take).
 __device__ __forceinline__ u32 smem_u32(const void* p) {
@@ -85,6 +87,18 @@ __device__ __forceinline__ void ldsm_x4_trans(u32& r0, u32& r1, u32& r2, u32& r3
 #endif
 }
 
+// Four 8x8 b16 matrices as stored: lanes 8i..8i+7 give the row addresses of matrix i, and
+// each lane gets, of matrix i in register i, elements (lane / 4, 2 * (lane % 4)) and
+// (lane / 4, 2 * (lane % 4) + 1).
+__device__ __forceinline__ void ldsm_x4(u32& r0, u32& r1, u32& r2, u32& r3, const u16* p) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(smem_u32(p))
+                 : "memory");
+#endif
+}
+
 template <bool BF>
 __device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, u32 b1) {
 #if __CUDA_ARCH__ >= 800
@@ -113,8 +127,8 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
 
 // Shared memory: STAGES x (K tile, V tile), each BN rows of D (+8 padding, so that a warp's
 // fragment loads and ldmatrix rows hit distinct banks). With two stages the next tile's
-// copy (cp.async) runs under this tile's math. Stage 0's K tile stages the Q tile first
-// (BM == BN).
+// copy (cp.async) runs under this tile's math. The Q tile is staged through the same buffer
+// first.
 template <int D, int STAGES>
 struct FmSmem {
     static constexpr int LD = D + 8;
@@ -122,23 +136,25 @@ struct FmSmem {
     static constexpr int ELEMS = STAGES * 2 * TILE;
 };
 
-template <int D, int STAGES, bool BF>
+template <int D, int STAGES, bool BF, int BM>
 __device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const T& v, const T& mask, int has_mask,
                                           const T& out, const T& lse, int has_lse, float scale, int causal,
                                           const AttnShape& s) {
     constexpr int LD = FmSmem<D, STAGES>::LD;
     constexpr int TILE = FmSmem<D, STAGES>::TILE;
     constexpr int CH = D / 8;  // 16-byte chunks per row
+    constexpr int NT = BM * 2;  // threads: a warp per 16 rows
+    static_assert(BM * LD <= FmSmem<D, STAGES>::ELEMS, "the Q tile is staged in the K/V buffers");
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
     const i64 b = blockIdx.z, h = blockIdx.y;
-    const i64 q0 = (i64)blockIdx.x * FM_BM;
+    const i64 q0 = (i64)blockIdx.x * BM;
     const i64 kh = h / (s.HQ / s.HKV);
     const u16* qp = (const u16*)q.p;
     const u16* kp = (const u16*)k.p;
     const u16* vp = (const u16*)v.p;
 
-    for (int c = tid; c < FM_BM * CH; c += FM_THREADS) {
+    for (int c = tid; c < BM * CH; c += NT) {
         int r = c / CH, e = (c % CH) * 8;
         i64 i = q0 + r;
         uint4 val = make_uint4(0, 0, 0, 0);
@@ -162,16 +178,23 @@ __device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const
 
     // Keys k0.. into stage st: rows past S are zero-filled (their scores are masked to -inf,
     // and zeros keep 0 * V finite); their source address is row 0's, never read.
+    // This (batch, key head)'s rows; the host checks a unit inner stride. A thread copies
+    // the 16-byte chunk e of rows r0, r0 + NT / CH, ...: the addresses are a base plus a row
+    // times the row stride, not off4's four products per chunk (registers, at 4 blocks/SM).
+    const u16* kb0 = kp + k.off + b * k.st[0] + kh * k.st[1];
+    const u16* vb0 = vp + v.off + b * v.st[0] + kh * v.st[1];
+    const i64 ks = k.st[2], vs = v.st[2];
+    const int r0 = tid / CH, e0 = (tid % CH) * 8;
     auto load = [&](int st, i64 k0) {
-        u16* kd = sm + st * 2 * TILE;
+        u16* kd = sm + st * 2 * TILE + r0 * LD + e0;
         u16* vd = kd + TILE;
-        for (int c = tid; c < FM_BN * CH; c += FM_THREADS) {
-            int r = c / CH, e = (c % CH) * 8;
-            i64 j = k0 + r;
+#pragma unroll
+        for (int r = 0; r < FM_BN; r += NT / CH) {
+            i64 j = k0 + r0 + r;
             bool in = j < s.S;
             i64 jr = in ? j : 0;
-            cp_async16(kd + r * LD + e, kp + off4(k, b, kh, jr, e), in ? 16 : 0);
-            cp_async16(vd + r * LD + e, vp + off4(v, b, kh, jr, e), in ? 16 : 0);
+            cp_async16(kd + r * LD, kb0 + jr * ks + e0, in ? 16 : 0);
+            cp_async16(vd + r * LD, vb0 + jr * vs + e0, in ? 16 : 0);
         }
         cp_async_commit();
     };
@@ -187,7 +210,7 @@ __device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const
     const int vrow = ((lane >> 3) & 1) * 8 + (lane & 7), vcol = (lane >> 4) * 8;
 
     i64 kend = s.S;
-    if (causal && q0 + FM_BM < kend) kend = q0 + FM_BM;
+    if (causal && q0 + BM < kend) kend = q0 + BM;
     const i64 ntiles = (kend + FM_BN - 1) / FM_BN;
     if (STAGES == 2 && ntiles > 0) load(0, 0);
     for (i64 t = 0; t < ntiles; ++t) {
@@ -208,18 +231,26 @@ __device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const
         const u16* Ks = sm + st * 2 * TILE;
         const u16* Vs = Ks + TILE;
 
+        // A warp whose 16 rows all precede the tile's first key has nothing visible in it
+        // (causal): it skips the math, not the barriers.
+        if (causal && k0 > q0 + wr + 15) {
+            __syncthreads();
+            continue;
+        }
         // S = Q K^T for the warp's 16 rows and the tile's 64 keys. B(k = dim, n = key) is
-        // K[key][dim]: the pair (dim 2*t4, 2*t4+1) of key g is one 32-bit load.
+        // K[key][dim], so ldmatrix of K as stored gives the B fragments: matrix i of lane
+        // group i is keys nt*8.. by dims kk*16 + 8i.., i.e. (b0, b1) of steps kk and kk + 1.
         float sc[FM_BN / 8][4];
 #pragma unroll
         for (int nt = 0; nt < FM_BN / 8; ++nt) {
             sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-            const u16* kr = Ks + (nt * 8 + g) * LD + t4 * 2;
+            const u16* kr = Ks + (nt * 8 + (lane & 7)) * LD + (lane >> 3) * 8;
 #pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                u32 b0 = *(const u32*)(kr + kk * 16);
-                u32 b1 = *(const u32*)(kr + kk * 16 + 8);
+            for (int kk = 0; kk < D / 16; kk += 2) {
+                u32 b0, b1, b2, b3;
+                ldsm_x4(b0, b1, b2, b3, kr + kk * 16);
                 mma16816<BF>(sc[nt], qf[kk], b0, b1);
+                mma16816<BF>(sc[nt], qf[kk + 1], b2, b3);
             }
         }
         // Scale, mask, and the new row max. Element x of tile nt: row ri[x >> 1], key
@@ -244,7 +275,7 @@ __device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const
                     mn[x >> 1] = fmaxf(mn[x >> 1], sv);
                 }
             }
-        } else {
+        } else if (!(scale > 0.f)) {
 #pragma unroll
             for (int nt = 0; nt < FM_BN / 8; ++nt) {
 #pragma unroll
@@ -254,7 +285,20 @@ __device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const
                     mn[x >> 1] = fmaxf(mn[x >> 1], sv);
                 }
             }
+        } else {
+            // Every score finite and the scale positive: the row max of the raw products,
+            // scaled once, and (below) one fused multiply-add per score for the exponent,
+            // where the edge path spends a multiply, a subtraction and a multiply.
+            float rm[2] = {f_ninf(), f_ninf()};
+#pragma unroll
+            for (int nt = 0; nt < FM_BN / 8; ++nt) {
+#pragma unroll
+                for (int x = 0; x < 4; ++x) rm[x >> 1] = fmaxf(rm[x >> 1], sc[nt][x]);
+            }
+            mn[0] = fmaxf(mn[0], rm[0] * scale);
+            mn[1] = fmaxf(mn[1], rm[1] * scale);
         }
+        const bool raw = !edge && scale > 0.f;
         float mu[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -272,13 +316,27 @@ __device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const
                 o[nt][2 * r + 1] *= alpha;
             }
         }
+        if (raw) {
+            const float sl2 = scale * LOG2E_F;
+            const float off[2] = {-mu[0] * LOG2E_F, -mu[1] * LOG2E_F};
 #pragma unroll
-        for (int nt = 0; nt < FM_BN / 8; ++nt) {
+            for (int nt = 0; nt < FM_BN / 8; ++nt) {
 #pragma unroll
-            for (int x = 0; x < 4; ++x) {
-                float p = exp_from(sc[nt][x], mu[x >> 1]);
-                sc[nt][x] = p;
-                l[x >> 1] += p;
+                for (int x = 0; x < 4; ++x) {
+                    float p = exp2f(fmaf(sc[nt][x], sl2, off[x >> 1]));
+                    sc[nt][x] = p;
+                    l[x >> 1] += p;
+                }
+            }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < FM_BN / 8; ++nt) {
+#pragma unroll
+                for (int x = 0; x < 4; ++x) {
+                    float p = exp_from(sc[nt][x], mu[x >> 1]);
+                    sc[nt][x] = p;
+                    l[x >> 1] += p;
+                }
             }
         }
         // O += P V, 16 keys per step: the C fragments of score tiles 2kk and 2kk+1 are the A
@@ -320,26 +378,28 @@ __device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const
     }
 }
 
-// Head dim 64: two stages (36 KiB). Head dim 128: one (34 KiB; two would pass the 48 KiB of
-// static shared memory).
-extern "C" __global__ void __launch_bounds__(FM_THREADS) k_flash_mma_d64(T q, T k, T v, T mask, int has_mask, T out,
+// Head dim 64: two stages (36 KiB), 64 query rows, at most 128 registers so that 4 blocks
+// (16 warps) share an SM: at 168 only 3 fit, and 128 rows in 8 warps (176 registers, one
+// block per SM) ran 1.23x slower than that on GPT-2 bf16 32x1024. Head dim 128: one stage
+// (34 KiB; two would pass the 48 KiB of static shared memory), 64 rows.
+extern "C" __global__ void __launch_bounds__(128, 4) k_flash_mma_d64(T q, T k, T v, T mask, int has_mask, T out,
                                                                       T lse, int has_lse, double scale, int causal,
                                                                       AttnShape s) {
     __shared__ __align__(16) u16 sm[FmSmem<64, 2>::ELEMS];
     if (q.dt == DT_BF16)
-        flash_mma<64, 2, true>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
+        flash_mma<64, 2, true, 64>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
     else
-        flash_mma<64, 2, false>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
+        flash_mma<64, 2, false, 64>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
 }
 
-extern "C" __global__ void __launch_bounds__(FM_THREADS) k_flash_mma_d128(T q, T k, T v, T mask, int has_mask, T out,
+extern "C" __global__ void __launch_bounds__(128) k_flash_mma_d128(T q, T k, T v, T mask, int has_mask, T out,
                                                                        T lse, int has_lse, double scale, int causal,
                                                                        AttnShape s) {
     __shared__ __align__(16) u16 sm[FmSmem<128, 1>::ELEMS];
     if (q.dt == DT_BF16)
-        flash_mma<128, 1, true>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
+        flash_mma<128, 1, true, 64>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
     else
-        flash_mma<128, 1, false>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
+        flash_mma<128, 1, false, 64>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -396,19 +456,33 @@ extern "C" __global__ void __launch_bounds__(FF_THREADS) k_flash_f32_d64(T q, T 
 
     i64 kend = s.S;
     if (causal && q0 + FF_BM < kend) kend = q0 + FF_BM;
-    for (i64 k0 = 0; k0 < kend; k0 += FF_BN) {
-        for (int c = tid; c < FF_BN * CH; c += FF_THREADS) {
-            int r = c / CH, e = (c % CH) * 4;
+    // The next K and V tile is read into registers while this one is used, and stored to
+    // shared memory at the top of the next iteration: the global loads' latency hides
+    // under the math instead of stalling every tile.
+    constexpr int NLD = FF_BN * CH / FF_THREADS;
+    float4 kreg[NLD], vreg[NLD];
+    auto fetch = [&](i64 k0) {
+#pragma unroll
+        for (int u = 0; u < NLD; ++u) {
+            int c = tid + u * FF_THREADS, r = c / CH, e = (c % CH) * 4;
             i64 j = k0 + r;
-            float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
+            kreg[u] = vreg[u] = make_float4(0.f, 0.f, 0.f, 0.f);
             if (j < s.S) {
-                kv = *(const float4*)(kp + off4(k, b, kh, j, e));
-                vv = *(const float4*)(vp + off4(v, b, kh, j, e));
+                kreg[u] = *(const float4*)(kp + off4(k, b, kh, j, e));
+                vreg[u] = *(const float4*)(vp + off4(v, b, kh, j, e));
             }
-            *(float4*)(Ks + r * FF_LDK + e) = kv;
-            *(float4*)(Vs + r * FF_D + e) = vv;
+        }
+    };
+    if (kend > 0) fetch(0);
+    for (i64 k0 = 0; k0 < kend; k0 += FF_BN) {
+#pragma unroll
+        for (int u = 0; u < NLD; ++u) {
+            int c = tid + u * FF_THREADS, r = c / CH, e = (c % CH) * 4;
+            *(float4*)(Ks + r * FF_LDK + e) = kreg[u];
+            *(float4*)(Vs + r * FF_D + e) = vreg[u];
         }
         __syncthreads();
+        if (k0 + FF_BN < kend) fetch(k0 + FF_BN);
 
         // Scores of rows ty + 16a against keys tx + 16c.
         float sc[4][2];

@@ -521,6 +521,19 @@ __device__ __forceinline__ float gelu_grad(float x, int tanh_approx) {
     return cdf + x * pdf;
 }
 
+// x ** e as PyTorch's pow kernels compute it: exponents 2, 3, 0.5, -0.5, -1 and -2 by
+// multiplication, square root and reciprocal, others by powf (which took three times the
+// memory-bound time of a multiply on GPT-2's cube; the cpu backend's pow_scalar matches).
+__device__ __forceinline__ float pow_scalar_f(float v, double e) {
+    if (e == 2.0) return v * v;
+    if (e == 3.0) return v * v * v;
+    if (e == 0.5) return sqrtf(v);
+    if (e == -0.5) return 1.f / sqrtf(v);
+    if (e == -1.0) return 1.f / v;
+    if (e == -2.0) return 1.f / (v * v);
+    return powf(v, (float)e);
+}
+
 __device__ __forceinline__ float unary_f(int op, float v, double s) {
     switch (op) {
         case 0: return -v;
@@ -540,7 +553,7 @@ __device__ __forceinline__ float unary_f(int op, float v, double s) {
         case 15: return cosf(v);
         case 16: return sinf(v);
         case 17: return v / (1.f + expf(-v));
-        default: return powf(v, (float)s);
+        default: return pow_scalar_f(v, s);
     }
 }
 
@@ -692,6 +705,119 @@ extern "C" __global__ void k_binary(int op, double alpha, T a, T b, T out, i64 n
         float vb = ldf(b, toff(b, i));
         stf(out, toff(out, i), binary_f(op, va, vb, alpha));
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Contiguous elementwise: k_unary_vec and k_binary_vec, for views that are 1-d (coalesced),
+// unit-stride, 16-byte aligned and of one float dtype (the host checks: ops.rs `vec_path`).
+// They take bare pointers, not descriptors, load EW_UNROLL 16-byte vectors of each input
+// before computing any, and cover the tensor with one pass of the grid. The contiguous path
+// inside k_unary ran at 3 TB/s on bf16 GPT-2 (PyTorch's kernels 4.3): the general path in
+// the same kernel set its register count, which halved occupancy, and a thread had one
+// load in flight, too little to cover the H200's memory latency. The arithmetic is
+// unary_f / binary_f, so results equal k_unary's and k_binary's bit for bit.
+
+#define EW_BLOCK 256
+#define EW_UNROLL 4
+
+template <typename F>
+union EwV {
+    uint4 u;
+    typename F::S e[16 / sizeof(typename F::S)];
+};
+
+template <int OP, typename F>
+__device__ __forceinline__ void unary_vec_t(double s, const void* xp, void* op_, i64 n) {
+    constexpr int P = 16 / sizeof(typename F::S);
+    const i64 nv = n / P;
+    const i64 base = (i64)blockIdx.x * (EW_BLOCK * EW_UNROLL) + threadIdx.x;
+    EwV<F> buf[EW_UNROLL];
+#pragma unroll
+    for (int u = 0; u < EW_UNROLL; ++u) {
+        i64 v = base + u * EW_BLOCK;
+        if (v < nv) buf[u].u = ((const uint4*)xp)[v];
+    }
+#pragma unroll
+    for (int u = 0; u < EW_UNROLL; ++u) {
+        i64 v = base + u * EW_BLOCK;
+        if (v < nv) {
+#pragma unroll
+            for (int e = 0; e < P; ++e) F::st(buf[u].e, e, unary_f(OP, F::ld(buf[u].e, e), s));
+            ((uint4*)op_)[v] = buf[u].u;
+        }
+    }
+    // The last n % P elements, by block 0.
+    if (blockIdx.x == 0 && threadIdx.x < n - nv * P) {
+        i64 j = nv * P + threadIdx.x;
+        F::st(op_, j, unary_f(OP, F::ld(xp, j), s));
+    }
+}
+
+#define UNARY_VEC(k) \
+    case k: unary_vec_t<k, F>(s, x, out, n); break;
+
+template <typename F>
+__device__ __forceinline__ void unary_vec_ops(int op, double s, const void* x, void* out, i64 n) {
+    switch (op) {
+        UNARY_VEC(0) UNARY_VEC(1) UNARY_VEC(2) UNARY_VEC(3) UNARY_VEC(4) UNARY_VEC(5)
+        UNARY_VEC(6) UNARY_VEC(7) UNARY_VEC(8) UNARY_VEC(9) UNARY_VEC(10) UNARY_VEC(11)
+        UNARY_VEC(12) UNARY_VEC(13) UNARY_VEC(15) UNARY_VEC(16) UNARY_VEC(17)
+        default: unary_vec_t<14, F>(s, x, out, n); break;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(EW_BLOCK) k_unary_vec(int op, double s, const void* x, void* out, i64 n, int dt) {
+    if (dt == DT_F32) unary_vec_ops<F32>(op, s, x, out, n);
+    else if (dt == DT_BF16) unary_vec_ops<BF16>(op, s, x, out, n);
+    else unary_vec_ops<F16>(op, s, x, out, n);
+}
+
+template <int OP, typename F>
+__device__ __forceinline__ void binary_vec_t(double alpha, const void* ap, const void* bp, void* op_, i64 n) {
+    constexpr int P = 16 / sizeof(typename F::S);
+    const i64 nv = n / P;
+    const i64 base = (i64)blockIdx.x * (EW_BLOCK * EW_UNROLL) + threadIdx.x;
+    EwV<F> ba[EW_UNROLL], bb[EW_UNROLL];
+#pragma unroll
+    for (int u = 0; u < EW_UNROLL; ++u) {
+        i64 v = base + u * EW_BLOCK;
+        if (v < nv) {
+            ba[u].u = ((const uint4*)ap)[v];
+            bb[u].u = ((const uint4*)bp)[v];
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < EW_UNROLL; ++u) {
+        i64 v = base + u * EW_BLOCK;
+        if (v < nv) {
+#pragma unroll
+            for (int e = 0; e < P; ++e)
+                F::st(ba[u].e, e, binary_f(OP, F::ld(ba[u].e, e), F::ld(bb[u].e, e), alpha));
+            ((uint4*)op_)[v] = ba[u].u;
+        }
+    }
+    if (blockIdx.x == 0 && threadIdx.x < n - nv * P) {
+        i64 j = nv * P + threadIdx.x;
+        F::st(op_, j, binary_f(OP, F::ld(ap, j), F::ld(bp, j), alpha));
+    }
+}
+
+#define BINARY_VEC(k) \
+    case k: binary_vec_t<k, F>(alpha, a, b, out, n); break;
+
+template <typename F>
+__device__ __forceinline__ void binary_vec_ops(int op, double alpha, const void* a, const void* b, void* out, i64 n) {
+    switch (op) {
+        BINARY_VEC(0) BINARY_VEC(1) BINARY_VEC(2) BINARY_VEC(3) BINARY_VEC(4)
+        BINARY_VEC(5) BINARY_VEC(6) BINARY_VEC(7) BINARY_VEC(8) BINARY_VEC(10)
+        default: binary_vec_t<9, F>(alpha, a, b, out, n); break;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(EW_BLOCK) k_binary_vec(int op, double alpha, const void* a, const void* b, void* out, i64 n, int dt) {
+    if (dt == DT_F32) binary_vec_ops<F32>(op, alpha, a, b, out, n);
+    else if (dt == DT_BF16) binary_vec_ops<BF16>(op, alpha, a, b, out, n);
+    else binary_vec_ops<F16>(op, alpha, a, b, out, n);
 }
 
 template <typename W>
@@ -1421,6 +1547,96 @@ extern "C" __global__ void k_ln_warp(T x, T w, T b, double eps, T out, T mean_t,
     else ln_warp_k<F16>(x, w, b, (float)eps, out, mean_t, rstd_t, r, D, lane);
 }
 
+// k_ln_warp's vector path as a kernel of its own, for x and out contiguous and 16-byte
+// aligned, D a multiple of the vector, w and b absent or contiguous in x's dtype and
+// aligned, mean and rstd contiguous (the host checks: ops.rs layer_norm). Inside k_ln_warp
+// the weight and bias went through ldf (a dtype switch and a stride multiply per element)
+// and the kernel's other paths set its register count: bf16 GPT-2's layer norms took 167 us
+// against PyTorch's 69. Same arithmetic in the same order as ln_warp_vec, so the same bits.
+template <typename F, int VK>
+__device__ __forceinline__ void ln_vec_t(const void* x, const void* w, const void* b, float eps, void* out,
+                                         const T& mean_t, const T& rstd_t, i64 r, i64 D, int lane) {
+    typedef typename F::S S;
+    const int P = 16 / sizeof(S);
+    union V {
+        uint4 u;
+        S e[16 / sizeof(S)];
+    };
+    const i64 nv = D / P;
+    const uint4* xr = (const uint4*)(((const S*)x) + r * D);
+    uint4* orow = (uint4*)(((S*)out) + r * D);
+    float v[VK * P];
+    float s = 0.f;
+    V buf[VK];
+#pragma unroll
+    for (int k = 0; k < VK; ++k) {
+        i64 vi = lane + 32 * k;
+        buf[k].u = vi < nv ? xr[vi] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < VK; ++k) {
+        i64 vi = lane + 32 * k;
+#pragma unroll
+        for (int e = 0; e < P; ++e) {
+            v[k * P + e] = vi < nv ? F::ld(buf[k].e, e) : 0.f;
+            s += v[k * P + e];
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    float m = s / (float)D;
+    float q = 0.f;
+#pragma unroll
+    for (int k = 0; k < VK; ++k) {
+#pragma unroll
+        for (int e = 0; e < P; ++e) {
+            float d = (lane + 32 * k < nv) ? v[k * P + e] - m : 0.f;
+            q += d * d;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+    float is = 1.f / sqrtf(q / (float)D + eps);
+#pragma unroll
+    for (int k = 0; k < VK; ++k) {
+        i64 vi = lane + 32 * k;
+        if (vi < nv) {
+            V wb, bb, ob;
+            if (w) wb.u = ((const uint4*)w)[vi];
+            if (b) bb.u = ((const uint4*)b)[vi];
+#pragma unroll
+            for (int e = 0; e < P; ++e) {
+                float o = (v[k * P + e] - m) * is;
+                if (w) o *= F::ld(wb.e, e);
+                if (b) o += F::ld(bb.e, e);
+                F::st(ob.e, e, o);
+            }
+            orow[vi] = ob.u;
+        }
+    }
+    if (lane == 0) {
+        stf(mean_t, mean_t.off + r, m);
+        stf(rstd_t, rstd_t.off + r, is);
+    }
+}
+
+template <typename F>
+__device__ __forceinline__ void ln_vec_d(const void* x, const void* w, const void* b, float eps, void* out,
+                                         const T& mean_t, const T& rstd_t, i64 r, i64 D, int lane) {
+    const i64 nv = D / (16 / sizeof(typename F::S));
+    if (nv <= 32) ln_vec_t<F, 1>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
+    else if (nv <= 64) ln_vec_t<F, 2>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
+    else if (nv <= 128) ln_vec_t<F, 4>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
+    else ln_vec_t<F, 8>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
+}
+
+extern "C" __global__ void __launch_bounds__(256) k_ln_vec(const void* x, const void* w, const void* b, double eps, void* out, T mean_t, T rstd_t, i64 rows, i64 D, int dt) {
+    int lane = threadIdx.x & 31;
+    i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    if (dt == DT_F32) ln_vec_d<F32>(x, w, b, (float)eps, out, mean_t, rstd_t, r, D, lane);
+    else if (dt == DT_BF16) ln_vec_d<BF16>(x, w, b, (float)eps, out, mean_t, rstd_t, r, D, lane);
+    else ln_vec_d<F16>(x, w, b, (float)eps, out, mean_t, rstd_t, r, D, lane);
+}
+
 extern "C" __global__ void k_ln_bwd_gx(T gy, T x, T w, T mean_t, T rstd_t, T gx, i64 rows, i64 D) {
     __shared__ double sh[32];
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -1616,7 +1832,27 @@ extern "C" __global__ void k_softmax_bwd_cols(T gy, T y, T gx, int lg, i64 outer
 // ---------------------------------------------------------------------------------------
 // Embedding, dropout, NLL loss.
 
-extern "C" __global__ void k_embedding(T w, T idx, T out, i64 V, i64 D, i64 n, int* err) {
+// `vec` > 0: rows of w and out are contiguous, of one dtype, 16-byte aligned, and D a
+// multiple of `vec` elements (the host checks); a thread then moves 16 bytes, with one
+// division per vector instead of one per element (the general loop took six times
+// PyTorch's gather on GPT-2's token embedding).
+extern "C" __global__ void k_embedding(T w, T idx, T out, i64 V, i64 D, i64 n, int* err, int vec) {
+    if (vec > 0) {
+        const i64 dv = D / vec, nv = n / vec;
+        const int es = 16 / vec;
+        LOOP(i, nv) {
+            i64 r = i / dv, k = i % dv;
+            i64 row = ldi(idx, toff(idx, r));
+            uint4* dst = (uint4*)((char*)out.p + (out.off + r * D) * es) + k;
+            if (row < 0 || row >= V) {
+                report(err, 2, row);
+                *dst = make_uint4(0, 0, 0, 0);
+                continue;
+            }
+            *dst = ((const uint4*)((const char*)w.p + (w.off + row * w.st[0]) * es))[k];
+        }
+        return;
+    }
     LOOP(i, n) {
         i64 r = i / D, k = i % D;
         i64 row = ldi(idx, toff(idx, r));

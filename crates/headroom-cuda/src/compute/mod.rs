@@ -9,8 +9,9 @@
 //! writes are stream-ordered copies, so no copy can race a kernel still using the memory.
 //!
 //! Nothing here allocates device memory for tensors, and no library is allowed to either:
-//! cuBLAS gets its workspace from the caller ([`Gpu::bind_blas_workspace`]) and cuDNN gets a
-//! workspace per call, both carved from the caching allocator by the tensor runtime. The only
+//! cuBLAS and cuBLASLt get their workspaces from the caller ([`Gpu::bind_blas_workspace`]),
+//! and cuDNN gets a workspace per call, all carved from the caching allocator by the tensor
+//! runtime. The only
 //! memory this module takes from the driver itself is a 16-byte error word, plus what the
 //! libraries' handles take internally (their "library overhead", which NVML sees and the
 //! allocator does not, exactly as under PyTorch).
@@ -21,6 +22,7 @@
 
 mod attention;
 pub mod blas;
+pub mod blas_lt;
 pub mod dnn;
 mod dnn_graph;
 pub mod graph;
@@ -250,6 +252,9 @@ pub(crate) enum K {
     FlashF32D64,
     FlashMmaD64,
     FlashMmaD128,
+    UnaryVec,
+    BinaryVec,
+    LnVec,
 }
 
 const KERNEL_NAMES: &[(K, &str)] = &[
@@ -300,6 +305,9 @@ const KERNEL_NAMES: &[(K, &str)] = &[
     (K::FlashF32D64, "k_flash_f32_d64"),
     (K::FlashMmaD64, "k_flash_mma_d64"),
     (K::FlashMmaD128, "k_flash_mma_d128"),
+    (K::UnaryVec, "k_unary_vec"),
+    (K::BinaryVec, "k_binary_vec"),
+    (K::LnVec, "k_ln_vec"),
 ];
 
 /// Codes a kernel writes to the error word, and the op each stands for.
@@ -338,6 +346,7 @@ pub struct Gpu {
     sm_count: i32,
     name: String,
     blas: Mutex<Option<blas::Blas>>,
+    blas_lt: Mutex<Option<blas_lt::BlasLt>>,
     dnn: Mutex<Option<dnn::Dnn>>,
     /// `torch.backends.cudnn.allow_tf32` (true by default, as in PyTorch).
     allow_tf32: AtomicBool,
@@ -392,6 +401,7 @@ impl Gpu {
             sm_count,
             name: String::new(),
             blas: Mutex::new(None),
+            blas_lt: Mutex::new(None),
             dnn: Mutex::new(None),
             allow_tf32: AtomicBool::new(true),
             capturing: AtomicBool::new(false),
@@ -721,6 +731,7 @@ impl Drop for Gpu {
             }
         }
         *self.blas.lock() = None;
+        *self.blas_lt.lock() = None;
         *self.dnn.lock() = None;
         // SAFETY: as above.
         unsafe {

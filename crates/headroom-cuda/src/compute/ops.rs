@@ -138,6 +138,60 @@ fn per_thread(views: &[Strided]) -> i64 {
     }
 }
 
+/// Elements of the contiguous elementwise kernels (k_unary_vec, k_binary_vec) when every view
+/// is contiguous, of one float dtype, and starts on a 16-byte boundary; `None` sends the call
+/// to the general kernels. Kept in step with EW_BLOCK and EW_UNROLL in kernels.cu.
+fn vec_path(views: &[Strided]) -> Option<(i64, u32)> {
+    const EW_BLOCK: u64 = 256;
+    const EW_UNROLL: u64 = 4;
+    let first = views.first()?;
+    let float = matches!(first.dt(), Dt::F32 | Dt::BF16 | Dt::F16);
+    let ok = float
+        && views.iter().all(|v| {
+            v.dtype == first.dtype
+                && v.is_contiguous()
+                && v.addr().is_multiple_of(16)
+                && v.numel() == first.numel()
+        });
+    if !ok {
+        return None;
+    }
+    let n = first.numel();
+    let per = (16 / first.dt().size()) as u64;
+    let vectors = (n.max(0) as u64) / per;
+    let grid = vectors.div_ceil(EW_BLOCK * EW_UNROLL).max(1);
+    (n > 0 && grid <= i32::MAX as u64).then_some((n, grid as u32))
+}
+
+/// Bare pointers (x, w, b, out) and dtype for k_ln_vec, when `x` and `out` (contiguous, one
+/// float dtype) start on 16-byte boundaries with rows a whole number of vectors, the weight
+/// and bias are absent or contiguous in that dtype and aligned, and mean and rstd are
+/// contiguous.
+fn ln_vec_args(
+    x: &Strided,
+    w: &Strided,
+    b: &Strided,
+    out: &Strided,
+    mean: &Strided,
+    rstd: &Strided,
+    d: i64,
+) -> Option<(u64, u64, u64, u64, i32)> {
+    let per = (16 / x.dt().size()) as i64;
+    let aligned = |t: &Strided| t.addr().is_multiple_of(16);
+    let param = |t: &Strided| {
+        if t.ptr == 0 {
+            Some(0)
+        } else {
+            (t.dtype == x.dtype && t.numel() == d && t.is_contiguous() && aligned(t))
+                .then(|| t.addr())
+        }
+    };
+    let ok =
+        d % per == 0 && aligned(x) && aligned(out) && mean.is_contiguous() && rstd.is_contiguous();
+    ok.then_some(())?;
+    Some((x.addr(), param(w)?, param(b)?, out.addr(), x.dtype))
+}
+
 /// The grid of the warp-per-row kernels (softmax, layer norm): a warp per row, 8 rows to a
 /// block of 256 threads; `None` past the grid's limit (the block-per-row kernels take over).
 fn warp_rows_grid(rows: i64) -> Option<(u32, u32, u32)> {
@@ -297,6 +351,15 @@ impl Gpu {
         if x.dims() == out.dims() {
             Strided::coalesce(&mut v);
         }
+        if let Some((n, grid)) = vec_path(&v) {
+            let (x, o, dt) = (v[0].addr(), v[1].addr(), v[0].dtype);
+            return self.launch(
+                K::UnaryVec,
+                (grid, 1, 1),
+                (BLOCK, 1, 1),
+                &mut kargs![code, s, x, o, n, dt],
+            );
+        }
         let n = v[0].numel();
         let f = flags(&v);
         self.launch_elementwise(K::Unary, &v, n, &mut kargs![code, s, v[0], v[1], n, f])
@@ -310,6 +373,15 @@ impl Gpu {
         let mut v = [*a, *b, *out];
         if a.dims() == out.dims() && b.dims() == out.dims() {
             Strided::coalesce(&mut v);
+        }
+        if let Some((n, grid)) = vec_path(&v) {
+            let (a, b, o, dt) = (v[0].addr(), v[1].addr(), v[2].addr(), v[2].dtype);
+            return self.launch(
+                K::BinaryVec,
+                (grid, 1, 1),
+                (BLOCK, 1, 1),
+                &mut kargs![code, alpha, a, b, o, n, dt],
+            );
         }
         let n = v[2].numel();
         let f = flags(&v);
@@ -709,6 +781,15 @@ impl Gpu {
             && b.ndim <= 1
         {
             if let Some(grid) = warp_rows_grid(rows) {
+                if let Some(args) = ln_vec_args(&v[0], w, b, out, mean, rstd, d) {
+                    let (x, w, b, o, dt) = args;
+                    return self.launch(
+                        K::LnVec,
+                        grid,
+                        (256, 1, 1),
+                        &mut kargs![x, w, b, eps, o, *mean, *rstd, rows, d, dt],
+                    );
+                }
                 return self.launch(
                     K::LnWarp,
                     grid,
@@ -837,10 +918,21 @@ impl Gpu {
         let (vocab, d) = (w.shape[0], w.shape[1]);
         let n = idx.numel() * d;
         let err = self.err_ptr();
+        let size = w.dt().size() as i64;
+        let per = 16 / size;
+        let vec = w.dtype == out.dtype
+            && out.is_contiguous()
+            && w.strides[1] == 1
+            && d % per == 0
+            && (w.strides[0] * size) % 16 == 0
+            && w.addr().is_multiple_of(16)
+            && out.addr().is_multiple_of(16);
+        let vec = if vec { per as i32 } else { 0 };
+        let threads = if vec > 0 { n / per } else { n };
         self.launch1d(
             K::Embedding,
-            n,
-            &mut kargs![*w, *idx, *out, vocab, d, n, err],
+            threads,
+            &mut kargs![*w, *idx, *out, vocab, d, n, err, vec],
         )
     }
 
@@ -1053,11 +1145,18 @@ mod tests {
     #[test]
     fn every_launch_matches_its_kernel_signature() {
         let cu = super::super::nvrtc::SOURCE;
+        // `__global__ void [__launch_bounds__(..)] name(` on one line
         let params = |kernel: &str| -> usize {
+            let call = format!(" {kernel}(");
             let at = cu
-                .find(&format!("void {kernel}("))
+                .match_indices(&call)
+                .map(|(i, _)| i)
+                .find(|&i| {
+                    let line = cu[..i].rfind('\n').map_or(0, |n| n + 1);
+                    cu[line..i].contains("__global__ void")
+                })
                 .unwrap_or_else(|| panic!("{kernel} not in kernels.cu"));
-            count_items(&cu[at + kernel.len() + 6..])
+            count_items(&cu[at + call.len()..])
         };
         let src = include_str!("ops.rs");
         let src = &src[..src.find("#[cfg(test)]").unwrap_or(src.len())];

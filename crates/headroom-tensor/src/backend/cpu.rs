@@ -162,6 +162,21 @@ fn erf(x: f64) -> f64 {
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 
+/// `x ** e` as PyTorch's pow kernels compute it: the exponents 2, 3, 0.5, -0.5, -1 and -2
+/// by multiplication, square root and reciprocal (both its CPU and CUDA kernels special-case
+/// them; GPT-2's `gelu_new` cubes), anything else by `powf`. k_unary's op 14 does the same.
+fn pow_scalar(x: f32, e: f64) -> f32 {
+    match e {
+        2.0 => x * x,
+        3.0 => x * x * x,
+        0.5 => x.sqrt(),
+        -0.5 => 1.0 / x.sqrt(),
+        -1.0 => 1.0 / x,
+        -2.0 => 1.0 / (x * x),
+        _ => x.powf(e as f32),
+    }
+}
+
 fn gelu(x: f32, tanh: bool) -> f32 {
     let x = x as f64;
     if tanh {
@@ -441,7 +456,7 @@ impl Backend for CpuBackend {
             UnaryOp::Square => Box::new(|v| v * v),
             UnaryOp::AddScalar(s) => Box::new(move |v| v + s as f32),
             UnaryOp::MulScalar(s) => Box::new(move |v| v * s as f32),
-            UnaryOp::PowScalar(s) => Box::new(move |v| v.powf(s as f32)),
+            UnaryOp::PowScalar(s) => Box::new(move |v| pow_scalar(v, s)),
             UnaryOp::Cos => Box::new(|v| v.cos()),
             UnaryOp::Sin => Box::new(|v| v.sin()),
             UnaryOp::Silu => Box::new(|v| v / (1.0 + (-v).exp())),

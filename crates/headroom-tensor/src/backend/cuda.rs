@@ -311,6 +311,13 @@ impl Backend for CudaBackend {
                 .matmul(&st(a)?, &st(b)?, &st(out)?, accumulate, which)?)
         })
     }
+    fn matmul_bias(&self, a: TRef, b: TRef, bias: TRef, out: TRef) -> Result<bool> {
+        self.profile.time("matmul", || {
+            Ok(self
+                .gpu
+                .matmul_bias(&st(a)?, &st(b)?, &st(bias)?, &st(out)?)?)
+        })
+    }
     fn conv2d(
         &self,
         x: TRef,

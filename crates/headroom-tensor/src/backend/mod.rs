@@ -16,6 +16,10 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::layout::Layout;
 
+/// The `thread` of [`Backend::bind_blas_workspace`] that names the per-device cuBLASLt
+/// workspace (the CUDA backend passes it through as headroom-cuda's own constant).
+pub const LT_WORKSPACE: usize = headroom_cuda::compute::blas_lt::LT_WORKSPACE;
+
 /// A kernel argument: a storage base address, the view's layout (offset and strides are in
 /// elements) and its dtype.
 #[derive(Debug, Clone, Copy)]
@@ -181,6 +185,13 @@ pub trait Backend: Send + Sync {
     /// Batched `out = a @ b (+ out if accumulate)`: `a` [B,M,K], `b` [B,K,N], `out` [B,M,N],
     /// any strides.
     fn matmul(&self, a: TRef, b: TRef, out: TRef, accumulate: bool) -> Result<()>;
+    /// `out = a @ b + bias` (bias 1-d, broadcast over rows) in one call, as PyTorch's
+    /// cuBLASLt `gemm_and_bias`; shapes as [`Backend::matmul`] with a batch of one.
+    /// `Ok(false)`: not taken here (nothing written), and the caller copies the bias and
+    /// accumulates with [`Backend::matmul`].
+    fn matmul_bias(&self, _a: TRef, _b: TRef, _bias: TRef, _out: TRef) -> Result<bool> {
+        Ok(false)
+    }
 
     /// `ws` is the workspace the device's [`crate::device::WorkspacePolicy`] asked for; it
     /// stays allocated until the call returns.
@@ -211,8 +222,8 @@ pub trait Backend: Send + Sync {
     ) -> Result<()>;
 
     /// The op layer allocated the GEMM workspace of BLAS handle `thread` (0 forward,
-    /// 1 backward): `size` bytes at `ptr`, held as long as the device. Backends whose BLAS
-    /// needs no workspace ignore it.
+    /// 1 backward, [`LT_WORKSPACE`] the per-device cuBLASLt one): `size` bytes at `ptr`,
+    /// held as long as the device. Backends whose BLAS needs no workspace ignore it.
     fn bind_blas_workspace(&self, _thread: usize, _ptr: u64, _size: u64) -> Result<()> {
         Ok(())
     }

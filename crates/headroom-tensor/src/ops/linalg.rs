@@ -1,8 +1,9 @@
 //! Matrix products: `mm`, `bmm`, `addmm`, `matmul`, `linear`.
 //!
 //! Design note: `linear` follows `F.linear` on CUDA: a 2-d (or flattened contiguous N-d)
-//! input with bias is one `addmm` whose output is allocated once, bias copied in, then GEMM
-//! accumulates; the weight enters through `w.t()` so the graph is AddmmBackward0 →
+//! input with bias is one `addmm` whose output is allocated once and written by one GEMM
+//! with the bias in its epilogue (cuBLASLt, where the backend has it; otherwise the bias is
+//! copied in and the GEMM accumulates); the weight enters through `w.t()` so the graph is AddmmBackward0 →
 //! TBackward0 → AccumulateGrad, and the weight gradient comes out contiguous (computed as
 //! `(g.t() @ x).t()`, like `mm_mat2_backward` for a column-major operand).
 
@@ -75,6 +76,31 @@ impl Tensor {
         )
     }
 
+    /// `out = a @ b + bias` in one backend call (cuBLASLt's bias epilogue); false: the
+    /// backend does not take it and nothing was written.
+    fn gemm_bias_into(a: &Tensor, b: &Tensor, bias: &Tensor, out: &Tensor) -> Result<bool> {
+        a.device().ensure_blas_handle(true)?;
+        let (la, lb, lo) = (as3(a), as3(b), as3(out));
+        a.device().backend().matmul_bias(
+            TRef {
+                ptr: a.storage().ptr(),
+                layout: &la,
+                dtype: a.dtype(),
+            },
+            TRef {
+                ptr: b.storage().ptr(),
+                layout: &lb,
+                dtype: b.dtype(),
+            },
+            bias.kref(),
+            TRef {
+                ptr: out.storage().ptr(),
+                layout: &lo,
+                dtype: out.dtype(),
+            },
+        )
+    }
+
     /// `self @ other` for 2-d tensors.
     pub fn mm(&self, other: &Tensor) -> Result<Tensor> {
         check_mm(self, other, "mm")?;
@@ -124,15 +150,18 @@ impl Tensor {
             )
         })?;
         let out = Tensor::empty(&shape, mat1.dtype(), mat1.device())?;
-        out.device().backend().copy(
-            TRef {
-                ptr: bias.storage().ptr(),
-                layout: &bl,
-                dtype: bias.dtype(),
-            },
-            out.kref(),
-        )?;
-        Tensor::gemm_into(mat1, mat2, &out, true, bias.ndim() == 1)?;
+        let lt = bias.ndim() == 1;
+        if !(lt && Tensor::gemm_bias_into(mat1, mat2, bias, &out)?) {
+            out.device().backend().copy(
+                TRef {
+                    ptr: bias.storage().ptr(),
+                    layout: &bl,
+                    dtype: bias.dtype(),
+                },
+                out.kref(),
+            )?;
+            Tensor::gemm_into(mat1, mat2, &out, true, lt)?;
+        }
         if crate::autograd::should_record(&[bias, mat1, mat2]) {
             let s1 = mat2.requires_grad().then(|| Saved::new(mat1));
             let s2 = mat1.requires_grad().then(|| Saved::new(mat2));

@@ -6,6 +6,8 @@
 # time per forward.
 #
 #   bash scripts/profile_hf.sh "gpt2 bfloat16 32 1024" ["gpt2 float32 8 512" ...]
+#   HEADROOM_ONLY=1 bash scripts/profile_hf.sh ...   # Headroom's side only (transformers'
+#                                                    # quicker: scripts/torch_kernels.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 R=${OUT:-/tmp/headroom-prof}
@@ -24,6 +26,7 @@ for c in "$@"; do
       >"$R/hr_${slug}_$n.csv" 2>"$R/hr_${slug}_$n.err"
   done
   diff_summary "$R/hr_${slug}_1.csv" "$R/hr_${slug}_3.csv"
+  [ "${HEADROOM_ONLY:-}" = 1 ] && continue
   echo "== $c: transformers =="
   for n in 1 3; do
     ncu_csv python3 scripts/profile_hf.py "$name" "$dtype" "$b" "$s" $n >"$R/pt_${slug}_$n.csv" 2>"$R/pt_${slug}_$n.err"

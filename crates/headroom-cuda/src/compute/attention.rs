@@ -168,7 +168,7 @@ impl Gpu {
         }
         let picked = match (dt, s.d) {
             (Dt::F32, 64) => (K::FlashF32D64, 256, 64),
-            (Dt::BF16 | Dt::F16, 64) if self.arch().0 >= 8 => (K::FlashMmaD64, 256, 128),
+            (Dt::BF16 | Dt::F16, 64) if self.arch().0 >= 8 => (K::FlashMmaD64, 128, 64),
             (Dt::BF16 | Dt::F16, 128) if self.arch().0 >= 8 => (K::FlashMmaD128, 128, 64),
             _ => return None,
         };

@@ -10,8 +10,8 @@
 // subtracted (exp2 of the difference): a mask of finfo.min (what transformers puts on
 // padding) then stays finite, and a row masked everywhere with it comes out uniform, as in
 // PyTorch and k_attn_fwd, where folding log2(e) into the scores would overflow it to -inf.
-// - k_flash_mma_d64 / _d128 (bf16, f16; head dim 64 or 128): a warp per 16 query rows (8
-//   warps and 128 rows at head dim 64, 4 and 64 at 128) against 64-key tiles, both products on tensor cores with `mma.sync.m16n8k16` (f32
+// - k_flash_mma_d64 / _d128 (bf16, f16; head dim 64 or 128): 4 warps, 64 query rows (16 per
+//   warp) against 64-key tiles, both products on tensor cores with `mma.sync.m16n8k16` (f32
 //   accumulate) from inline PTX, since NVRTC has no mma.h. The probabilities go from the
 //   score accumulators straight into the A operand of the second product (the C layout of
 //   two n8 tiles is the A layout of one k16 step); K's B operand is read by `ldmatrix` and
@@ -378,18 +378,18 @@ __device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const
     }
 }
 
-// Head dim 64: two stages (36 KiB), 128 query rows in 8 warps, at most 128 registers so
-// that 2 blocks (16 warps) share an SM: each K and V tile read from L2 serves twice the
-// rows it did with 64 (at 176 registers, one block per SM, it ran 1.23x slower). Head dim
-// 128: one stage (34 KiB; two would pass the 48 KiB of static shared memory), 64 rows.
-extern "C" __global__ void __launch_bounds__(256, 2) k_flash_mma_d64(T q, T k, T v, T mask, int has_mask, T out,
+// Head dim 64: two stages (36 KiB), 64 query rows, at most 128 registers so that 4 blocks
+// (16 warps) share an SM: at 168 only 3 fit, and 128 rows in 8 warps (176 registers, one
+// block per SM) ran 1.23x slower than that on GPT-2 bf16 32x1024. Head dim 128: one stage
+// (34 KiB; two would pass the 48 KiB of static shared memory), 64 rows.
+extern "C" __global__ void __launch_bounds__(128, 4) k_flash_mma_d64(T q, T k, T v, T mask, int has_mask, T out,
                                                                       T lse, int has_lse, double scale, int causal,
                                                                       AttnShape s) {
     __shared__ __align__(16) u16 sm[FmSmem<64, 2>::ELEMS];
     if (q.dt == DT_BF16)
-        flash_mma<64, 2, true, 128>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
+        flash_mma<64, 2, true, 64>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
     else
-        flash_mma<64, 2, false, 128>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
+        flash_mma<64, 2, false, 64>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
 }
 
 extern "C" __global__ void __launch_bounds__(128) k_flash_mma_d128(T q, T k, T v, T mask, int has_mask, T out,

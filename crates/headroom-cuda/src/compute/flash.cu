@@ -75,27 +75,23 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 #endif
 }
-// Four 8x8 b16 matrices, transposed: lanes 8i..8i+7 give the row addresses of matrix i, and
-// each lane gets, of matrix i in register i, elements (2 * (lane % 4), lane / 4) and
+// Four 8x8 b16 matrices: lanes 8i..8i+7 give the row addresses of matrix i, and each lane
+// gets, of matrix i in register i, elements (lane / 4, 2 * (lane % 4)) and (lane / 4,
+// 2 * (lane % 4) + 1) as stored, or with TRANS (2 * (lane % 4), lane / 4) and
 // (2 * (lane % 4) + 1, lane / 4).
-__device__ __forceinline__ void ldsm_x4_trans(u32& r0, u32& r1, u32& r2, u32& r3, const u16* p) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(smem_u32(p))
-                 : "memory");
-#endif
-}
-
-// Four 8x8 b16 matrices as stored: lanes 8i..8i+7 give the row addresses of matrix i, and
-// each lane gets, of matrix i in register i, elements (lane / 4, 2 * (lane % 4)) and
-// (lane / 4, 2 * (lane % 4) + 1).
+template <bool TRANS>
 __device__ __forceinline__ void ldsm_x4(u32& r0, u32& r1, u32& r2, u32& r3, const u16* p) {
 #if __CUDA_ARCH__ >= 800
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(smem_u32(p))
-                 : "memory");
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                     : "r"(smem_u32(p))
+                     : "memory");
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                     : "r"(smem_u32(p))
+                     : "memory");
 #endif
 }
 
@@ -248,7 +244,7 @@ __device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk += 2) {
                 u32 b0, b1, b2, b3;
-                ldsm_x4(b0, b1, b2, b3, kr + kk * 16);
+                ldsm_x4<false>(b0, b1, b2, b3, kr + kk * 16);
                 mma16816<BF>(sc[nt], qf[kk], b0, b1);
                 mma16816<BF>(sc[nt], qf[kk + 1], b2, b3);
             }
@@ -353,7 +349,7 @@ __device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const
 #pragma unroll
             for (int nt = 0; nt < D / 8; nt += 2) {
                 u32 b0, b1, b2, b3;
-                ldsm_x4_trans(b0, b1, b2, b3, Vs + (kk * 16 + vrow) * LD + nt * 8 + vcol);
+                ldsm_x4<true>(b0, b1, b2, b3, Vs + (kk * 16 + vrow) * LD + nt * 8 + vcol);
                 mma16816<BF>(o[nt], a, b0, b1);
                 mma16816<BF>(o[nt + 1], a, b2, b3);
             }

@@ -1457,105 +1457,18 @@ __device__ __forceinline__ void ln_warp_t(const T& x, const T& w, const T& b, fl
     }
 }
 
-// The same with 16-byte loads and stores (rows whose length and start allow them): a lane
-// holds VK vectors of 16 / sizeof(S) elements.
-template <typename F, int VK>
-__device__ __forceinline__ void ln_warp_vec(const T& x, const T& w, const T& b, float eps, const T& out,
-                                            const T& mean_t, const T& rstd_t, i64 r, i64 D, int lane) {
-    typedef typename F::S S;
-    const int P = 16 / sizeof(S);
-    union V {
-        uint4 u;
-        S e[16 / sizeof(S)];
-    };
-    const uint4* xr = (const uint4*)(((const S*)x.p) + x.off + r * D);
-    uint4* orow = (uint4*)(((S*)out.p) + out.off + r * D);
-    i64 nv = D / P;
-    float v[VK * P];
-    float s = 0.f;
-#pragma unroll
-    for (int k = 0; k < VK; ++k) {
-        i64 vi = lane + 32 * k;
-        V buf;
-        buf.u = vi < nv ? xr[vi] : make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int e = 0; e < P; ++e) {
-            v[k * P + e] = vi < nv ? F::ld(buf.e, e) : 0.f;
-            s += v[k * P + e];
-        }
-    }
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    float m = s / (float)D;
-    float q = 0.f;
-#pragma unroll
-    for (int k = 0; k < VK; ++k) {
-#pragma unroll
-        for (int e = 0; e < P; ++e) {
-            float d = (lane + 32 * k < nv) ? v[k * P + e] - m : 0.f;
-            q += d * d;
-        }
-    }
-    for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
-    float is = 1.f / sqrtf(q / (float)D + eps);
-#pragma unroll
-    for (int k = 0; k < VK; ++k) {
-        i64 vi = lane + 32 * k;
-        if (vi < nv) {
-            V buf;
-#pragma unroll
-            for (int e = 0; e < P; ++e) {
-                i64 j = vi * P + e;
-                float o = (v[k * P + e] - m) * is;
-                if (w.p) o *= ldf(w, w.off + j * w.st[0]);
-                if (b.p) o += ldf(b, b.off + j * b.st[0]);
-                F::st(buf.e, e, o);
-            }
-            orow[vi] = buf.u;
-        }
-    }
-    if (lane == 0) {
-        stf(mean_t, toff(mean_t, r), m);
-        stf(rstd_t, toff(rstd_t, r), is);
-    }
-}
-
-template <typename F>
-__device__ __forceinline__ void ln_warp_k(const T& x, const T& w, const T& b, float eps, const T& out,
-                                          const T& mean_t, const T& rstd_t, i64 r, i64 D, int lane) {
-    const int P = 16 / sizeof(typename F::S);
-    if (D % P == 0 && x.off % P == 0 && out.off % P == 0 && aligned16(x.p) && aligned16(out.p)) {
-        i64 nv = D / P;
-        if (nv <= 32) ln_warp_vec<F, 1>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
-        else if (nv <= 64) ln_warp_vec<F, 2>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
-        else if (nv <= 128) ln_warp_vec<F, 4>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
-        else ln_warp_vec<F, 8>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
-        return;
-    }
-    if (D <= 128) ln_warp_t<F, 4>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
-    else if (D <= 256) ln_warp_t<F, 8>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
-    else if (D <= 512) ln_warp_t<F, 16>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
-    else ln_warp_t<F, 32>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
-}
-
-// x.dt == out.dt, a float dtype, D <= 1024, w and b 1-d (the host checks).
-extern "C" __global__ void k_ln_warp(T x, T w, T b, double eps, T out, T mean_t, T rstd_t, i64 rows, i64 D) {
-    int lane = threadIdx.x & 31;
-    i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (r >= rows) return;
-    if (x.dt == DT_F32) ln_warp_k<F32>(x, w, b, (float)eps, out, mean_t, rstd_t, r, D, lane);
-    else if (x.dt == DT_BF16) ln_warp_k<BF16>(x, w, b, (float)eps, out, mean_t, rstd_t, r, D, lane);
-    else ln_warp_k<F16>(x, w, b, (float)eps, out, mean_t, rstd_t, r, D, lane);
-}
-
-// k_ln_warp's vector path as a kernel of its own, for x and out contiguous and 16-byte
-// aligned, D a multiple of the vector, w and b absent or contiguous in x's dtype and
-// aligned, mean and rstd contiguous (the host checks: ops.rs layer_norm). Inside k_ln_warp
-// the weight and bias went through ldf (a dtype switch and a stride multiply per element)
-// and the kernel's other paths set its register count: bf16 GPT-2's layer norms took 167 us
-// against PyTorch's 69. Same arithmetic in the same order as ln_warp_vec, so the same bits.
-template <typename F, int VK>
-__device__ __forceinline__ void ln_vec_t(const void* x, const void* w, const void* b, float eps, void* out,
-                                         const T& mean_t, const T& rstd_t, i64 r, i64 D, int lane) {
+// The vector path of layer norm (rows whose length and start allow 16-byte loads and
+// stores): a lane holds VK vectors of 16 / sizeof(S) elements. x and out point at element 0.
+// GEN: the weight and bias through ldf (any dtype and stride) and the statistics through
+// toff, for k_ln_warp; otherwise w and b are absent or contiguous in x's dtype and aligned,
+// read as vectors too, and mean and rstd contiguous (k_ln_vec; the host checks: ops.rs
+// ln_vec_args). With the generic loads, a dtype switch and a stride multiply per element,
+// and k_ln_warp's other paths setting its register count, bf16 GPT-2's layer norms took
+// 167 us against PyTorch's 69; k_ln_vec takes 40.
+template <typename F, int VK, bool GEN>
+__device__ __forceinline__ void ln_vec_t(const typename F::S* x, const T& w, const T& b, float eps,
+                                         typename F::S* out, const T& mean_t, const T& rstd_t, i64 r, i64 D,
+                                         int lane) {
     typedef typename F::S S;
     const int P = 16 / sizeof(S);
     union V {
@@ -1563,8 +1476,8 @@ __device__ __forceinline__ void ln_vec_t(const void* x, const void* w, const voi
         S e[16 / sizeof(S)];
     };
     const i64 nv = D / P;
-    const uint4* xr = (const uint4*)(((const S*)x) + r * D);
-    uint4* orow = (uint4*)(((S*)out) + r * D);
+    const uint4* xr = (const uint4*)(x + r * D);
+    uint4* orow = (uint4*)(out + r * D);
     float v[VK * P];
     float s = 0.f;
     V buf[VK];
@@ -1600,41 +1513,74 @@ __device__ __forceinline__ void ln_vec_t(const void* x, const void* w, const voi
         i64 vi = lane + 32 * k;
         if (vi < nv) {
             V wb, bb, ob;
-            if (w) wb.u = ((const uint4*)w)[vi];
-            if (b) bb.u = ((const uint4*)b)[vi];
+            if (!GEN && w.p) wb.u = ((const uint4*)(((const S*)w.p) + w.off))[vi];
+            if (!GEN && b.p) bb.u = ((const uint4*)(((const S*)b.p) + b.off))[vi];
 #pragma unroll
             for (int e = 0; e < P; ++e) {
+                i64 j = vi * P + e;
                 float o = (v[k * P + e] - m) * is;
-                if (w) o *= F::ld(wb.e, e);
-                if (b) o += F::ld(bb.e, e);
+                if (w.p) o *= GEN ? ldf(w, w.off + j * w.st[0]) : F::ld(wb.e, e);
+                if (b.p) o += GEN ? ldf(b, b.off + j * b.st[0]) : F::ld(bb.e, e);
                 F::st(ob.e, e, o);
             }
             orow[vi] = ob.u;
         }
     }
     if (lane == 0) {
-        stf(mean_t, mean_t.off + r, m);
-        stf(rstd_t, rstd_t.off + r, is);
+        stf(mean_t, GEN ? toff(mean_t, r) : mean_t.off + r, m);
+        stf(rstd_t, GEN ? toff(rstd_t, r) : rstd_t.off + r, is);
     }
 }
 
-template <typename F>
-__device__ __forceinline__ void ln_vec_d(const void* x, const void* w, const void* b, float eps, void* out,
-                                         const T& mean_t, const T& rstd_t, i64 r, i64 D, int lane) {
+template <typename F, bool GEN>
+__device__ __forceinline__ void ln_vec_d(const typename F::S* x, const T& w, const T& b, float eps,
+                                         typename F::S* out, const T& mean_t, const T& rstd_t, i64 r, i64 D,
+                                         int lane) {
     const i64 nv = D / (16 / sizeof(typename F::S));
-    if (nv <= 32) ln_vec_t<F, 1>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
-    else if (nv <= 64) ln_vec_t<F, 2>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
-    else if (nv <= 128) ln_vec_t<F, 4>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
-    else ln_vec_t<F, 8>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
+    if (nv <= 32) ln_vec_t<F, 1, GEN>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
+    else if (nv <= 64) ln_vec_t<F, 2, GEN>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
+    else if (nv <= 128) ln_vec_t<F, 4, GEN>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
+    else ln_vec_t<F, 8, GEN>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
 }
 
-extern "C" __global__ void __launch_bounds__(256) k_ln_vec(const void* x, const void* w, const void* b, double eps, void* out, T mean_t, T rstd_t, i64 rows, i64 D, int dt) {
+template <typename F>
+__device__ __forceinline__ void ln_warp_k(const T& x, const T& w, const T& b, float eps, const T& out,
+                                          const T& mean_t, const T& rstd_t, i64 r, i64 D, int lane) {
+    const int P = 16 / sizeof(typename F::S);
+    if (D % P == 0 && x.off % P == 0 && out.off % P == 0 && aligned16(x.p) && aligned16(out.p)) {
+        i64 nv = D / P;
+        typedef typename F::S S;
+        ln_vec_d<F, true>(((const S*)x.p) + x.off, w, b, eps, ((S*)out.p) + out.off, mean_t, rstd_t, r, D, lane);
+        return;
+    }
+    if (D <= 128) ln_warp_t<F, 4>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
+    else if (D <= 256) ln_warp_t<F, 8>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
+    else if (D <= 512) ln_warp_t<F, 16>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
+    else ln_warp_t<F, 32>(x, w, b, eps, out, mean_t, rstd_t, r, D, lane);
+}
+
+// x.dt == out.dt, a float dtype, D <= 1024, w and b 1-d (the host checks).
+extern "C" __global__ void k_ln_warp(T x, T w, T b, double eps, T out, T mean_t, T rstd_t, i64 rows, i64 D) {
     int lane = threadIdx.x & 31;
     i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;
-    if (dt == DT_F32) ln_vec_d<F32>(x, w, b, (float)eps, out, mean_t, rstd_t, r, D, lane);
-    else if (dt == DT_BF16) ln_vec_d<BF16>(x, w, b, (float)eps, out, mean_t, rstd_t, r, D, lane);
-    else ln_vec_d<F16>(x, w, b, (float)eps, out, mean_t, rstd_t, r, D, lane);
+    if (x.dt == DT_F32) ln_warp_k<F32>(x, w, b, (float)eps, out, mean_t, rstd_t, r, D, lane);
+    else if (x.dt == DT_BF16) ln_warp_k<BF16>(x, w, b, (float)eps, out, mean_t, rstd_t, r, D, lane);
+    else ln_warp_k<F16>(x, w, b, (float)eps, out, mean_t, rstd_t, r, D, lane);
+}
+
+// A warp per row on the vector path without generic loads (see ln_vec_t); x and out are
+// element 0 of contiguous, aligned rows.
+extern "C" __global__ void __launch_bounds__(256) k_ln_vec(const void* x, T w, T b, double eps, void* out, T mean_t, T rstd_t, i64 rows, i64 D, int dt) {
+    int lane = threadIdx.x & 31;
+    i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    if (dt == DT_F32)
+        ln_vec_d<F32, false>((const float*)x, w, b, (float)eps, (float*)out, mean_t, rstd_t, r, D, lane);
+    else if (dt == DT_BF16)
+        ln_vec_d<BF16, false>((const u16*)x, w, b, (float)eps, (u16*)out, mean_t, rstd_t, r, D, lane);
+    else
+        ln_vec_d<F16, false>((const u16*)x, w, b, (float)eps, (u16*)out, mean_t, rstd_t, r, D, lane);
 }
 
 extern "C" __global__ void k_ln_bwd_gx(T gy, T x, T w, T mean_t, T rstd_t, T gx, i64 rows, i64 D) {

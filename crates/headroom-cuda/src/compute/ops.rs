@@ -163,10 +163,10 @@ fn vec_path(views: &[Strided]) -> Option<(i64, u32)> {
     (n > 0 && grid <= i32::MAX as u64).then_some((n, grid as u32))
 }
 
-/// Bare pointers (x, w, b, out) and dtype for k_ln_vec, when `x` and `out` (contiguous, one
-/// float dtype) start on 16-byte boundaries with rows a whole number of vectors, the weight
-/// and bias are absent or contiguous in that dtype and aligned, and mean and rstd are
-/// contiguous.
+/// Bare pointers to element 0 of `x` and `out`, and the dtype, for k_ln_vec: when both
+/// (contiguous, one float dtype) start on 16-byte boundaries with rows a whole number of
+/// vectors, the weight and bias are absent or contiguous in that dtype and aligned, and mean
+/// and rstd are contiguous.
 fn ln_vec_args(
     x: &Strided,
     w: &Strided,
@@ -175,21 +175,20 @@ fn ln_vec_args(
     mean: &Strided,
     rstd: &Strided,
     d: i64,
-) -> Option<(u64, u64, u64, u64, i32)> {
+) -> Option<(u64, u64, i32)> {
     let per = (16 / x.dt().size()) as i64;
     let aligned = |t: &Strided| t.addr().is_multiple_of(16);
     let param = |t: &Strided| {
-        if t.ptr == 0 {
-            Some(0)
-        } else {
-            (t.dtype == x.dtype && t.numel() == d && t.is_contiguous() && aligned(t))
-                .then(|| t.addr())
-        }
+        t.ptr == 0 || (t.dtype == x.dtype && t.numel() == d && t.is_contiguous() && aligned(t))
     };
-    let ok =
-        d % per == 0 && aligned(x) && aligned(out) && mean.is_contiguous() && rstd.is_contiguous();
-    ok.then_some(())?;
-    Some((x.addr(), param(w)?, param(b)?, out.addr(), x.dtype))
+    let ok = d % per == 0
+        && aligned(x)
+        && aligned(out)
+        && param(w)
+        && param(b)
+        && mean.is_contiguous()
+        && rstd.is_contiguous();
+    ok.then(|| (x.addr(), out.addr(), x.dtype))
 }
 
 /// The grid of the warp-per-row kernels (softmax, layer norm): a warp per row, 8 rows to a
@@ -781,13 +780,12 @@ impl Gpu {
             && b.ndim <= 1
         {
             if let Some(grid) = warp_rows_grid(rows) {
-                if let Some(args) = ln_vec_args(&v[0], w, b, out, mean, rstd, d) {
-                    let (x, w, b, o, dt) = args;
+                if let Some((x, o, dt)) = ln_vec_args(&v[0], w, b, out, mean, rstd, d) {
                     return self.launch(
                         K::LnVec,
                         grid,
                         (256, 1, 1),
-                        &mut kargs![x, w, b, eps, o, *mean, *rstd, rows, d, dt],
+                        &mut kargs![x, *w, *b, eps, o, *mean, *rstd, rows, d, dt],
                     );
                 }
                 return self.launch(

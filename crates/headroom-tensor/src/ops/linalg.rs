@@ -21,6 +21,15 @@ fn as3(t: &Tensor) -> Layout {
     }
 }
 
+/// `t`'s storage seen through `layout` (its [`as3`] view).
+fn kref3<'a>(t: &Tensor, layout: &'a Layout) -> TRef<'a> {
+    TRef {
+        ptr: t.storage().ptr(),
+        layout,
+        dtype: t.dtype(),
+    }
+}
+
 fn check_mm(a: &Tensor, b: &Tensor, op: &'static str) -> Result<()> {
     same_device(a, b, op)?;
     same_dtype(a, b, op)?;
@@ -56,24 +65,9 @@ impl Tensor {
     fn gemm_into(a: &Tensor, b: &Tensor, out: &Tensor, accumulate: bool, lt: bool) -> Result<()> {
         a.device().ensure_blas_handle(lt)?;
         let (la, lb, lo) = (as3(a), as3(b), as3(out));
-        a.device().backend().matmul(
-            TRef {
-                ptr: a.storage().ptr(),
-                layout: &la,
-                dtype: a.dtype(),
-            },
-            TRef {
-                ptr: b.storage().ptr(),
-                layout: &lb,
-                dtype: b.dtype(),
-            },
-            TRef {
-                ptr: out.storage().ptr(),
-                layout: &lo,
-                dtype: out.dtype(),
-            },
-            accumulate,
-        )
+        a.device()
+            .backend()
+            .matmul(kref3(a, &la), kref3(b, &lb), kref3(out, &lo), accumulate)
     }
 
     /// `out = a @ b + bias` in one backend call (cuBLASLt's bias epilogue); false: the
@@ -81,24 +75,9 @@ impl Tensor {
     fn gemm_bias_into(a: &Tensor, b: &Tensor, bias: &Tensor, out: &Tensor) -> Result<bool> {
         a.device().ensure_blas_handle(true)?;
         let (la, lb, lo) = (as3(a), as3(b), as3(out));
-        a.device().backend().matmul_bias(
-            TRef {
-                ptr: a.storage().ptr(),
-                layout: &la,
-                dtype: a.dtype(),
-            },
-            TRef {
-                ptr: b.storage().ptr(),
-                layout: &lb,
-                dtype: b.dtype(),
-            },
-            bias.kref(),
-            TRef {
-                ptr: out.storage().ptr(),
-                layout: &lo,
-                dtype: out.dtype(),
-            },
-        )
+        a.device()
+            .backend()
+            .matmul_bias(kref3(a, &la), kref3(b, &lb), bias.kref(), kref3(out, &lo))
     }
 
     /// `self @ other` for 2-d tensors.

@@ -22,7 +22,8 @@
 //   all precede a tile's keys skips that tile's math.
 // - k_flash_f32_d64 (f32): plain FMA, no TF32 (PyTorch's f32 SDPA does not use TF32 either):
 //   256 threads as 16 x 16, each owning 4 query rows (r = ty + 16a) and 2 key columns of
-//   each 32-key tile, and 4 output columns (tx + 16c); the next K and V tile is read into
+//   each 32-key tile, and 4 adjacent output columns (4tx..4tx+3, so V's row is one 16-byte
+//   load per key where four 4-byte loads were); the next K and V tile is read into
 //   registers during this one's math.
 // - k_attn_rows (every dtype, any strides, head dims up to 256): one block per query row,
 //   8 warps splitting the keys and merging their partial softmax at the end: the decode
@@ -543,9 +544,8 @@ extern "C" __global__ void __launch_bounds__(FF_THREADS) k_flash_f32_d64(T q, T 
             for (int a = 0; a < 4; ++a) pa[a] = *(const float4*)(Ps + (ty + 16 * a) * FF_LDP + j);
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj) {
-                float vv[FF_D / 16];
-#pragma unroll
-                for (int c = 0; c < FF_D / 16; ++c) vv[c] = Vs[(j + jj) * FF_D + tx + 16 * c];
+                float4 v4 = *(const float4*)(Vs + (j + jj) * FF_D + 4 * tx);
+                const float vv[4] = {v4.x, v4.y, v4.z, v4.w};
 #pragma unroll
                 for (int a = 0; a < 4; ++a) {
                     float p = jj == 0 ? pa[a].x : jj == 1 ? pa[a].y : jj == 2 ? pa[a].z : pa[a].w;
@@ -566,7 +566,7 @@ extern "C" __global__ void __launch_bounds__(FF_THREADS) k_flash_f32_d64(T q, T 
         if (i >= s.TQ) continue;
         float inv = l[a] > 0.f ? 1.f / l[a] : 0.f;
 #pragma unroll
-        for (int c = 0; c < FF_D / 16; ++c) op[off4(out, b, h, i, tx + 16 * c)] = o[a][c] * inv;
+        for (int c = 0; c < FF_D / 16; ++c) op[off4(out, b, h, i, 4 * tx + c)] = o[a][c] * inv;
         if (has_lse && tx == 0) lse_store(lse, b, h, i, m[a], l[a]);
     }
 }

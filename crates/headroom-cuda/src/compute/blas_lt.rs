@@ -22,6 +22,9 @@ use super::libs::{ensure, Lib};
 use super::{Dt, Gpu, Strided};
 use crate::driver::{require_symbols, CudaError};
 
+/// Plans kept per device before the cache starts over.
+const MAX_PLANS: usize = 1024;
+
 /// `which` of [`Gpu::bind_blas_workspace`] that names the cuBLASLt workspace.
 pub const LT_WORKSPACE: usize = 2;
 
@@ -149,6 +152,11 @@ impl BlasLt {
 
     fn plan(&mut self, key: Key) -> Result<&Plan, CudaError> {
         if !self.plans.contains_key(&key) {
+            // A server sees a new M per prompt length: the cache is bounded, and starts
+            // over when full (a miss costs one heuristic query, tens of microseconds).
+            if self.plans.len() >= MAX_PLANS {
+                self.plans.clear();
+            }
             let plan = Plan::new(self.handle, &key)?;
             self.plans.insert(key, plan);
         }

@@ -119,13 +119,10 @@ fn lt_type(dt: Dt) -> Option<lt::cudaDataType> {
     }
 }
 
-/// The largest power of two (up to 256) that divides `addr`, as PyTorch's `_getAlignment`.
+/// The largest power of two (up to 256) that divides `addr`, as PyTorch's `_getAlignment`
+/// (dnn_graph.rs's `alignment` caps at cuDNN's 16).
 fn alignment(addr: u64) -> u32 {
-    let mut a = 1u32;
-    while a < 256 && addr.is_multiple_of(2 * a as u64) {
-        a *= 2;
-    }
-    a
+    1u32 << (addr | 256).trailing_zeros().min(8)
 }
 
 impl BlasLt {

@@ -163,6 +163,27 @@ fn vec_path(views: &[Strided]) -> Option<(i64, u32)> {
     (n > 0 && grid <= i32::MAX as u64).then_some((n, grid as u32))
 }
 
+/// Elements per 16-byte vector for k_embedding's row copy, when `w`'s rows and `out` allow
+/// it (one dtype, unit inner stride, rows a whole number of vectors, 16-byte aligned row
+/// starts); 0 for the element loop.
+fn embedding_vec(w: &Strided, out: &Strided) -> i32 {
+    let size = w.dt().size() as i64;
+    let per = 16 / size;
+    let ok = w.ndim == 2
+        && w.dtype == out.dtype
+        && out.is_contiguous()
+        && w.strides[1] == 1
+        && w.shape[1] % per == 0
+        && (w.strides[0] * size) % 16 == 0
+        && w.addr().is_multiple_of(16)
+        && out.addr().is_multiple_of(16);
+    if ok {
+        per as i32
+    } else {
+        0
+    }
+}
+
 /// Bare pointers to element 0 of `x` and `out`, and the dtype, for k_ln_vec: when both
 /// (contiguous, one float dtype) start on 16-byte boundaries with rows a whole number of
 /// vectors, the weight and bias are absent or contiguous in that dtype and aligned, and mean
@@ -916,17 +937,8 @@ impl Gpu {
         let (vocab, d) = (w.shape[0], w.shape[1]);
         let n = idx.numel() * d;
         let err = self.err_ptr();
-        let size = w.dt().size() as i64;
-        let per = 16 / size;
-        let vec = w.dtype == out.dtype
-            && out.is_contiguous()
-            && w.strides[1] == 1
-            && d % per == 0
-            && (w.strides[0] * size) % 16 == 0
-            && w.addr().is_multiple_of(16)
-            && out.addr().is_multiple_of(16);
-        let vec = if vec { per as i32 } else { 0 };
-        let threads = if vec > 0 { n / per } else { n };
+        let vec = embedding_vec(w, out);
+        let threads = if vec > 0 { n / vec as i64 } else { n };
         self.launch1d(
             K::Embedding,
             threads,
@@ -1217,6 +1229,118 @@ mod tests {
         assert_eq!(
             bn_scratch(&out, 8, &[&v(4096 + 96, &[4], &[1])]),
             Some(4096)
+        );
+    }
+
+    fn view(ptr: u64, dt: Dt, shape: &[usize], strides: &[usize], offset: usize) -> Strided {
+        Strided::new(ptr, dt, shape, strides, offset).unwrap()
+    }
+
+    #[test]
+    fn the_vector_elementwise_kernels_take_contiguous_aligned_float_views_only() {
+        let flat = |ptr, dt, n: usize| view(ptr, dt, &[n], &[1], 0);
+        // 100 bf16 elements: 12 vectors of 8 (the 4 left over are block 0's), one block.
+        assert_eq!(
+            vec_path(&[flat(4096, Dt::BF16, 100), flat(8192, Dt::BF16, 100)]),
+            Some((100, 1))
+        );
+        // GPT-2's 32x1024x3072 bf16: 12.6 M vectors, 1024 per block.
+        let n = 32 * 1024 * 3072;
+        assert_eq!(
+            vec_path(&[flat(0, Dt::BF16, n), flat(1 << 30, Dt::BF16, n)]),
+            Some((n as i64, 12288))
+        );
+        assert_eq!(
+            vec_path(&[flat(0, Dt::F32, 5), flat(64, Dt::F16, 5)]),
+            None,
+            "mixed dtypes"
+        );
+        assert_eq!(
+            vec_path(&[flat(0, Dt::I64, 8), flat(64, Dt::I64, 8)]),
+            None,
+            "not a float"
+        );
+        assert_eq!(
+            vec_path(&[flat(2, Dt::BF16, 8), flat(64, Dt::BF16, 8)]),
+            None,
+            "misaligned"
+        );
+        let offset = view(0, Dt::F32, &[8], &[1], 1);
+        assert_eq!(
+            vec_path(&[offset, flat(64, Dt::F32, 8)]),
+            None,
+            "offset off the boundary"
+        );
+        let broadcast = view(0, Dt::F32, &[4, 8], &[0, 1], 0);
+        assert_eq!(
+            vec_path(&[broadcast, view(64, Dt::F32, &[4, 8], &[8, 1], 0)]),
+            None
+        );
+        assert_eq!(
+            vec_path(&[flat(0, Dt::F32, 0), flat(64, Dt::F32, 0)]),
+            None,
+            "empty"
+        );
+    }
+
+    #[test]
+    fn layer_norm_takes_the_vector_kernel_when_rows_and_parameters_allow_it() {
+        let x = view(0, Dt::BF16, &[4, 768], &[768, 1], 0);
+        let out = view(1 << 20, Dt::BF16, &[4, 768], &[768, 1], 0);
+        let (w, b) = (
+            view(4096, Dt::BF16, &[768], &[1], 0),
+            view(8192, Dt::BF16, &[768], &[1], 0),
+        );
+        let stat = view(1 << 21, Dt::F32, &[4, 1], &[1, 1], 0);
+        let args =
+            |x: &Strided, w: &Strided, b: &Strided| ln_vec_args(x, w, b, &out, &stat, &stat, 768);
+        assert_eq!(args(&x, &w, &b), Some((0, 1 << 20, Dt::BF16 as i32)));
+        assert!(
+            args(&x, &Strided::none(), &Strided::none()).is_some(),
+            "no affine parameters"
+        );
+        let w32 = view(4096, Dt::F32, &[768], &[1], 0);
+        assert_eq!(
+            args(&x, &w32, &b),
+            None,
+            "a weight in another dtype goes through ldf"
+        );
+        let strided_w = view(4096, Dt::BF16, &[768], &[2], 0);
+        assert_eq!(args(&x, &strided_w, &b), None);
+        let shifted_b = view(8192, Dt::BF16, &[768], &[1], 1);
+        assert_eq!(
+            args(&x, &w, &shifted_b),
+            None,
+            "bias off the 16-byte boundary"
+        );
+        let odd = view(0, Dt::BF16, &[4, 100], &[100, 1], 0);
+        assert_eq!(
+            ln_vec_args(&odd, &w, &b, &out, &stat, &stat, 100),
+            None,
+            "rows not whole vectors"
+        );
+    }
+
+    #[test]
+    fn embedding_copies_vectors_when_rows_allow_it() {
+        let w = view(0, Dt::BF16, &[50257, 768], &[768, 1], 0);
+        let out = view(1 << 30, Dt::BF16, &[8, 768], &[768, 1], 0);
+        assert_eq!(embedding_vec(&w, &out), 8);
+        assert_eq!(
+            embedding_vec(
+                &view(0, Dt::F32, &[10, 64], &[64, 1], 0),
+                &view(4096, Dt::F32, &[3, 64], &[64, 1], 0)
+            ),
+            4
+        );
+        let out32 = view(1 << 30, Dt::F32, &[8, 768], &[768, 1], 0);
+        assert_eq!(embedding_vec(&w, &out32), 0, "a conversion");
+        let transposed = view(0, Dt::BF16, &[50257, 768], &[1, 50257], 0);
+        assert_eq!(embedding_vec(&transposed, &out), 0);
+        let odd_rows = view(0, Dt::BF16, &[10, 12], &[12, 1], 0);
+        assert_eq!(
+            embedding_vec(&odd_rows, &view(4096, Dt::BF16, &[2, 12], &[12, 1], 0)),
+            0
         );
     }
 

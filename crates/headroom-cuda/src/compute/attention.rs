@@ -127,6 +127,9 @@ fn shape(a: &AttentionViews) -> Result<AttnShape, CudaError> {
 
 /// Query rows up to which the forward runs a block per row (the decode step).
 const DECODE_ROWS: i64 = 4;
+/// Query rows per block of the tiled kernels (FM_BM and FF_BM of flash.cu).
+const TILE_ROWS: i64 = 64;
+
 /// Whether `t` can be read in `bytes`-byte vectors along its last dim: unit inner stride, the
 /// first element and every row aligned (the strides of size-1 dims are never stepped).
 fn rows_aligned(t: &Strided, bytes: i64) -> bool {
@@ -159,17 +162,16 @@ impl Gpu {
         }
     }
 
-    /// The tiled kernel for this call, if one takes it: the kernel, its threads per block
-    /// and query rows per block (BM of flash.cu).
-    fn tiled_kernel(&self, a: &AttentionViews, s: &AttnShape) -> Option<(K, u32, i64)> {
+    /// The tiled kernel for this call, if one takes it.
+    fn tiled_kernel(&self, a: &AttentionViews, s: &AttnShape) -> Option<(K, u32)> {
         let dt = a.q.dt();
         if [a.k.dt(), a.v.dt(), a.out.dt()].iter().any(|&d| d != dt) || s.d != s.dv {
             return None;
         }
         let picked = match (dt, s.d) {
-            (Dt::F32, 64) => (K::FlashF32D64, 256, 64),
-            (Dt::BF16 | Dt::F16, 64) if self.arch().0 >= 8 => (K::FlashMmaD64, 128, 64),
-            (Dt::BF16 | Dt::F16, 128) if self.arch().0 >= 8 => (K::FlashMmaD128, 128, 64),
+            (Dt::F32, 64) => (K::FlashF32D64, 256),
+            (Dt::BF16 | Dt::F16, 64) if self.arch().0 >= 8 => (K::FlashMmaD64, 128),
+            (Dt::BF16 | Dt::F16, 128) if self.arch().0 >= 8 => (K::FlashMmaD128, 128),
             _ => return None,
         };
         // 16-bit outputs are written in pairs (4-byte stores); f32 element by element.
@@ -226,10 +228,10 @@ impl Gpu {
                 ],
             ),
             AttentionKernel::Tiled => {
-                let Some((k, threads, rows)) = self.tiled_kernel(a, &s) else {
+                let Some((k, threads)) = self.tiled_kernel(a, &s) else {
                     return refuse("does not take this dtype, head dim or layout");
                 };
-                let tiles = (s.tq + rows - 1) / rows;
+                let tiles = (s.tq + TILE_ROWS - 1) / TILE_ROWS;
                 self.launch(
                     k,
                     (tiles as u32, s.hq as u32, s.b as u32),

@@ -48,8 +48,9 @@ __device__ __forceinline__ void lse_store(const T& lse, i64 b, i64 h, i64 i, flo
 // ---------------------------------------------------------------------------------------
 // bf16 / f16 on tensor cores.
 
-// Keys per tile; query rows per block are a template parameter (BM, 16 per warp).
+#define FM_BM 64
 #define FM_BN 64
+#define FM_THREADS 128
 
 // Shared-memory address of a generic pointer (what ldmatrix and cp.async take).
 __device__ __forceinline__ u32 smem_u32(const void* p) {
@@ -133,25 +134,25 @@ struct FmSmem {
     static constexpr int ELEMS = STAGES * 2 * TILE;
 };
 
-template <int D, int STAGES, bool BF, int BM>
+template <int D, int STAGES, bool BF>
 __device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const T& v, const T& mask, int has_mask,
                                           const T& out, const T& lse, int has_lse, float scale, int causal,
                                           const AttnShape& s) {
     constexpr int LD = FmSmem<D, STAGES>::LD;
     constexpr int TILE = FmSmem<D, STAGES>::TILE;
     constexpr int CH = D / 8;  // 16-byte chunks per row
-    constexpr int NT = BM * 2;  // threads: a warp per 16 rows
-    static_assert(BM * LD <= FmSmem<D, STAGES>::ELEMS, "the Q tile is staged in the K/V buffers");
+    constexpr int NT = FM_THREADS;
+    static_assert(FM_BM * LD <= FmSmem<D, STAGES>::ELEMS, "the Q tile is staged in the K/V buffers");
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
     const i64 b = blockIdx.z, h = blockIdx.y;
-    const i64 q0 = (i64)blockIdx.x * BM;
+    const i64 q0 = (i64)blockIdx.x * FM_BM;
     const i64 kh = h / (s.HQ / s.HKV);
     const u16* qp = (const u16*)q.p;
     const u16* kp = (const u16*)k.p;
     const u16* vp = (const u16*)v.p;
 
-    for (int c = tid; c < BM * CH; c += NT) {
+    for (int c = tid; c < FM_BM * CH; c += NT) {
         int r = c / CH, e = (c % CH) * 8;
         i64 i = q0 + r;
         uint4 val = make_uint4(0, 0, 0, 0);
@@ -207,7 +208,7 @@ __device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const
     const int vrow = ((lane >> 3) & 1) * 8 + (lane & 7), vcol = (lane >> 4) * 8;
 
     i64 kend = s.S;
-    if (causal && q0 + BM < kend) kend = q0 + BM;
+    if (causal && q0 + FM_BM < kend) kend = q0 + FM_BM;
     const i64 ntiles = (kend + FM_BN - 1) / FM_BN;
     if (STAGES == 2 && ntiles > 0) load(0, 0);
     for (i64 t = 0; t < ntiles; ++t) {
@@ -272,7 +273,7 @@ __device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const
                     mn[x >> 1] = fmaxf(mn[x >> 1], sv);
                 }
             }
-        } else if (!(scale > 0.f)) {
+        } else {
 #pragma unroll
             for (int nt = 0; nt < FM_BN / 8; ++nt) {
 #pragma unroll
@@ -282,20 +283,7 @@ __device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const
                     mn[x >> 1] = fmaxf(mn[x >> 1], sv);
                 }
             }
-        } else {
-            // Every score finite and the scale positive: the row max of the raw products,
-            // scaled once, and (below) one fused multiply-add per score for the exponent,
-            // where the edge path spends a multiply, a subtraction and a multiply.
-            float rm[2] = {f_ninf(), f_ninf()};
-#pragma unroll
-            for (int nt = 0; nt < FM_BN / 8; ++nt) {
-#pragma unroll
-                for (int x = 0; x < 4; ++x) rm[x >> 1] = fmaxf(rm[x >> 1], sc[nt][x]);
-            }
-            mn[0] = fmaxf(mn[0], rm[0] * scale);
-            mn[1] = fmaxf(mn[1], rm[1] * scale);
         }
-        const bool raw = !edge && scale > 0.f;
         float mu[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -313,27 +301,13 @@ __device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const
                 o[nt][2 * r + 1] *= alpha;
             }
         }
-        if (raw) {
-            const float sl2 = scale * LOG2E_F;
-            const float off[2] = {-mu[0] * LOG2E_F, -mu[1] * LOG2E_F};
 #pragma unroll
-            for (int nt = 0; nt < FM_BN / 8; ++nt) {
+        for (int nt = 0; nt < FM_BN / 8; ++nt) {
 #pragma unroll
-                for (int x = 0; x < 4; ++x) {
-                    float p = exp2f(fmaf(sc[nt][x], sl2, off[x >> 1]));
-                    sc[nt][x] = p;
-                    l[x >> 1] += p;
-                }
-            }
-        } else {
-#pragma unroll
-            for (int nt = 0; nt < FM_BN / 8; ++nt) {
-#pragma unroll
-                for (int x = 0; x < 4; ++x) {
-                    float p = exp_from(sc[nt][x], mu[x >> 1]);
-                    sc[nt][x] = p;
-                    l[x >> 1] += p;
-                }
+            for (int x = 0; x < 4; ++x) {
+                float p = exp_from(sc[nt][x], mu[x >> 1]);
+                sc[nt][x] = p;
+                l[x >> 1] += p;
             }
         }
         // O += P V, 16 keys per step: the C fragments of score tiles 2kk and 2kk+1 are the A
@@ -375,28 +349,28 @@ __device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const
     }
 }
 
-// Head dim 64: two stages (36 KiB), 64 query rows, at most 128 registers so that 4 blocks
-// (16 warps) share an SM: at 168 only 3 fit, and 128 rows in 8 warps (176 registers, one
-// block per SM) ran 1.23x slower than that on GPT-2 bf16 32x1024. Head dim 128: one stage
-// (34 KiB; two would pass the 48 KiB of static shared memory), 64 rows.
-extern "C" __global__ void __launch_bounds__(128, 4) k_flash_mma_d64(T q, T k, T v, T mask, int has_mask, T out,
+// Head dim 64: two stages (36 KiB), at most 128 registers so that 4 blocks (16 warps) share
+// an SM: at 168 only 3 fit. 128 query rows in 8 warps per block ran no faster on GPT-2 bf16
+// 32x1024 (1.23x slower at 176 registers, even at 128). Head dim 128: one stage (34 KiB; two
+// would pass the 48 KiB of static shared memory).
+extern "C" __global__ void __launch_bounds__(FM_THREADS, 4) k_flash_mma_d64(T q, T k, T v, T mask, int has_mask, T out,
                                                                       T lse, int has_lse, double scale, int causal,
                                                                       AttnShape s) {
     __shared__ __align__(16) u16 sm[FmSmem<64, 2>::ELEMS];
     if (q.dt == DT_BF16)
-        flash_mma<64, 2, true, 64>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
+        flash_mma<64, 2, true>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
     else
-        flash_mma<64, 2, false, 64>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
+        flash_mma<64, 2, false>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
 }
 
-extern "C" __global__ void __launch_bounds__(128) k_flash_mma_d128(T q, T k, T v, T mask, int has_mask, T out,
+extern "C" __global__ void __launch_bounds__(FM_THREADS) k_flash_mma_d128(T q, T k, T v, T mask, int has_mask, T out,
                                                                        T lse, int has_lse, double scale, int causal,
                                                                        AttnShape s) {
     __shared__ __align__(16) u16 sm[FmSmem<128, 1>::ELEMS];
     if (q.dt == DT_BF16)
-        flash_mma<128, 1, true, 64>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
+        flash_mma<128, 1, true>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
     else
-        flash_mma<128, 1, false, 64>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
+        flash_mma<128, 1, false>(sm, q, k, v, mask, has_mask, out, lse, has_lse, (float)scale, causal, s);
 }
 
 // ---------------------------------------------------------------------------------------

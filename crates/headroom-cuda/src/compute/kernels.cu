@@ -711,11 +711,12 @@ extern "C" __global__ void k_binary(int op, double alpha, T a, T b, T out, i64 n
 // Contiguous elementwise: k_unary_vec and k_binary_vec, for views that are 1-d (coalesced),
 // unit-stride, 16-byte aligned and of one float dtype (the host checks: ops.rs `vec_path`).
 // They take bare pointers, not descriptors, load EW_UNROLL 16-byte vectors of each input
-// before computing any, and cover the tensor with one pass of the grid. The contiguous path
-// inside k_unary ran at 3 TB/s on bf16 GPT-2 (PyTorch's kernels 4.3): the general path in
-// the same kernel set its register count, which halved occupancy, and a thread had one
-// load in flight, too little to cover the H200's memory latency. The arithmetic is
-// unary_f / binary_f, so results equal k_unary's and k_binary's bit for bit.
+// before computing any, and cover the tensor with one pass of the grid; f16 gets a vector
+// path here, which k_unary's and k_binary's contiguous paths lack (those stay for unaligned
+// contiguous views). Measured on bf16 GPT-2 32x1024 (H200): unary ops as fast as k_unary's
+// contiguous path (97 us for 100 M elements, PyTorch 94 to 102), binary ops 4% faster (4.29
+// against 4.45 ms per forward). The arithmetic is unary_f / binary_f, so results equal
+// k_unary's and k_binary's bit for bit.
 
 #define EW_BLOCK 256
 #define EW_UNROLL 4

@@ -21,6 +21,22 @@ use crate::driver::CudaError;
 /// descriptors and helpers), compiled as one program into one module.
 pub const SOURCE: &str = concat!(include_str!("kernels.cu"), include_str!("flash.cu"));
 
+/// Where kernel `name`'s parameter list starts in [`SOURCE`] (just past `name(` on a line
+/// `__global__ void [__launch_bounds__(..)] name(`), for the tests that check the launch
+/// table and each launch's argument count against the source.
+#[cfg(test)]
+pub(crate) fn kernel_params(name: &str) -> Option<usize> {
+    let call = format!(" {name}(");
+    SOURCE
+        .match_indices(&call)
+        .map(|(i, _)| i)
+        .find(|&i| {
+            let line = SOURCE[..i].rfind('\n').map_or(0, |n| n + 1);
+            SOURCE[line..i].contains("__global__ void")
+        })
+        .map(|i| i + call.len())
+}
+
 fn nvrtc_check(call: &'static str, r: nv::nvrtcResult) -> Result<(), CudaError> {
     if r == nv::nvrtcResult::NVRTC_SUCCESS {
         Ok(())

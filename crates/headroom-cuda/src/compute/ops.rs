@@ -138,28 +138,28 @@ fn per_thread(views: &[Strided]) -> i64 {
     }
 }
 
-/// Elements of the contiguous elementwise kernels (k_unary_vec, k_binary_vec) when every view
-/// is contiguous, of one float dtype, and starts on a 16-byte boundary; `None` sends the call
-/// to the general kernels. Kept in step with EW_BLOCK and EW_UNROLL in kernels.cu.
+/// Threads per block and 16-byte vectors per thread of k_unary_vec and k_binary_vec
+/// (EW_BLOCK and EW_UNROLL of kernels.cu, whose indexing assumes them).
+const EW_BLOCK: u32 = 256;
+const EW_UNROLL: u64 = 4;
+
+/// Elements and blocks of the contiguous elementwise kernels (k_unary_vec, k_binary_vec)
+/// when every view (all of one numel: the callers check) is contiguous, of one float dtype,
+/// and starts on a 16-byte boundary; `None` sends the call to the general kernels.
 fn vec_path(views: &[Strided]) -> Option<(i64, u32)> {
-    const EW_BLOCK: u64 = 256;
-    const EW_UNROLL: u64 = 4;
     let first = views.first()?;
     let float = matches!(first.dt(), Dt::F32 | Dt::BF16 | Dt::F16);
     let ok = float
-        && views.iter().all(|v| {
-            v.dtype == first.dtype
-                && v.is_contiguous()
-                && v.addr().is_multiple_of(16)
-                && v.numel() == first.numel()
-        });
+        && views
+            .iter()
+            .all(|v| v.dtype == first.dtype && v.is_contiguous() && v.addr().is_multiple_of(16));
     if !ok {
         return None;
     }
     let n = first.numel();
     let per = (16 / first.dt().size()) as u64;
     let vectors = (n.max(0) as u64) / per;
-    let grid = vectors.div_ceil(EW_BLOCK * EW_UNROLL).max(1);
+    let grid = vectors.div_ceil(EW_BLOCK as u64 * EW_UNROLL).max(1);
     (n > 0 && grid <= i32::MAX as u64).then_some((n, grid as u32))
 }
 
@@ -376,7 +376,7 @@ impl Gpu {
             return self.launch(
                 K::UnaryVec,
                 (grid, 1, 1),
-                (BLOCK, 1, 1),
+                (EW_BLOCK, 1, 1),
                 &mut kargs![code, s, x, o, n, dt],
             );
         }
@@ -399,7 +399,7 @@ impl Gpu {
             return self.launch(
                 K::BinaryVec,
                 (grid, 1, 1),
-                (BLOCK, 1, 1),
+                (EW_BLOCK, 1, 1),
                 &mut kargs![code, alpha, a, b, o, n, dt],
             );
         }
@@ -1155,18 +1155,10 @@ mod tests {
     #[test]
     fn every_launch_matches_its_kernel_signature() {
         let cu = super::super::nvrtc::SOURCE;
-        // `__global__ void [__launch_bounds__(..)] name(` on one line
         let params = |kernel: &str| -> usize {
-            let call = format!(" {kernel}(");
-            let at = cu
-                .match_indices(&call)
-                .map(|(i, _)| i)
-                .find(|&i| {
-                    let line = cu[..i].rfind('\n').map_or(0, |n| n + 1);
-                    cu[line..i].contains("__global__ void")
-                })
+            let at = super::super::nvrtc::kernel_params(kernel)
                 .unwrap_or_else(|| panic!("{kernel} not in kernels.cu"));
-            count_items(&cu[at + call.len()..])
+            count_items(&cu[at..])
         };
         let src = include_str!("ops.rs");
         let src = &src[..src.find("#[cfg(test)]").unwrap_or(src.len())];

@@ -3,9 +3,10 @@
 //! Design note: `linear` follows `F.linear` on CUDA: a 2-d (or flattened contiguous N-d)
 //! input with bias is one `addmm` whose output is allocated once and written by one GEMM
 //! with the bias in its epilogue (cuBLASLt, where the backend has it; otherwise the bias is
-//! copied in and the GEMM accumulates); the weight enters through `w.t()` so the graph is AddmmBackward0 →
-//! TBackward0 → AccumulateGrad, and the weight gradient comes out contiguous (computed as
-//! `(g.t() @ x).t()`, like `mm_mat2_backward` for a column-major operand).
+//! copied in and the GEMM accumulates); the weight enters through `w.t()` so the graph is
+//! AddmmBackward0 → TBackward0 → AccumulateGrad, and the weight gradient comes out
+//! contiguous (computed as `(g.t() @ x).t()`, like `mm_mat2_backward` for a column-major
+//! operand).
 
 use super::*;
 use crate::autograd::Saved;

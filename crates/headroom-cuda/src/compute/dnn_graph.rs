@@ -43,7 +43,7 @@ const UID_X: i64 = 1;
 const UID_W: i64 = 2;
 const UID_Y: i64 = 3;
 
-fn check(call: &'static str, s: dn::cudnnStatus_t) -> Result<(), CudaError> {
+pub(super) fn check(call: &'static str, s: dn::cudnnStatus_t) -> Result<(), CudaError> {
     if s == dn::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
         Ok(())
     } else {
@@ -55,10 +55,10 @@ fn check(call: &'static str, s: dn::cudnnStatus_t) -> Result<(), CudaError> {
 }
 
 /// One backend descriptor, destroyed on drop.
-struct Desc(dn::cudnnBackendDescriptor_t);
+pub(super) struct Desc(pub(super) dn::cudnnBackendDescriptor_t);
 
 impl Desc {
-    fn new(ty: D) -> Result<Desc, CudaError> {
+    pub(super) fn new(ty: D) -> Result<Desc, CudaError> {
         let mut d: dn::cudnnBackendDescriptor_t = std::ptr::null_mut();
         // SAFETY: out-pointer.
         check("cudnnBackendCreateDescriptor", unsafe {
@@ -68,7 +68,7 @@ impl Desc {
     }
 
     /// Set attribute `name` to `n` elements of type `ty` at `v`.
-    fn set<T>(&self, name: A, ty: Ty, v: &[T]) -> Result<(), CudaError> {
+    pub(super) fn set<T>(&self, name: A, ty: Ty, v: &[T]) -> Result<(), CudaError> {
         // SAFETY: `v` holds `v.len()` elements of the type `ty` names (every caller pairs
         // them); cuDNN copies them before returning.
         check("cudnnBackendSetAttribute", unsafe {
@@ -82,15 +82,15 @@ impl Desc {
         })
     }
 
-    fn set_i64(&self, name: A, v: &[i64]) -> Result<(), CudaError> {
+    pub(super) fn set_i64(&self, name: A, v: &[i64]) -> Result<(), CudaError> {
         self.set(name, Ty::CUDNN_TYPE_INT64, v)
     }
 
-    fn set_desc(&self, name: A, d: &Desc) -> Result<(), CudaError> {
+    pub(super) fn set_desc(&self, name: A, d: &Desc) -> Result<(), CudaError> {
         self.set(name, Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR, &[d.0])
     }
 
-    fn finalize(self) -> Result<Desc, CudaError> {
+    pub(super) fn finalize(self) -> Result<Desc, CudaError> {
         // SAFETY: live descriptor.
         check("cudnnBackendFinalize", unsafe {
             dn::cudnnBackendFinalize(self.0)
@@ -139,7 +139,7 @@ pub(crate) fn alignment(ptr: u64) -> u8 {
     1u8 << (ptr | 16).trailing_zeros().min(4)
 }
 
-fn data_type(dt: Dt) -> Option<dn::cudnnDataType_t> {
+pub(super) fn data_type(dt: Dt) -> Option<dn::cudnnDataType_t> {
     match dt {
         Dt::F32 => Some(dn::cudnnDataType_t::CUDNN_DATA_FLOAT),
         Dt::F16 => Some(dn::cudnnDataType_t::CUDNN_DATA_HALF),
@@ -148,12 +148,32 @@ fn data_type(dt: Dt) -> Option<dn::cudnnDataType_t> {
     }
 }
 
+/// How a graph tensor is held: in device memory (a variant-pack pointer), only inside the
+/// fused kernel (virtual), or as a host scalar passed by value.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Held {
+    Memory,
+    Virtual,
+    ByValue,
+}
+
 fn tensor(
     uid: i64,
     dt: dn::cudnnDataType_t,
     dims: &[i64; 4],
     strides: &[i64; 4],
     align: u8,
+) -> Result<Desc, CudaError> {
+    tensor_held(uid, dt, dims, strides, align, Held::Memory)
+}
+
+pub(super) fn tensor_held(
+    uid: i64,
+    dt: dn::cudnnDataType_t,
+    dims: &[i64; 4],
+    strides: &[i64; 4],
+    align: u8,
+    held: Held,
 ) -> Result<Desc, CudaError> {
     let d = Desc::new(D::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
     d.set(
@@ -167,6 +187,14 @@ fn tensor(
     d.set_i64(A::CUDNN_ATTR_TENSOR_STRIDES, &s)?;
     d.set_i64(A::CUDNN_ATTR_TENSOR_UNIQUE_ID, &[uid])?;
     d.set_i64(A::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, &[align as i64])?;
+    if held != Held::Memory {
+        let attr = if held == Held::Virtual {
+            A::CUDNN_ATTR_TENSOR_IS_VIRTUAL
+        } else {
+            A::CUDNN_ATTR_TENSOR_IS_BY_VALUE
+        };
+        d.set(attr, Ty::CUDNN_TYPE_BOOLEAN, &[true])?;
+    }
     d.finalize()
 }
 
@@ -251,15 +279,39 @@ pub(crate) fn build_forward(
     )?;
     let op = op.finalize()?;
 
+    let skip_tensor_cores = s.dtype == Dt::F32 && !tf32;
+    plans(handle, vec![op], vec![x, w, y, conv], |cfg| {
+        skip_tensor_cores
+            && has_note(
+                cfg,
+                dn::cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_TENSOR_CORE,
+            )
+            .unwrap_or(true)
+    })
+}
+
+/// The execution plans of the graph of `ops` (best first, at most [`MAX_PLANS`]), from the
+/// heuristics' engine configs less those `skip` rejects. The ops, and `keep` (what they
+/// were built from), live as long as the plans.
+pub(super) fn plans(
+    handle: dn::cudnnHandle_t,
+    ops: Vec<Desc>,
+    mut keep: Vec<Desc>,
+    skip: impl Fn(&Desc) -> bool,
+) -> Result<Plans, CudaError> {
     let graph = Desc::new(D::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
-    graph.set_desc(A::CUDNN_ATTR_OPERATIONGRAPH_OPS, &op)?;
+    let raw_ops: Vec<dn::cudnnBackendDescriptor_t> = ops.iter().map(|o| o.0).collect();
+    graph.set(
+        A::CUDNN_ATTR_OPERATIONGRAPH_OPS,
+        Ty::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+        &raw_ops,
+    )?;
     graph.set(
         A::CUDNN_ATTR_OPERATIONGRAPH_HANDLE,
         Ty::CUDNN_TYPE_HANDLE,
         &[handle],
     )?;
     let graph = graph.finalize()?;
-
     let heur = Desc::new(D::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
     heur.set_desc(A::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &graph)?;
     heur.set(
@@ -291,14 +343,7 @@ pub(crate) fn build_forward(
         if plans.len() == MAX_PLANS {
             break;
         }
-        if s.dtype == Dt::F32
-            && !tf32
-            && has_note(
-                cfg,
-                dn::cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_TENSOR_CORE,
-            )
-            .unwrap_or(true)
-        {
+        if skip(cfg) {
             continue;
         }
         let Ok(plan) = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR) else {
@@ -334,7 +379,8 @@ pub(crate) fn build_forward(
             });
         }
     }
-    let mut keep = vec![x, w, y, conv, op, graph, heur];
+    keep.extend(ops);
+    keep.extend([graph, heur]);
     keep.extend(cfgs);
     Ok(Plans {
         plans,
@@ -351,16 +397,32 @@ pub(crate) fn execute(
     y: u64,
     workspace: u64,
 ) -> Result<(), CudaError> {
+    let ptrs = [x, w, y].map(|p| p as *mut c_void);
+    // SAFETY: the plan was finalized for tensors of these shapes, strides and alignments;
+    // the pointers lie in live allocations of those sizes and the workspace holds at least
+    // `plan.workspace` bytes (the caller checked).
+    unsafe { execute_pack(handle, plan, &[UID_X, UID_W, UID_Y], &ptrs, workspace) }
+}
+
+/// Run `plan` with the tensor of `uids[i]` at `ptrs[i]`.
+///
+/// # Safety
+/// Each pointer holds its tensor as the plan was built for it (device memory of that shape,
+/// strides and alignment, or a host scalar for a by-value tensor), and `workspace` at least
+/// `plan.workspace` bytes.
+pub(super) unsafe fn execute_pack(
+    handle: dn::cudnnHandle_t,
+    plan: &Plan,
+    uids: &[i64],
+    ptrs: &[*mut c_void],
+    workspace: u64,
+) -> Result<(), CudaError> {
     let vp = Desc::new(D::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
-    vp.set_i64(
-        A::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
-        &[UID_X, UID_W, UID_Y],
-    )?;
-    let ptrs = [x as *mut c_void, w as *mut c_void, y as *mut c_void];
+    vp.set_i64(A::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, uids)?;
     vp.set(
         A::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
         Ty::CUDNN_TYPE_VOID_PTR,
-        &ptrs,
+        ptrs,
     )?;
     vp.set(
         A::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
@@ -368,9 +430,7 @@ pub(crate) fn execute(
         &[workspace as *mut c_void],
     )?;
     let vp = vp.finalize()?;
-    // SAFETY: the plan was finalized for tensors of these shapes, strides and alignments;
-    // the pointers lie in live allocations of those sizes and the workspace holds at least
-    // `plan.workspace` bytes (the caller checked).
+    // SAFETY: the caller's contract.
     check("cudnnBackendExecute", unsafe {
         dn::cudnnBackendExecute(handle, plan.plan.0, vp.0)
     })

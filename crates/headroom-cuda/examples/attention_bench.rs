@@ -4,8 +4,11 @@
 //! prefill and decode step; beside PyTorch's SDPA at the same shapes when given the JSON lines
 //! of scripts/torch_sdpa_bench.py.
 //!
-//!     attention_bench [--reps N] [--no-naive] [--torch torch_sdpa.jsonl] [--json out.jsonl]
+//!     attention_bench [--reps N] [--no-naive] [--kernel auto|tiled|cudnn|rows]
+//!                     [--torch torch_sdpa.jsonl] [--json out.jsonl]
 //!
+//! `--kernel` times that kernel instead of the one `Auto` picks (cuDNN's engine for 16-bit
+//! calls where it has a plan: the views carry the 256-byte workspace PyTorch allocates).
 //! Times are CUDA-event milliseconds per call: the fast kernel's median over N calls (after 3
 //! warm-up calls), the naive kernel's single call. `max|fast-naive|` is relative to the
 //! largest output, a check that the fast kernel computed the same thing at full size.
@@ -170,6 +173,9 @@ fn setup(gpu: &Gpu, alloc: &CudaAllocator, c: &Case, dt: Dt) -> Result<Bufs, Str
             mask: Strided::none(),
             out,
             lse: Strided::none(),
+            // What PyTorch's cuDNN path allocates, so that Auto may pick cuDNN as in a model.
+            workspace: buffer(256)?,
+            workspace_size: 256,
         },
         out_bytes: c.b * c.hq * c.tq * c.d * es,
         ptrs,
@@ -194,6 +200,16 @@ fn main() {
     };
     let reps: usize = arg("--reps").and_then(|v| v.parse().ok()).unwrap_or(20);
     let naive = !args.iter().any(|a| a == "--no-naive");
+    let fast_kernel = match arg("--kernel").as_deref() {
+        None | Some("auto") => AttentionKernel::Auto,
+        Some("tiled") => AttentionKernel::Tiled,
+        Some("cudnn") => AttentionKernel::Cudnn,
+        Some("rows") => AttentionKernel::Rows,
+        Some(k) => {
+            eprintln!("attention_bench: --kernel {k}: auto, tiled, cudnn or rows");
+            std::process::exit(2);
+        }
+    };
     // PyTorch's figures: {"case", "dtype", "ms"} per line.
     let mut torch: HashMap<(String, String), f64> = HashMap::new();
     if let Some(p) = arg("--torch") {
@@ -269,14 +285,17 @@ fn main() {
                 gpu.time_ms(|| gpu.attention_with(k, v, &spec))
                     .map_err(|e| e.to_string())
             };
-            let kernel = gpu
-                .attention_kernel(v, &spec)
-                .map(|k| format!("{k:?}"))
-                .unwrap_or_else(|e| e.to_string());
+            let kernel = match fast_kernel {
+                AttentionKernel::Auto => gpu
+                    .attention_kernel(v, &spec)
+                    .map(|k| format!("{k:?}"))
+                    .unwrap_or_else(|e| e.to_string()),
+                k => format!("{k:?}"),
+            };
             let mut fast = Vec::new();
             let mut failed = None;
             for i in 0..reps + 3 {
-                match run(AttentionKernel::Auto) {
+                match run(fast_kernel) {
                     Ok(ms) if i >= 3 => fast.push(ms),
                     Ok(_) => {}
                     Err(e) => {

@@ -333,6 +333,7 @@ fn run(dev: &Dev, c: &Case) {
         0,
     )
     .expect("lse view");
+    // The workspace PyTorch's cuDNN path allocates (what the tensor runtime hands down).
     let views = AttentionViews {
         q,
         k,
@@ -340,6 +341,8 @@ fn run(dev: &Dev, c: &Case) {
         mask,
         out,
         lse,
+        workspace: dev.buffer(256),
+        workspace_size: 256,
     };
     let spec = AttentionSpec {
         scale,
@@ -347,10 +350,34 @@ fn run(dev: &Dev, c: &Case) {
         dropout: 0.0,
         seed: 0,
     };
+    // cuDNN's engine takes 16-bit calls without a mask past the decode rows; on the head
+    // dims of the tiled kernels with aligned rows it must (cuDNN 9 on sm_80+).
+    let cudnn_eligible = c.dt != Dt::F32 && !c.padding && c.tq > 4;
+    let cudnn = cudnn_eligible
+        && dev
+            .gpu
+            .attention_with(AttentionKernel::Cudnn, &views, &spec)
+            .map_err(|e| {
+                if c.tiled {
+                    FAILURES
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(format!("cuDNN {c:?}: {e}"));
+                }
+            })
+            .is_ok();
     let picked = dev.gpu.attention_kernel(&views, &spec).expect("a kernel");
-    assert_eq!(picked, c.want, "{c:?}: Auto picks {picked:?}");
+    let want = if cudnn {
+        AttentionKernel::Cudnn
+    } else {
+        c.want
+    };
+    assert_eq!(picked, want, "{c:?}: Auto picks {picked:?}");
     let (want_out, want_lse) = reference(c, &x, scale);
     let mut kernels = vec![AttentionKernel::Naive, AttentionKernel::Rows];
+    if cudnn {
+        kernels.push(AttentionKernel::Cudnn);
+    }
     if c.tiled {
         kernels.push(AttentionKernel::Tiled);
     } else {
@@ -562,6 +589,8 @@ fn dropout_goes_to_the_naive_kernel_and_the_fast_ones_refuse_it() {
         mask: Strided::none(),
         out: mk(),
         lse: Strided::none(),
+        workspace: 0,
+        workspace_size: 0,
     };
     let spec = AttentionSpec {
         scale: 0.125,
@@ -573,7 +602,11 @@ fn dropout_goes_to_the_naive_kernel_and_the_fast_ones_refuse_it() {
         dev.gpu.attention_kernel(&views, &spec).unwrap(),
         AttentionKernel::Naive
     );
-    for k in [AttentionKernel::Rows, AttentionKernel::Tiled] {
+    for k in [
+        AttentionKernel::Rows,
+        AttentionKernel::Tiled,
+        AttentionKernel::Cudnn,
+    ] {
         assert!(dev.gpu.attention_with(k, &views, &spec).is_err(), "{k:?}");
     }
     dev.gpu

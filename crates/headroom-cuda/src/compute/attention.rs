@@ -1,22 +1,28 @@
 //! Host side of the attention kernels: the naive ones of kernels.cu (`k_attn_fwd`,
-//! `k_attn_bwd_q`, `k_attn_bwd_kv`) and the fast forward ones of flash.cu (`k_flash_*`,
-//! `k_attn_rows`), and the choice between them.
+//! `k_attn_bwd_q`, `k_attn_bwd_kv`), the fast forward ones of flash.cu (`k_flash_*`,
+//! `k_attn_rows`) and cuDNN's fused engine (dnn_sdpa.rs), and the choice between them.
 //!
 //! Design note: every kernel computes what PyTorch's flash / memory-efficient / cuDNN
 //! attention computes. Every buffer they touch was allocated by the tensor runtime's op layer
 //! the way PyTorch's chosen kernel allocates it, so memory matches PyTorch whichever kernel
 //! runs; none needs scratch memory of its own (the fast forward keeps its softmax state in
 //! registers and shared memory, and decode splits the keys inside one block rather than
-//! across blocks, which would need a partial-results buffer).
+//! across blocks, which would need a partial-results buffer). cuDNN's engine gets only the
+//! workspace the op layer allocated where PyTorch's cuDNN path allocates one, and runs only
+//! when its plan fits in it.
 //!
 //! The forward picks ([`Gpu::attention_kernel`]): dropout goes to the naive kernel (the only
 //! one that draws the dropout mask); one to four query rows (the decode step against the KV
-//! cache) to `k_attn_rows`, a block per query row; otherwise the FlashAttention-2 tiles
-//! when the call fits them (head dim 64 or 128 in bf16/f16 on sm_80+, 64 in f32; q, k, v
-//! with a unit inner stride and 16-byte aligned rows, as transformers' views of a fused QKV
-//! projection or a KV cache are), else `k_attn_rows`, which takes any layout and head dim.
+//! cache) to `k_attn_rows`, a block per query row; then cuDNN's engine for f16/bf16 without
+//! an additive mask where it has a plan (PyTorch's own choice on sm_90, and twice the speed
+//! of our tiles there); otherwise the FlashAttention-2 tiles when the call fits them (head
+//! dim 64 or 128 in bf16/f16 on sm_80+, 64 in f32; q, k, v with a unit inner stride and
+//! 16-byte aligned rows, as transformers' views of a fused QKV projection or a KV cache
+//! are), else `k_attn_rows`, which takes any layout and head dim.
 //! The backward stays the naive pair (a thread per query row, then per key row).
 
+use super::dnn_graph::alignment;
+use super::dnn_sdpa::{SdpaPtrs, SdpaShape};
 use super::{kargs, Dt, Gpu, Strided, K};
 use crate::driver::CudaError;
 
@@ -49,6 +55,8 @@ pub enum AttentionKernel {
     Rows,
     /// `k_flash_mma_d64/_d128` (bf16, f16) or `k_flash_f32_d64`: FlashAttention-2 tiles.
     Tiled,
+    /// cuDNN's fused attention engine (bf16, f16; dnn_sdpa.rs).
+    Cudnn,
 }
 
 /// Heads and batches index the grid's y and z (at most 65535 each).
@@ -75,6 +83,9 @@ pub struct AttentionViews {
     pub mask: Strided,
     pub out: Strided,
     pub lse: Strided,
+    /// Scratch for cuDNN's engine (0 bytes: only plans that need none run there).
+    pub workspace: u64,
+    pub workspace_size: u64,
 }
 
 fn shape(a: &AttentionViews) -> Result<AttnShape, CudaError> {
@@ -139,6 +150,36 @@ fn rows_aligned(t: &Strided, bytes: i64) -> bool {
         && (0..3).all(|d| t.shape[d] == 1 || (t.strides[d] * es) % bytes == 0)
 }
 
+/// The call as cuDNN's engine takes it: f16/bf16 throughout, no additive mask or dropout
+/// (PyTorch's cuDNN path takes them, ours does not yet), unit inner strides and no
+/// broadcast (zero-stride) dims.
+fn sdpa_shape(a: &AttentionViews, s: &AttnShape, p: &AttentionSpec) -> Option<SdpaShape> {
+    let dt = a.q.dt();
+    let views = [&a.q, &a.k, &a.v, &a.out];
+    let plain =
+        |t: &Strided| t.strides[3] == 1 && (0..4).all(|d| t.shape[d] == 1 || t.strides[d] > 0);
+    if !matches!(dt, Dt::BF16 | Dt::F16)
+        || views.iter().any(|t| t.dt() != dt || !plain(t))
+        || a.mask.ptr != 0
+        || p.dropout > 0.0
+    {
+        return None;
+    }
+    let st = |t: &Strided| [t.strides[0], t.strides[1], t.strides[2], t.strides[3]];
+    let stats = (a.lse.ptr != 0).then(|| [a.lse.strides[0], a.lse.strides[1], a.lse.strides[2]]);
+    Some(SdpaShape {
+        dt,
+        sizes: [s.b, s.hq, s.hkv, s.tq, s.s, s.d, s.dv],
+        q: st(&a.q),
+        k: st(&a.k),
+        v: st(&a.v),
+        o: st(&a.out),
+        stats,
+        causal: p.causal,
+        align: [&a.q, &a.k, &a.v, &a.out, &a.lse].map(|t| alignment(t.addr())),
+    })
+}
+
 impl Gpu {
     /// The kernel [`AttentionKernel::Auto`] runs for this call (see the module note).
     pub fn attention_kernel(
@@ -155,11 +196,24 @@ impl Gpu {
             AttentionKernel::Naive
         } else if s.tq <= DECODE_ROWS {
             AttentionKernel::Rows
+        } else if self.cudnn_takes(a, s, p) {
+            AttentionKernel::Cudnn
         } else if self.tiled_kernel(a, s).is_some() {
             AttentionKernel::Tiled
         } else {
             AttentionKernel::Rows
         }
+    }
+
+    /// Whether cuDNN's engine has a plan for this call within its workspace.
+    fn cudnn_takes(&self, a: &AttentionViews, s: &AttnShape, p: &AttentionSpec) -> bool {
+        let Some(shape) = sdpa_shape(a, s, p) else {
+            return false;
+        };
+        self.with_dnn(|d| Ok(d.attention_workspace(&shape)))
+            .ok()
+            .flatten()
+            .is_some_and(|w| w <= a.workspace_size)
     }
 
     /// The tiled kernel for this call, if one takes it.
@@ -227,6 +281,32 @@ impl Gpu {
                     a.q, a.k, a.v, a.mask, has_mask, a.out, a.lse, has_lse, p.scale, causal, s
                 ],
             ),
+            AttentionKernel::Cudnn => {
+                let shape = sdpa_shape(a, &s, p);
+                let ptrs = SdpaPtrs {
+                    q: a.q.addr(),
+                    k: a.k.addr(),
+                    v: a.v.addr(),
+                    o: a.out.addr(),
+                    stats: a.lse.addr(),
+                    workspace: a.workspace,
+                };
+                let Some(shape) = shape else {
+                    return refuse("takes f16/bf16 without a mask, with unit inner strides");
+                };
+                let ran = self.with_dnn(|d| {
+                    let ran = d.attention(&shape, &ptrs, a.workspace_size, p.scale as f32)?;
+                    Ok((ran, d.attention_workspace(&shape)))
+                })?;
+                match ran {
+                    (true, _) => Ok(()),
+                    (false, None) => refuse("has no plan for this shape and layout"),
+                    (false, Some(w)) => refuse(&format!(
+                        "wants {w} B of workspace, the call has {}",
+                        a.workspace_size
+                    )),
+                }
+            }
             AttentionKernel::Tiled => {
                 let Some((k, threads)) = self.tiled_kernel(a, &s) else {
                     return refuse("does not take this dtype, head dim or layout");

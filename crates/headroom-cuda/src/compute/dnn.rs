@@ -25,6 +25,7 @@ use cudarc::cudnn::sys as dn;
 use cudarc::driver::sys;
 
 use super::dnn_graph;
+use super::dnn_sdpa::{self, SdpaCache, SdpaPtrs, SdpaShape};
 use super::libs::{ensure, Lib};
 use super::{Dt, Gpu, Strided};
 use crate::driver::{require_symbols, CudaError};
@@ -142,6 +143,8 @@ pub struct Dnn {
     cache: HashMap<(ConvPass, ConvSpec, bool), Entry>,
     /// Forward plans by (spec, tf32, pointer alignments); an empty list means "use legacy".
     plans: HashMap<(ConvSpec, bool, [u8; 3]), dnn_graph::Plans>,
+    /// Attention plans (dnn_sdpa.rs).
+    sdpa: SdpaCache,
     /// The backend API is present and not switched off.
     graph_api: bool,
 }
@@ -162,6 +165,7 @@ impl Dnn {
             handle,
             cache: HashMap::new(),
             plans: HashMap::new(),
+            sdpa: SdpaCache::default(),
             graph_api,
         };
         // SAFETY: live handle and stream.
@@ -198,6 +202,45 @@ impl Dnn {
                 })
             })
             .plans
+    }
+}
+
+impl Dnn {
+    /// The workspace bytes of cuDNN's fused-attention plan for `shape`; `None` when it has
+    /// none (or the graph API is off).
+    pub(crate) fn attention_workspace(&mut self, shape: &SdpaShape) -> Option<u64> {
+        if !self.graph_api {
+            return None;
+        }
+        self.sdpa.plan(self.handle, shape).map(|p| p.workspace)
+    }
+
+    /// The attention forward on cuDNN's fused engine (dnn_sdpa.rs). Ok(false), with nothing
+    /// run, when it has no plan for the shape within `workspace_size` bytes.
+    pub(crate) fn attention(
+        &mut self,
+        shape: &SdpaShape,
+        ptrs: &SdpaPtrs,
+        workspace_size: u64,
+        scale: f32,
+    ) -> Result<bool, CudaError> {
+        if self
+            .attention_workspace(shape)
+            .is_none_or(|w| w > workspace_size)
+        {
+            return Ok(false);
+        }
+        let handle = self.handle;
+        let plan = self.sdpa.plan(handle, shape).expect("checked above");
+        match dnn_sdpa::execute(handle, plan, shape, ptrs, scale) {
+            Ok(()) => Ok(true),
+            Err(e) => {
+                // A plan that finalized but will not run: this shape takes our kernels.
+                tracing::warn!(?shape, error = %e, "cuDNN attention plan failed");
+                self.sdpa.decline(shape);
+                Ok(false)
+            }
+        }
     }
 }
 

@@ -24,6 +24,7 @@ pub mod blas;
 pub mod blas_lt;
 pub mod dnn;
 mod dnn_graph;
+mod dnn_sdpa;
 pub mod graph;
 pub mod libs;
 pub mod nvrtc;

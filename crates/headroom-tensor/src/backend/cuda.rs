@@ -194,6 +194,8 @@ fn attention_views(a: &AttentionArgs) -> Result<AttentionViews> {
         mask: opt(a.mask)?,
         out: st(a.out)?,
         lse: opt(a.lse)?,
+        workspace: a.workspace.ptr,
+        workspace_size: a.workspace.size,
     })
 }
 

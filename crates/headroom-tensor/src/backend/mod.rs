@@ -105,7 +105,8 @@ pub struct AttentionParams {
 /// The tensors of a fused attention forward: `q` [B, Hq, T, D], `k` [B, Hkv, S, D], `v`
 /// [B, Hkv, S, Dv] (any strides; `Hq` a multiple of `Hkv`, query head `h` reads key head
 /// `h / (Hq / Hkv)`), `mask` an additive float mask expanded to [B, Hq, T, S], `out`
-/// [B, Hq, T, Dv], `lse` [B, Hq, T] f32 (the rows' log-sum-exp, for the backward).
+/// [B, Hq, T, Dv], `lse` [B, Hq, T] f32 (the rows' log-sum-exp, for the backward), and the
+/// workspace the op layer allocated where PyTorch's kernel takes one (cuDNN's).
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionArgs<'a> {
     pub q: TRef<'a>,
@@ -114,6 +115,7 @@ pub struct AttentionArgs<'a> {
     pub mask: Option<TRef<'a>>,
     pub out: TRef<'a>,
     pub lse: Option<TRef<'a>>,
+    pub workspace: Workspace,
 }
 
 /// The tensors of a fused attention backward: the forward's (with its `lse`), the output

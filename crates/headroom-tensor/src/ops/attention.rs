@@ -40,8 +40,13 @@
 
 use super::*;
 use crate::autograd::Saved;
-use crate::backend::{AttentionArgs, AttentionGradArgs, AttentionParams, BinaryOp, TRef};
+use crate::backend::{
+    AttentionArgs, AttentionGradArgs, AttentionParams, BinaryOp, TRef, Workspace,
+};
 use crate::layout::Layout;
+
+/// Bytes of the workspace PyTorch's cuDNN attention forward allocates (recorded snapshots).
+const CUDNN_WORKSPACE: usize = 256;
 
 /// The kernel PyTorch's dispatcher picks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -280,6 +285,11 @@ impl Fused {
             Some(m) => Some(m.layout().expand(&[dm.b, dm.hq, dm.t, dm.s])?),
             None => None,
         };
+        // cuDNN's workspace: allocated after the outputs, freed right after the kernel.
+        let ws = match self.backend {
+            SdpaBackend::Cudnn => Some(Tensor::empty(&[CUDNN_WORKSPACE], DType::U8, dev)?),
+            _ => None,
+        };
         let args = AttentionArgs {
             q: q.kref(),
             k: k.kref(),
@@ -290,14 +300,13 @@ impl Fused {
             },
             out: out.kref(),
             lse: lse.as_ref().map(|l| l.kref()),
+            workspace: ws.as_ref().map_or(Workspace::default(), |w| Workspace {
+                ptr: w.storage().ptr(),
+                size: CUDNN_WORKSPACE as u64,
+            }),
         };
-        if self.backend == SdpaBackend::Cudnn {
-            let ws = Tensor::empty(&[256], DType::U8, dev)?;
-            dev.backend().attention(&args, &self.params)?;
-            drop(ws);
-        } else {
-            dev.backend().attention(&args, &self.params)?;
-        }
+        dev.backend().attention(&args, &self.params)?;
+        drop(ws);
         if !grad {
             // Without a backward the statistics and the RNG state die with the call.
             drop((lse, rng));
@@ -416,6 +425,7 @@ impl Fused {
                 },
                 out: out.kref(),
                 lse: lse.map(|l| l.kref()),
+                workspace: Workspace::default(),
             },
             gout: gout.kref(),
             delta: delta.as_ref().map(|d| d.kref()),

@@ -16,7 +16,7 @@
 //! cache) to `k_attn_rows`, a block per query row; then cuDNN's engine for f16/bf16 without
 //! an additive mask where it has a plan (PyTorch's own choice on sm_90, and twice the speed
 //! of our tiles there); otherwise the FlashAttention-2 tiles when the call fits them (head
-//! dim 64 or 128 in bf16/f16 on sm_80+, 64 in f32; q, k, v with a unit inner stride and
+//! dim 64 or 128 in bf16/f16, 64 in f32, all on sm_80+; q, k, v with a unit inner stride and
 //! 16-byte aligned rows, as transformers' views of a fused QKV projection or a KV cache
 //! are), else `k_attn_rows`, which takes any layout and head dim.
 //! The backward stays the naive pair (a thread per query row, then per key row).
@@ -223,7 +223,7 @@ impl Gpu {
             return None;
         }
         let picked = match (dt, s.d) {
-            (Dt::F32, 64) => (K::FlashF32D64, 256),
+            (Dt::F32, 64) if self.arch().0 >= 8 => (K::FlashF32D64, 128),
             (Dt::BF16 | Dt::F16, 64) if self.arch().0 >= 8 => (K::FlashMmaD64, 128),
             (Dt::BF16 | Dt::F16, 128) if self.arch().0 >= 8 => (K::FlashMmaD128, 128),
             _ => return None,

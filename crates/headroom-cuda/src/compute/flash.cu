@@ -20,11 +20,16 @@
 //   dim 64 (the next tile's copy runs under this one's math); tiles wholly inside the keys
 //   and below the causal diagonal skip the per-element mask tests, and a warp whose rows
 //   all precede a tile's keys skips that tile's math.
-// - k_flash_f32_d64 (f32): plain FMA, no TF32 (PyTorch's f32 SDPA does not use TF32 either):
-//   256 threads as 16 x 16, each owning 4 query rows (r = ty + 16a) and 2 key columns of
-//   each 32-key tile, and 4 adjacent output columns (4tx..4tx+3, so V's row is one 16-byte
-//   load per key where four 4-byte loads were); the next K and V tile is read into
-//   registers during this one's math.
+// - k_flash_f32_d64 (f32, head dim 64, sm_80+): the same 4 warps x 16 rows on tensor cores
+//   in 3xTF32, as PyTorch's memory-efficient kernel computes f32 (CUTLASS's
+//   OpMultiplyAddFastF32, whatever allow_tf32 says): each operand is split into a TF32 big
+//   and a TF32 small part and a b taken as small_a big_b + big_a small_b + big_a big_b on
+//   `mma.sync.m16n8k8` TF32: within a few f32 ulps of the f32 product, and even at three
+//   mmas per product over twice the peak of f32 FMA (TF32 is 7-8x it on A100 and H100).
+//   K and V arrive in 32-key tiles, double-buffered by cp.async (a 64-key f32 stage is
+//   32 KiB, and two would pass the 48 KiB of static shared memory); the summed index of
+//   both products is permuted so that every operand is a 16-byte shared load and the
+//   score accumulators are the A operand of P V as they stand.
 // - k_attn_rows (every dtype, any strides, head dims up to 256): one block per query row,
 //   8 warps splitting the keys and merging their partial softmax at the end: the decode
 //   step (one query against the KV cache) and the fallback for head dims or layouts the
@@ -374,174 +379,268 @@ extern "C" __global__ void __launch_bounds__(FM_THREADS) k_flash_mma_d128(T q, T
 }
 
 // ---------------------------------------------------------------------------------------
-// f32 with FMA.
+// f32 on tensor cores, 3xTF32.
 
 #define FF_D 64
 #define FF_BM 64
 #define FF_BN 32
-#define FF_THREADS 256
-#define FF_LDQ (FF_D + 4)
-#define FF_LDK (FF_D + 4)
-#define FF_LDP (FF_BN + 4)
+#define FF_THREADS 128
+// Shared rows of 64 floats padded by 4 (68 = 17 x 16 bytes, so rows stay 16-byte aligned
+// for cp.async): row r starts at bank 4 * (17 r mod 8), so each quarter-warp phase of the
+// 16-byte fragment loads below (eight lanes: two of K's rows by four column offsets 8t, or
+// four of V's rows, 2t or 2t+1, by two column offsets 4g) lands on eight distinct 4-bank
+// groups.
+#define FF_LD 68
+#define FF_TILE (FF_BN * FF_LD)
 
-extern "C" __global__ void __launch_bounds__(FF_THREADS) k_flash_f32_d64(T q, T k, T v, T mask, int has_mask, T out,
-                                                                      T lse, int has_lse, double scale, int causal,
-                                                                      AttnShape s) {
-    // Rows padded by 4 floats: a quarter-warp's 16-byte loads of 8 different rows then hit
-    // 32 distinct banks.
-    __shared__ __align__(16) float Qs[FF_BM * FF_LDQ];
-    __shared__ __align__(16) float Ks[FF_BN * FF_LDK];
-    __shared__ __align__(16) float Vs[FF_BN * FF_D];
-    __shared__ __align__(16) float Ps[FF_BM * FF_LDP];
-    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+// x as big + small, two TF32 values (the tensor cores read the top 19 bits of a 32-bit
+// register and ignore the other 13, which CUTLASS's split relies on too). big is x rounded
+// to nearest (ties away) by integer add-and-mask, so |small| <= 2^-11 |x| and the
+// small x small product that 3xTF32 drops is below 2^-22 of |a b|; small = x - big is exact
+// and goes in unrounded, the hardware cutting it to 11 bits (error below 2^-21 |x|). Three
+// instructions, where `cvt.rna.tf32.f32` is four (a compare, add, select and mask, for Inf
+// and NaN) and the split nine with it. An Inf makes small NaN, as in CUTLASS's split (so
+// PyTorch's kernel gives NaN there too).
+__device__ __forceinline__ void tf32_split(float x, u32& big, u32& small) {
+    big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+    small = __float_as_uint(x - __uint_as_float(big));
+}
+
+__device__ __forceinline__ void mma1688(float* c, const u32* a, u32 b0, u32 b1) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// c += a b in 3xTF32 (CUTLASS's OpMultiplyAddFastF32, what PyTorch's memory-efficient
+// kernel runs for f32): the two small cross terms first, then big x big, all in place into
+// the one f32 accumulator as CUTLASS does: three roundings into c per eight products, still
+// fewer than the eight of an f32 FMA chain, so a separate accumulator for the cross terms
+// would buy nothing measurable.
+__device__ __forceinline__ void mma3(float* c, const u32* ab, const u32* as, u32 bb0, u32 bb1, u32 bs0, u32 bs1) {
+    mma1688(c, as, bb0, bb1);
+    mma1688(c, ab, bs0, bs1);
+    mma1688(c, ab, bb0, bb1);
+}
+
+// Head dim 64. Fragments (m16n8k8, g = lane / 4, t = lane % 4): A (g | g+8, t | t+4),
+// B (k t | t+4, n g), C (g | g+8, 2t | 2t+1). A product's summed index may be permuted at
+// will, the same way in A and B, and so may the columns of a product's output, and both
+// are, so that every operand comes from 16-byte loads and the scores feed P V unshuffled:
+// - Q K^T sums over dims. The lane owns dims 8t..8t+7 and 32+8t..32+8t+7 (flat f = 0..15,
+//   dim 32 (f / 8) + 8t + f % 8), and step kk (0..7) takes f = 2kk as k = t and 2kk+1 as
+//   k = t+4: Q's rows g and g+8 at those dims are its A operand for the whole kernel, and
+//   four 16-byte loads of K's row g give its B operand for all eight steps.
+// - P V sums over keys: in step ks (keys 8ks..8ks+7 of the tile) k = t is key 2t and
+//   k = t+4 key 2t+1, so the A operand is (c0, c2, c1, c3) of score tile ks, and the B
+//   operand is V's rows 2t and 2t+1. Output column n of n-tile nt is dim
+//   32 (nt / 4) + 4n + nt % 4: B(n = g) of n-tiles 0..3 and 4..7 is one 16-byte load each
+//   (dims 4g.. and 32+4g..), and the lane's C holds dims 8t..8t+7 and 32+8t..32+8t+7.
+// The split of K and V into big and small is redone by each warp (shared memory has no room
+// for split copies at two stages, and their loads would double); Q's is done once.
+// 32-key tiles, double-buffered by cp.async (34 KiB), at most 168 registers, so that 3
+// blocks (12 warps) share an SM, the occupancy of PyTorch's kernel.
+extern "C" __global__ void __launch_bounds__(FF_THREADS, 3) k_flash_f32_d64(T q, T k, T v, T mask, int has_mask, T out,
+                                                                         T lse, int has_lse, double scale, int causal,
+                                                                         AttnShape s) {
+    __shared__ __align__(16) float sm[2 * 2 * FF_TILE];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
     const i64 b = blockIdx.z, h = blockIdx.y;
     const i64 q0 = (i64)blockIdx.x * FF_BM;
     const i64 kh = h / (s.HQ / s.HKV);
     const float sc_f = (float)scale;
-    const float* qp = (const float*)q.p;
-    const float* kp = (const float*)k.p;
-    const float* vp = (const float*)v.p;
-    constexpr int CH = FF_D / 4;
+    const int wr = warp * 16;
+    const i64 ri[2] = {q0 + wr + g, q0 + wr + g + 8};
 
-    for (int c = tid; c < FF_BM * CH; c += FF_THREADS) {
-        int r = c / CH, e = (c % CH) * 4;
-        i64 i = q0 + r;
-        float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (i < s.TQ) val = *(const float4*)(qp + off4(q, b, h, i, e));
-        *(float4*)(Qs + r * FF_LDQ + e) = val;
+    // Q's A operands, big and small, straight from global memory (each row is read once):
+    // float4 c of row r holds flat dims 4c..4c+3, i.e. (a[r], a[r + 2]) of steps 2c, 2c+1.
+    u32 qb[FF_D / 8][4], qs[FF_D / 8][4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float* p = (const float*)q.p + off4(q, b, h, ri[r] < s.TQ ? ri[r] : 0, 8 * t4);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (ri[r] < s.TQ) x = *(const float4*)(p + (c >> 1) * 32 + (c & 1) * 4);
+            tf32_split(x.x, qb[2 * c][r], qs[2 * c][r]);
+            tf32_split(x.y, qb[2 * c][r + 2], qs[2 * c][r + 2]);
+            tf32_split(x.z, qb[2 * c + 1][r], qs[2 * c + 1][r]);
+            tf32_split(x.w, qb[2 * c + 1][r + 2], qs[2 * c + 1][r + 2]);
+        }
     }
 
-    float o[4][FF_D / 16];
+    // Keys k0.. into stage st, as in flash_mma: rows past S zero-filled from row 0's address
+    // (never read); thread copies 16-byte chunk e0 of rows r0, r0 + 8, ...
+    const float* kb0 = (const float*)k.p + k.off + b * k.st[0] + kh * k.st[1];
+    const float* vb0 = (const float*)v.p + v.off + b * v.st[0] + kh * v.st[1];
+    const i64 ks = k.st[2], vs = v.st[2];
+    const int r0 = tid / 16, e0 = (tid % 16) * 4;
+    auto load = [&](int st, i64 k0) {
+        float* kd = sm + st * 2 * FF_TILE + r0 * FF_LD + e0;
+        float* vd = kd + FF_TILE;
 #pragma unroll
-    for (int a = 0; a < 4; ++a)
+        for (int r = 0; r < FF_BN; r += FF_THREADS / 16) {
+            i64 j = k0 + r0 + r;
+            bool in = j < s.S;
+            i64 jr = in ? j : 0;
+            cp_async16(kd + r * FF_LD, kb0 + jr * ks + e0, in ? 16 : 0);
+            cp_async16(vd + r * FF_LD, vb0 + jr * vs + e0, in ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+
+    float o[FF_D / 8][4];
 #pragma unroll
-        for (int c = 0; c < FF_D / 16; ++c) o[a][c] = 0.f;
-    float m[4], l[4];
-    i64 ri[4];
-#pragma unroll
-    for (int a = 0; a < 4; ++a) {
-        m[a] = f_ninf();
-        l[a] = 0.f;
-        ri[a] = q0 + ty + 16 * a;
-    }
+    for (int nt = 0; nt < FF_D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+    float m[2] = {f_ninf(), f_ninf()}, l[2] = {0.f, 0.f};
 
     i64 kend = s.S;
     if (causal && q0 + FF_BM < kend) kend = q0 + FF_BM;
-    // The next K and V tile is read into registers while this one is used, and stored to
-    // shared memory at the top of the next iteration: the global loads' latency hides
-    // under the math instead of stalling every tile.
-    constexpr int NLD = FF_BN * CH / FF_THREADS;
-    float4 kreg[NLD], vreg[NLD];
-    auto fetch = [&](i64 k0) {
-#pragma unroll
-        for (int u = 0; u < NLD; ++u) {
-            int c = tid + u * FF_THREADS, r = c / CH, e = (c % CH) * 4;
-            i64 j = k0 + r;
-            kreg[u] = vreg[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (j < s.S) {
-                kreg[u] = *(const float4*)(kp + off4(k, b, kh, j, e));
-                vreg[u] = *(const float4*)(vp + off4(v, b, kh, j, e));
-            }
-        }
-    };
-    if (kend > 0) fetch(0);
-    for (i64 k0 = 0; k0 < kend; k0 += FF_BN) {
-#pragma unroll
-        for (int u = 0; u < NLD; ++u) {
-            int c = tid + u * FF_THREADS, r = c / CH, e = (c % CH) * 4;
-            *(float4*)(Ks + r * FF_LDK + e) = kreg[u];
-            *(float4*)(Vs + r * FF_D + e) = vreg[u];
+    const int ntiles = (int)((kend + FF_BN - 1) / FF_BN);
+    if (ntiles > 0) load(0, 0);
+    for (int t = 0; t < ntiles; ++t) {
+        const i64 k0 = (i64)t * FF_BN;
+        const int st = t & 1;
+        if (t + 1 < ntiles) {
+            // The other stage was last read in the previous iteration, before its closing
+            // barrier.
+            load(st ^ 1, k0 + FF_BN);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
         __syncthreads();
-        if (k0 + FF_BN < kend) fetch(k0 + FF_BN);
+        const float* Ks = sm + st * 2 * FF_TILE;
+        const float* Vs = Ks + FF_TILE;
 
-        // Scores of rows ty + 16a against keys tx + 16c.
-        float sc[4][2];
-#pragma unroll
-        for (int a = 0; a < 4; ++a) sc[a][0] = sc[a][1] = 0.f;
-#pragma unroll 4
-        for (int e = 0; e < FF_D; e += 4) {
-            float4 qa[4], kb[2];
-#pragma unroll
-            for (int a = 0; a < 4; ++a) qa[a] = *(const float4*)(Qs + (ty + 16 * a) * FF_LDQ + e);
-#pragma unroll
-            for (int c = 0; c < 2; ++c) kb[c] = *(const float4*)(Ks + (tx + 16 * c) * FF_LDK + e);
-#pragma unroll
-            for (int a = 0; a < 4; ++a)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    float t = sc[a][c];
-                    t = fmaf(qa[a].x, kb[c].x, t);
-                    t = fmaf(qa[a].y, kb[c].y, t);
-                    t = fmaf(qa[a].z, kb[c].z, t);
-                    t = fmaf(qa[a].w, kb[c].w, t);
-                    sc[a][c] = t;
-                }
+        // A warp whose 16 rows all precede the tile's first key skips the math, not the
+        // barriers.
+        if (causal && k0 > q0 + wr + 15) {
+            __syncthreads();
+            continue;
         }
+        // S = Q K^T: float4 c of key row nt*8 + g is B of steps 2c and 2c+1 (flat dims
+        // 4c..4c+3); the four score tiles are independent accumulator chains.
+        float sc[FF_BN / 8][4];
 #pragma unroll
-        for (int a = 0; a < 4; ++a) {
-            float mn = m[a];
+        for (int nt = 0; nt < FF_BN / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                i64 i = ri[a], j = k0 + tx + 16 * c;
-                float sv = sc[a][c] * sc_f;
-                if (j >= s.S || (causal && j > i)) {
-                    sv = f_ninf();
-                } else if (has_mask && i < s.TQ) {
-                    sv += ldf(mask, off4(mask, b, h, i, j));
-                }
-                sc[a][c] = sv;
-                mn = fmaxf(mn, sv);
-            }
-            // The 16 threads of a row are one half of a warp (lanes tx, same ty).
+        for (int c = 0; c < 4; ++c) {
 #pragma unroll
-            for (int w = 1; w < 16; w <<= 1) mn = fmaxf(mn, __shfl_xor_sync(0xffffffffu, mn, w));
-            float mu = mn == f_ninf() ? 0.f : mn;
-            float alpha = exp_from(m[a], mu);
-            m[a] = mn;
-            l[a] *= alpha;
-#pragma unroll
-            for (int c = 0; c < FF_D / 16; ++c) o[a][c] *= alpha;
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                float p = exp_from(sc[a][c], mu);
-                l[a] += p;
-                Ps[(ty + 16 * a) * FF_LDP + tx + 16 * c] = p;
+            for (int nt = 0; nt < FF_BN / 8; ++nt) {
+                float4 x = *(const float4*)(Ks + (nt * 8 + g) * FF_LD + (c >> 1) * 32 + 8 * t4 + (c & 1) * 4);
+                u32 bb0, bs0, bb1, bs1;
+                tf32_split(x.x, bb0, bs0);
+                tf32_split(x.y, bb1, bs1);
+                mma3(sc[nt], qb[2 * c], qs[2 * c], bb0, bb1, bs0, bs1);
+                tf32_split(x.z, bb0, bs0);
+                tf32_split(x.w, bb1, bs1);
+                mma3(sc[nt], qb[2 * c + 1], qs[2 * c + 1], bb0, bb1, bs0, bs1);
             }
         }
-        __syncthreads();
-
-#pragma unroll 2
-        for (int j = 0; j < FF_BN; j += 4) {
-            float4 pa[4];
+        // Scale, mask, and the new row max, as in flash_mma: element x of tile nt is row
+        // ri[x >> 1], key k0 + nt * 8 + 2 * t4 + (x & 1).
+        float mn[2] = {m[0], m[1]};
+        const bool edge = has_mask || k0 + FF_BN > s.S || (causal && k0 + FF_BN - 1 > q0 + wr);
+        if (edge) {
 #pragma unroll
-            for (int a = 0; a < 4; ++a) pa[a] = *(const float4*)(Ps + (ty + 16 * a) * FF_LDP + j);
+            for (int nt = 0; nt < FF_BN / 8; ++nt) {
 #pragma unroll
-            for (int jj = 0; jj < 4; ++jj) {
-                float4 v4 = *(const float4*)(Vs + (j + jj) * FF_D + 4 * tx);
-                const float vv[4] = {v4.x, v4.y, v4.z, v4.w};
+                for (int x = 0; x < 4; ++x) {
+                    i64 i = ri[x >> 1];
+                    i64 j = k0 + nt * 8 + t4 * 2 + (x & 1);
+                    float sv = sc[nt][x] * sc_f;
+                    if (j >= s.S || (causal && j > i)) {
+                        sv = f_ninf();
+                    } else if (has_mask && i < s.TQ) {
+                        sv += ldf(mask, off4(mask, b, h, i, j));
+                    }
+                    sc[nt][x] = sv;
+                    mn[x >> 1] = fmaxf(mn[x >> 1], sv);
+                }
+            }
+        } else {
 #pragma unroll
-                for (int a = 0; a < 4; ++a) {
-                    float p = jj == 0 ? pa[a].x : jj == 1 ? pa[a].y : jj == 2 ? pa[a].z : pa[a].w;
+            for (int nt = 0; nt < FF_BN / 8; ++nt) {
 #pragma unroll
-                    for (int c = 0; c < FF_D / 16; ++c) o[a][c] = fmaf(p, vv[c], o[a][c]);
+                for (int x = 0; x < 4; ++x) {
+                    float sv = sc[nt][x] * sc_f;
+                    sc[nt][x] = sv;
+                    mn[x >> 1] = fmaxf(mn[x >> 1], sv);
+                }
+            }
+        }
+        float mu[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            mn[r] = fmaxf(mn[r], __shfl_xor_sync(0xffffffffu, mn[r], 1));
+            mn[r] = fmaxf(mn[r], __shfl_xor_sync(0xffffffffu, mn[r], 2));
+            mu[r] = mn[r] == f_ninf() ? 0.f : mn[r];
+            float alpha = exp_from(m[r], mu[r]);
+            m[r] = mn[r];
+            l[r] *= alpha;
+#pragma unroll
+            for (int nt = 0; nt < FF_D / 8; ++nt) {
+                o[nt][2 * r] *= alpha;
+                o[nt][2 * r + 1] *= alpha;
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < FF_BN / 8; ++nt) {
+#pragma unroll
+            for (int x = 0; x < 4; ++x) {
+                float p = exp_from(sc[nt][x], mu[x >> 1]);
+                sc[nt][x] = p;
+                l[x >> 1] += p;
+            }
+        }
+        // O += P V: step ks's A is (c0, c2, c1, c3) of score tile ks; B of n-tiles 4hv..4hv+3
+        // is the float4 at dim 32hv + 4g of V's rows 2t (b0) and 2t+1 (b1).
+#pragma unroll
+        for (int kstep = 0; kstep < FF_BN / 8; ++kstep) {
+            u32 pb[4], ps[4];
+            tf32_split(sc[kstep][0], pb[0], ps[0]);
+            tf32_split(sc[kstep][2], pb[1], ps[1]);
+            tf32_split(sc[kstep][1], pb[2], ps[2]);
+            tf32_split(sc[kstep][3], pb[3], ps[3]);
+            const float* vr = Vs + (kstep * 8 + 2 * t4) * FF_LD + 4 * g;
+#pragma unroll
+            for (int hv = 0; hv < 2; ++hv) {
+                float4 x0 = *(const float4*)(vr + 32 * hv);
+                float4 x1 = *(const float4*)(vr + FF_LD + 32 * hv);
+                const float v0[4] = {x0.x, x0.y, x0.z, x0.w}, v1[4] = {x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    u32 bb0, bs0, bb1, bs1;
+                    tf32_split(v0[c], bb0, bs0);
+                    tf32_split(v1[c], bb1, bs1);
+                    mma3(o[4 * hv + c], pb, ps, bb0, bb1, bs0, bs1);
                 }
             }
         }
         __syncthreads();
     }
 
+    // o[nt][2r] is row ri[r] at dim d = 32 (nt / 4) + 8t + nt % 4, o[nt][2r+1] at d + 4.
     float* op = (float*)out.p;
 #pragma unroll
-    for (int a = 0; a < 4; ++a) {
-#pragma unroll
-        for (int w = 1; w < 16; w <<= 1) l[a] += __shfl_xor_sync(0xffffffffu, l[a], w);
-        i64 i = ri[a];
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        i64 i = ri[r];
         if (i >= s.TQ) continue;
-        float inv = l[a] > 0.f ? 1.f / l[a] : 0.f;
+        float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+        const i64 ob = off4(out, b, h, i, 0), oe = out.st[3];
 #pragma unroll
-        for (int c = 0; c < FF_D / 16; ++c) op[off4(out, b, h, i, 4 * tx + c)] = o[a][c] * inv;
-        if (has_lse && tx == 0) lse_store(lse, b, h, i, m[a], l[a]);
+        for (int nt = 0; nt < FF_D / 8; ++nt) {
+            int d = (nt >> 2) * 32 + 8 * t4 + (nt & 3);
+            op[ob + d * oe] = o[nt][2 * r] * inv;
+            op[ob + (d + 4) * oe] = o[nt][2 * r + 1] * inv;
+        }
+        if (has_lse && t4 == 0) lse_store(lse, b, h, i, m[r], l[r]);
     }
 }
 

@@ -497,14 +497,14 @@ fn fast_attention_forward_matches_the_reference_and_the_naive_kernel() {
             // The decode step: one query row against a long cache, grouped heads, padding.
             cases.push(Case {
                 padding: true,
-                want: AttentionKernel::Rows,
+                want: tiled(d),
                 tiled: fits(d),
                 ..case(3, 8, 2, 1, 300, d, dt)
             });
-            // Four rows (speculative decode) still take the row kernel; causal on.
+            // Four rows (speculative decode): the tiles, not cuDNN; causal on.
             cases.push(Case {
                 causal: true,
-                want: AttentionKernel::Rows,
+                want: tiled(d),
                 tiled: fits(d),
                 ..case(2, 4, 4, 4, 70, d, dt)
             });
@@ -520,7 +520,7 @@ fn fast_attention_forward_matches_the_reference_and_the_naive_kernel() {
         cases.push(Case {
             padding: true,
             mask_min: true,
-            want: AttentionKernel::Rows,
+            want: tiled(64),
             tiled: fits(64),
             ..case(3, 2, 2, 1, 90, 64, dt)
         });

@@ -12,13 +12,15 @@
 //! when its plan fits in it.
 //!
 //! The forward picks ([`Gpu::attention_kernel`]): dropout goes to the naive kernel (the only
-//! one that draws the dropout mask); one to four query rows (the decode step against the KV
-//! cache) to `k_attn_rows`, a block per query row; then cuDNN's engine for f16/bf16 without
-//! an additive mask where it has a plan (PyTorch's own choice on sm_90, and twice the speed
-//! of our tiles there); otherwise the FlashAttention-2 tiles when the call fits them (head
-//! dim 64 or 128 in bf16/f16, 64 in f32, all on sm_80+; q, k, v with a unit inner stride and
-//! 16-byte aligned rows, as transformers' views of a fused QKV projection or a KV cache
-//! are), else `k_attn_rows`, which takes any layout and head dim.
+//! one that draws the dropout mask); then cuDNN's engine for f16/bf16 without an additive
+//! mask where it has a plan (PyTorch's own choice on sm_90, and twice the speed of our tiles
+//! there), except for one to four query rows (the decode step: see [`DECODE_ROWS`]);
+//! otherwise the FlashAttention-2 tiles when the call fits them (head dim 64 or 128 in
+//! bf16/f16, 64 in f32, all on sm_80+; q, k, v with a unit inner stride and 16-byte aligned rows,
+//! as transformers' views of a fused QKV projection or a KV cache are), decode steps
+//! included (a 64-row tile with one live row still streams the cache 2 to 10 times faster
+//! than `k_attn_rows` did: run r); else `k_attn_rows`, a block per query row, which takes
+//! any layout and head dim.
 //! The backward stays the naive pair (a thread per query row, then per key row).
 
 use super::dnn_graph::alignment;
@@ -51,7 +53,7 @@ pub enum AttentionKernel {
     Auto,
     /// `k_attn_fwd`: a thread per query row; the only one with dropout.
     Naive,
-    /// `k_attn_rows`: a block per query row (decode; any head dim, layout and dtype).
+    /// `k_attn_rows`: a block per query row (the fallback: any head dim, layout and dtype).
     Rows,
     /// `k_flash_mma_d64/_d128` (bf16, f16) or `k_flash_f32_d64`: FlashAttention-2 tiles.
     Tiled,
@@ -136,7 +138,8 @@ fn shape(a: &AttentionViews) -> Result<AttnShape, CudaError> {
     Ok(s)
 }
 
-/// Query rows up to which the forward runs a block per row (the decode step).
+/// Query rows up to which cuDNN's engine is not used: a decode step's key length grows by
+/// one every token, and each new length would build (and cache) a plan of its own.
 const DECODE_ROWS: i64 = 4;
 /// Query rows per block of the tiled kernels (FM_BM and FF_BM of flash.cu).
 const TILE_ROWS: i64 = 64;
@@ -194,9 +197,7 @@ impl Gpu {
     fn pick_kernel(&self, a: &AttentionViews, s: &AttnShape, p: &AttentionSpec) -> AttentionKernel {
         if p.dropout > 0.0 || !grid_ok(s) {
             AttentionKernel::Naive
-        } else if s.tq <= DECODE_ROWS {
-            AttentionKernel::Rows
-        } else if self.cudnn_takes(a, s, p) {
+        } else if s.tq > DECODE_ROWS && self.cudnn_takes(a, s, p) {
             AttentionKernel::Cudnn
         } else if self.tiled_kernel(a, s).is_some() {
             AttentionKernel::Tiled

@@ -422,6 +422,10 @@ extern "C" __global__ void k_arange(T out, double start, double step, i64 n) {
     LOOP(i, n) { std_(out, toff(out, i), start + (double)i * step); }
 }
 
+extern "C" __global__ void k_tril_fill(T out, double below, double above, i64 s, i64 n) {
+    LOOP(i, n) { std_(out, toff(out, i), i % s <= i / s ? below : above); }
+}
+
 extern "C" __global__ void k_uniform(T out, double lo, double hi, u64 seed, i64 n) {
     LOOP(i, n) { std_(out, toff(out, i), lo + (hi - lo) * uniform_k(seed, (u64)i)); }
 }

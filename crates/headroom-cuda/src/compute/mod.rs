@@ -207,6 +207,7 @@ impl Strided {
 pub(crate) enum K {
     Fill,
     Arange,
+    TrilFill,
     Uniform,
     Normal,
     Copy,
@@ -260,6 +261,7 @@ pub(crate) enum K {
 const KERNEL_NAMES: &[(K, &str)] = &[
     (K::Fill, "k_fill"),
     (K::Arange, "k_arange"),
+    (K::TrilFill, "k_tril_fill"),
     (K::Uniform, "k_uniform"),
     (K::Normal, "k_normal"),
     (K::Copy, "k_copy"),

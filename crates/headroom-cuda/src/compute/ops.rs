@@ -335,6 +335,13 @@ impl Gpu {
         self.launch1d(K::Arange, n, &mut kargs![*out, start, step, n])
     }
 
+    /// A 2-d `out` [T, S]: `below` where column <= row, `above` elsewhere.
+    pub fn tril_fill(&self, out: &Strided, below: f64, above: f64) -> R {
+        let n = out.numel();
+        let s = out.shape[1];
+        self.launch1d(K::TrilFill, n, &mut kargs![*out, below, above, s, n])
+    }
+
     /// Uniform in [lo, hi) from splitmix64(seed), element k drawing the k-th number.
     pub fn uniform(&self, out: &Strided, lo: f64, hi: f64, seed: u64) -> R {
         let n = out.numel();

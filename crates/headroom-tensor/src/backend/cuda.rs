@@ -237,6 +237,11 @@ impl Backend for CudaBackend {
         self.profile
             .time("arange", || Ok(self.gpu.arange(&st(out)?, start, step)?))
     }
+    fn tril_fill(&self, out: TRef, below: f64, above: f64) -> Result<()> {
+        self.profile.time("tril_fill", || {
+            Ok(self.gpu.tril_fill(&st(out)?, below, above)?)
+        })
+    }
     fn uniform(&self, out: TRef, low: f64, high: f64, seed: u64) -> Result<()> {
         self.profile.time("uniform", || {
             Ok(self.gpu.uniform(&st(out)?, low, high, seed)?)

@@ -34,6 +34,7 @@ impl Backend for MetaBackend {
     noop! {
         fill(a: TRef, b: f64);
         arange(a: TRef, b: f64, c: f64);
+        tril_fill(a: TRef, b: f64, c: f64);
         uniform(a: TRef, b: f64, c: f64, d: u64);
         normal(a: TRef, b: f64, c: f64, d: u64);
         write_f64(a: TRef, b: &[f64]);

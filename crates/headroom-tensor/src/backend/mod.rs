@@ -165,6 +165,16 @@ pub trait Backend: Send + Sync {
     fn fill(&self, out: TRef, value: f64) -> Result<()>;
     /// `out[i] = start + i * step`, contiguous 1-d.
     fn arange(&self, out: TRef, start: f64, step: f64) -> Result<()>;
+    /// A causal pattern into `out` (contiguous [T, S]): `below` where column <= row (what
+    /// `tril` keeps), `above` elsewhere. By default computed here and written; a device
+    /// backend fills it in place, since a model's attention builds one per layer.
+    fn tril_fill(&self, out: TRef, below: f64, above: f64) -> Result<()> {
+        let (t, s) = (out.layout.shape[0], out.layout.shape[1]);
+        let vals: Vec<f64> = (0..t * s)
+            .map(|x| if x % s <= x / s { below } else { above })
+            .collect();
+        self.write_f64(out, &vals)
+    }
     /// Uniform in [low, high) or normal(mean, std), from `seed`.
     fn uniform(&self, out: TRef, low: f64, high: f64, seed: u64) -> Result<()>;
     fn normal(&self, out: TRef, mean: f64, std: f64, seed: u64) -> Result<()>;

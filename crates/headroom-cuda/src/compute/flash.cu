@@ -407,6 +407,19 @@ __device__ __forceinline__ void tf32_split(float x, u32& big, u32& small) {
     small = __float_as_uint(x - __uint_as_float(big));
 }
 
+// cp.async of 16 bytes to a 32-bit shared address: all of them, or `bytes` (0 or 16) and
+// zeros for the rest.
+__device__ __forceinline__ void cp_async16_full(u32 dst, const void* src) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async16_zfill(u32 dst, const void* src, int bytes) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+#endif
+}
+
 __device__ __forceinline__ void mma1688(float* c, const u32* a, u32 b0, u32 b1) {
 #if __CUDA_ARCH__ >= 800
     asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -473,22 +486,33 @@ extern "C" __global__ void __launch_bounds__(FF_THREADS, 3) k_flash_f32_d64(T q,
         }
     }
 
-    // Keys k0.. into stage st, as in flash_mma: rows past S zero-filled from row 0's address
-    // (never read); thread copies 16-byte chunk e0 of rows r0, r0 + 8, ...
-    const float* kb0 = (const float*)k.p + k.off + b * k.st[0] + kh * k.st[1];
-    const float* vb0 = (const float*)v.p + v.off + b * v.st[0] + kh * v.st[1];
-    const i64 ks = k.st[2], vs = v.st[2];
+    // Keys k0.. into stage st: thread copies 16-byte chunk e0 of rows r0, r0 + 8, ... The
+    // shared addresses are 32-bit offsets from one base and the global ones a row pointer
+    // stepped by the row stride (generic pointers and off4's products took three times the
+    // instructions). A tile wholly inside the keys copies without tests; in the last one,
+    // rows past S are zero-filled and read nothing (their source is the tensor's base).
     const int r0 = tid / 16, e0 = (tid % 16) * 4;
+    const i64 kst = k.st[2], vst = v.st[2];
+    const float* kg = (const float*)k.p + k.off + b * k.st[0] + kh * k.st[1] + r0 * kst + e0;
+    const float* vg = (const float*)v.p + v.off + b * v.st[0] + kh * v.st[1] + r0 * vst + e0;
+    const u32 sd0 = smem_u32(sm) + (u32)(r0 * FF_LD + e0) * 4u;
     auto load = [&](int st, i64 k0) {
-        float* kd = sm + st * 2 * FF_TILE + r0 * FF_LD + e0;
-        float* vd = kd + FF_TILE;
+        const u32 kd = sd0 + (u32)st * (2 * FF_TILE * 4), vd = kd + FF_TILE * 4;
+        const float* kr = kg + k0 * kst;
+        const float* vr = vg + k0 * vst;
+        if (k0 + FF_BN <= s.S) {
 #pragma unroll
-        for (int r = 0; r < FF_BN; r += FF_THREADS / 16) {
-            i64 j = k0 + r0 + r;
-            bool in = j < s.S;
-            i64 jr = in ? j : 0;
-            cp_async16(kd + r * FF_LD, kb0 + jr * ks + e0, in ? 16 : 0);
-            cp_async16(vd + r * FF_LD, vb0 + jr * vs + e0, in ? 16 : 0);
+            for (int r = 0; r < FF_BN; r += FF_THREADS / 16) {
+                cp_async16_full(kd + r * FF_LD * 4, kr + r * kst);
+                cp_async16_full(vd + r * FF_LD * 4, vr + r * vst);
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < FF_BN; r += FF_THREADS / 16) {
+                bool in = k0 + r0 + r < s.S;
+                cp_async16_zfill(kd + r * FF_LD * 4, in ? kr + r * kst : (const float*)k.p, in ? 16 : 0);
+                cp_async16_zfill(vd + r * FF_LD * 4, in ? vr + r * vst : (const float*)v.p, in ? 16 : 0);
+            }
         }
         cp_async_commit();
     };
@@ -517,9 +541,9 @@ extern "C" __global__ void __launch_bounds__(FF_THREADS, 3) k_flash_f32_d64(T q,
         const float* Ks = sm + st * 2 * FF_TILE;
         const float* Vs = Ks + FF_TILE;
 
-        // A warp whose 16 rows all precede the tile's first key skips the math, not the
-        // barriers.
-        if (causal && k0 > q0 + wr + 15) {
+        // A warp whose 16 rows all precede the tile's first key (causal), or all lie past TQ
+        // (a decode step's tile has one live row), skips the math, not the barriers.
+        if ((causal && k0 > q0 + wr + 15) || q0 + wr >= s.TQ) {
             __syncthreads();
             continue;
         }
@@ -574,19 +598,23 @@ extern "C" __global__ void __launch_bounds__(FF_THREADS, 3) k_flash_f32_d64(T q,
                 }
             }
         }
-        float mu[2];
+        float mu[2], alpha[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             mn[r] = fmaxf(mn[r], __shfl_xor_sync(0xffffffffu, mn[r], 1));
             mn[r] = fmaxf(mn[r], __shfl_xor_sync(0xffffffffu, mn[r], 2));
             mu[r] = mn[r] == f_ninf() ? 0.f : mn[r];
-            float alpha = exp_from(m[r], mu[r]);
+            alpha[r] = exp_from(m[r], mu[r]);
             m[r] = mn[r];
-            l[r] *= alpha;
+            l[r] *= alpha[r];
+        }
+        // Once the row maxes settle, a tile often raises none of the warp's 16: alpha is
+        // exactly 1 then, and the rescale (a uniform branch) is skipped.
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
             for (int nt = 0; nt < FF_D / 8; ++nt) {
-                o[nt][2 * r] *= alpha;
-                o[nt][2 * r + 1] *= alpha;
+#pragma unroll
+                for (int x = 0; x < 4; ++x) o[nt][x] *= alpha[x >> 1];
             }
         }
 #pragma unroll

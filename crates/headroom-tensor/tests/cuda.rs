@@ -546,8 +546,9 @@ fn fast_paths_match_the_cpu() {
 
 #[test]
 fn scaled_dot_product_attention_matches_the_cpu() {
-    // The fused kernels of the cuda backend (flash.cu's tiles and its row kernel, picked by
-    // shape) against the cpu backend's f64 attention, as transformers calls SDPA.
+    // The cuda backend's attention (cuDNN's engine, flash.cu's tiles and its row kernel,
+    // picked by shape; the math path for f32 with grouped heads) against the cpu backend's,
+    // as transformers calls SDPA.
     let (rt, _g) = gpu!();
     for dt in [DType::F32, DType::BF16, DType::F16] {
         both(
@@ -592,6 +593,24 @@ fn scaled_dot_product_attention_matches_the_cpu() {
                         ..Default::default()
                     };
                     out.push(ops::scaled_dot_product_attention(&q1, &kc, &vc, &gqa)?);
+                    // A Llama prefill: grouped heads, causal (f32 takes PyTorch's math path
+                    // and its causal mask, filled on the device; 16-bit takes cuDNN's engine).
+                    let (qg, kg, vg) = (
+                        x0(&[b, 8, t, hd])?,
+                        x0(&[b, 2, t, hd])?,
+                        x0(&[b, 2, t, hd])?,
+                    );
+                    let gqa_causal = ops::SdpaArgs {
+                        is_causal: true,
+                        enable_gqa: true,
+                        ..Default::default()
+                    };
+                    out.push(ops::scaled_dot_product_attention(
+                        &qg,
+                        &kg,
+                        &vg,
+                        &gqa_causal,
+                    )?);
                 }
                 Ok(out)
             },

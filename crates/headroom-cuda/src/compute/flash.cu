@@ -129,6 +129,44 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
     return (u32)f2h(lo) | ((u32)f2h(hi) << 16);
 }
 
+// Scale, mask, and the new row max `mn` of a warp's score tiles in the m16n8 C layout
+// (both tiled kernels): element x of tile nt is row ri[x >> 1], key k0 + nt * 8 + 2 * t4 +
+// (x & 1). Tiles inside the keys and wholly below the diagonal of the warp's rows, without a
+// mask (`edge` false), skip the per-element tests.
+template <int NT>
+__device__ __forceinline__ void scale_mask_max(float (&sc)[NT][4], float (&mn)[2], bool edge, float scale,
+                                               const i64* ri, i64 k0, int t4, int causal, const T& mask,
+                                               int has_mask, i64 b, i64 h, const AttnShape& s) {
+    if (edge) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+            for (int x = 0; x < 4; ++x) {
+                i64 i = ri[x >> 1];
+                i64 j = k0 + nt * 8 + t4 * 2 + (x & 1);
+                float sv = sc[nt][x] * scale;
+                if (j >= s.S || (causal && j > i)) {
+                    sv = f_ninf();
+                } else if (has_mask && i < s.TQ) {
+                    sv += ldf(mask, off4(mask, b, h, i, j));
+                }
+                sc[nt][x] = sv;
+                mn[x >> 1] = fmaxf(mn[x >> 1], sv);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+            for (int x = 0; x < 4; ++x) {
+                float sv = sc[nt][x] * scale;
+                sc[nt][x] = sv;
+                mn[x >> 1] = fmaxf(mn[x >> 1], sv);
+            }
+        }
+    }
+}
+
 // Shared memory: STAGES x (K tile, V tile), each BN rows of D (+8 padding, so that a warp's
 // fragment loads and ldmatrix rows hit distinct banks). With two stages the next tile's
 // copy (cp.async) runs under this tile's math. The Q tile is staged through the same buffer
@@ -257,39 +295,9 @@ __device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const
                 mma16816<BF>(sc[nt], qf[kk + 1], b2, b3);
             }
         }
-        // Scale, mask, and the new row max. Element x of tile nt: row ri[x >> 1], key
-        // k0 + nt * 8 + 2 * t4 + (x & 1). Tiles inside the keys and wholly below the
-        // diagonal of this warp's rows, without a mask, skip the per-element tests.
         float mn[2] = {m[0], m[1]};
         const bool edge = has_mask || k0 + FM_BN > s.S || (causal && k0 + FM_BN - 1 > q0 + wr);
-        if (edge) {
-#pragma unroll
-            for (int nt = 0; nt < FM_BN / 8; ++nt) {
-#pragma unroll
-                for (int x = 0; x < 4; ++x) {
-                    i64 i = ri[x >> 1];
-                    i64 j = k0 + nt * 8 + t4 * 2 + (x & 1);
-                    float sv = sc[nt][x] * scale;
-                    if (j >= s.S || (causal && j > i)) {
-                        sv = f_ninf();
-                    } else if (has_mask && i < s.TQ) {
-                        sv += ldf(mask, off4(mask, b, h, i, j));
-                    }
-                    sc[nt][x] = sv;
-                    mn[x >> 1] = fmaxf(mn[x >> 1], sv);
-                }
-            }
-        } else {
-#pragma unroll
-            for (int nt = 0; nt < FM_BN / 8; ++nt) {
-#pragma unroll
-                for (int x = 0; x < 4; ++x) {
-                    float sv = sc[nt][x] * scale;
-                    sc[nt][x] = sv;
-                    mn[x >> 1] = fmaxf(mn[x >> 1], sv);
-                }
-            }
-        }
+        scale_mask_max<FM_BN / 8>(sc, mn, edge, scale, ri, k0, t4, causal, mask, has_mask, b, h, s);
         float mu[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -566,38 +574,9 @@ extern "C" __global__ void __launch_bounds__(FF_THREADS, 3) k_flash_f32_d64(T q,
                 mma3(sc[nt], qb[2 * c + 1], qs[2 * c + 1], bb0, bb1, bs0, bs1);
             }
         }
-        // Scale, mask, and the new row max, as in flash_mma: element x of tile nt is row
-        // ri[x >> 1], key k0 + nt * 8 + 2 * t4 + (x & 1).
         float mn[2] = {m[0], m[1]};
         const bool edge = has_mask || k0 + FF_BN > s.S || (causal && k0 + FF_BN - 1 > q0 + wr);
-        if (edge) {
-#pragma unroll
-            for (int nt = 0; nt < FF_BN / 8; ++nt) {
-#pragma unroll
-                for (int x = 0; x < 4; ++x) {
-                    i64 i = ri[x >> 1];
-                    i64 j = k0 + nt * 8 + t4 * 2 + (x & 1);
-                    float sv = sc[nt][x] * sc_f;
-                    if (j >= s.S || (causal && j > i)) {
-                        sv = f_ninf();
-                    } else if (has_mask && i < s.TQ) {
-                        sv += ldf(mask, off4(mask, b, h, i, j));
-                    }
-                    sc[nt][x] = sv;
-                    mn[x >> 1] = fmaxf(mn[x >> 1], sv);
-                }
-            }
-        } else {
-#pragma unroll
-            for (int nt = 0; nt < FF_BN / 8; ++nt) {
-#pragma unroll
-                for (int x = 0; x < 4; ++x) {
-                    float sv = sc[nt][x] * sc_f;
-                    sc[nt][x] = sv;
-                    mn[x >> 1] = fmaxf(mn[x >> 1], sv);
-                }
-            }
-        }
+        scale_mask_max<FF_BN / 8>(sc, mn, edge, sc_f, ri, k0, t4, causal, mask, has_mask, b, h, s);
         float mu[2], alpha[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {

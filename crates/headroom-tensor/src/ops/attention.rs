@@ -25,7 +25,8 @@
 //! output is copied there.
 //!
 //! The fused backends compute on [`crate::backend::Backend::attention`] (the cpu backend in
-//! f64, the cuda backend with a plain kernel); their backward recomputes the weights from the
+//! f64, the cuda backend on cuDNN's engine or its own kernels, headroom-cuda's
+//! `compute/attention.rs`); their backward recomputes the weights from the
 //! logsumexp. The memory-efficient backward allocates like PyTorch's: grad q, k, v, then
 //! `delta = (grad_out * out).sum(-1)` through a product [B, T, H, D] and a sum [B, T, H]
 //! copied to [B, H, T], then the kernel's f32 workspace (a grad-q accumulator of

@@ -148,16 +148,10 @@ impl BlasLt {
     }
 
     fn plan(&mut self, key: Key) -> Result<&Plan, CudaError> {
-        if !self.plans.contains_key(&key) {
-            // A server sees a new M per prompt length: the cache is bounded, and starts
-            // over when full (a miss costs one heuristic query, tens of microseconds).
-            if self.plans.len() >= MAX_PLANS {
-                self.plans.clear();
-            }
-            let plan = Plan::new(self.handle, &key)?;
-            self.plans.insert(key, plan);
-        }
-        Ok(&self.plans[&key])
+        // A server sees a new M per prompt length (a miss costs one heuristic query, tens
+        // of microseconds).
+        let handle = self.handle;
+        super::cached(&mut self.plans, &key, MAX_PLANS, || Plan::new(handle, &key))
     }
 }
 

@@ -203,9 +203,7 @@ impl Dnn {
             })
             .plans
     }
-}
 
-impl Dnn {
     /// The workspace bytes of cuDNN's fused-attention plan for `shape`; `None` when it has
     /// none (or the graph API is off).
     pub(crate) fn attention_workspace(&mut self, shape: &SdpaShape) -> Option<u64> {
@@ -224,14 +222,17 @@ impl Dnn {
         workspace_size: u64,
         scale: f32,
     ) -> Result<bool, CudaError> {
-        if self
-            .attention_workspace(shape)
-            .is_none_or(|w| w > workspace_size)
-        {
+        if !self.graph_api {
             return Ok(false);
         }
         let handle = self.handle;
-        let plan = self.sdpa.plan(handle, shape).expect("checked above");
+        let Some(plan) = self
+            .sdpa
+            .plan(handle, shape)
+            .filter(|p| p.workspace <= workspace_size)
+        else {
+            return Ok(false);
+        };
         match dnn_sdpa::execute(handle, plan, shape, ptrs, scale) {
             Ok(()) => Ok(true),
             Err(e) => {

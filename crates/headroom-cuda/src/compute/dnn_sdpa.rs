@@ -18,6 +18,7 @@
 //! shape cuDNN declines caches "no plan" and the caller runs our own kernel instead.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::ffi::c_void;
 
 use cudarc::cudnn::sys as dn;
@@ -81,19 +82,14 @@ pub(crate) struct SdpaCache {
 impl SdpaCache {
     /// The best plan for `shape`, built on first use; `None` when cuDNN declines the shape.
     pub fn plan(&mut self, handle: dn::cudnnHandle_t, shape: &SdpaShape) -> Option<&Plan> {
-        if self.plans.len() >= MAX_SHAPES && !self.plans.contains_key(shape) {
-            self.plans.clear();
-        }
-        self.plans
-            .entry(shape.clone())
-            .or_insert_with(|| {
-                build(handle, shape).unwrap_or_else(|e| {
-                    tracing::debug!(?shape, error = %e, "no cuDNN attention plan");
-                    Plans::none()
-                })
-            })
-            .plans
-            .first()
+        // A shape cuDNN declines is cached too, as "no plan".
+        let Ok(plans) = super::cached(&mut self.plans, shape, MAX_SHAPES, || {
+            Ok::<_, Infallible>(build(handle, shape).unwrap_or_else(|e| {
+                tracing::debug!(?shape, error = %e, "no cuDNN attention plan");
+                Plans::none()
+            }))
+        });
+        plans.plans.first()
     }
 
     /// Forget `shape`'s plans (one that finalized but would not run).

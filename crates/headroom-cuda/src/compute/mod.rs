@@ -36,7 +36,9 @@ pub use dnn::{ConvPass, ConvSpec};
 pub use graph::CudaGraph;
 pub use ops::{decode, encode, BinaryCode, ReduceCode, UnaryCode};
 
+use std::collections::HashMap;
 use std::ffi::c_void;
+use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::sys;
@@ -199,6 +201,25 @@ impl Strided {
             }
         }
     }
+}
+
+/// `map[key]`, built by `build` on a miss. The map holds at most `max` entries and starts
+/// over when full: plan caches keyed by shape meet a new shape per prompt length on a
+/// server, and a miss costs one plan build.
+pub(crate) fn cached<'a, K: Hash + Eq + Clone, V, E>(
+    map: &'a mut HashMap<K, V>,
+    key: &K,
+    max: usize,
+    build: impl FnOnce() -> Result<V, E>,
+) -> Result<&'a V, E> {
+    if !map.contains_key(key) {
+        if map.len() >= max {
+            map.clear();
+        }
+        let v = build()?;
+        map.insert(key.clone(), v);
+    }
+    Ok(&map[key])
 }
 
 /// The kernels of kernels.cu and flash.cu, by index into the loaded module's functions.
@@ -764,6 +785,26 @@ impl std::fmt::Debug for Gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cached_builds_once_per_key_and_starts_over_when_full() {
+        let mut map: HashMap<u32, u32> = HashMap::new();
+        let mut builds = 0;
+        for k in [1, 2, 1, 2] {
+            let v = cached(&mut map, &k, 2, || {
+                builds += 1;
+                Ok::<_, ()>(k * 10)
+            });
+            assert_eq!(v, Ok(&(k * 10)));
+        }
+        assert_eq!(builds, 2, "hits build nothing");
+        // A third key finds the map full: it starts over with that key alone.
+        assert_eq!(cached(&mut map, &3, 2, || Ok::<_, ()>(30)), Ok(&30));
+        assert_eq!(map.len(), 1);
+        // A failed build caches nothing.
+        assert_eq!(cached(&mut map, &4, 2, || Err::<u32, _>("no")), Err("no"));
+        assert!(!map.contains_key(&4));
+    }
 
     #[test]
     fn coalesce_contiguous_becomes_1d() {

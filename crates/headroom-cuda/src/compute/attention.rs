@@ -153,9 +153,9 @@ fn rows_aligned(t: &Strided, bytes: i64) -> bool {
         && (0..3).all(|d| t.shape[d] == 1 || (t.strides[d] * es) % bytes == 0)
 }
 
-/// The call as cuDNN's engine takes it: f16/bf16 throughout, no additive mask or dropout
-/// (PyTorch's cuDNN path takes them, ours does not yet), unit inner strides and no
-/// broadcast (zero-stride) dims.
+/// The call as cuDNN's engine takes it: f16/bf16 throughout, no additive mask (PyTorch's
+/// cuDNN path takes one, ours does not yet), unit inner strides and no broadcast
+/// (zero-stride) dims. Dropout never gets here: both callers send it to the naive kernel.
 fn sdpa_shape(a: &AttentionViews, s: &AttnShape, p: &AttentionSpec) -> Option<SdpaShape> {
     let dt = a.q.dt();
     let views = [&a.q, &a.k, &a.v, &a.out];
@@ -164,7 +164,6 @@ fn sdpa_shape(a: &AttentionViews, s: &AttnShape, p: &AttentionSpec) -> Option<Sd
     if !matches!(dt, Dt::BF16 | Dt::F16)
         || views.iter().any(|t| t.dt() != dt || !plain(t))
         || a.mask.ptr != 0
-        || p.dropout > 0.0
     {
         return None;
     }
@@ -283,7 +282,9 @@ impl Gpu {
                 ],
             ),
             AttentionKernel::Cudnn => {
-                let shape = sdpa_shape(a, &s, p);
+                let Some(shape) = sdpa_shape(a, &s, p) else {
+                    return refuse("takes f16/bf16 without a mask, with unit inner strides");
+                };
                 let ptrs = SdpaPtrs {
                     q: a.q.addr(),
                     k: a.k.addr(),
@@ -292,17 +293,17 @@ impl Gpu {
                     stats: a.lse.addr(),
                     workspace: a.workspace,
                 };
-                let Some(shape) = shape else {
-                    return refuse("takes f16/bf16 without a mask, with unit inner strides");
-                };
-                let ran = self.with_dnn(|d| {
-                    let ran = d.attention(&shape, &ptrs, a.workspace_size, p.scale as f32)?;
-                    Ok((ran, d.attention_workspace(&shape)))
+                // None: it ran; else the plan's workspace, if it has a plan.
+                let declined = self.with_dnn(|d| {
+                    if d.attention(&shape, &ptrs, a.workspace_size, p.scale as f32)? {
+                        return Ok(None);
+                    }
+                    Ok(Some(d.attention_workspace(&shape)))
                 })?;
-                match ran {
-                    (true, _) => Ok(()),
-                    (false, None) => refuse("has no plan for this shape and layout"),
-                    (false, Some(w)) => refuse(&format!(
+                match declined {
+                    None => Ok(()),
+                    Some(None) => refuse("has no plan for this shape and layout"),
+                    Some(Some(w)) => refuse(&format!(
                         "wants {w} B of workspace, the call has {}",
                         a.workspace_size
                     )),

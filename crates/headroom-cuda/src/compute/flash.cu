@@ -64,13 +64,22 @@ __device__ __forceinline__ u32 smem_u32(const void* p) {
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
 }
-// 16 bytes global -> shared without passing through registers; `bytes` 0 writes zeros and
-// reads nothing. sm_80+ (the tiled kernels are launched on sm_80+ only).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+// 16 bytes global -> shared without passing through registers, to a 32-bit shared address:
+// all of them, or `bytes` (0 or 16) and zeros for the rest (0 reads nothing). sm_80+ (the
+// tiled kernels are launched on sm_80+ only).
+__device__ __forceinline__ void cp_async16_full(u32 dst, const void* src) {
 #if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(bytes)
-                 : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
 #endif
+}
+__device__ __forceinline__ void cp_async16_zfill(u32 dst, const void* src, int bytes) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+#endif
+}
+// The same from a generic shared pointer.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+    cp_async16_zfill(smem_u32(dst), src, bytes);
 }
 __device__ __forceinline__ void cp_async_commit() {
 #if __CUDA_ARCH__ >= 800
@@ -413,19 +422,6 @@ extern "C" __global__ void __launch_bounds__(FM_THREADS) k_flash_mma_d128(T q, T
 __device__ __forceinline__ void tf32_split(float x, u32& big, u32& small) {
     big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
     small = __float_as_uint(x - __uint_as_float(big));
-}
-
-// cp.async of 16 bytes to a 32-bit shared address: all of them, or `bytes` (0 or 16) and
-// zeros for the rest.
-__device__ __forceinline__ void cp_async16_full(u32 dst, const void* src) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async16_zfill(u32 dst, const void* src, int bytes) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-#endif
 }
 
 __device__ __forceinline__ void mma1688(float* c, const u32* a, u32 b0, u32 b1) {

@@ -176,6 +176,20 @@ __device__ __forceinline__ void scale_mask_max(float (&sc)[NT][4], float (&mn)[2
     }
 }
 
+// The probabilities e^(s - mu) of those score tiles, in place, and each row's sum into `l`.
+template <int NT>
+__device__ __forceinline__ void exp_tiles(float (&sc)[NT][4], const float* mu, float* l) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+            float p = exp_from(sc[nt][x], mu[x >> 1]);
+            sc[nt][x] = p;
+            l[x >> 1] += p;
+        }
+    }
+}
+
 // Shared memory: STAGES x (K tile, V tile), each BN rows of D (+8 padding, so that a warp's
 // fragment loads and ldmatrix rows hit distinct banks). With two stages the next tile's
 // copy (cp.async) runs under this tile's math. The Q tile is staged through the same buffer
@@ -324,15 +338,7 @@ __device__ __forceinline__ void flash_mma(u16* sm, const T& q, const T& k, const
                 o[nt][2 * r + 1] *= alpha;
             }
         }
-#pragma unroll
-        for (int nt = 0; nt < FM_BN / 8; ++nt) {
-#pragma unroll
-            for (int x = 0; x < 4; ++x) {
-                float p = exp_from(sc[nt][x], mu[x >> 1]);
-                sc[nt][x] = p;
-                l[x >> 1] += p;
-            }
-        }
+        exp_tiles<FM_BN / 8>(sc, mu, l);
         // O += P V, 16 keys per step: the C fragments of score tiles 2kk and 2kk+1 are the A
         // fragment of the step. B(k = key, n = dim) = V[key][dim], read transposed by
         // ldmatrix: registers 0, 1 are the (keys +0, +8) halves for dims of n-tile nt,
@@ -592,15 +598,7 @@ extern "C" __global__ void __launch_bounds__(FF_THREADS, 3) k_flash_f32_d64(T q,
                 for (int x = 0; x < 4; ++x) o[nt][x] *= alpha[x >> 1];
             }
         }
-#pragma unroll
-        for (int nt = 0; nt < FF_BN / 8; ++nt) {
-#pragma unroll
-            for (int x = 0; x < 4; ++x) {
-                float p = exp_from(sc[nt][x], mu[x >> 1]);
-                sc[nt][x] = p;
-                l[x >> 1] += p;
-            }
-        }
+        exp_tiles<FF_BN / 8>(sc, mu, l);
         // O += P V: step ks's A is (c0, c2, c1, c3) of score tile ks; B of n-tiles 4hv..4hv+3
         // is the float4 at dim 32hv + 4g of V's rows 2t (b0) and 2t+1 (b1).
 #pragma unroll

@@ -1553,7 +1553,6 @@ __device__ __forceinline__ void ln_warp_k(const T& x, const T& w, const T& b, fl
                                           const T& mean_t, const T& rstd_t, i64 r, i64 D, int lane) {
     const int P = 16 / sizeof(typename F::S);
     if (D % P == 0 && x.off % P == 0 && out.off % P == 0 && aligned16(x.p) && aligned16(out.p)) {
-        i64 nv = D / P;
         typedef typename F::S S;
         ln_vec_d<F, true>(((const S*)x.p) + x.off, w, b, eps, ((S*)out.p) + out.off, mean_t, rstd_t, r, D, lane);
         return;

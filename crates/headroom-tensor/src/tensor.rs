@@ -235,9 +235,14 @@ impl Tensor {
         Arc::ptr_eq(&self.0.storage, &other.0.storage)
     }
     pub(crate) fn kref(&self) -> TRef<'_> {
+        self.kref_as(&self.0.layout)
+    }
+    /// This tensor's storage seen through another layout of it: a broadcast, or a view
+    /// folded for a kernel.
+    pub(crate) fn kref_as<'a>(&self, layout: &'a Layout) -> TRef<'a> {
         TRef {
             ptr: self.0.storage.ptr(),
-            layout: &self.0.layout,
+            layout,
             dtype: self.0.dtype,
         }
     }

@@ -41,9 +41,7 @@
 
 use super::*;
 use crate::autograd::Saved;
-use crate::backend::{
-    AttentionArgs, AttentionGradArgs, AttentionParams, BinaryOp, TRef, Workspace,
-};
+use crate::backend::{AttentionArgs, AttentionGradArgs, AttentionParams, BinaryOp, Workspace};
 use crate::layout::Layout;
 
 /// Bytes of the workspace PyTorch's cuDNN attention forward allocates (recorded snapshots).
@@ -229,14 +227,6 @@ fn empty_bthd(sh: [usize; 4], dtype: DType, dev: &crate::device::Device) -> Resu
     Tensor::empty_dense(l, dtype, dev)
 }
 
-fn tref<'a>(t: &'a Tensor, layout: &'a Layout) -> TRef<'a> {
-    TRef {
-        ptr: t.storage().ptr(),
-        layout,
-        dtype: t.dtype(),
-    }
-}
-
 #[derive(Clone, Copy)]
 struct Fused {
     backend: SdpaBackend,
@@ -296,7 +286,7 @@ impl Fused {
             k: k.kref(),
             v: v.kref(),
             mask: match (&mask, &ml) {
-                (Some(m), Some(l)) => Some(tref(m, l)),
+                (Some(m), Some(l)) => Some(m.kref_as(l)),
                 _ => None,
             },
             out: out.kref(),
@@ -421,7 +411,7 @@ impl Fused {
                 k: k.kref(),
                 v: v.kref(),
                 mask: match (mask, &ml) {
-                    (Some(m), Some(l)) => Some(tref(m, l)),
+                    (Some(m), Some(l)) => Some(m.kref_as(l)),
                     _ => None,
                 },
                 out: out.kref(),
@@ -456,7 +446,7 @@ fn add_mask_(attn: &Tensor, mask: &Tensor) -> Result<()> {
     attn.device().backend().binary(
         BinaryOp::Add { alpha: 1.0 },
         attn.kref(),
-        tref(mask, &ml),
+        mask.kref_as(&ml),
         attn.kref(),
     )?;
     attn.storage().bump_version();

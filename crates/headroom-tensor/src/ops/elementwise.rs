@@ -47,20 +47,9 @@ impl Tensor {
             self.dtype(),
             self.device(),
         )?;
-        self.device().backend().binary(
-            op,
-            crate::backend::TRef {
-                ptr: self.storage().ptr(),
-                layout: &a,
-                dtype: self.dtype(),
-            },
-            crate::backend::TRef {
-                ptr: other.storage().ptr(),
-                layout: &b,
-                dtype: other.dtype(),
-            },
-            out.kref(),
-        )?;
+        self.device()
+            .backend()
+            .binary(op, self.kref_as(&a), other.kref_as(&b), out.kref())?;
         Ok(out)
     }
 
@@ -372,16 +361,9 @@ impl Tensor {
                 ),
             )
         })?;
-        self.device().backend().binary(
-            op,
-            self.kref(),
-            crate::backend::TRef {
-                ptr: other.storage().ptr(),
-                layout: &b,
-                dtype: other.dtype(),
-            },
-            self.kref(),
-        )?;
+        self.device()
+            .backend()
+            .binary(op, self.kref(), other.kref_as(&b), self.kref())?;
         self.storage().bump_version();
         Ok(())
     }
@@ -446,14 +428,7 @@ impl Tensor {
         self.check_inplace("copy_")?;
         same_device(self, src, "copy_")?;
         let l = src.layout().expand(self.shape())?;
-        self.device().backend().copy(
-            crate::backend::TRef {
-                ptr: src.storage().ptr(),
-                layout: &l,
-                dtype: src.dtype(),
-            },
-            self.kref(),
-        )?;
+        self.device().backend().copy(src.kref_as(&l), self.kref())?;
         self.storage().bump_version();
         Ok(())
     }
@@ -505,14 +480,10 @@ impl Tensor {
             self.dtype(),
             self.device(),
         )?;
-        let mref = crate::backend::TRef {
-            ptr: mask.storage().ptr(),
-            layout: &ml,
-            dtype: DType::Bool,
-        };
+        // need_dtype above: the mask is bool.
         self.device()
             .backend()
-            .masked_fill(self.kref(), mref, value, out.kref())?;
+            .masked_fill(self.kref(), mask.kref_as(&ml), value, out.kref())?;
         if autograd::should_record(&[self]) {
             let m = Saved::new(mask);
             record(

@@ -10,7 +10,6 @@
 
 use super::*;
 use crate::autograd::Saved;
-use crate::backend::TRef;
 use crate::layout::Layout;
 
 fn as3(t: &Tensor) -> Layout {
@@ -19,15 +18,6 @@ fn as3(t: &Tensor) -> Layout {
         shape: vec![1, l.shape[0], l.shape[1]],
         strides: vec![0, l.strides[0], l.strides[1]],
         offset: l.offset,
-    }
-}
-
-/// `t`'s storage seen through `layout` (its [`as3`] view).
-fn kref3<'a>(t: &Tensor, layout: &'a Layout) -> TRef<'a> {
-    TRef {
-        ptr: t.storage().ptr(),
-        layout,
-        dtype: t.dtype(),
     }
 }
 
@@ -68,7 +58,7 @@ impl Tensor {
         let (la, lb, lo) = (as3(a), as3(b), as3(out));
         a.device()
             .backend()
-            .matmul(kref3(a, &la), kref3(b, &lb), kref3(out, &lo), accumulate)
+            .matmul(a.kref_as(&la), b.kref_as(&lb), out.kref_as(&lo), accumulate)
     }
 
     /// `out = a @ b + bias` in one backend call (cuBLASLt's bias epilogue); false: the
@@ -76,9 +66,12 @@ impl Tensor {
     fn gemm_bias_into(a: &Tensor, b: &Tensor, bias: &Tensor, out: &Tensor) -> Result<bool> {
         a.device().ensure_blas_handle(true)?;
         let (la, lb, lo) = (as3(a), as3(b), as3(out));
-        a.device()
-            .backend()
-            .matmul_bias(kref3(a, &la), kref3(b, &lb), bias.kref(), kref3(out, &lo))
+        a.device().backend().matmul_bias(
+            a.kref_as(&la),
+            b.kref_as(&lb),
+            bias.kref(),
+            out.kref_as(&lo),
+        )
     }
 
     /// `self @ other` for 2-d tensors.
@@ -132,14 +125,7 @@ impl Tensor {
         let out = Tensor::empty(&shape, mat1.dtype(), mat1.device())?;
         let lt = bias.ndim() == 1;
         if !(lt && Tensor::gemm_bias_into(mat1, mat2, bias, &out)?) {
-            out.device().backend().copy(
-                TRef {
-                    ptr: bias.storage().ptr(),
-                    layout: &bl,
-                    dtype: bias.dtype(),
-                },
-                out.kref(),
-            )?;
+            out.device().backend().copy(bias.kref_as(&bl), out.kref())?;
             Tensor::gemm_into(mat1, mat2, &out, true, lt)?;
         }
         if crate::autograd::should_record(&[bias, mat1, mat2]) {

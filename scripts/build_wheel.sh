@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Builds the headroom wheel into dist/: the CLI binary and libheadroom_torch.so (cargo, release),
-# copied into python/headroom/, then the PyO3 extension and the wheel (maturin, release, the
+# Builds the vramroom wheel into dist/: the CLI binary and libvramroom_torch.so (cargo, release),
+# copied into python/vramroom/, then the PyO3 extension and the wheel (maturin, release, the
 # same target dir: the workspace's crates compile once for both).
 # Usage: scripts/build_wheel.sh [--prebuilt] [MATURIN]
 #   MATURIN: the maturin command (default: maturin).
-#   --prebuilt: take target/release/headroom and libheadroom_torch.so as they are (CI: its
+#   --prebuilt: take target/release/vramroom and libvramroom_torch.so as they are (CI: its
 #   `cargo test --workspace --release` has just built both), instead of running cargo build,
 #   whose different feature set would compile the workspace a second time.
 set -euo pipefail
@@ -17,19 +17,19 @@ fi
 MATURIN=${1:-maturin}
 TARGET=${CARGO_TARGET_DIR:-$PWD/target}
 if [ "$PREBUILT" = 0 ]; then
-    cargo build --release -p headroom -p headroom-torch
+    cargo build --release -p vramroom -p vramroom-torch
 fi
 # `cargo test` builds the cdylib into release/deps/ but does not copy it up to release/ (only
 # `cargo build` does), so the newer of the two is the one to ship.
-LIB=$TARGET/release/libheadroom_torch.so
-if [ -f "$TARGET/release/deps/libheadroom_torch.so" ] &&
-    { [ ! -f "$LIB" ] || [ "$TARGET/release/deps/libheadroom_torch.so" -nt "$LIB" ]; }; then
-    LIB=$TARGET/release/deps/libheadroom_torch.so
+LIB=$TARGET/release/libvramroom_torch.so
+if [ -f "$TARGET/release/deps/libvramroom_torch.so" ] &&
+    { [ ! -f "$LIB" ] || [ "$TARGET/release/deps/libvramroom_torch.so" -nt "$LIB" ]; }; then
+    LIB=$TARGET/release/deps/libvramroom_torch.so
 fi
-for f in "$TARGET/release/headroom" "$LIB"; do
+for f in "$TARGET/release/vramroom" "$LIB"; do
     [ -f "$f" ] || { echo "build_wheel.sh: $f is missing (run without --prebuilt)" >&2; exit 2; }
 done
-mkdir -p python/headroom/_bin
+mkdir -p python/vramroom/_bin
 # The release profile keeps line tables (debug = 1) for profiling; the wheel does not need them.
 strip_copy() {
     if command -v objcopy >/dev/null 2>&1; then
@@ -39,8 +39,8 @@ strip_copy() {
     fi
     chmod "$3" "$2"
 }
-strip_copy "$TARGET/release/headroom" python/headroom/_bin/headroom 755
-strip_copy "$LIB" python/headroom/libheadroom_torch.so 644
+strip_copy "$TARGET/release/vramroom" python/vramroom/_bin/vramroom 755
+strip_copy "$LIB" python/vramroom/libvramroom_torch.so 644
 rm -rf dist
 # The manylinux tag is checked, not assumed. maturin audits the extension it builds; the CLI
 # binary and the allocator library ride along as package data, so they are audited here the
@@ -52,7 +52,7 @@ MANYLINUX_LIBS=" libc.so.6 libm.so.6 libgcc_s.so.1 libpthread.so.0 libdl.so.2 li
 if command -v readelf >/dev/null 2>&1 && command -v objdump >/dev/null 2>&1 &&
     [ "$(uname -m)" = x86_64 ]; then
     GLIBC_MINOR=17
-    for f in python/headroom/_bin/headroom python/headroom/libheadroom_torch.so; do
+    for f in python/vramroom/_bin/vramroom python/vramroom/libvramroom_torch.so; do
         for lib in $(readelf -d "$f" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p'); do
             case "$MANYLINUX_LIBS" in
             *" $lib "*) ;;

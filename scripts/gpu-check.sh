@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Headroom on a real GPU: the GPU tests, the allocator benchmark against PyTorch's C++
+# Vramroom on a real GPU: the GPU tests, the allocator benchmark against PyTorch's C++
 # allocator, ResNet-50 and GPT-2 against PyTorch eager, and PyTorch workloads under
-# headroom_torch against PyTorch's native allocator, and the attention kernels alone against SDPA.
+# vramroom_torch against PyTorch's native allocator, and the attention kernels alone against SDPA.
 #
 #   scripts/gpu-check.sh build   # here (no GPU needed): release builds, copied into devcarry/
 #   scripts/gpu-check.sh gpu [--quick] [--only tests,alloc,models,workloads,probe,loadtest,http,hf,attn]
@@ -31,11 +31,11 @@ want() { [[ ",$ONLY," == *",$1,"* ]]; }
 build() {
   set -e
   local target=${CARGO_TARGET_DIR:-$ROOT/target}
-  cargo build --release -p headroom -p headroom-torch
-  cargo build --release -p headroom-cuda --example cuda_bench --example attention_bench
+  cargo build --release -p vramroom -p vramroom-torch
+  cargo build --release -p vramroom-cuda --example cuda_bench --example attention_bench
   local tests
-  tests=$( (cargo test --release -p headroom-cuda --no-run --message-format=json 2>/dev/null
-    cargo test --release -p headroom-tensor --test cuda --no-run --message-format=json 2>/dev/null) |
+  tests=$( (cargo test --release -p vramroom-cuda --no-run --message-format=json 2>/dev/null
+    cargo test --release -p vramroom-tensor --test cuda --no-run --message-format=json 2>/dev/null) |
     python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -45,12 +45,12 @@ for line in sys.stdin:
         print(m["target"]["name"] + "=" + m["executable"])')
   mkdir -p "$CARRY"
   find "$CARRY" -maxdepth 1 -type f -delete
-  cp "$target/release/libheadroom_torch.so" "$target/release/headroom" "$CARRY/"
+  cp "$target/release/libvramroom_torch.so" "$target/release/vramroom" "$CARRY/"
   cp "$target/release/examples/cuda_bench" "$target/release/examples/attention_bench" "$CARRY/"
   for t in $tests; do cp "${t#*=}" "$CARRY/test-${t%%=*}"; done
   find "$CARRY" -maxdepth 1 -type f -exec strip --strip-debug {} + 2>/dev/null || true
   cp scripts/torch_raw_shim.cpp "$CARRY/"
-  # The HTTP client's peers, for `headroom bench http` on the GPU host's many cores: wrk
+  # The HTTP client's peers, for `vramroom bench http` on the GPU host's many cores: wrk
   # (with its LuaJIT) and oha, when this machine has them.
   rm -rf "$CARRY/bin" && mkdir -p "$CARRY/bin/lib"
   if command -v wrk >/dev/null; then
@@ -64,13 +64,13 @@ for line in sys.stdin:
 }
 
 gpu() {
-  local R=${OUT:-/tmp/headroom-gpu}
+  local R=${OUT:-/tmp/vramroom-gpu}
   mkdir -p "$R"
   export PYTHONUNBUFFERED=1
-  # The CUDA libraries PyTorch uses (pip's nvidia-* wheels) are where Headroom looks too.
-  HEADROOM_PYTHON_SITE=$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null)
-  export HEADROOM_PYTHON_SITE
-  export HEADROOM_CACHE_DIR=/tmp/headroom-cache
+  # The CUDA libraries PyTorch uses (pip's nvidia-* wheels) are where Vramroom looks too.
+  VRAMROOM_PYTHON_SITE=$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null)
+  export VRAMROOM_PYTHON_SITE
+  export VRAMROOM_CACHE_DIR=/tmp/vramroom-cache
   local T0=$SECONDS
   echo "== machine =="
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -2
@@ -79,7 +79,7 @@ gpu() {
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())' 2>&1
 
   if want tests; then
-    echo "== GPU tests (crates/headroom-cuda/tests, crates/headroom-tensor/tests/cuda.rs) =="
+    echo "== GPU tests (crates/vramroom-cuda/tests, crates/vramroom-tensor/tests/cuda.rs) =="
     : >"$R/tests.log"
     for t in "$CARRY"/test-*; do
       echo "-- ${t##*/}"
@@ -114,39 +114,39 @@ gpu() {
   fi
 
   if want models; then
-    echo "== ResNet-50 and GPT-2: PyTorch eager, then Headroom (headroom bench models) =="
+    echo "== ResNet-50 and GPT-2: PyTorch eager, then Vramroom (vramroom bench models) =="
     local ITERS=20
     [ -n "$QUICK" ] && ITERS=10
     python3 scripts/torch_models_bench.py "$R/torch_models.jsonl" $QUICK --iters $ITERS --warmup 3 2>&1 |
       grep -vE '^\{' || true
     # shellcheck disable=SC2086
-    "$CARRY/headroom" bench models $QUICK --iters $ITERS --warmup 3 \
+    "$CARRY/vramroom" bench models $QUICK --iters $ITERS --warmup 3 \
       --reference "$R/torch_models.jsonl" --json "$R/models.jsonl" 2>&1 | tee "$R/models.txt"
     echo "   ($((SECONDS - T0)) s)"
   fi
 
   if want workloads; then
-    echo "== PyTorch workloads: native allocator vs headroom_torch =="
+    echo "== PyTorch workloads: native allocator vs vramroom_torch =="
     : >"$R/workloads.jsonl"
-    export HEADROOM_TORCH_LIB=$CARRY/libheadroom_torch.so
-    export HEADROOM_RECORD_DIR=/tmp/headroom-traces
-    mkdir -p "$HEADROOM_RECORD_DIR"
-    for m in native native-record native-expandable headroom headroom-expandable; do
+    export VRAMROOM_TORCH_LIB=$CARRY/libvramroom_torch.so
+    export VRAMROOM_RECORD_DIR=/tmp/vramroom-traces
+    mkdir -p "$VRAMROOM_RECORD_DIR"
+    for m in native native-record native-expandable vramroom vramroom-expandable; do
       echo "-- $m"
       python3 scripts/torch_workloads.py "$m" "$R/workloads.jsonl" $QUICK 2>&1 | tee -a "$R/workloads.log" |
         grep -vE '^\{' || true
     done
-    echo "-- Headroom's recommendation from the native trace of the serving loop"
-    "$CARRY/headroom" replay "$HEADROOM_RECORD_DIR/gpt2_varlen_serve.pickle" --recommend 2>&1 |
+    echo "-- Vramroom's recommendation from the native trace of the serving loop"
+    "$CARRY/vramroom" replay "$VRAMROOM_RECORD_DIR/gpt2_varlen_serve.pickle" --recommend 2>&1 |
       tee "$R/recommend.txt"
-    HEADROOM_ALLOC_CONF=$("$CARRY/headroom" replay "$HEADROOM_RECORD_DIR/gpt2_varlen_serve.pickle" \
+    VRAMROOM_ALLOC_CONF=$("$CARRY/vramroom" replay "$VRAMROOM_RECORD_DIR/gpt2_varlen_serve.pickle" \
       --recommend --json 2>/dev/null | python3 -c '
 import json, sys
 rows = json.load(sys.stdin)
 print(next((r["alloc_conf"] for r in rows if r.get("recommended")), "default").replace("default", ""))')
-    export HEADROOM_ALLOC_CONF
-    echo "-- headroom-recommended (PYTORCH_CUDA_ALLOC_CONF=$HEADROOM_ALLOC_CONF)"
-    python3 scripts/torch_workloads.py headroom-recommended "$R/workloads.jsonl" $QUICK 2>&1 |
+    export VRAMROOM_ALLOC_CONF
+    echo "-- vramroom-recommended (PYTORCH_CUDA_ALLOC_CONF=$VRAMROOM_ALLOC_CONF)"
+    python3 scripts/torch_workloads.py vramroom-recommended "$R/workloads.jsonl" $QUICK 2>&1 |
       tee -a "$R/workloads.log" | grep -vE '^\{' || true
     # Step times move by 5-25% between processes (host launch overhead, clocks, the cloud
     # host's neighbours), more than the 5% being judged: two more rounds, the second in
@@ -155,23 +155,23 @@ print(next((r["alloc_conf"] for r in rows if r.get("recommended")), "default").r
     # runs: it did on 2026-12-03, run e.)
     if [ -z "$QUICK" ]; then
       for round in 2 3; do
-        export HEADROOM_ROUND=$round
-        local order="native native-expandable headroom headroom-expandable headroom-recommended"
-        [ "$round" = 2 ] && order="headroom-recommended headroom-expandable headroom native-expandable native"
+        export VRAMROOM_ROUND=$round
+        local order="native native-expandable vramroom vramroom-expandable vramroom-recommended"
+        [ "$round" = 2 ] && order="vramroom-recommended vramroom-expandable vramroom native-expandable native"
         for m in $order; do
           echo "-- $m (round $round)"
           python3 scripts/torch_workloads.py "$m" "$R/workloads.jsonl" 2>&1 |
             tee -a "$R/workloads.log" | grep -vE '^\{' || true
         done
       done
-      unset HEADROOM_ROUND
+      unset VRAMROOM_ROUND
     fi
     echo "   ($((SECONDS - T0)) s)"
   fi
 
   if want loadtest; then
-    echo "== headroom loadtest --device cuda (NVML beside the allocator) =="
-    "$CARRY/headroom" loadtest --device cuda --model resnet18 --batch 8 --stages 1:3s,4:3s --no-search \
+    echo "== vramroom loadtest --device cuda (NVML beside the allocator) =="
+    "$CARRY/vramroom" loadtest --device cuda --model resnet18 --batch 8 --stages 1:3s,4:3s --no-search \
       --out "$R/loadtest" --json --quiet >"$R/loadtest.json" 2>"$R/loadtest.err"
     echo "exit $?"; tail -3 "$R/loadtest.err"
     python3 - "$R/loadtest.json" <<'PY'
@@ -197,9 +197,9 @@ PY
   fi
 
   if want hf; then
-    echo "== Hugging Face configs: transformers (SDPA) vs headroom --model PATH on cuda =="
+    echo "== Hugging Face configs: transformers (SDPA) vs vramroom --model PATH on cuda =="
     if python3 -c 'import transformers' 2>/dev/null; then
-      python3 scripts/hf_speed.py "$CARRY/headroom" "$R/hf_speed.jsonl" 2>&1 | grep -v '^{' | tee "$R/hf_speed.txt"
+      python3 scripts/hf_speed.py "$CARRY/vramroom" "$R/hf_speed.jsonl" 2>&1 | grep -v '^{' | tee "$R/hf_speed.txt"
     else
       echo "(transformers is not installed here: skipped)"
     fi
@@ -217,17 +217,17 @@ PY
     echo "   ($((SECONDS - T0)) s)"
   fi
 
-  if want probe && [ -f python/headroom/probe.py ]; then
-    echo "== headroom.probe against a real PyTorch service =="
+  if want probe && [ -f python/vramroom/probe.py ]; then
+    echo "== vramroom.probe against a real PyTorch service =="
     if [ -f scripts/probe_check.py ]; then
-      python3 scripts/probe_check.py "$CARRY/headroom" "$R" 2>&1 | tee "$R/probe.txt"
+      python3 scripts/probe_check.py "$CARRY/vramroom" "$R" 2>&1 | tee "$R/probe.txt"
     else
       echo "(no scripts/probe_check.py)"
     fi
   fi
 
   if want http; then
-    echo "== headroom bench http: Headroom's client against wrk and oha, loopback, half the cores each =="
+    echo "== vramroom bench http: Vramroom's client against wrk and oha, loopback, half the cores each =="
     local peers=0
     for peer in wrk oha; do
       # wrk --version exits 1; what matters is that it runs (its libraries resolve).
@@ -235,7 +235,7 @@ PY
       v=$(PATH=$CARRY/bin:$PATH LD_LIBRARY_PATH=$CARRY/bin/lib $peer --version 2>&1)
       if [[ "$v" == *"$peer"* ]]; then
         peers=$((peers + 1))
-        PATH=$CARRY/bin:$PATH LD_LIBRARY_PATH=$CARRY/bin/lib "$CARRY/headroom" bench http \
+        PATH=$CARRY/bin:$PATH LD_LIBRARY_PATH=$CARRY/bin/lib "$CARRY/vramroom" bench http \
           --peer $peer -c 64 -z 3s --rounds 3 2>&1 | tee -a "$R/http.txt" | tail -5
       else
         echo "($peer: not here)"

@@ -2,8 +2,8 @@
 
     python3 scripts/gpu_report.py RESULTS_DIR
 
-Reads tests.log (the GPU test binaries' output), bench.json (crates/headroom-cuda/examples/
-cuda_bench.rs), models.jsonl (`headroom bench models`, with PyTorch's figures beside) and
+Reads tests.log (the GPU test binaries' output), bench.json (crates/vramroom-cuda/examples/
+cuda_bench.rs), models.jsonl (`vramroom bench models`, with PyTorch's figures beside) and
 workloads.jsonl (scripts/torch_workloads.py), and prints one report.
 """
 import json
@@ -29,7 +29,7 @@ def load_jsonl(path):
 
 
 def main():
-    r = sys.argv[1] if len(sys.argv) > 1 else "/tmp/headroom-gpu"
+    r = sys.argv[1] if len(sys.argv) > 1 else "/tmp/vramroom-gpu"
     print("GPU tests")
     tp = tf = ts = 0
     if os.path.exists(os.path.join(r, "tests.log")):
@@ -43,7 +43,7 @@ def main():
     wl = load_jsonl(os.path.join(r, "workloads.jsonl"))
     for rec in wl:
         if rec.get("workload") == "checks":
-            print("  headroom_torch checks (%s): %d passed, %d failed"
+            print("  vramroom_torch checks (%s): %d passed, %d failed"
                   % (rec["mode"], rec["passed"], rec["failed"]))
     print()
 
@@ -55,18 +55,18 @@ def main():
             bench = json.load(f)
     py = {rec["mode"]: rec.get("ns", {}) for rec in wl if rec.get("workload") == "python_pair_ns"}
     hdr = "  %-16s %13s %15s %10s %15s %15s" % (
-        "case", "headroom C", "torch C++", "torch/hr", "hr via Python", "torch via Python")
+        "case", "vramroom C", "torch C++", "torch/hr", "hr via Python", "torch via Python")
     print(hdr)
     sizes = {"single_512B": "512", "single_4KiB": "4096", "single_1MiB": str(1 << 20),
              "single_8MiB": str(8 << 20), "single_64MiB": str(64 << 20)}
     for c in (bench or {}).get("cases", []):
         t = c.get("torch_cpp_ns")
-        ratio = c.get("torch_over_headroom")
+        ratio = c.get("torch_over_vramroom")
         k = sizes.get(c["case"])
-        hpy = py.get("headroom", {}).get(k) if k else None
+        hpy = py.get("vramroom", {}).get(k) if k else None
         tpy = py.get("native", {}).get(k) if k else None
         print("  %-16s %13.1f %15s %10s %15s %15s" % (
-            c["case"], c["headroom_ns"], "-" if t is None else "%.1f" % t,
+            c["case"], c["vramroom_ns"], "-" if t is None else "%.1f" % t,
             "-" if ratio is None else "%.2fx" % ratio,
             "-" if hpy is None else "%.0f" % hpy, "-" if tpy is None else "%.0f" % tpy))
     if bench is None:
@@ -74,12 +74,12 @@ def main():
     if bench is not None:
         print("  medians of %s repeats of %s pairs, the two allocators' repeats alternating;"
               " torch/hr is the median of the per-repeat ratios" % (bench.get("repeats"), bench.get("pairs")))
-    print("  headroom C: CachingAllocator<CudaDevice> from Rust; torch C++: c10 raw_alloc/raw_delete;")
-    print("  'via Python': one ctypes headroom_malloc/free or torch.cuda.caching_allocator_alloc/delete")
+    print("  vramroom C: CachingAllocator<CudaDevice> from Rust; torch C++: c10 raw_alloc/raw_delete;")
+    print("  'via Python': one ctypes vramroom_malloc/free or torch.cuda.caching_allocator_alloc/delete")
     print("  pair per Python loop iteration (includes the interpreter's call overhead).")
     print()
 
-    print("PyTorch workloads: native allocator vs headroom_torch (peak reserved, step time)")
+    print("PyTorch workloads: native allocator vs vramroom_torch (peak reserved, step time)")
     print("  %-22s %-20s %12s %12s %9s %10s %8s" % (
         "workload", "allocator", "peak alloc", "peak resv", "resv/nat", "step ms", "t/nat"))
     by = {}
@@ -100,14 +100,14 @@ def main():
                 prev["peak_allocated"] = max(prev["peak_allocated"], rec["peak_allocated"])
     names = {"native": "native default", "native-expandable": "native expandable",
              "native-record": "native (recording)",
-             "headroom": "headroom default", "headroom-expandable": "headroom expandable",
-             "headroom-recommended": "headroom recommended"}
+             "vramroom": "vramroom default", "vramroom-expandable": "vramroom expandable",
+             "vramroom-recommended": "vramroom recommended"}
     for w, modes in by.items():
         if w == "python_pair_ns":
             continue
         nat = modes.get("native", {})
-        for m in ["native", "native-expandable", "headroom", "headroom-expandable",
-                  "headroom-recommended"]:
+        for m in ["native", "native-expandable", "vramroom", "vramroom-expandable",
+                  "vramroom-recommended"]:
             rec = modes.get(m)
             if rec is None:
                 continue
@@ -134,12 +134,12 @@ def main():
         with open(rec_path) as f:
             for line in f:
                 if line.startswith("recommended:"):
-                    print("  " + line.strip() + " (headroom replay --recommend on the native trace)")
+                    print("  " + line.strip() + " (vramroom replay --recommend on the native trace)")
     print()
 
     models = load_jsonl(os.path.join(r, "models.jsonl"))
     if models:
-        print("Models on the GPU: Headroom vs PyTorch eager (median ms of CUDA-event timings, peak memory)")
+        print("Models on the GPU: Vramroom vs PyTorch eager (median ms of CUDA-event timings, peak memory)")
         print("  %-28s %9s %9s %7s %11s %11s %7s %11s" % (
             "case", "hr ms", "torch ms", "t/hr", "hr alloc", "torch alloc", "hr/t", "predicted"))
         for m in models:
@@ -151,7 +151,7 @@ def main():
                 "-" if not ta else "%.3f" % (m["peak_allocated"] / ta),
                 "-" if m.get("predicted_peak_allocated") is None
                 else "%.1f" % (m["predicted_peak_allocated"] / MIB)))
-        print("  t/hr above 1: Headroom faster; hr/t below 1: Headroom's peak smaller; predicted: the")
+        print("  t/hr above 1: Vramroom faster; hr/t below 1: Vramroom's peak smaller; predicted: the")
         print("  meta device's peak for the case (no GPU).")
         torch_only = [t for t in load_jsonl(os.path.join(r, "torch_models.jsonl"))
                       if "(sdpa)" in t.get("case", "") and "ms" in t]

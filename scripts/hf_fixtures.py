@@ -1,5 +1,5 @@
 """Tiny Hugging Face checkpoints and transformers' own outputs for them (CPU), for
-Headroom's numerical tests (crates/headroom-tensor/tests/hf_numerics.rs).
+Vramroom's numerical tests (crates/vramroom-tensor/tests/hf_numerics.rs).
 
     python3 scripts/hf_fixtures.py            # writes fixtures/hf-numerics/<name>/
 

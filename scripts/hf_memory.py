@@ -3,7 +3,7 @@
     python3 scripts/hf_memory.py OUT_DIR [--models gpt2,llama-small,...] [--dev cuda|cpu]
 
 For every config under fixtures/hf/ (or those named), in a fresh process each, the scenarios
-Headroom's `predict --model PATH` predicts: a forward pass without grad with and without
+Vramroom's `predict --model PATH` predicts: a forward pass without grad with and without
 `use_cache`, `generate()` (greedy, prefill then decode) with the dynamic and the static cache,
 and AdamW training steps. Each scenario starts from an emptied cache with the weights resident
 and reset peaks, and writes one JSON line to OUT_DIR/hf_memory.jsonl: the weights' bytes

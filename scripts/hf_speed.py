@@ -1,13 +1,13 @@
-"""Speed of Hugging Face models on the GPU: transformers (PyTorch SDPA) beside Headroom's
+"""Speed of Hugging Face models on the GPU: transformers (PyTorch SDPA) beside Vramroom's
 `--model PATH` (its SDPA op on the CUDA backend), same configs, same shapes.
 
-    python3 scripts/hf_speed.py HEADROOM_BIN OUT.jsonl [--iters N] [--only gpt2|llama-small]
+    python3 scripts/hf_speed.py VRAMROOM_BIN OUT.jsonl [--iters N] [--only gpt2|llama-small]
 
 Cases: fixtures/hf/gpt2 forward (use_cache=False, eval, no_grad) in float32 and bfloat16 at
 8x512 and 32x1024; fixtures/hf/llama-small forward at 8x512 and its decode step (batch 8,
 prompt 512: (generate 33 new tokens - generate 1) / 32, greedy, as both sides run it).
 PyTorch: median of CUDA-event timings after warm-up, random weights (from_config).
-Headroom: `headroom loadtest --device cuda -n N -c 1` with the same flags, the median
+Vramroom: `vramroom loadtest --device cuda -n N -c 1` with the same flags, the median
 request latency (a request is the input's creation, the forward and a synchronize).
 """
 import json
@@ -68,13 +68,13 @@ def torch_generate(name, dtype, b, p, n):
     return ms
 
 
-def headroom_ms(args, n=ITERS + 3):
+def vramroom_ms(args, n=ITERS + 3):
     with tempfile.TemporaryDirectory() as d:
         cmd = [HR, "loadtest", "--device", "cuda", "-n", str(n), "-c", "1", "--no-search", "--quiet",
                "--json", "--out", d] + args
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
-            print("headroom failed:", " ".join(cmd), r.stderr.strip()[-300:])
+            print("vramroom failed:", " ".join(cmd), r.stderr.strip()[-300:])
             return None
         return json.loads(r.stdout)["latency"]["p50_ms"]
 
@@ -87,27 +87,27 @@ for dtype in ["float32", "bfloat16"]:
         if ONLY not in ("", "gpt2"):
             continue
         rows.append((f"gpt2 {dtype} {b}x{s} forward", torch_forward("gpt2", dtype, b, s),
-                     headroom_ms(["--model", "fixtures/hf/gpt2", "--dtype", dtype, "--batch", str(b),
+                     vramroom_ms(["--model", "fixtures/hf/gpt2", "--dtype", dtype, "--batch", str(b),
                                   "--seq", str(s), "--no-cache"])))
 for dtype in ["float32", "bfloat16"] if ONLY in ("", "llama-small") else []:
     rows.append((f"llama-small {dtype} 8x512 forward", torch_forward("llama-small", dtype, 8, 512),
-                 headroom_ms(["--model", "fixtures/hf/llama-small", "--dtype", dtype, "--batch", "8",
+                 vramroom_ms(["--model", "fixtures/hf/llama-small", "--dtype", dtype, "--batch", "8",
                               "--seq", "512", "--no-cache"])))
     t1 = torch_generate("llama-small", dtype, 8, 512, 1)
     t33 = torch_generate("llama-small", dtype, 8, 512, 33)
     g = ["--model", "fixtures/hf/llama-small", "--dtype", dtype, "--batch", "8", "--mode", "generate",
          "--prompt", "512"]
-    h1 = headroom_ms(g + ["--new", "1"], n=8)
-    h33 = headroom_ms(g + ["--new", "33"], n=6)
+    h1 = vramroom_ms(g + ["--new", "1"], n=8)
+    h33 = vramroom_ms(g + ["--new", "33"], n=6)
     rows.append((f"llama-small {dtype} 8x512 decode step", (t33 - t1) / 32,
                  None if h1 is None or h33 is None else (h33 - h1) / 32))
 
-print("Hugging Face models on the GPU: transformers (SDPA) vs Headroom --model PATH (median ms)")
+print("Hugging Face models on the GPU: transformers (SDPA) vs Vramroom --model PATH (median ms)")
 print(f"  {'case':40s} {'torch ms':>10s} {'hr ms':>10s} {'t/hr':>7s}")
 with open(OUT, "w") as f:
     for name, t, h in rows:
-        f.write(json.dumps({"case": name, "torch_ms": t, "headroom_ms": h}) + "\n")
+        f.write(json.dumps({"case": name, "torch_ms": t, "vramroom_ms": h}) + "\n")
         ratio = f"{t / h:6.2f}x" if h else "   -"
         hs = f"{h:10.3f}" if h is not None else "         -"
         print(f"  {name:40s} {t:10.3f} {hs} {ratio}")
-print("  t/hr above 1: Headroom faster.")
+print("  t/hr above 1: Vramroom faster.")

@@ -1,9 +1,9 @@
 """Match a recorded transformers snapshot (scripts/hf_memory.py) allocation by allocation
-against Headroom's meta device.
+against Vramroom's meta device.
 
     python3 scripts/hf_trace_diff.py SNAPSHOT.pickle [--context N] [--max N] [--limit N]
 
-Runs the `hf_trace` example (build it first: cargo build --release -p headroom-tensor
+Runs the `hf_trace` example (build it first: cargo build --release -p vramroom-tensor
 --example hf_trace; found under $CARGO_TARGET_DIR or target/) for the scenario the file name
 encodes, with the cuBLAS workspaces the snapshot shows alive at its start, and prints both
 peaks above the start and every stretch where the two sequences of `+bytes` / `-bytes`
@@ -102,7 +102,7 @@ def main():
     w = warmth(snap)
     tev, mev = torch_events(snap), ours(model, kind, dt, args, w)
     print(f"{os.path.basename(path)} ({w}): PyTorch {len(tev)} events, peak above start {peak(tev)}; "
-          f"Headroom {len(mev)} events, peak above start {peak(mev)}")
+          f"Vramroom {len(mev)} events, peak above start {peak(mev)}")
     a = [f"{op}{sz}" for op, _, sz in tev][:lim]
     b = [f"{op}{sz}" for op, _, sz in mev][:lim]
     shown = 0
@@ -113,7 +113,7 @@ def main():
         if shown > mx:
             print("...")
             break
-        print(f"--- {tag} PyTorch[{i1}:{i2}] Headroom[{j1}:{j2}]")
+        print(f"--- {tag} PyTorch[{i1}:{i2}] Vramroom[{j1}:{j2}]")
         for k in range(max(0, i1 - ctx), min(len(a), i2 + ctx)):
             op, i, sz = tev[k]
             print(f"   P{k:6d} {op}{i} {sz}" + ("" if i1 <= k < i2 else "   (context)"))

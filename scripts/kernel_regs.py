@@ -1,11 +1,11 @@
 """Registers, and stack (spills), of each kernel in kernels.cu + flash.cu, without a GPU:
-compiles the source with NVRTC as Headroom does at run time and reads the cubin's
+compiles the source with NVRTC as Vramroom does at run time and reads the cubin's
 EIATTR_REGCOUNT and stack-size attributes. Occupancy follows from it (65,536 registers per
 SM): 128 registers at 128 threads lets 4 blocks share an SM, 168 only 3.
 
     python3 scripts/kernel_regs.py [--arch 90] [--lib DIR] [SUBSTRING]
 
-DIR holds libnvrtc.so.13 (default: the first of HEADROOM_CUDA_LIB_DIRS, then .ci-cache/nvrtc/lib,
+DIR holds libnvrtc.so.13 (default: the first of VRAMROOM_CUDA_LIB_DIRS, then .ci-cache/nvrtc/lib,
 where .ci/run puts the pip wheel's copy).
 """
 import ctypes
@@ -27,11 +27,11 @@ def opt(name, default):
 
 
 arch = opt("--arch", "90")
-lib_dir = opt("--lib", (os.environ.get("HEADROOM_CUDA_LIB_DIRS", "").split(":")[0]
+lib_dir = opt("--lib", (os.environ.get("VRAMROOM_CUDA_LIB_DIRS", "").split(":")[0]
                         or os.path.join(ROOT, ".ci-cache/nvrtc/lib")))
 want = args[0] if args else ""
 
-src_dir = os.path.join(ROOT, "crates/headroom-cuda/src/compute")
+src_dir = os.path.join(ROOT, "crates/vramroom-cuda/src/compute")
 src = open(os.path.join(src_dir, "kernels.cu")).read() + open(os.path.join(src_dir, "flash.cu")).read()
 lib = ctypes.CDLL(os.path.join(lib_dir, "libnvrtc.so.13"))
 prog = ctypes.c_void_p()

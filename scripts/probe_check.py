@@ -1,11 +1,11 @@
-"""python/headroom/probe.py against a real PyTorch service, loaded by `headroom http` (GPU).
+"""python/vramroom/probe.py against a real PyTorch service, loaded by `vramroom http` (GPU).
 
-    python3 scripts/probe_check.py HEADROOM_BIN OUT_DIR
+    python3 scripts/probe_check.py VRAMROOM_BIN OUT_DIR
 
 Starts a small PyTorch inference service in a child process (a GPT-2-sized MLP stack on
 cuda:0 behind http.server; each request's batch size comes from its body, so the caching
-allocator sees variable sizes) with headroom_probe started on a second port, runs
-`headroom http` against it with --metrics-url on the probe, makes the service hit one real
+allocator sees variable sizes) with vramroom_probe started on a second port, runs
+`vramroom http` against it with --metrics-url on the probe, makes the service hit one real
 CUDA OOM mid-run (GET /oom asks for more than the card has), and checks what came back:
 the probe's series on the timeline, the snapshot and the OOM snapshot fetched and replayed,
 and the findings. Prints one line per check and "probe checks: N passed, M failed".
@@ -25,8 +25,8 @@ SERVICE = r'''
 import json, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 sys.path.insert(0, sys.argv[3])
-from headroom import probe as headroom_probe
-probe = headroom_probe.start(port=int(sys.argv[2]), host="127.0.0.1", snapshot_dir=sys.argv[4])
+from vramroom import probe as vramroom_probe
+probe = vramroom_probe.start(port=int(sys.argv[2]), host="127.0.0.1", snapshot_dir=sys.argv[4])
 import torch
 torch.manual_seed(0)
 layers = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(),
@@ -111,7 +111,7 @@ def main():
                "--metrics-interval", "100ms", "--out", res_dir, "--json", "--quiet"]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         t.join(timeout=60)
-        check("headroom http exit 0", p.returncode == 0, p.stderr.strip()[-300:])
+        check("vramroom http exit 0", p.returncode == 0, p.stderr.strip()[-300:])
         check("the service really ran out of memory", oom.get("oom") is True, str(oom)[:120])
         r = json.loads(p.stdout) if p.returncode == 0 else {}
         http = r.get("http") or {}

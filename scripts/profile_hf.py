@@ -1,5 +1,5 @@
 """transformers' forward of a fixtures/hf config, N times, for a kernel profile beside
-Headroom's (scripts/profile_hf.sh): random weights, eval, no_grad, use_cache=False.
+Vramroom's (scripts/profile_hf.sh): random weights, eval, no_grad, use_cache=False.
 
     python3 scripts/profile_hf.py NAME DTYPE BATCH SEQ N
 """

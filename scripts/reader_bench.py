@@ -1,19 +1,19 @@
 #!/usr/bin/env python3
-"""Headroom's snapshot reader beside Python's pickle.load, file by file.
+"""Vramroom's snapshot reader beside Python's pickle.load, file by file.
 
 For each pickle, runs each reader in its own process three times (alternating) and keeps
 the best wall time and the smallest peak RSS of each:
 
-  headroom: crates/headroom-trace/examples/read_snapshot FILE  (reads, prints counts)
+  vramroom: crates/vramroom-trace/examples/read_snapshot FILE  (reads, prints counts)
   python:   python3 -c "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))" FILE
 
 Both times include process start (about 1 ms for ours, 15-20 ms for the interpreter);
 peak RSS is what /usr/bin/time reports (the bare interpreter is about 13 MiB, our
 binary about 2 MiB).
-Prints a table with the ratios (python / headroom: above 1 means headroom is faster or
-smaller) and a summary line. A file headroom refuses is reported, not skipped.
+Prints a table with the ratios (python / vramroom: above 1 means vramroom is faster or
+smaller) and a summary line. A file vramroom refuses is reported, not skipped.
 
-    cargo build --release -p headroom-trace --example read_snapshot
+    cargo build --release -p vramroom-trace --example read_snapshot
     python3 scripts/reader_bench.py [--bin PATH] [--rounds 3] FILE_OR_DIR...
 """
 
@@ -89,7 +89,7 @@ def main():
         if any(r[2] != 0 for r in hr):
             failures += 1
             msg = next(r[3] for r in hr if r[2] != 0)
-            print(f"{name:58} {size:7.2f} | headroom REFUSED: {msg}")
+            print(f"{name:58} {size:7.2f} | vramroom REFUSED: {msg}")
             continue
         hs, hm = min(r[0] for r in hr), min(r[1] for r in hr) / 1024
         ps, pm = min(r[0] for r in py), min(r[1] for r in py) / 1024
@@ -104,10 +104,10 @@ def main():
               f"{hm:7.1f} {pm:7.1f} {pm / hm:6.2f}")
     if t_ratios:
         gm = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))
-        print(f"# {len(t_ratios)} files read by both: time python/headroom geomean {gm(t_ratios):.2f}x "
+        print(f"# {len(t_ratios)} files read by both: time python/vramroom geomean {gm(t_ratios):.2f}x "
               f"(min {min(t_ratios):.2f}x), total {tot['py_s']:.2f} s vs {tot['hr_s']:.2f} s; "
-              f"peak RSS python/headroom geomean {gm(m_ratios):.2f}x (min {min(m_ratios):.2f}x); "
-              f"{failures} refused by headroom")
+              f"peak RSS python/vramroom geomean {gm(m_ratios):.2f}x (min {min(m_ratios):.2f}x); "
+              f"{failures} refused by vramroom")
     return 1 if failures else 0
 
 

@@ -1,11 +1,11 @@
-"""PyTorch's side of `headroom bench models`: the same cases, measured the same way.
+"""PyTorch's side of `vramroom bench models`: the same cases, measured the same way.
 
     python3 scripts/torch_models_bench.py OUT.jsonl [--quick] [--iters N] [--warmup N] [--case S]...
 
-Cases (names shared with crates/headroom-tensor/src/bench.rs):
+Cases (names shared with crates/vramroom-tensor/src/bench.rs):
   resnet50 {fp32,bf16} bs{1,8,32,128} {infer,infer+graph}   torchvision ResNet-50, eval, no_grad
   resnet50 fp32 bs32 train                                    SGD momentum 0.9, cross-entropy
-  gpt2 {fp32,bf16} {1x128,8x512,32x1024} {infer,infer+graph}  GPT-2 124M written like Headroom's
+  gpt2 {fp32,bf16} {1x128,8x512,32x1024} {infer,infer+graph}  GPT-2 124M written like Vramroom's
                                                               (HF layout, eager attention)
   gpt2 ... infer (sdpa)                                       the same model with
                                                               F.scaled_dot_product_attention,

@@ -1,5 +1,5 @@
-// PyTorch's own C++ caching allocator behind four C functions, so that Headroom's benchmark
-// (crates/headroom-cuda/examples/cuda_bench.rs) times both allocators with one harness, in one
+// PyTorch's own C++ caching allocator behind four C functions, so that Vramroom's benchmark
+// (crates/vramroom-cuda/examples/cuda_bench.rs) times both allocators with one harness, in one
 // process. Built on the GPU machine by scripts/gpu-check.sh against the installed libtorch.
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>

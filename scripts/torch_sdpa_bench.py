@@ -1,4 +1,4 @@
-"""PyTorch's SDPA alone at the shapes of crates/headroom-cuda/examples/attention_bench.rs.
+"""PyTorch's SDPA alone at the shapes of crates/vramroom-cuda/examples/attention_bench.rs.
 
     python3 scripts/torch_sdpa_bench.py OUT.jsonl [--reps N]
 

@@ -1,8 +1,8 @@
-"""PyTorch workloads under PyTorch's native allocator or Headroom's (python/headroom/torch.py).
+"""PyTorch workloads under PyTorch's native allocator or Vramroom's (python/vramroom/torch.py).
 
     python3 scripts/torch_workloads.py MODE OUT.jsonl [--quick]
 
-MODE: native | native-expandable | headroom | headroom-expandable. One process per mode: the
+MODE: native | native-expandable | vramroom | vramroom-expandable. One process per mode: the
 allocator must be chosen before CUDA first allocates. Workloads (the same in every mode):
   resnet50_infer_nograd  ResNet-50 fp32 no_grad over batches 1,8,32,64,3,17,48,5,64,1 (the
                          workload of ../shared/traces/resnet50_infer_nograd__*.pickle), 7 passes, the median of the last 6
@@ -15,12 +15,12 @@ allocator must be chosen before CUDA first allocates. Workloads (the same in eve
                          U[16, 1024] (fixed seed), full logits, next token per sequence,
                          60 steps
 MODE native-record (native-expandable-record) runs native (with expandable segments) and
-memory history recording on, and writes each workload's snapshot to HEADROOM_RECORD_DIR
-(`<workload>.pickle`, `<workload>__expandable.pickle`), for `headroom replay`; its timings
+memory history recording on, and writes each workload's snapshot to VRAMROOM_RECORD_DIR
+(`<workload>.pickle`, `<workload>__expandable.pickle`), for `vramroom replay`; its timings
 are not comparable (recording costs time). `--only NAME` runs one workload.
-CONF overrides the allocator config of the headroom modes (HEADROOM_ALLOC_CONF).
+CONF overrides the allocator config of the vramroom modes (VRAMROOM_ALLOC_CONF).
 Each writes one JSON line: peak allocated/reserved (from the allocator in use), median step
-time. In headroom modes the script also checks the headroom_torch API and prints
+time. In vramroom modes the script also checks the vramroom_torch API and prints
 "N passed, M failed" for those checks. Between workloads the cache is emptied and peaks reset.
 """
 import gc
@@ -37,11 +37,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 MODE = sys.argv[1] if len(sys.argv) > 1 else "native"
 OUT = sys.argv[2] if len(sys.argv) > 2 else "/tmp/workloads.jsonl"
 QUICK = "--quick" in sys.argv
-HEADROOM = MODE.startswith("headroom")
+VRAMROOM = MODE.startswith("vramroom")
 CONF = "expandable_segments:True" if MODE.endswith("expandable") else ""
-if MODE == "headroom-recommended":
-    CONF = os.environ.get("HEADROOM_ALLOC_CONF", "")
-RECORD = os.environ.get("HEADROOM_RECORD_DIR", "/tmp") if MODE.endswith("-record") else None
+if MODE == "vramroom-recommended":
+    CONF = os.environ.get("VRAMROOM_ALLOC_CONF", "")
+RECORD = os.environ.get("VRAMROOM_RECORD_DIR", "/tmp") if MODE.endswith("-record") else None
 ONLY = [sys.argv[i + 1] for i, a in enumerate(sys.argv[:-1]) if a == "--only"]
 
 if MODE in ("native-expandable", "native-expandable-record"):
@@ -54,8 +54,8 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 hr = None
-if HEADROOM:
-    from headroom import torch as hr  # noqa: E402
+if VRAMROOM:
+    from vramroom import torch as hr  # noqa: E402
 
     hr.enable(alloc_conf=CONF)
 
@@ -78,7 +78,7 @@ def reset():
 
 
 def emit(rec):
-    rec.update(mode=MODE, round=int(os.environ.get("HEADROOM_ROUND", "1")))
+    rec.update(mode=MODE, round=int(os.environ.get("VRAMROOM_ROUND", "1")))
     line = json.dumps(rec)
     print(line, flush=True)
     with open(OUT, "a") as f:
@@ -225,7 +225,7 @@ def python_pair_ns():
         alloc, free = torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete
     else:
         lib = hr.library()
-        m, f = lib.headroom_malloc, lib.headroom_free
+        m, f = lib.vramroom_malloc, lib.vramroom_free
 
         def alloc(s):
             return m(s, 0, None)
@@ -243,7 +243,7 @@ def python_pair_ns():
 
 
 def checks():
-    """The headroom_torch API against what torch.cuda gives."""
+    """The vramroom_torch API against what torch.cuda gives."""
     import pickle
     import tempfile
 
@@ -347,7 +347,7 @@ def checks():
     for name, ok, err in res:
         print("check %-14s %s %s" % (name, "ok" if ok else "FAILED", err), flush=True)
     npass = sum(1 for _, ok, _ in res if ok)
-    print("headroom_torch checks (%s): %d passed, %d failed" % (MODE, npass, len(res) - npass),
+    print("vramroom_torch checks (%s): %d passed, %d failed" % (MODE, npass, len(res) - npass),
           flush=True)
     return npass, len(res) - npass
 
@@ -381,7 +381,7 @@ def main():
         emit(dict(workload="python_pair_ns", ns=python_pair_ns()))
     except Exception as e:  # noqa: BLE001
         emit(dict(workload="python_pair_ns", error=repr(e)))
-    if HEADROOM:
+    if VRAMROOM:
         reset()
         p, f = checks()
         emit(dict(workload="checks", passed=p, failed=f))

@@ -5,6 +5,6 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(s) = std::str::from_utf8(data) {
-        let _ = headroom_alloc::AllocatorConfig::parse(s);
+        let _ = vramroom_alloc::AllocatorConfig::parse(s);
     }
 });

@@ -2,7 +2,7 @@
 //! timeouts and runaway allocations are findings.
 #![no_main]
 
-use headroom_trace::pickle::{read_snapshot, write_snapshot};
+use vramroom_trace::pickle::{read_snapshot, write_snapshot};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,5 +1,5 @@
 //! Hostile *semantics*: every input becomes a well-formed pickle of a snapshot-shaped dict
-//! (the generator in `crates/headroom-trace/tests/snapshot_gen/mod.rs`, shared with the
+//! (the generator in `crates/vramroom-trace/tests/snapshot_gen/mod.rs`, shared with the
 //! stable proptest `replay_semantic.rs`), with sizes and addresses near the ends of u64,
 //! negative numbers, events out of order, frees of unknown addresses, huge
 //! `max_split_size` and long `PYTORCH_CUDA_ALLOC_CONF` strings. The reader must decide
@@ -8,12 +8,12 @@
 //! replay that does not finish is a finding too.
 #![no_main]
 
-#[path = "../../crates/headroom-trace/tests/snapshot_gen/mod.rs"]
+#[path = "../../crates/vramroom-trace/tests/snapshot_gen/mod.rs"]
 mod snapshot_gen;
 
-use headroom_alloc::AllocatorConfig;
-use headroom_trace::pickle::{read_snapshot, write_snapshot};
-use headroom_trace::replay::{replay, ReplayOptions};
+use vramroom_alloc::AllocatorConfig;
+use vramroom_trace::pickle::{read_snapshot, write_snapshot};
+use vramroom_trace::replay::{replay, ReplayOptions};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

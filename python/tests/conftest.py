@@ -16,11 +16,11 @@ pytest_plugins = ["pytester"]
 REPO = Path(__file__).resolve().parents[2]
 # The CPU-side fake of torch.cuda that the probe's own tests use: a consistent model of one
 # device's caching allocator, with memory_stats keys and _snapshot() as PyTorch 2.11 has them.
-TORCH_STUB = REPO / "crates" / "headroom-load" / "tests" / "fixtures" / "torch_stub"
+TORCH_STUB = REPO / "crates" / "vramroom-load" / "tests" / "fixtures" / "torch_stub"
 
 
 def _traces_dir():
-    for d in (os.environ.get("HEADROOM_TRACES"), REPO / "shared" / "traces",
+    for d in (os.environ.get("VRAMROOM_TRACES"), REPO / "shared" / "traces",
               REPO.parent / "shared" / "traces"):
         if d and Path(d).is_dir():
             return Path(d)
@@ -29,9 +29,9 @@ def _traces_dir():
 
 @pytest.fixture(scope="session")
 def cli():
-    """The installed `headroom` console script, beside this interpreter."""
-    path = Path(sys.executable).parent / "headroom"
-    assert path.exists(), "the headroom command is not installed beside %s" % sys.executable
+    """The installed `vramroom` console script, beside this interpreter."""
+    path = Path(sys.executable).parent / "vramroom"
+    assert path.exists(), "the vramroom command is not installed beside %s" % sys.executable
     return str(path)
 
 
@@ -39,7 +39,7 @@ def cli():
 def traces():
     d = _traces_dir()
     if d is None:
-        pytest.skip("no ../shared/traces/ (set HEADROOM_TRACES)")
+        pytest.skip("no ../shared/traces/ (set VRAMROOM_TRACES)")
     found = sorted(d.glob("*.pickle"))
     assert found, "no *.pickle in %s" % d
     return found

@@ -1,11 +1,11 @@
-"""`import headroom`: the Python API against the CLI, on the reference traces."""
+"""`import vramroom`: the Python API against the CLI, on the reference traces."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-import headroom
+import vramroom
 from conftest import run
 
 MIB2 = 2 << 20
@@ -25,33 +25,33 @@ def same_row(api, cli_row):
 def test_replay_matches_the_cli_on_every_reference_trace(cli, traces):
     for t in traces:
         (row,) = cli_rows(cli, [str(t)])
-        same_row(headroom.replay(str(t)), row)
+        same_row(vramroom.replay(str(t)), row)
         conf = "expandable_segments:True"
         (row,) = cli_rows(cli, [str(t), "--alloc-conf", conf, "--capacity", "8GiB"])
-        same_row(headroom.replay(t, alloc_conf=conf, capacity="8GiB"), row)
+        same_row(vramroom.replay(t, alloc_conf=conf, capacity="8GiB"), row)
         assert row["peak_reserved_bytes"] > 0
 
 
 def test_replay_of_bytes_equals_replay_of_the_path(traces):
     t = traces[0]
-    assert headroom.replay(t.read_bytes()) == headroom.replay(str(t))
+    assert vramroom.replay(t.read_bytes()) == vramroom.replay(str(t))
 
 
 def test_capacity_as_int_or_string(traces):
     t = traces[0]
-    assert headroom.replay(t, capacity=8 << 30) == headroom.replay(t, capacity="8GiB")
+    assert vramroom.replay(t, capacity=8 << 30) == vramroom.replay(t, capacity="8GiB")
 
 
 def test_min_capacity_matches_the_cli_and_never_ooms(cli, traces):
     t = min(traces, key=lambda p: p.stat().st_size)
-    n = headroom.min_capacity(t)
+    n = vramroom.min_capacity(t)
     (row,) = cli_rows(cli, [str(t), "--min-capacity"])
     assert row["min_capacity_bytes"] == n
-    assert headroom.replay(t, min_capacity=True)["min_capacity_bytes"] == n
-    fits = headroom.replay(t, capacity=n)
+    assert vramroom.replay(t, min_capacity=True)["min_capacity_bytes"] == n
+    fits = vramroom.replay(t, capacity=n)
     assert fits["num_ooms"] == 0 and fits["oom_event"] is None
     if n - MIB2 > fits["peak_allocated_bytes"]:
-        assert headroom.replay(t, capacity=n - MIB2)["oom_event"] is not None
+        assert vramroom.replay(t, capacity=n - MIB2)["oom_event"] is not None
 
 
 def test_min_capacity_printed_by_the_cli_never_ooms(cli, traces):
@@ -61,14 +61,14 @@ def test_min_capacity_printed_by_the_cli_never_ooms(cli, traces):
     header, _, row = out.splitlines()[1:4]
     start = header.index("min capacity")
     printed = row[start - 4:].split("  ")[-1].strip()
-    assert headroom.parse_size(printed) == headroom.min_capacity(t), (printed, out)
+    assert vramroom.parse_size(printed) == vramroom.min_capacity(t), (printed, out)
     (r,) = cli_rows(cli, [str(t), "--capacity", printed])
     assert r["num_ooms"] == 0 and r["oom_event"] is None, printed
 
 
 def test_recommend_matches_the_cli(cli, traces):
     t = traces[0]
-    api = headroom.recommend(t)
+    api = vramroom.recommend(t)
     rows = cli_rows(cli, [str(t), "--recommend"])
     assert [r["alloc_conf"] for r in api["results"]] == [r["alloc_conf"] for r in rows]
     for a, c in zip(api["results"], rows):
@@ -79,59 +79,59 @@ def test_recommend_matches_the_cli(cli, traces):
 
 def test_summary_matches_the_cli(cli, traces):
     t = traces[0]
-    assert headroom.summary(t) == run([cli, "summary", str(t)]).stdout
-    assert headroom.summary(t, abbreviated=True) == run(
+    assert vramroom.summary(t) == run([cli, "summary", str(t)]).stdout
+    assert vramroom.summary(t, abbreviated=True) == run(
         [cli, "summary", str(t), "--abbreviated"]).stdout
 
 
 def test_predict_matches_the_cli(cli):
-    api = headroom.predict("mlp", batch=4)
+    api = vramroom.predict("mlp", batch=4)
     c = json.loads(run([cli, "predict", "--model", "mlp", "--batch", "4", "--json"]).stdout)
     assert api == c
     # The flags' vocabulary, in keyword form: a distribution, training, a planted mistake.
-    api = headroom.predict("gpt2-tiny", batch=2, seq="uniform:8..32", mode="train",
+    api = vramroom.predict("gpt2-tiny", batch=2, seq="uniform:8..32", mode="train",
                            optimizer="adamw", grad=False, alloc_conf="expandable_segments:True")
     c = json.loads(run([cli, "predict", "--model", "gpt2-tiny", "--batch", "2", "--seq",
                         "uniform:8..32", "--mode", "train", "--optimizer", "adamw",
                         "--alloc-conf", "expandable_segments:True", "--json"]).stdout)
     assert api == c and api["size"] == 32
-    assert headroom.predict("gpt2-tiny", seq=16, grad=True) == json.loads(run(
+    assert vramroom.predict("gpt2-tiny", seq=16, grad=True) == json.loads(run(
         [cli, "predict", "--model", "gpt2-tiny", "--seq", "16", "--grad-on", "--json"]).stdout)
     assert api["peak_allocated_bytes"] > 0
-    assert headroom.predict("mlp", batch=8)["peak_allocated_bytes"] > api["peak_allocated_bytes"]
+    assert vramroom.predict("mlp", batch=8)["peak_allocated_bytes"] > api["peak_allocated_bytes"]
 
 
 def test_predict_out_of_memory_raises_memory_error():
     with pytest.raises(MemoryError):
-        headroom.predict("mlp", batch=64, capacity="1MiB")
+        vramroom.predict("mlp", batch=64, capacity="1MiB")
 
 
 def test_diff_of_a_trace_with_itself_is_even(traces):
-    d = headroom.diff(traces[0], traces[0])
+    d = vramroom.diff(traces[0], traces[0])
     assert d["base"]["peak_reserved_bytes"] == d["new"]["peak_reserved_bytes"] > 0
 
 
 def test_bad_input_raises_clear_errors(tmp_path, traces):
     with pytest.raises(ValueError, match="alloc_conf"):
-        headroom.replay(traces[0], alloc_conf="no_such_knob:1")
+        vramroom.replay(traces[0], alloc_conf="no_such_knob:1")
     with pytest.raises(ValueError, match="capacity"):
-        headroom.replay(traces[0], capacity="lots")
+        vramroom.replay(traces[0], capacity="lots")
     with pytest.raises(ValueError, match="capacity"):
-        headroom.replay(traces[0], capacity=0)
+        vramroom.replay(traces[0], capacity=0)
     with pytest.raises(OSError):
-        headroom.replay(tmp_path / "missing.pickle")
+        vramroom.replay(tmp_path / "missing.pickle")
     junk = tmp_path / "junk.pickle"
     junk.write_bytes(b"not a pickle")
     with pytest.raises(ValueError, match="snapshot"):
-        headroom.replay(junk)
+        vramroom.replay(junk)
     with pytest.raises(ValueError):
-        headroom.predict("no_such_model")
+        vramroom.predict("no_such_model")
 
 
 def test_predict_takes_a_hugging_face_config_as_the_cli_does(cli):
     config = Path(__file__).resolve().parents[2] / "fixtures" / "hf" / "llama-small"
     args = dict(mode="generate", seq=64, new=8, batch=2)
-    api = headroom.predict(config, **args)
+    api = vramroom.predict(config, **args)
     c = json.loads(run([cli, "predict", "--model", str(config), "--mode", "generate", "--seq",
                         "64", "--new", "8", "--batch", "2", "--json"]).stdout)
     assert api == c and api["peak_allocated_bytes"] > api["base_bytes"] > 0

@@ -95,12 +95,12 @@ def test_failure_leaves_a_snapshot_that_holds_the_test(pytester):
     assert str(snap) in r.stdout.str() or snap.name in r.stdout.str()
 
 
-def test_the_snapshot_replays_in_headroom(pytester):
-    headroom = pytest.importorskip("headroom")
+def test_the_snapshot_replays_in_vramroom(pytester):
+    vramroom = pytest.importorskip("vramroom")
     r = _run(pytester, TESTS, "--max-cuda-memory-dir", "snaps", "-k", "test_over")
     r.assert_outcomes(failed=1, deselected=4)
     (snap,) = (pytester.path / "snaps").glob("*.pickle")
-    row = headroom.replay(snap)
+    row = vramroom.replay(snap)
     assert row["peak_allocated_bytes"] >= 96 << 20
 
 
@@ -156,8 +156,8 @@ def test_cpu_only():
     assert "not checked" in r.stdout.str()
 
 
-def test_parse_size_reads_headroom_sizes():
-    from headroom.pytest_plugin import parse_size
+def test_parse_size_reads_vramroom_sizes():
+    from vramroom.pytest_plugin import parse_size
 
     assert parse_size("2GiB") == 2 << 30
     assert parse_size("512 MiB") == 512 << 20

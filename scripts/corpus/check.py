@@ -1,6 +1,6 @@
-"""Replays every recording of the corpus with `headroom replay` and compares with PyTorch.
+"""Replays every recording of the corpus with `vramroom replay` and compares with PyTorch.
 
-    python3 scripts/corpus/check.py HEADROOM_BIN SNAPSHOT_DIR [RESULTS.jsonl ...] [--only SUBSTR]
+    python3 scripts/corpus/check.py VRAMROOM_BIN SNAPSHOT_DIR [RESULTS.jsonl ...] [--only SUBSTR]
 
 For each recording: the replay under the recording's own config against PyTorch's own figures
 (peak allocated, peak reserved, OOM count) and the trace's own sequence of device allocations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Here (no GPU): the headroom wheel and pytest's wheels into wheelhouse/ (ignored by git), the
+# Here (no GPU): the vramroom wheel and pytest's wheels into wheelhouse/ (ignored by git), the
 # folder the GPU machine installs from, having no network.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -8,7 +8,7 @@ ROOT=$(cd ../.. && pwd)
 MATURIN=${MATURIN:-maturin}
 (cd "$ROOT" && scripts/build_wheel.sh "$MATURIN")
 rm -rf "$HERE/wheelhouse" && mkdir -p "$HERE/wheelhouse"
-cp "$ROOT"/dist/headroom-*.whl "$HERE/wheelhouse/"
+cp "$ROOT"/dist/vramroom-*.whl "$HERE/wheelhouse/"
 # pytest and its dependencies for any CPython the GPU machine may have (pure-Python wheels;
 # the 3.9 download adds the backports older Pythons need).
 for v in 3.9 3.12; do

@@ -1,4 +1,4 @@
-"""The headroom pytest plugin on a real model, on a real GPU: one test within its CUDA memory
+"""The vramroom pytest plugin on a real model, on a real GPU: one test within its CUDA memory
 budget, one over it (that one is meant to fail, leaving a snapshot of its allocations).
 
 Run by run_gpu.sh on the GPU machine; see README.md beside this file.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# headroom serve with one replica per --device entry, under headroom http at the load one
+# vramroom serve with one replica per --device entry, under vramroom http at the load one
 # replica sheds at and at 4x it: counts answers by status, and reads each replica's OOM
 # counter, peak and placed requests from /metrics.
 #
@@ -9,8 +9,8 @@
 #
 # Env: DEVICE, MODEL (gpt2-tiny), CAPACITY (8MiB), MARGIN (7880KiB: room for a few
 # requests), C1 (24: a load one replica sheds at, see the -c C1 line of a DEVICE=cpu run;
-# the second run is 4x it), DURATION (10s), OUT (out/serve-replicas/<device>), HEADROOM (the binary;
-# default target/release/headroom, or $CARGO_TARGET_DIR/release/headroom).
+# the second run is 4x it), DURATION (10s), OUT (out/serve-replicas/<device>), VRAMROOM (the binary;
+# default target/release/vramroom, or $CARGO_TARGET_DIR/release/vramroom).
 # Pass: every answer is 200 or 503 (exit of this script 0), num_ooms 0 on every replica,
 # each replica's max allocated <= its admission limit, every replica placed > 0 requests.
 set -euo pipefail
@@ -21,10 +21,10 @@ MARGIN=${MARGIN:-7880KiB}
 C1=${C1:-24}
 DURATION=${DURATION:-10s}
 OUT=${OUT:-out/serve-replicas/${DEVICE//[:,]/_}}
-HEADROOM=${HEADROOM:-${CARGO_TARGET_DIR:-target}/release/headroom}
+VRAMROOM=${VRAMROOM:-${CARGO_TARGET_DIR:-target}/release/vramroom}
 mkdir -p "$OUT"
 
-"$HEADROOM" serve --model "$MODEL" --device "$DEVICE" --capacity "$CAPACITY" --margin "$MARGIN" \
+"$VRAMROOM" serve --model "$MODEL" --device "$DEVICE" --capacity "$CAPACITY" --margin "$MARGIN" \
   --max-latency off --max-batch 2 --port 0 >"$OUT/serve.stdout" 2>"$OUT/serve.stderr" &
 PID=$!
 trap 'kill -TERM $PID 2>/dev/null || true' EXIT
@@ -38,7 +38,7 @@ echo "server $URL ($DEVICE)"; cat "$OUT/serve.stderr"
 
 fail=0
 for c in "$C1" $((4 * C1)); do
-  "$HEADROOM" http "$URL/v1/infer" -c "$c" -z "$DURATION" -H 'Content-Type: application/json' \
+  "$VRAMROOM" http "$URL/v1/infer" -c "$c" -z "$DURATION" -H 'Content-Type: application/json' \
     -d '{"inputs": [{{rand_ints 24..30 0 29}}]}' --metrics-url "$URL/metrics" \
     --out "$OUT/c$c" --json >"$OUT/c$c.json" || true
   python3 - "$OUT/c$c.json" "$c" <<'PY' || fail=1
@@ -64,14 +64,14 @@ def series(name):
         if line.startswith(name + "{") or line.startswith(name + " "):
             s, v = line.rsplit(" ", 1)
             dev = re.search(r'device="([^"]*)"', s)
-            if name == "headroom_requests_total":
+            if name == "vramroom_requests_total":
                 code = re.search(r'code="(\d+)"', s).group(1)
                 out[(dev.group(1) if dev else "-", code)] = float(v)
             else:
                 out[dev.group(1) if dev else "-"] = float(v)
     return out
-ooms, peak, limit = series("headroom_num_ooms_total"), series("headroom_max_memory_allocated_bytes"), series("headroom_admission_limit_bytes")
-placed, codes = series("headroom_replica_requests_total"), series("headroom_requests_total")
+ooms, peak, limit = series("vramroom_num_ooms_total"), series("vramroom_max_memory_allocated_bytes"), series("vramroom_admission_limit_bytes")
+placed, codes = series("vramroom_replica_requests_total"), series("vramroom_requests_total")
 if list(limit) == ["-"]:  # one replica: unlabelled series, the router's count labelled
     placed = {"-": sum(placed.values())}
 ok = True

@@ -1,9 +1,9 @@
 """Ground truth for the live-service prediction, on the GPU machine.
 
-    python3 scripts/services/collect.py HEADROOM_BIN OUT_DIR [--only bert,gpt2,resnet]
+    python3 scripts/services/collect.py VRAMROOM_BIN OUT_DIR [--only bert,gpt2,resnet]
 
 For each test service (bert_encoder.py, gpt2_generate.py, resnet_batch.py), in parallel:
-1. a ramp under `headroom http --stages` (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96 workers,
+1. a ramp under `vramroom http --stages` (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96 workers,
    6 s each) on a fresh service: the first stage with a CUDA OOM answer (507) is where the
    service really runs out;
 2. a gentle run (2 workers, 20 s) on a fresh service, and its probe snapshot and metrics:

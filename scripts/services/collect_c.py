@@ -1,20 +1,20 @@
 """Device run c: predict each service's OOM concurrency from a gentle run, then confirm it.
 
-    python3 scripts/services/collect_c.py HEADROOM_BIN OUT_DIR [--only bert,gpt2,resnet]
-    python3 scripts/services/collect_c.py HEADROOM_BIN OUT_DIR --fake   # CPU, torch stub
+    python3 scripts/services/collect_c.py VRAMROOM_BIN OUT_DIR [--only bert,gpt2,resnet]
+    python3 scripts/services/collect_c.py VRAMROOM_BIN OUT_DIR --fake   # CPU, torch stub
 
 For each service (bert_encoder.py, gpt2_generate.py, resnet_batch.py, each under its memory
 fraction), in parallel, each step on a fresh service process:
-1. gentle: `headroom http --predict -c 1 -n N --seed 7` (one request at a time, a fixed
+1. gentle: `vramroom http --predict -c 1 -n N --seed 7` (one request at a time, a fixed
    request sequence: at most a quarter of run b's OOM points 24/16/12), with the what-ifs
    expandable_segments:True and max_split_size_mb:128 and --target-concurrency for the
    size caps. Writes gentle/results.json (http.prediction) and report.html.
-2. ramp: `headroom http --ramp-until-oom --predicted-from gentle/results.json`: 1, 2, 4, 6,
+2. ramp: `vramroom http --ramp-until-oom --predicted-from gentle/results.json`: 1, 2, 4, 6,
    8, 12, 16, 24, ... workers, 6 s each, stopping at the first OOM.
 3. expandable: the same fixed sequence as 1 on a service started with
    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; its real max_memory_reserved against
    the what-if's peak reserved from step 1's trace (target: within 5%).
-Every headroom call has a timeout; a failing step or service is recorded and the rest go
+Every vramroom call has a timeout; a failing step or service is recorded and the rest go
 on. Writes OUT_DIR/<service>/{gentle,ramp,expandable}/ and OUT_DIR/run_c.jsonl (one line per
 service) and prints a summary table.
 
@@ -32,7 +32,7 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-STUB = os.path.join(REPO, "crates", "headroom-load", "tests", "fixtures", "torch_stub")
+STUB = os.path.join(REPO, "crates", "vramroom-load", "tests", "fixtures", "torch_stub")
 SEED = "7"
 WHAT_IF = ["expandable_segments:True", "max_split_size_mb:128"]
 # name: (script, fraction, body template, gentle requests, target concurrency for the caps)
@@ -103,14 +103,14 @@ class Service:
         self.log.close()
 
 
-def headroom(hr, svc, tmpl, args, out, timeout):
+def vramroom(hr, svc, tmpl, args, out, timeout):
     cmd = [hr, "http", svc.url, "-m", "POST", "-H", "Content-Type: application/json", "-d", tmpl,
            "--metrics-url", svc.metrics, "--timeout", "60s", "--out", out, "--json", "--quiet",
            "--seed", SEED] + args
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return None, "timeout", "headroom http ran past %ds" % timeout
+        return None, "timeout", "vramroom http ran past %ds" % timeout
     try:
         return json.loads(p.stdout), p.returncode, p.stderr[-1500:]
     except ValueError:
@@ -144,7 +144,7 @@ def one(hr, table, name, root, fake, rec):
             for w in WHAT_IF:
                 args += ["--what-if", w]
             t0 = time.time()
-            gentle, rc, err = headroom(hr, svc, tmpl, args, os.path.join(out, "gentle"),
+            gentle, rc, err = vramroom(hr, svc, tmpl, args, os.path.join(out, "gentle"),
                                        TIMEOUTS["gentle"])
             rec["gentle_s"] = round(time.time() - t0, 1)
             rec["gentle_rc"], rec["gentle_err"] = rc, err
@@ -176,7 +176,7 @@ def one(hr, table, name, root, fake, rec):
             pf = os.path.join(out, "gentle", "results.json")
             if os.path.exists(pf):
                 args += ["--predicted-from", pf]
-            ramp, rc, err = headroom(hr, svc, tmpl, args, os.path.join(out, "ramp"),
+            ramp, rc, err = vramroom(hr, svc, tmpl, args, os.path.join(out, "ramp"),
                                      TIMEOUTS["ramp"])
             rec["ramp_rc"], rec["ramp_err"] = rc, err
         finally:
@@ -197,7 +197,7 @@ def one(hr, table, name, root, fake, rec):
         conf = "expandable_segments:True"
         svc = Service(table, name, os.path.join(out, "expandable_service.log"), conf, fake=fake)
         try:
-            exp, rc, err = headroom(hr, svc, tmpl, ["-c", "1", "-n", str(n)],
+            exp, rc, err = vramroom(hr, svc, tmpl, ["-c", "1", "-n", str(n)],
                                     os.path.join(out, "expandable"), TIMEOUTS["expandable"])
             rec["expandable_rc"], rec["expandable_err"] = rc, err
             real = svc.metric("torch_cuda_max_memory_reserved_bytes")

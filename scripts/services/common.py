@@ -1,7 +1,7 @@
 """What the three test services share: a threaded JSON server with the probe inside.
 
 Each service is `python3 SERVICE.py --port P --probe-port Q [--fraction F]`. It starts
-headroom_probe before touching CUDA (so the history covers the model's load), caps the GPU
+vramroom_probe before touching CUDA (so the history covers the model's load), caps the GPU
 with torch.cuda.set_per_process_memory_fraction (as a shared-GPU service would), loads its
 model, answers `POST /infer` with JSON, and prints "ready" once it serves. A CUDA OOM in a
 request is answered 507 with PyTorch's message in the body (as many real services do), and
@@ -30,9 +30,9 @@ def args():
 
 def serve(a, load_model, handle):
     """`load_model()` returns state; `handle(state, body, probe)` returns a JSON-able dict."""
-    from headroom import probe as headroom_probe
+    from vramroom import probe as vramroom_probe
 
-    probe = headroom_probe.start(port=a.probe_port, max_entries=a.max_entries)
+    probe = vramroom_probe.start(port=a.probe_port, max_entries=a.max_entries)
     import torch
 
     torch.cuda.init()

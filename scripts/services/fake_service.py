@@ -1,4 +1,4 @@
-"""A CPU stand-in for the GPU services, on the torch stub (crates/headroom-load/tests/
+"""A CPU stand-in for the GPU services, on the torch stub (crates/vramroom-load/tests/
 fixtures/torch_stub): the same common.py server and probe, a 64 MiB "model", and each
 request holding `k` x 20 MiB (its body says k) for a few milliseconds. With --fraction the
 stub allocator refuses past fraction x 80 GiB, as PyTorch does, so the service really runs

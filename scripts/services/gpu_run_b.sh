@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device run b: live-service ground truth (collect.py) and the transformers memory re-recorded
 # with static caches left eager, side by side on one H200. Run from the repo root with
-# devcarry/headroom present; COMMIT names the commit. Results land in $OUT.
+# devcarry/vramroom present; COMMIT names the commit. Results land in $OUT.
 set -u
 export PYTHONUNBUFFERED=1
 mkdir -p /tmp/meta /tmp/svc /tmp/hf
@@ -9,7 +9,7 @@ echo "commit ${COMMIT:-?}" > /tmp/meta/HEADER
 nvidia-smi -L >> /tmp/meta/HEADER
 (timeout 500 python3 scripts/hf_memory.py /tmp/hf > /tmp/meta/hf_driver.log 2>&1; echo "hf rc $?" >> /tmp/meta/hf_driver.log) &
 HF=$!
-timeout 520 python3 scripts/services/collect.py devcarry/headroom /tmp/svc > /tmp/meta/collect.log 2>&1
+timeout 520 python3 scripts/services/collect.py devcarry/vramroom /tmp/svc > /tmp/meta/collect.log 2>&1
 echo "collect rc $?" >> /tmp/meta/collect.log
 wait $HF
 cp /tmp/svc/services.jsonl /tmp/meta/ 2>/dev/null

@@ -1,0 +1,50 @@
+//! `vramroom http`: load on any HTTP endpoint, with the service's memory on the same
+//! timeline, and the same results and report as `vramroom loadtest`.
+//!
+//! Design note: most users test a service, not a function. This module is the load client
+//! of issue #6, and it reuses everything `vramroom loadtest` has on the output side: the
+//! run ends as a [`RunResult`](crate::results::RunResult) (with its optional `http` part),
+//! so thresholds, results.json and the HTML report work unchanged.
+//!
+//! - [`client`]: HTTP/1.1 on hyper, one kept-alive connection per worker; error kinds.
+//! - [`load`]: the closed (`-c`) and open (`-q`, constant or Poisson) models, stages.
+//! - [`body`]: request bodies — templates with placeholders, files, size distributions.
+//! - [`record`]: per-thread HDR histograms and counters; coordinated-omission correction.
+//! - [`prometheus`]: the text exposition format, and known metric names mapped to memory.
+//! - [`sample`]: the memory sampler (scraped endpoint, NVML) on the load's clock.
+//! - [`predict`]: `--predict` (the OOM concurrency per device and config, size caps,
+//!   per-request attribution) and `--ramp-until-oom`'s comparison with it.
+//! - [`probe`]: snapshots from `python/vramroom/probe.py`, replays, findings.
+//! - [`mod@run`]: [`HttpConfig`] and [`run()`](run::run), the whole run.
+//! - [`watch`]: `vramroom watch`: several endpoints (ranks) on one timeline, no load.
+//! - [`server`]: a small loopback server for tests and `vramroom bench http`.
+//!
+//! ```no_run
+//! use std::sync::{atomic::AtomicBool, Arc};
+//! use std::time::Duration;
+//! use vramroom_load::http::{load::{HttpStage, Load}, HttpConfig};
+//!
+//! let mut cfg = HttpConfig::new("http://127.0.0.1:8000/generate");
+//! cfg.stages = vec![
+//!     HttpStage { load: Load::Closed(4), duration: Some(Duration::from_secs(10)) },
+//!     HttpStage { load: Load::Closed(16), duration: Some(Duration::from_secs(20)) },
+//! ];
+//! cfg.metrics_url = Some("http://127.0.0.1:8000/metrics".into());
+//! let r = vramroom_load::http::run(&cfg, Arc::new(AtomicBool::new(false)), |_| {})?;
+//! println!("{} ok, {} shed, p99 {:.1} ms", r.requests.ok, r.http.unwrap().shed, r.latency.p99_ms);
+//! # Ok::<(), vramroom_load::LoadError>(())
+//! ```
+
+pub mod body;
+pub mod client;
+pub mod load;
+pub mod predict;
+pub mod probe;
+pub mod prometheus;
+pub mod record;
+pub mod run;
+pub mod sample;
+pub mod server;
+pub mod watch;
+
+pub use run::{run, HttpConfig};

@@ -1,0 +1,441 @@
+//! `vramroom http --predict`: from a gentle run's probe snapshot, the concurrency at which
+//! the service runs out of memory, per device, under its own config and each what-if; the
+//! input-size caps that keep a target concurrency safe; per-request memory against input
+//! size. And, for `--ramp-until-oom`, how that prediction compares with what a ramp saw.
+//!
+//! Design note: the prediction itself is vramroom-trace's `concurrency` module (the trace
+//! cut into requests, replayed N at a time through the exact allocator). This file feeds it
+//! what only the live service knows: the real capacity of each device, from the probe's
+//! `torch_cuda_device_capacity_bytes` (fraction × total) and `torch_cuda_memory_fraction`.
+//! A fraction below 1 is the allocator's own limit (PyTorch refuses a segment that would
+//! take reserved past it), so it becomes the replay's memory limit; without one the limit
+//! is the card less what NVML saw the process hold beyond PyTorch's reserved bytes (the
+//! CUDA context, cuBLAS workspaces, NCCL), measured during the run. Devices are predicted
+//! one by one: a multi-GPU process runs out on whichever device is first full.
+//!
+//! The comparison rule is the issue's: a prediction agrees with a ramp when it is within
+//! 15% of the observed first-OOM concurrency, or within one step of the ramp's load steps.
+
+use std::collections::BTreeMap;
+
+use vramroom_alloc::{AllocatorConfig, Snapshot};
+use vramroom_trace::concurrency::{
+    attribution, predict_concurrency, size_cap_for, split_requests, LoadWhatIf,
+};
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+use crate::http::prometheus::{Exposition, PROBE_CAPACITY_METRIC, PROBE_FRACTION_METRIC};
+
+/// What `--predict` was asked for.
+#[derive(Debug, Clone, Default)]
+pub struct PredictOptions {
+    /// `--target-concurrency`: the load the batch/length caps must keep safe (default:
+    /// twice the gentle run's load, at least 2).
+    pub target_concurrency: Option<u32>,
+    /// Seeds per concurrency (which recorded requests meet).
+    pub seeds: u64,
+}
+
+/// One device's capacity as the probe exports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceCapacity {
+    pub device: usize,
+    /// `get_per_process_memory_fraction` (1 when unset or not exported).
+    pub fraction: f64,
+    /// What the process may reserve: fraction × total.
+    pub capacity_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// Per-device capacity, fraction and total from a probe scrape (devices in order).
+pub fn device_capacities(e: &Exposition) -> Vec<DeviceCapacity> {
+    let mut by: BTreeMap<usize, DeviceCapacity> = BTreeMap::new();
+    let dev = |s: &crate::http::prometheus::Sample| {
+        s.label("device")
+            .and_then(|d| d.trim().parse::<usize>().ok())
+    };
+    for s in &e.samples {
+        let Some(d) = dev(s) else { continue };
+        if !s.value.is_finite() || s.value < 0.0 {
+            continue;
+        }
+        let c = by.entry(d).or_insert(DeviceCapacity {
+            device: d,
+            fraction: 1.0,
+            ..Default::default()
+        });
+        match s.name.as_str() {
+            PROBE_CAPACITY_METRIC => c.capacity_bytes = s.value.round() as u64,
+            PROBE_FRACTION_METRIC => c.fraction = s.value,
+            "torch_cuda_device_total_memory_bytes" => c.total_bytes = s.value.round() as u64,
+            "torch_cuda_device_total_bytes" if c.total_bytes == 0 => {
+                c.total_bytes = s.value.round() as u64
+            }
+            _ => {}
+        }
+    }
+    by.into_values()
+        .filter(|c| c.capacity_bytes > 0 || c.total_bytes > 0)
+        .map(|mut c| {
+            if c.capacity_bytes == 0 {
+                c.capacity_bytes = (c.total_bytes as f64 * c.fraction.min(1.0)) as u64;
+            }
+            c
+        })
+        .collect()
+}
+
+/// One config's prediction on one device.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ConfigPrediction {
+    /// `PYTORCH_CUDA_ALLOC_CONF` syntax; `""` is the default.
+    pub alloc_conf: String,
+    /// The first concurrency at which at least half the simulated runs ran out; `None`
+    /// when none did up to `max_concurrency_tried`.
+    pub first_oom_concurrency: Option<u32>,
+    /// The highest concurrency tried that did not run out.
+    pub safe_concurrency: u32,
+    pub max_concurrency_tried: u32,
+    /// (concurrency, peak reserved bytes, share of seeds that ran out) for each tried.
+    pub points: Vec<(u32, u64, f64)>,
+}
+
+/// The cap on one request's input size that keeps `target` concurrent requests safe.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SizeCap {
+    pub target_concurrency: u32,
+    /// The largest recorded size that fits; `None` when even the smallest does not.
+    pub max_size: Option<u64>,
+    /// `tokens`, `items` or `bytes`, as the service tagged its requests.
+    pub unit: Option<String>,
+}
+
+/// One request's own peak against its size.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RequestPoint {
+    pub id: String,
+    pub size: Option<u64>,
+    pub peak_bytes: u64,
+}
+
+/// Per-request memory against input size.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RequestAttribution {
+    pub unit: Option<String>,
+    pub requests: usize,
+    /// Peak bytes per unit of input (least squares) and the fixed part.
+    pub bytes_per_unit: Option<f64>,
+    pub intercept_bytes: Option<f64>,
+    /// Requests more than 50% above the fit: (id, size, peak bytes).
+    pub outliers: Vec<(String, u64, u64)>,
+    /// Up to 2000 requests, for the scatter plot.
+    pub points: Vec<RequestPoint>,
+}
+
+/// The prediction for one device of the process.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DevicePrediction {
+    pub device: usize,
+    pub capacity: DeviceCapacity,
+    /// The limit the replays ran under (the fraction's bytes, or the card less overhead).
+    pub limit_bytes: u64,
+    /// Bytes the process held beyond PyTorch's reserved (NVML), taken off the card.
+    pub overhead_bytes: u64,
+    /// Requests the trace was cut into, and whether the probe tagged them.
+    pub requests: usize,
+    pub tagged: bool,
+    /// The service's own config first, then the what-ifs.
+    pub configs: Vec<ConfigPrediction>,
+    pub size_cap: Option<SizeCap>,
+    pub attribution: RequestAttribution,
+}
+
+/// `--predict`'s answer, and a ramp's comparison with it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ServicePrediction {
+    /// The gentle run's highest load (workers), which the prediction came from.
+    pub gentle_concurrency: usize,
+    pub devices: Vec<DevicePrediction>,
+    /// The service's own config's first OOM concurrency, lowest over the devices.
+    pub first_oom_concurrency: Option<u32>,
+    /// `--ramp-until-oom`: what the ramp saw.
+    pub observed: Option<Observed>,
+    pub notes: Vec<String>,
+}
+
+/// What `--ramp-until-oom` observed.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Observed {
+    /// Concurrency of the stage where the first OOM was seen (`None`: none).
+    pub first_oom_concurrency: Option<u32>,
+    /// The stage before it (ran without OOM).
+    pub last_ok_concurrency: Option<u32>,
+    /// The ramp's steps.
+    pub steps: Vec<u32>,
+    /// The prediction compared with it (from `--predicted-from` or this run).
+    pub predicted_first_oom: Option<u32>,
+    pub error_pct: Option<f64>,
+    pub steps_apart: Option<i64>,
+    /// Within 15% or one ramp step.
+    pub agrees: Option<bool>,
+}
+
+impl Observed {
+    /// Fills the comparison fields from a predicted first-OOM concurrency.
+    pub fn compare(&mut self, predicted: Option<u32>) {
+        self.predicted_first_oom = predicted;
+        let (Some(p), Some(o)) = (predicted, self.first_oom_concurrency) else {
+            self.agrees = None;
+            return;
+        };
+        let err = (f64::from(p) - f64::from(o)) / f64::from(o.max(1)) * 100.0;
+        // The step a prediction lands in is the first ramp step at or above it.
+        let step_of = |c: u32| -> i64 {
+            self.steps
+                .iter()
+                .position(|&s| s >= c)
+                .unwrap_or(self.steps.len()) as i64
+        };
+        let apart = step_of(p) - step_of(o);
+        self.error_pct = Some(err);
+        self.steps_apart = Some(apart);
+        self.agrees = Some(err.abs() <= 15.0 || apart.abs() <= 1);
+    }
+}
+
+/// Predicts every device of `snap` that served requests. `caps`: the probe's per-device
+/// capacities (may be empty: the snapshot's own device sizes are used). `overhead`: per
+/// device, the bytes the process held beyond reserved (NVML), when measured.
+pub fn predict(
+    snap: &Snapshot,
+    caps: &[DeviceCapacity],
+    overhead: &BTreeMap<usize, u64>,
+    own_conf: &str,
+    what_if: &[String],
+    gentle_concurrency: usize,
+    opts: &PredictOptions,
+) -> ServicePrediction {
+    let mut out = ServicePrediction {
+        gentle_concurrency,
+        ..Default::default()
+    };
+    let mut confs: Vec<String> = vec![own_conf.to_string()];
+    for c in what_if {
+        if !confs.contains(c) {
+            confs.push(c.clone());
+        }
+    }
+    for (d, trace) in snap.device_traces.iter().enumerate() {
+        if trace.is_empty() {
+            continue;
+        }
+        let w = split_requests(trace);
+        if w.requests.is_empty() {
+            out.notes.push(format!(
+                "device {d}: the trace holds no request after the model's load"
+            ));
+            continue;
+        }
+        let cap = caps.iter().find(|c| c.device == d).copied();
+        let Some(cap) = cap else {
+            out.notes.push(format!(
+                "device {d}: the probe exports no capacity for it: not predicted"
+            ));
+            continue;
+        };
+        let oh = overhead.get(&d).copied().unwrap_or(0);
+        let fraction_set = cap.fraction < 0.999_999;
+        let limit = if fraction_set {
+            cap.capacity_bytes
+        } else {
+            cap.total_bytes.saturating_sub(oh)
+        };
+        let base = LoadWhatIf {
+            capacity: Some(cap.total_bytes.max(limit)),
+            memory_limit: Some(limit),
+            seeds: opts.seeds.max(1),
+            max_concurrency: 1024,
+            ..Default::default()
+        };
+        let mut configs = Vec::new();
+        for c in &confs {
+            let config = match AllocatorConfig::parse(c) {
+                Ok(x) => x,
+                Err(e) => {
+                    out.notes.push(format!("{c:?}: {e}"));
+                    continue;
+                }
+            };
+            let o = LoadWhatIf {
+                config,
+                ..base.clone()
+            };
+            match predict_concurrency(snap, d, &w, &o) {
+                Ok(p) => configs.push(ConfigPrediction {
+                    alloc_conf: c.clone(),
+                    first_oom_concurrency: p.first_oom,
+                    safe_concurrency: p.safe,
+                    max_concurrency_tried: p.points.last().map_or(0, |x| x.concurrency),
+                    points: p
+                        .points
+                        .iter()
+                        .map(|x| {
+                            (
+                                x.concurrency,
+                                x.peak_reserved_bytes,
+                                f64::from(x.oom_runs) / f64::from(x.runs.max(1)),
+                            )
+                        })
+                        .collect(),
+                }),
+                Err(e) => {
+                    warn!(device = d, conf = %c, error = %e, "prediction failed");
+                    out.notes.push(format!("device {d}, {c:?}: {e}"));
+                }
+            }
+        }
+        let target = opts
+            .target_concurrency
+            .unwrap_or(((gentle_concurrency as u32) * 2).max(2));
+        let own_config = AllocatorConfig::parse(own_conf).unwrap_or_default();
+        let size_cap = if w.requests.iter().any(|r| r.size.main().is_some()) {
+            match size_cap_for(
+                snap,
+                d,
+                &w,
+                target,
+                &LoadWhatIf {
+                    config: own_config,
+                    ..base.clone()
+                },
+            ) {
+                Ok(c) => Some(SizeCap {
+                    target_concurrency: target,
+                    max_size: c.map(|x| x.0),
+                    unit: c.map(|x| x.1.to_string()).or_else(|| {
+                        w.requests
+                            .iter()
+                            .find_map(|r| r.size.main())
+                            .map(|x| x.1.to_string())
+                    }),
+                }),
+                Err(e) => {
+                    out.notes.push(format!("device {d}: size cap: {e}"));
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let a = attribution(&w);
+        let points = w
+            .requests
+            .iter()
+            .take(2000)
+            .map(|r| RequestPoint {
+                id: r.id.clone(),
+                size: r.size.main().map(|x| x.0),
+                peak_bytes: r.peak_bytes,
+            })
+            .collect();
+        out.devices.push(DevicePrediction {
+            device: d,
+            capacity: cap,
+            limit_bytes: limit,
+            overhead_bytes: if fraction_set { 0 } else { oh },
+            requests: w.requests.len(),
+            tagged: w.tagged,
+            configs,
+            size_cap,
+            attribution: RequestAttribution {
+                unit: a.unit.map(str::to_string),
+                requests: a.requests,
+                bytes_per_unit: a.bytes_per_unit,
+                intercept_bytes: a.intercept_bytes,
+                outliers: a.outliers,
+                points,
+            },
+        });
+    }
+    out.first_oom_concurrency = out
+        .devices
+        .iter()
+        .filter_map(|d| d.configs.first().and_then(|c| c.first_oom_concurrency))
+        .min();
+    if out.devices.is_empty() && out.notes.is_empty() {
+        out.notes
+            .push("the probe's snapshot holds no device trace (record_history off?)".into());
+    }
+    out
+}
+
+/// What a ramp saw: the concurrency of the first stage with an OOM (an answer naming one,
+/// or the run stopping at the first OOM), and the stage before it.
+pub fn observed(r: &crate::results::RunResult) -> Observed {
+    let steps: Vec<u32> = r.stages.iter().map(|s| s.concurrency as u32).collect();
+    let first = r
+        .stages
+        .iter()
+        .position(|s| s.requests.oom > 0)
+        .or_else(|| {
+            (r.stop_reason == crate::results::StopReason::OomFound)
+                .then(|| r.stages.len().checked_sub(1))
+                .flatten()
+        });
+    Observed {
+        first_oom_concurrency: first.map(|i| steps[i]),
+        last_ok_concurrency: first.and_then(|i| i.checked_sub(1)).map(|i| steps[i]),
+        steps,
+        ..Default::default()
+    }
+}
+
+/// The default ramp of `--ramp-until-oom`: the load steps users' ramps take.
+pub const DEFAULT_RAMP: [u32; 14] = [1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::prometheus::parse;
+
+    #[test]
+    fn capacities_parse_per_device() {
+        let e = parse(
+            "torch_cuda_memory_fraction{device=\"0\"} 0.043\n\
+             torch_cuda_device_capacity_bytes{device=\"0\"} 6454724853\n\
+             torch_cuda_device_total_memory_bytes{device=\"0\"} 150109880320\n\
+             torch_cuda_device_total_bytes{device=\"1\"} 1000\n\
+             torch_cuda_memory_allocated_bytes{device=\"1\"} 5\n",
+        )
+        .unwrap();
+        let c = device_capacities(&e);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c[0].capacity_bytes, 6454724853);
+        assert!((c[0].fraction - 0.043).abs() < 1e-12);
+        assert_eq!(c[0].total_bytes, 150109880320);
+        // An older probe: only the total, no fraction: the whole card.
+        assert_eq!(c[1].capacity_bytes, 1000);
+        assert_eq!(c[1].fraction, 1.0);
+    }
+
+    #[test]
+    fn comparison_follows_the_issues_rule() {
+        let steps = DEFAULT_RAMP.to_vec();
+        let mut o = Observed {
+            first_oom_concurrency: Some(16),
+            last_ok_concurrency: Some(12),
+            steps: steps.clone(),
+            ..Default::default()
+        };
+        o.compare(Some(19)); // 19% off, but in the next step (24)
+        assert_eq!(o.steps_apart, Some(1));
+        assert_eq!(o.agrees, Some(true));
+        o.compare(Some(40)); // two steps off and 150%
+        assert_eq!(o.agrees, Some(false));
+        o.compare(Some(17)); // 6%
+        assert_eq!(o.agrees, Some(true));
+        o.compare(None);
+        assert_eq!(o.agrees, None);
+    }
+}

@@ -1,0 +1,650 @@
+//! What-if at higher load: from a service's trace at low load, the concurrency at which it
+//! runs out of memory.
+//!
+//! Design note: a service's memory under load is its base (weights, caches, workspaces) plus
+//! the requests in flight, whose allocations interleave in one caching allocator. A trace
+//! recorded at low load holds each request's own allocation sequence; at concurrency N the
+//! same sequences run N at a time. So the trace is cut into requests (by the tag the probe's
+//! request helper puts in each entry's `user_metadata`, `vramroom:req=ID;items=N;tokens=N;
+//! bytes=N`, else by the pauses between requests), the trace up to the first request is
+//! replayed exactly (the allocator state the service really had), and then N simulated
+//! workers each run requests drawn from the recorded ones, back to back, in step: one
+//! allocation or free per worker per turn. That is how a saturated GPU paces a service's
+//! threads (see `run_once`), and the load where memory runs out is a saturated one. The
+//! exact allocator decides, under the service's capacity (its memory fraction, or the
+//! device less what the CUDA context and libraries hold), whether and when a request fails.
+//!
+//! Which requests meet is chance, so each concurrency is run with several seeds (which
+//! requests each worker draws), and it counts as out of memory when at least half of them are.
+//! Monotone in N in practice; the search doubles, then bisects.
+
+use std::cmp::Reverse;
+use std::collections::HashMap;
+
+use vramroom_alloc::{AllocError, AllocatorConfig, Snapshot, TraceAction, TraceEntry};
+
+use crate::replay::{own_config, ReplayError, ReplayOptions, ReplayPlan, Session};
+
+/// The `user_metadata` prefix the probe's request helper writes.
+pub const TAG_PREFIX: &str = "vramroom:req=";
+
+/// What a request carried, as the service told the probe (any may be missing).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RequestSize {
+    pub items: Option<u64>,
+    pub tokens: Option<u64>,
+    pub bytes: Option<u64>,
+}
+
+impl RequestSize {
+    /// The unit a cap or a per-unit cost is best stated in: tokens, else items, else bytes.
+    pub fn main(&self) -> Option<(u64, &'static str)> {
+        self.tokens
+            .map(|t| (t, "tokens"))
+            .or(self.items.map(|i| (i, "items")))
+            .or(self.bytes.map(|b| (b, "bytes")))
+    }
+}
+
+/// A request tag parsed from `user_metadata`.
+pub fn parse_tag(meta: &str) -> Option<(String, RequestSize)> {
+    let rest = meta.strip_prefix(TAG_PREFIX)?;
+    let mut parts = rest.split(';');
+    let id = parts.next()?.to_string();
+    if id.is_empty() {
+        return None;
+    }
+    let mut size = RequestSize::default();
+    for p in parts {
+        let Some((k, v)) = p.split_once('=') else {
+            continue;
+        };
+        let v = v.trim().parse::<u64>().ok();
+        match k.trim() {
+            "items" => size.items = v,
+            "tokens" => size.tokens = v,
+            "bytes" => size.bytes = v,
+            _ => {}
+        }
+    }
+    Some((id, size))
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Alloc { size: u64, stream: u64, key: u32 },
+    Free { key: u32 },
+}
+
+/// One request's allocations and frees, timed from its first entry.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub id: String,
+    pub size: RequestSize,
+    pub duration_us: i64,
+    /// Its own highest live bytes (requested sizes).
+    pub peak_bytes: u64,
+    ops: Vec<Op>,
+}
+
+/// A trace cut into the base (replayed as recorded) and its requests.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    /// Trace index of the first request entry: everything before is the base.
+    pub base_end: usize,
+    pub requests: Vec<Request>,
+    /// Requests were told apart by the probe's tags (else by memory given back).
+    pub tagged: bool,
+}
+
+/// Cut device trace `trace` into requests.
+pub fn split_requests(trace: &[TraceEntry]) -> Workload {
+    let tagged = trace
+        .iter()
+        .any(|e| e.action == TraceAction::Alloc && parse_tag(&e.user_metadata).is_some());
+    if tagged {
+        split_tagged(trace)
+    } else {
+        split_untagged(trace)
+    }
+}
+
+struct Building {
+    id: String,
+    size: RequestSize,
+    start: i64,
+    end: i64,
+    live: u64,
+    peak: u64,
+    ops: Vec<Op>,
+    next_key: u32,
+}
+
+impl Building {
+    fn new(id: String, size: RequestSize, start: i64) -> Self {
+        Building {
+            id,
+            size,
+            start,
+            end: start,
+            live: 0,
+            peak: 0,
+            ops: Vec::new(),
+            next_key: 0,
+        }
+    }
+    fn alloc(&mut self, e: &TraceEntry) -> u32 {
+        let key = self.next_key;
+        self.next_key += 1;
+        self.ops.push(Op::Alloc {
+            size: e.size,
+            stream: e.stream,
+            key,
+        });
+        self.live += e.size;
+        self.peak = self.peak.max(self.live);
+        self.end = self.end.max(e.time_us);
+        key
+    }
+    fn free(&mut self, e: &TraceEntry, key: u32, size: u64) {
+        self.ops.push(Op::Free { key });
+        self.live = self.live.saturating_sub(size);
+        self.end = self.end.max(e.time_us);
+    }
+    fn done(self) -> Request {
+        Request {
+            id: self.id,
+            size: self.size,
+            duration_us: (self.end - self.start).max(1),
+            peak_bytes: self.peak,
+            ops: self.ops,
+        }
+    }
+}
+
+fn split_tagged(trace: &[TraceEntry]) -> Workload {
+    let mut reqs: Vec<Building> = Vec::new();
+    let mut by_id: HashMap<String, usize> = HashMap::new();
+    // live address -> (request, key, size)
+    let mut owner: HashMap<u64, (usize, u32, u64)> = HashMap::new();
+    let mut base_end = None;
+    for (i, e) in trace.iter().enumerate() {
+        match e.action {
+            TraceAction::Alloc => {
+                let Some((id, size)) = parse_tag(&e.user_metadata) else {
+                    continue;
+                };
+                base_end.get_or_insert(i);
+                let r = *by_id.entry(id.clone()).or_insert_with(|| {
+                    reqs.push(Building::new(id, size, e.time_us));
+                    reqs.len() - 1
+                });
+                let key = reqs[r].alloc(e);
+                owner.insert(e.addr, (r, key, e.size));
+            }
+            TraceAction::FreeRequested => {
+                if let Some((r, key, size)) = owner.remove(&e.addr) {
+                    reqs[r].free(e, key, size);
+                }
+            }
+            _ => {}
+        }
+    }
+    Workload {
+        base_end: base_end.unwrap_or(trace.len()),
+        requests: reqs.into_iter().map(Building::done).collect(),
+        tagged: true,
+    }
+}
+
+/// Without tags: the base ends after the last allocation that is never freed. After it,
+/// requests are told apart by the pauses between them (a service at low load idles between
+/// requests): a gap in time well above the typical gap between entries ends a request.
+/// A free belongs to the request that made the allocation, whenever it comes.
+fn split_untagged(trace: &[TraceEntry]) -> Workload {
+    let mut live: HashMap<u64, usize> = HashMap::new();
+    for (i, e) in trace.iter().enumerate() {
+        match e.action {
+            TraceAction::Alloc => {
+                live.insert(e.addr, i);
+            }
+            TraceAction::FreeRequested => {
+                live.remove(&e.addr);
+            }
+            _ => {}
+        }
+    }
+    let base_end = live.values().max().map_or(0, |&i| i + 1);
+    let rest = trace.get(base_end..).unwrap_or(&[]);
+    let mut gaps: Vec<i64> = rest
+        .windows(2)
+        .map(|p| (p[1].time_us - p[0].time_us).max(0))
+        .collect();
+    gaps.sort_unstable();
+    let median = gaps.get(gaps.len() / 2).copied().unwrap_or(0);
+    let pause = (20 * median).max(1000);
+    let mut reqs: Vec<Building> = Vec::new();
+    let mut owner: HashMap<u64, (usize, u32, u64)> = HashMap::new();
+    let mut last_t: Option<i64> = None;
+    for e in rest {
+        let new_req = last_t.is_none_or(|t| e.time_us - t > pause);
+        last_t = Some(e.time_us);
+        match e.action {
+            TraceAction::Alloc => {
+                if new_req || reqs.is_empty() {
+                    let id = format!("{}", reqs.len() + 1);
+                    reqs.push(Building::new(id, RequestSize::default(), e.time_us));
+                }
+                let r = reqs.len() - 1;
+                let key = reqs[r].alloc(e);
+                owner.insert(e.addr, (r, key, e.size));
+            }
+            TraceAction::FreeRequested => {
+                if let Some((r, key, size)) = owner.remove(&e.addr) {
+                    reqs[r].free(e, key, size);
+                }
+            }
+            _ => {}
+        }
+    }
+    Workload {
+        base_end,
+        requests: reqs.into_iter().map(Building::done).collect(),
+        tagged: false,
+    }
+}
+
+/// How to run the what-if.
+#[derive(Clone, Debug)]
+pub struct LoadWhatIf {
+    pub config: AllocatorConfig,
+    /// The device's capacity (None: the trace's own or the H200 default, as in replay).
+    pub capacity: Option<u64>,
+    /// The allocator's own limit (a memory fraction's bytes), if the service had one.
+    pub memory_limit: Option<u64>,
+    pub requests_per_worker: usize,
+    pub seeds: u64,
+    pub max_concurrency: u32,
+    /// Only requests whose main size is at most this (for the caps search).
+    pub size_cap: Option<u64>,
+}
+
+impl Default for LoadWhatIf {
+    fn default() -> Self {
+        LoadWhatIf {
+            config: AllocatorConfig::default(),
+            capacity: None,
+            memory_limit: None,
+            requests_per_worker: 4,
+            seeds: 5,
+            max_concurrency: 4096,
+            size_cap: None,
+        }
+    }
+}
+
+/// One concurrency's outcome over the seeds.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ConcurrencyPoint {
+    pub concurrency: u32,
+    pub runs: u32,
+    pub oom_runs: u32,
+    /// The highest peak reserved (and allocated) over the runs.
+    pub peak_reserved_bytes: u64,
+    pub peak_allocated_bytes: u64,
+}
+
+impl ConcurrencyPoint {
+    pub fn ooms(&self) -> bool {
+        2 * self.oom_runs >= self.runs && self.oom_runs > 0
+    }
+}
+
+/// The prediction: the first concurrency that runs out of memory, and what was tried.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LoadPrediction {
+    pub alloc_conf: String,
+    pub first_oom: Option<u32>,
+    /// The highest concurrency tried that did not run out.
+    pub safe: u32,
+    pub points: Vec<ConcurrencyPoint>,
+    pub requests_sampled_from: usize,
+}
+
+/// SplitMix64: small, seeded, the same everywhere.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// Why a load what-if could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadWhatIfError {
+    #[error("{0}")]
+    Replay(#[from] ReplayError),
+    #[error("{0}")]
+    NoRequests(String),
+}
+
+/// Runs `n` workers on one seed. Returns (ran out of memory, peak reserved, peak allocated).
+fn run_once(
+    snapshot: &Snapshot,
+    plan: &ReplayPlan,
+    w: &Workload,
+    pool: &[usize],
+    n: u32,
+    seed: u64,
+    opts: &LoadWhatIf,
+) -> Result<(bool, u64, u64), LoadWhatIfError> {
+    let ro = ReplayOptions {
+        config: opts.config.clone(),
+        capacity: opts.capacity,
+        device: plan_device(plan),
+        stop_at_oom: false,
+        record_history: false,
+    };
+    let mut s = Session::new(snapshot, plan, &ro)?;
+    s.run_to(w.base_end)?;
+    if let Some(l) = opts.memory_limit {
+        s.alloc.set_memory_limit(Some(l));
+    }
+    let mut rng = Rng(seed ^ (u64::from(n) << 32) ^ 0x5eed);
+    // Per worker: its requests, drawn up front, and where it is.
+    struct Worker {
+        reqs: Vec<usize>,
+        /// (request position, op index)
+        at: (usize, usize),
+    }
+    let mut workers: Vec<Worker> = (0..n)
+        .map(|_| Worker {
+            reqs: (0..opts.requests_per_worker)
+                .map(|_| pool[rng.below(pool.len())])
+                .collect(),
+            at: (0, 0),
+        })
+        .collect();
+    // Round robin, one op per worker per turn: at the load where memory runs out, the GPU
+    // is the bottleneck, every thread's launches wait on the one stream's queue, and the
+    // threads advance in step, each a kernel at a time; allocations and frees follow the
+    // launches. A stage starts all its workers together, so they start in step too.
+    let mut ptrs: HashMap<(u32, usize, u32), u64> = HashMap::new();
+    let mut oom = false;
+    let mut active: Vec<u32> = (0..n).collect();
+    'turns: while !active.is_empty() {
+        let mut still = Vec::with_capacity(active.len());
+        for &k in &active {
+            let wk = &mut workers[k as usize];
+            let (ri, oi) = wk.at;
+            let Some(req) = wk.reqs.get(ri).map(|&r| &w.requests[r]) else {
+                continue;
+            };
+            match req.ops[oi] {
+                Op::Alloc { size, stream, key } => match s.alloc.malloc(size, stream) {
+                    Ok(a) => {
+                        ptrs.insert((k, ri, key), a.ptr);
+                    }
+                    Err(AllocError::OutOfMemory(_)) => {
+                        oom = true;
+                        break 'turns;
+                    }
+                    Err(e) => return Err(ReplayError::Invalid(e.to_string()).into()),
+                },
+                Op::Free { key } => {
+                    if let Some(p) = ptrs.remove(&(k, ri, key)) {
+                        s.alloc
+                            .free(p)
+                            .map_err(|e| ReplayError::Invalid(e.to_string()))?;
+                    }
+                }
+            }
+            wk.at = if oi + 1 < req.ops.len() {
+                (ri, oi + 1)
+            } else {
+                (ri + 1, 0)
+            };
+            if wk.at.0 < wk.reqs.len() {
+                still.push(k);
+            }
+        }
+        active = still;
+    }
+    Ok((
+        oom,
+        s.alloc.max_memory_reserved(),
+        s.alloc.max_memory_allocated(),
+    ))
+}
+
+fn plan_device(plan: &ReplayPlan) -> usize {
+    plan.device()
+}
+
+/// The pool of requests a what-if draws from (those under the size cap).
+fn request_pool(w: &Workload, opts: &LoadWhatIf) -> Result<Vec<usize>, LoadWhatIfError> {
+    let pool: Vec<usize> = (0..w.requests.len())
+        .filter(|&r| {
+            let req = &w.requests[r];
+            !req.ops.is_empty()
+                && opts
+                    .size_cap
+                    .is_none_or(|cap| req.size.main().is_none_or(|(s, _)| s <= cap))
+        })
+        .collect();
+    if pool.is_empty() {
+        return Err(LoadWhatIfError::NoRequests(
+            "the trace holds no request to replay at higher load (tag requests with vramroom.probe's request helper, or record while the service serves)".into(),
+        ));
+    }
+    Ok(pool)
+}
+
+/// One concurrency, every seed: how the service's memory behaves at `n` in flight.
+pub fn simulate_at(
+    snapshot: &Snapshot,
+    device: usize,
+    w: &Workload,
+    n: u32,
+    opts: &LoadWhatIf,
+) -> Result<ConcurrencyPoint, LoadWhatIfError> {
+    let plan = ReplayPlan::new(snapshot, device, &own_config(snapshot))?;
+    let pool = request_pool(w, opts)?;
+    point_at(snapshot, &plan, w, &pool, n, opts)
+}
+
+fn point_at(
+    snapshot: &Snapshot,
+    plan: &ReplayPlan,
+    w: &Workload,
+    pool: &[usize],
+    n: u32,
+    opts: &LoadWhatIf,
+) -> Result<ConcurrencyPoint, LoadWhatIfError> {
+    let mut p = ConcurrencyPoint {
+        concurrency: n,
+        runs: 0,
+        oom_runs: 0,
+        peak_reserved_bytes: 0,
+        peak_allocated_bytes: 0,
+    };
+    for seed in 0..opts.seeds.max(1) {
+        let (oom, res, alloc) = run_once(snapshot, plan, w, pool, n, seed, opts)?;
+        p.runs += 1;
+        p.oom_runs += u32::from(oom);
+        p.peak_reserved_bytes = p.peak_reserved_bytes.max(res);
+        p.peak_allocated_bytes = p.peak_allocated_bytes.max(alloc);
+    }
+    Ok(p)
+}
+
+/// The concurrency at which the service runs out of memory, from its trace.
+pub fn predict_concurrency(
+    snapshot: &Snapshot,
+    device: usize,
+    w: &Workload,
+    opts: &LoadWhatIf,
+) -> Result<LoadPrediction, LoadWhatIfError> {
+    let plan = ReplayPlan::new(snapshot, device, &own_config(snapshot))?;
+    let pool = request_pool(w, opts)?;
+    let mut points: Vec<ConcurrencyPoint> = Vec::new();
+    let at = |n: u32, points: &mut Vec<ConcurrencyPoint>| -> Result<bool, LoadWhatIfError> {
+        if let Some(p) = points.iter().find(|p| p.concurrency == n) {
+            return Ok(p.ooms());
+        }
+        let p = point_at(snapshot, &plan, w, &pool, n, opts)?;
+        let o = p.ooms();
+        points.push(p);
+        Ok(o)
+    };
+    // Double until out of memory, then bisect between the last safe and the first OOM.
+    let mut lo = 0u32;
+    let mut hi = None;
+    let mut n = 1u32;
+    while n <= opts.max_concurrency.max(1) {
+        if at(n, &mut points)? {
+            hi = Some(n);
+            break;
+        }
+        lo = n;
+        n = n.saturating_mul(2);
+    }
+    if let Some(mut h) = hi {
+        while lo + 1 < h {
+            let mid = lo + (h - lo) / 2;
+            if at(mid, &mut points)? {
+                h = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        hi = Some(h);
+    }
+    points.sort_by_key(|p| p.concurrency);
+    Ok(LoadPrediction {
+        alloc_conf: opts.config.last_conf.clone(),
+        first_oom: hi,
+        safe: lo,
+        points,
+        requests_sampled_from: pool.len(),
+    })
+}
+
+/// Per-request memory against input size: the cost per unit (a least-squares slope through
+/// the requests that carried a size), and the requests far above it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Attribution {
+    pub unit: Option<&'static str>,
+    pub requests: usize,
+    /// Peak bytes per unit of input, and the fixed part.
+    pub bytes_per_unit: Option<f64>,
+    pub intercept_bytes: Option<f64>,
+    /// (id, size, peak bytes) of requests more than 50% above the fit.
+    pub outliers: Vec<(String, u64, u64)>,
+}
+
+pub fn attribution(w: &Workload) -> Attribution {
+    let pts: Vec<(&Request, u64, &'static str)> = w
+        .requests
+        .iter()
+        .filter_map(|r| r.size.main().map(|(s, u)| (r, s, u)))
+        .collect();
+    let unit = pts.first().map(|p| p.2);
+    let pts: Vec<_> = pts.into_iter().filter(|p| Some(p.2) == unit).collect();
+    let n = pts.len() as f64;
+    let (mut sx, mut sy, mut sxx, mut sxy) = (0.0, 0.0, 0.0, 0.0);
+    for (r, s, _) in &pts {
+        let (x, y) = (*s as f64, r.peak_bytes as f64);
+        sx += x;
+        sy += y;
+        sxx += x * x;
+        sxy += x * y;
+    }
+    let denom = n * sxx - sx * sx;
+    let (slope, icpt) = if pts.len() >= 2 && denom.abs() > f64::EPSILON {
+        let b = (n * sxy - sx * sy) / denom;
+        (Some(b), Some((sy - b * sx) / n))
+    } else {
+        (None, None)
+    };
+    let mut outliers: Vec<(String, u64, u64)> = match (slope, icpt) {
+        (Some(b), Some(a)) => pts
+            .iter()
+            .filter(|(r, s, _)| {
+                let fit = (a + b * *s as f64).max(1.0);
+                r.peak_bytes as f64 > 1.5 * fit
+            })
+            .map(|(r, s, _)| (r.id.clone(), *s, r.peak_bytes))
+            .collect(),
+        _ => Vec::new(),
+    };
+    outliers.sort_by_key(|o| Reverse(o.2));
+    outliers.truncate(10);
+    Attribution {
+        unit,
+        requests: w.requests.len(),
+        bytes_per_unit: slope,
+        intercept_bytes: icpt,
+        outliers,
+    }
+}
+
+/// The largest input size (among those recorded) at which `target` concurrent requests
+/// still fit, or None when even the smallest does not.
+pub fn size_cap_for(
+    snapshot: &Snapshot,
+    device: usize,
+    w: &Workload,
+    target: u32,
+    opts: &LoadWhatIf,
+) -> Result<Option<(u64, &'static str)>, LoadWhatIfError> {
+    let mut sizes: Vec<(u64, &'static str)> =
+        w.requests.iter().filter_map(|r| r.size.main()).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let fits = |cap: u64| -> Result<bool, LoadWhatIfError> {
+        let o = LoadWhatIf {
+            size_cap: Some(cap),
+            max_concurrency: target,
+            ..opts.clone()
+        };
+        let p = predict_concurrency(snapshot, device, w, &o)?;
+        Ok(p.first_oom.is_none_or(|f| f > target))
+    };
+    let (mut lo, mut hi) = (0usize, sizes.len());
+    // the largest index whose size fits: sizes[..lo] fit
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if fits(sizes[mid].0)? {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(lo.checked_sub(1).map(|i| sizes[i]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_parse() {
+        let (id, s) = parse_tag("vramroom:req=42;items=8;tokens=512").unwrap();
+        assert_eq!(id, "42");
+        assert_eq!(s.items, Some(8));
+        assert_eq!(s.tokens, Some(512));
+        assert_eq!(s.main(), Some((512, "tokens")));
+        assert!(parse_tag("other").is_none());
+        assert!(parse_tag("vramroom:req=").is_none());
+        let (_, s) = parse_tag("vramroom:req=a;bytes=x;items=3").unwrap();
+        assert_eq!((s.bytes, s.items), (None, Some(3)));
+    }
+}

@@ -1,0 +1,209 @@
+//! Two snapshots compared: what a change did to memory, for a gate in CI.
+//!
+//! Design note: a snapshot's peaks are only known by replaying it (the final state is just
+//! the end), so each side is replayed under its own config, which is exact (see replay).
+//! Allocation sites come from the stacks the trace carries: at the moment of each side's
+//! peak allocated, the live bytes are summed by the innermost frame that is the user's own
+//! code (not PyTorch's, not a library's, not C++), which is the line a reviewer can act on.
+//! Without stacks there are no sites, and the diff says so rather than guessing.
+
+use std::collections::HashMap;
+
+use vramroom_alloc::{Snapshot, TraceAction};
+
+use crate::replay::{replay, ReplayError, ReplayOptions};
+
+/// One side's figures.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Facts {
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    /// `1 - peak allocated / peak reserved`: the share of the peak reservation that held
+    /// nothing at the allocated peak (cached free blocks, split remainders).
+    pub fragmentation: f64,
+    pub num_ooms: u64,
+    pub device_allocations: u64,
+    /// Live bytes by allocation site at the allocated peak, largest first (empty without
+    /// stacks).
+    pub sites: Vec<Site>,
+    pub has_stacks: bool,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Site {
+    /// `file:line in function` of the innermost frame of the user's own code.
+    pub site: String,
+    pub bytes: u64,
+    pub allocations: u64,
+}
+
+/// A site's bytes on both sides.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SiteDelta {
+    pub site: String,
+    pub base_bytes: u64,
+    pub new_bytes: u64,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SnapshotDiff {
+    pub base: Facts,
+    pub new: Facts,
+    /// Sites whose bytes at the peak changed most, by absolute change.
+    pub top_sites: Vec<SiteDelta>,
+}
+
+/// Whether a frame is library code (PyTorch's, a package's, C++) rather than the user's.
+fn is_library(filename: &str) -> bool {
+    filename == "??"
+        || filename.ends_with(".cpp")
+        || filename.ends_with(".h")
+        || filename.ends_with(".cc")
+        || filename.contains("/site-packages/")
+        || filename.contains("/dist-packages/")
+        || filename.contains("/torch/")
+        || filename.contains("/lib/python")
+        || filename.starts_with('<')
+}
+
+/// Figures of one snapshot: its replay under its own config, and its sites.
+pub fn facts(snapshot: &Snapshot) -> Result<Facts, ReplayError> {
+    let r = replay(
+        snapshot,
+        &ReplayOptions {
+            config: crate::replay::own_config(snapshot),
+            stop_at_oom: false,
+            ..ReplayOptions::default()
+        },
+    )?;
+    let (sites, has_stacks) = sites_at_peak(snapshot);
+    Ok(Facts {
+        peak_allocated_bytes: r.peak_allocated_bytes,
+        peak_reserved_bytes: r.peak_reserved_bytes,
+        fragmentation: if r.peak_reserved_bytes > 0 {
+            1.0 - r.peak_allocated_bytes as f64 / r.peak_reserved_bytes as f64
+        } else {
+            0.0
+        },
+        num_ooms: r.num_ooms.max(0) as u64,
+        device_allocations: r.segment_allocs,
+        sites,
+        has_stacks,
+    })
+}
+
+/// Live requested bytes by site at the first moment the trace's live bytes peak.
+fn sites_at_peak(snapshot: &Snapshot) -> (Vec<Site>, bool) {
+    let Some(trace) = snapshot.device_traces.iter().find(|t| !t.is_empty()) else {
+        return (Vec::new(), false);
+    };
+    let has_stacks = trace
+        .iter()
+        .any(|e| e.frames.as_ref().is_some_and(|f| !f.is_empty()));
+    if !has_stacks {
+        return (Vec::new(), false);
+    }
+    let mut names: Vec<String> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut live: HashMap<u64, (u64, usize)> = HashMap::new();
+    let mut per_site: Vec<(u64, u64)> = Vec::new();
+    let (mut cur, mut peak) = (0u64, 0u64);
+    let mut best: Vec<(u64, u64)> = Vec::new();
+    for e in trace {
+        match e.action {
+            TraceAction::Alloc => {
+                let site = e
+                    .frames
+                    .as_ref()
+                    .and_then(|fr| {
+                        fr.iter()
+                            .find(|f| !is_library(&f.filename))
+                            .or_else(|| fr.iter().find(|f| f.filename.ends_with(".py")))
+                            .map(|f| format!("{}:{} in {}", f.filename, f.line, f.name))
+                    })
+                    .unwrap_or_else(|| "(no stack)".to_string());
+                let i = *index.entry(site.clone()).or_insert_with(|| {
+                    names.push(site);
+                    per_site.push((0, 0));
+                    names.len() - 1
+                });
+                per_site[i].0 += e.size;
+                per_site[i].1 += 1;
+                live.insert(e.addr, (e.size, i));
+                cur += e.size;
+                if cur > peak {
+                    peak = cur;
+                    best.clone_from(&per_site);
+                }
+            }
+            TraceAction::FreeRequested => {
+                if let Some((size, i)) = live.remove(&e.addr) {
+                    per_site[i].0 -= size;
+                    per_site[i].1 -= 1;
+                    cur -= size;
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut sites: Vec<Site> = best
+        .iter()
+        .enumerate()
+        .filter(|(_, (b, _))| *b > 0)
+        .map(|(i, &(bytes, allocations))| Site {
+            site: names[i].clone(),
+            bytes,
+            allocations,
+        })
+        .collect();
+    sites.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.site.cmp(&b.site)));
+    (sites, true)
+}
+
+/// Both snapshots' figures and the sites that moved most.
+pub fn diff(base: &Snapshot, new: &Snapshot) -> Result<SnapshotDiff, ReplayError> {
+    let b = facts(base)?;
+    let n = facts(new)?;
+    let mut all: HashMap<&str, (u64, u64)> = HashMap::new();
+    for s in &b.sites {
+        all.entry(&s.site).or_default().0 = s.bytes;
+    }
+    for s in &n.sites {
+        all.entry(&s.site).or_default().1 = s.bytes;
+    }
+    let mut top: Vec<SiteDelta> = all
+        .into_iter()
+        .map(|(site, (base_bytes, new_bytes))| SiteDelta {
+            site: site.to_string(),
+            base_bytes,
+            new_bytes,
+        })
+        .collect();
+    top.sort_by(|x, y| {
+        let dx = x.new_bytes.abs_diff(x.base_bytes);
+        let dy = y.new_bytes.abs_diff(y.base_bytes);
+        dy.cmp(&dx).then(x.site.cmp(&y.site))
+    });
+    top.truncate(10);
+    Ok(SnapshotDiff {
+        base: b,
+        new: n,
+        top_sites: top,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn library_frames_are_not_sites() {
+        assert!(is_library(
+            "/usr/lib/python3.12/site-packages/torch/nn/modules/linear.py"
+        ));
+        assert!(is_library("??"));
+        assert!(is_library("CUDACachingAllocator.cpp"));
+        assert!(!is_library("/home/me/train.py"));
+        assert!(!is_library("service.py"));
+    }
+}

@@ -1,0 +1,122 @@
+//! Bring your own model: a Hugging Face `config.json` (or a folder holding one and,
+//! optionally, `*.safetensors`) as a workload's model.
+//!
+//! Design note: the spec holds the parsed config, so everything that can be checked from it
+//! (family, positions, generate on an encoder) is checked when the user's flags are parsed,
+//! before a device or a file is touched. The model itself is built by
+//! `vramroom_tensor::models::hf::load` on the run's device: the meta device needs only the
+//! config; cpu and cuda read the folder's weights, or initialise randomly when it has none,
+//! which [`HfModelSpec::weights_note`] says for the caller to print.
+
+use std::path::{Path, PathBuf};
+
+use vramroom_tensor::models::hf::{BertHead, HfConfig, HfError, LoadOptions};
+
+use crate::error::{Result, WorkloadError};
+use crate::spec::{Mode, Scenario};
+
+/// A Hugging Face model named by its config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HfModelSpec {
+    /// As the user typed it (a config.json or a folder).
+    pub path: PathBuf,
+    pub config: HfConfig,
+}
+
+/// A loader error as the user's mistake: which path, what was wrong.
+pub(crate) fn hf_error(path: &Path, e: HfError) -> WorkloadError {
+    match e {
+        HfError::Tensor(t) => WorkloadError::Setup(t),
+        HfError::Io { .. } | HfError::Config { .. } | HfError::Weights { .. } => {
+            WorkloadError::Scenario(e.to_string())
+        }
+        other => WorkloadError::Scenario(format!("{}: {other}", path.display())),
+    }
+}
+
+impl HfModelSpec {
+    /// Reads and checks the config (an unsupported `model_type` is an error naming the
+    /// supported families).
+    pub fn open(path: &Path) -> Result<HfModelSpec> {
+        let config = HfConfig::from_path(path).map_err(|e| hf_error(path, e))?;
+        Ok(HfModelSpec {
+            path: path.to_path_buf(),
+            config,
+        })
+    }
+    /// The path as typed, with the family: `fixtures/hf/gpt2 (gpt2)`.
+    pub fn name(&self) -> String {
+        format!("{} ({})", self.path.display(), self.config.family.name())
+    }
+    /// The folder the weights would be in.
+    pub fn dir(&self) -> PathBuf {
+        if self.path.is_dir() {
+            self.path.clone()
+        } else {
+            match self.path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            }
+        }
+    }
+    /// Whether the folder holds `*.safetensors` weights.
+    pub fn has_weights(&self) -> bool {
+        std::fs::read_dir(self.dir())
+            .map(|d| {
+                d.flatten()
+                    .any(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+            })
+            .unwrap_or(false)
+    }
+    /// On a device that computes (cpu, cuda): the sentence to print when the weights are
+    /// initialised randomly because the folder has none.
+    pub fn weights_note(&self, computes: bool) -> Option<String> {
+        (computes && !self.has_weights()).then(|| {
+            format!(
+                "note: no *.safetensors in {}: weights initialised randomly (normal, std {})",
+                self.dir().display(),
+                self.config.initializer_range
+            )
+        })
+    }
+    /// Load options for a scenario: its dtype; BERT trains as `BertForMaskedLM`.
+    pub fn load_options(&self, sc: &Scenario) -> LoadOptions {
+        LoadOptions {
+            dtype: Some(sc.dtype),
+            bert_head: if sc.is_training() {
+                BertHead::MaskedLm
+            } else {
+                BertHead::Base
+            },
+        }
+    }
+    /// The positions a request of this scenario needs at most.
+    fn positions(&self, sc: &Scenario) -> usize {
+        match sc.mode {
+            Mode::Generate { new_tokens, .. } => sc.input.max() + new_tokens,
+            _ => sc.input.max(),
+        }
+    }
+    /// Checks what the config decides: positions, and the planted mistakes this family's
+    /// loop has.
+    pub(crate) fn validate(&self, sc: &Scenario) -> Result<()> {
+        let bad = |m: String| Err(WorkloadError::Scenario(m));
+        let need = self.positions(sc);
+        if need > self.config.max_position_embeddings {
+            return bad(format!(
+                "{need} positions (prompt/sequence{}) exceed the model's \
+                 max_position_embeddings {}",
+                if sc.is_generate() {
+                    " + new tokens"
+                } else {
+                    ""
+                },
+                self.config.max_position_embeddings
+            ));
+        }
+        if sc.mistakes.named_temporaries {
+            return bad("--named-temporaries applies to the zoo models, not --model PATH".into());
+        }
+        Ok(())
+    }
+}

@@ -83,7 +83,7 @@ gpu() {
     : >"$R/tests.log"
     for t in "$CARRY"/test-*; do
       echo "-- ${t##*/}"
-      "$t" --test-threads=1 --nocapture 2>&1 | tee -a "$R/tests.log" |
+      "$t" --test-threads=1 --nocapture --include-ignored 2>&1 | tee -a "$R/tests.log" |
         grep -E "^test |test result|SKIP|device 0:|panicked|FAILED|cpu .* vs cuda" || true
     done
     echo "   ($((SECONDS - T0)) s)"

@@ -26,6 +26,10 @@ __all__ = list(_API) + ["__version__"]
 
 
 def __getattr__(name):
+    if name == "trace":  # the fake-CUDA tracer; imports torch only when a trace runs
+        import importlib
+
+        return importlib.import_module("vramroom.trace")
     if name in _API or name == "__version__":
         try:
             from vramroom import _native

@@ -1,0 +1,233 @@
+"""`vramroom.trace`: run PyTorch code on fake CUDA, write its memory snapshot, replay it.
+
+    with vramroom.trace.trace(gpu="h100") as t:
+        train_step()                      # unmodified code; tensors on "cuda" are fake
+    t.snapshot("step.pickle")             # PyTorch-format snapshot (memory_viz, vramroom replay)
+    t.peak_allocated                      # bytes, from the trace itself
+    t.replay(capacity="24GiB", alloc_conf="expandable_segments:True")   # `vramroom replay --json`
+
+    vramroom.trace.run_script("train.py", ["--bs", "16"], gpu="h100", snapshot_out="s.pickle")
+"""
+
+import json
+import os
+import runpy
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+
+SUPPORTED = "2.11"
+
+
+class TraceError(RuntimeError):
+    """Bad input to the tracer (unsupported PyTorch, unknown GPU, ...)."""
+
+
+def check_torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise TraceError("vramroom.trace needs PyTorch %s.x installed (%s)" % (SUPPORTED, e))
+    v = torch.__version__.split("+")[0]
+    if not (v == SUPPORTED or v.startswith(SUPPORTED + ".")):
+        raise TraceError(
+            "vramroom.trace supports PyTorch %s.x only (the version its hidden-allocation "
+            "table and fake-CUDA patch were measured on); this is PyTorch %s"
+            % (SUPPORTED, torch.__version__)
+        )
+    if torch.version.cuda is None:
+        raise TraceError(
+            "vramroom.trace needs a CUDA build of PyTorch %s (it runs on any machine, no GPU "
+            "needed); this is the CPU-only build %s" % (SUPPORTED, torch.__version__)
+        )
+    return torch
+
+
+def find_binary():
+    """The vramroom CLI: $VRAMROOM_BIN, the package's _bin/vramroom, then PATH."""
+    env = os.environ.get("VRAMROOM_BIN")
+    if env:
+        return env
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_bin", "vramroom")
+    if os.path.exists(here):
+        return here
+    p = shutil.which("vramroom")
+    if p:
+        return p
+    raise TraceError(
+        "the vramroom command is needed to replay a trace: set VRAMROOM_BIN, install the "
+        "wheel, or put it on PATH (cargo build --release -p vramroom)"
+    )
+
+
+def replay_snapshot(path, capacity=None, alloc_conf=None, what_if=(), min_capacity=False):
+    """Run `vramroom replay --json` on a snapshot; a list with one dict per config."""
+    cmd = [find_binary(), "replay", "--json", path]
+    confs = []
+    if alloc_conf is not None:
+        confs.append(alloc_conf)
+    if what_if:
+        if not confs:
+            confs.append("")
+        confs.extend(what_if)
+    for c in confs:
+        cmd += ["--alloc-conf", c if c else "default"]
+    if capacity is not None:
+        cmd += ["--capacity", str(capacity)]
+    if min_capacity:
+        cmd.append("--min-capacity")
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise TraceError("vramroom replay failed (%d): %s" % (r.returncode, r.stderr.strip()))
+    return json.loads(r.stdout)
+
+
+class Trace:
+    """One traced region: the events, their snapshot, and the replay."""
+
+    def __init__(self, gpu="h100", capacity=None):
+        from .gpus import get_gpu
+
+        self.gpu = get_gpu(gpu)
+        self.capacity = capacity
+        self._rec = None
+        self._mode = None
+        self._api = None
+        self._saved = []
+        self.elapsed_s = None
+
+    # -- context manager --------------------------------------------------------------
+    def __enter__(self):
+        import time
+
+        torch = check_torch()
+        from . import fakecuda
+        from .capture import Recorder
+        from .hidden import Hidden
+        from .mode import make_mode
+        from .sdpa import make_sdpa
+
+        self._t0 = time.perf_counter()
+        fakecuda.patch_cuda_hooks()
+        rec = Recorder(self.gpu, None)
+        rec.sdpa_choices = {}
+        hid = Hidden(self.gpu, rec)
+        rec.hidden = hid
+        hid.rec = rec
+        self._rec = rec
+        self._api = fakecuda.CudaApi(rec, self.gpu).install()
+        # SDPA: the backend the target GPU picks (sdpa.py).
+        import torch.nn.functional as F
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        orig = F.scaled_dot_product_attention
+        new = make_sdpa(orig, rec, hid.row, lambda t: isinstance(t, FakeTensor))
+        self._set(F, "scaled_dot_product_attention", new)
+        self._set(torch, "compile", _refuse_compile)
+        self._mode = make_mode(rec, hid)
+        self._mode.__enter__()
+        return self
+
+    def _set(self, obj, name, value):
+        self._saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    def __exit__(self, et, ev, tb):
+        import time
+
+        try:
+            self._mode.__exit__(et, ev, tb)
+        finally:
+            import gc
+
+            # Frees that Python's cycle collector would find: not the program's peak, but
+            # keep the events of this region whole before closing it.
+            self._rec.close()
+            for obj, name, old in reversed(self._saved):
+                setattr(obj, name, old)
+            self._saved.clear()
+            self._api.restore()
+            self.elapsed_s = time.perf_counter() - self._t0
+        return False
+
+    # -- results -----------------------------------------------------------------------
+    @property
+    def events(self):
+        """(action, addr, size, stream, frames) in program order; frames innermost first as
+        (filename, line, function)."""
+        return list(self._rec.events)
+
+    @property
+    def peak_allocated(self):
+        """Peak of live allocations, each rounded as PyTorch's allocator rounds requests."""
+        return self._rec.alloc_peak
+
+    @property
+    def warnings(self):
+        return dict(self._rec.warnings)
+
+    @property
+    def hidden_stats(self):
+        d = dict(self._rec.hidden.stats)
+        d["sdpa"] = dict(self._rec.sdpa_choices)
+        return d
+
+    def snapshot_dict(self):
+        from . import snapshot
+
+        return snapshot.build(self._rec.events)
+
+    def snapshot(self, path):
+        from . import snapshot
+
+        return snapshot.write(self._rec.events, path)
+
+    def replay(self, capacity=None, alloc_conf=None, what_if=(), min_capacity=False):
+        """`vramroom replay --json` on this trace: one dict per config (the first is
+        `alloc_conf`, default PyTorch's)."""
+        cap = capacity if capacity is not None else (self._rec.capacity or self.capacity)
+        fd, path = tempfile.mkstemp(suffix=".pickle", prefix="vramroom-trace-")
+        os.close(fd)
+        try:
+            self.snapshot(path)
+            return replay_snapshot(path, capacity=cap, alloc_conf=alloc_conf,
+                                   what_if=what_if, min_capacity=min_capacity)
+        finally:
+            os.unlink(path)
+
+
+def _refuse_compile(*a, **k):
+    from .capture import UnsupportedOp
+
+    raise UnsupportedOp("torch.compile", "compiled graphs (Inductor kernels, CUDA graphs) "
+                        "allocate differently from the eager ops a fake run sees")
+
+
+def trace(gpu="h100", capacity=None):
+    """`with vramroom.trace.trace(gpu="h100") as t: ...`"""
+    return Trace(gpu=gpu, capacity=capacity)
+
+
+def run_script(path, argv=(), gpu="h100", snapshot_out=None, capacity=None):
+    """Run a script unmodified (as `__main__`, with sys.argv set) under a trace."""
+    if not os.path.exists(path):
+        raise TraceError("no such script: %s" % path)
+    check_torch()
+    old_argv, old_path = sys.argv[:], sys.path[:]
+    sys.argv = [path] + list(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    t = Trace(gpu=gpu, capacity=capacity)
+    try:
+        with t:
+            try:
+                runpy.run_path(path, run_name="__main__")
+            except SystemExit as e:
+                if e.code not in (None, 0):
+                    raise
+    finally:
+        sys.argv, sys.path[:] = old_argv, old_path
+    if snapshot_out:
+        t.snapshot(snapshot_out)
+    return t

@@ -1,0 +1,299 @@
+"""The recorder: run PyTorch code on fake CUDA and write down every storage it allocates.
+
+Design note — the route (PyTorch 2.11.0+cu130, measured on a machine with no GPU, 2 cores).
+- `FakeTensorMode` (the route taken). Tensors made for "cuda" are FakeTensors whose dispatch
+  keys are CUDA's, so autocast("cuda") casts as on the GPU, nn.Module.cuda()/to() and
+  `torch.device("cuda")` construction work, and every aten op PyTorch runs reaches us with
+  its real overload. The one blocker was the backward: the autograd engine's
+  `GraphTask::stash_current_streams()` (called from `Engine::compute_dependencies`) asks the
+  CUDA hooks `hasPrimaryContext(0)` for every device the guard reports; FakeTensorMode
+  installs a no-op CUDA guard that reports one device, while the real hooks check
+  `c10::cuda::device_count()` (0 here) and throw "hasPrimaryContext expects a valid device
+  index". gdb located the throw (`_hasPrimaryContext` <- `stash_current_streams` <-
+  `compute_dependencies` <- `Engine::execute`). fakecuda.patch_cuda_hooks() replaces that one
+  virtual slot (a copy of the hooks object's vtable, slot 4 of AcceleratorHooksInterface)
+  with a function answering True; the engine then stashes the no-op guard's default stream.
+  With it, forward, backward (on the engine's CUDA device thread, as on a GPU: a second cuBLAS
+  handle there), AdamW (foreach and fused), GradScaler and checkpointing all run, with no
+  compiler, no LD_PRELOAD and no driver.
+- A fake libcudart/libcuda (LD_PRELOAD) was rejected: libtorch_cuda links libcudart.so.13
+  dynamically (ldd), so it is possible, but then torch believes in a real device and calls
+  dozens of runtime and driver entry points (stream pools, events, properties, the lazy
+  NVRTC/driver table `cuDevicePrimaryCtxGetState`); each would need a faithful stub, it
+  cannot be done after `import torch` (lazy binding finds libcudart first), and it needs a C
+  compiler or a shipped binary.
+- A TorchDispatchMode over meta tensors was rejected: meta has no CUDA dispatch keys, so
+  autocast("cuda") and module `.cuda()` would have to be re-implemented by the tracer.
+- What FakeTensorMode still decides differently from CUDA, and the tracer corrects:
+  * SDPA: with no device, PyTorch's `_fused_sdp_choice` falls back to the math path. sdpa.py
+    picks the backend the target GPU would (the meta twin's rule, ops/attention.rs) and calls
+    that backend's aten op, whose fake kernel allocates what the CUDA one does.
+  * Optimizers default to foreach only for exact Tensor/Parameter types; FakeTensor is added.
+  * Library workspaces (cuBLAS per thread and stream, cuBLASLt, cuDNN conv and attention)
+    happen inside kernels: hidden.py adds them from cuda_hidden.json.
+- Storage lifetimes: every new storage of a cuda FakeTensor that an op returns is one
+  allocation of `storage.nbytes()` (the replay rounds it as PyTorch's allocator does). A
+  `weakref.ref` on the storage (storages keep their PyObject for their whole life) reports
+  the free. Views and in-place ops return known storages: nothing. `resize_`/`set_` that
+  grow a known storage: a new allocation, then the old block freed.
+- Host-side values: `.item()`, `.tolist()`, `bool(t)` on a fake tensor have no data. They
+  answer 0 (False) and count a warning (Trace.warnings); GradScaler thus sees no inf.
+- Not modelled, refused with the op named (UnsupportedOp): `torch.compile`, ops with no
+  fake/meta kernel, data-dependent output shapes (nonzero, unique, masked_select, ...).
+"""
+
+import sys
+import threading
+import weakref
+
+_PKG_DIR = __file__.rsplit("/", 1)[0]
+# Frames of the dispatch machinery, not the user's program.
+_SKIP = (
+    _PKG_DIR,
+    "/torch/_subclasses/",
+    "/torch/utils/_python_dispatch.py",
+    "/torch/_ops.py",
+    "/torch/_prims_common/",
+    "/torch/_decomp/",
+    "/torch/_refs/",
+    "/torch/_meta_registrations.py",
+    "/torch/utils/_stats.py",
+    "/torch/_dynamo/eval_frame.py",
+    "/torch/_compile.py",
+    "<frozen ",
+)
+MAX_FRAMES = 48
+ADDR_BASE = 0x7F0000000000
+STREAM_BASE = 0x5A0000000000
+
+
+class UnsupportedOp(RuntimeError):
+    """The traced program ran something the tracer cannot model; the message names it."""
+
+    def __init__(self, op, why):
+        self.op = str(op)
+        super().__init__(
+            "vramroom.trace cannot model `%s`: %s. Nothing was predicted (a wrong number is "
+            "worse than none)." % (op, why)
+        )
+
+
+class Entry:
+    __slots__ = ("addr", "size", "stream", "recorded", "ref")
+
+    def __init__(self, addr, size, stream):
+        self.addr = addr
+        self.size = size
+        self.stream = stream
+        self.recorded = None
+        self.ref = None
+
+
+def _round(n):
+    return 512 if n <= 512 else (n + 511) // 512 * 512
+
+
+class Recorder:
+    """State of one trace: live storages, events in program order, streams."""
+
+    def __init__(self, gpu, hidden):
+        self.gpu = gpu
+        self.hidden = hidden
+        self.events = []  # (action, addr, size, stream, frames)
+        self.live = {}  # storage key -> Entry
+        self.next_addr = ADDR_BASE
+        self.pending = []  # addrs whose free_completed waits (record_stream)
+        self.main_ident = threading.get_ident()
+        self.warnings = {}
+        self.capacity = None
+        self.fraction = None
+        self.alloc_now = 0
+        self.alloc_peak = 0
+        self.alloc_peak_since_reset = 0
+        self.n_streams = 0
+        self.cur_stream = None
+        self._Stream = None
+        self._default_stream = None
+        self._frames_cache = {}
+        self._lock = threading.RLock()
+        self.active = True
+
+    # ---- streams -------------------------------------------------------------------
+    def _new_stream_id(self):
+        self.n_streams += 1
+        return self.n_streams
+
+    def _stream_ident(self, s):
+        sid = getattr(s, "stream_id", 0) if s is not None else 0
+        return 0 if sid == 0 else STREAM_BASE + sid * 0x200
+
+    def _current_stream_obj(self):
+        return self.cur_stream if self.cur_stream is not None else self._default_stream
+
+    def _set_stream(self, s):
+        self.cur_stream = None if s is None or getattr(s, "stream_id", 0) == 0 else s
+
+    def current_stream_ident(self):
+        return self._stream_ident(self.cur_stream) if self.cur_stream is not None else 0
+
+    def _stream_synced(self, waiter, waited):
+        pass
+
+    def _synchronize(self):
+        self._complete_pending()
+
+    # ---- host-side API answers -------------------------------------------------------
+    def allocated_bytes(self):
+        return self.alloc_now
+
+    def peak_allocated_bytes(self, since_reset=False):
+        return self.alloc_peak_since_reset if since_reset else self.alloc_peak
+
+    def reserved_bytes(self):
+        # Approximate during the trace (the replay computes it exactly afterwards): a
+        # caching allocator holds at least its peak since the last empty_cache.
+        return self._reserved_floor()
+
+    def peak_reserved_bytes(self):
+        return self._reserved_floor()
+
+    def _reserved_floor(self):
+        n = getattr(self, "_since_empty_peak", 0)
+        return (n + (2 << 20) - 1) // (2 << 20) * (2 << 20)
+
+    def _reset_peak(self):
+        self.alloc_peak_since_reset = self.alloc_now
+
+    def _empty_cache(self):
+        self._complete_pending()
+        self.events.append(("empty_cache", 0, 0, 0, self._frames()))
+        self._since_empty_peak = self.alloc_now
+
+    def _set_fraction(self, f):
+        self.fraction = float(f)
+        self.capacity = int(self.gpu.total_memory * self.fraction)
+
+    def warn(self, what):
+        self.warnings[what] = self.warnings.get(what, 0) + 1
+
+    # ---- frames ---------------------------------------------------------------------
+    def _frames(self):
+        f = sys._getframe(2)
+        out = []
+        cache = self._frames_cache
+        while f is not None and len(out) < MAX_FRAMES:
+            co = f.f_code
+            key = (co, f.f_lineno)
+            fr = cache.get(key)
+            if fr is None:
+                fn = co.co_filename
+                if any(s in fn for s in _SKIP):
+                    fr = False
+                else:
+                    fr = (fn, f.f_lineno, co.co_name)
+                cache[key] = fr
+            if fr:
+                out.append(fr)
+            f = f.f_back
+        if threading.get_ident() != self.main_ident:
+            # Autograd's device thread: the user's frames are where backward() was called.
+            mf = sys._current_frames().get(self.main_ident)
+            while mf is not None and len(out) < MAX_FRAMES:
+                co = mf.f_code
+                fn = co.co_filename
+                if not any(s in fn for s in _SKIP):
+                    out.append((fn, mf.f_lineno, co.co_name))
+                mf = mf.f_back
+        return tuple(out)
+
+    # ---- allocation events ----------------------------------------------------------
+    def alloc(self, size, stream=None, frames=None):
+        """A client allocation of `size` requested bytes; returns its address."""
+        if self.pending:
+            self._complete_pending()
+        addr = self.next_addr
+        self.next_addr += _round(size) + 512
+        st = self.current_stream_ident() if stream is None else stream
+        self.events.append(("alloc", addr, size, st, frames if frames is not None else self._frames()))
+        self.alloc_now += _round(size)
+        if self.alloc_now > self.alloc_peak:
+            self.alloc_peak = self.alloc_now
+        if self.alloc_now > self.alloc_peak_since_reset:
+            self.alloc_peak_since_reset = self.alloc_now
+        if self.alloc_now > getattr(self, "_since_empty_peak", 0):
+            self._since_empty_peak = self.alloc_now
+        return addr
+
+    def free(self, addr, size, stream, recorded=None):
+        if not self.active:
+            return
+        fr = self._frames()
+        self.events.append(("free_requested", addr, size, stream, fr))
+        self.alloc_now -= _round(size)
+        if recorded:
+            self.pending.append((addr, size, stream))
+        else:
+            self.events.append(("free_completed", addr, size, stream, fr))
+
+    def _complete_pending(self):
+        for addr, size, stream in self.pending:
+            self.events.append(("free_completed", addr, size, stream, ()))
+        self.pending = []
+
+    def hidden_alloc(self, size, frames=None):
+        """A library allocation that stays (cuBLAS workspaces)."""
+        if size > 0:
+            self.alloc(size, frames=frames)
+
+    def hidden_temp(self, size, frames=None):
+        """A workspace allocated and freed inside one kernel."""
+        if size > 0:
+            st = self.current_stream_ident()
+            addr = self.alloc(size, stream=st, frames=frames)
+            self.free(addr, size, st)
+
+    # ---- storages -------------------------------------------------------------------
+    def _on_storage_dead(self, key):
+        def cb(_ref, key=key):
+            e = self.live.pop(key, None)
+            if e is not None and e.size > 0:
+                self.free(e.addr, e.size, e.stream, e.recorded)
+
+        return cb
+
+    def see_storage(self, st, frames=None):
+        """Register the storage of a cuda fake tensor; an allocation if it is new."""
+        key = st._cdata
+        e = self.live.get(key)
+        if e is not None:
+            n = st.nbytes()
+            if n != e.size:
+                # resize_/set_ grew (or shrank) a storage in place: PyTorch allocates the new
+                # block, copies, frees the old one.
+                old_addr, old_size = e.addr, e.size
+                e.size = n
+                e.addr = self.alloc(n, frames=frames) if n > 0 else 0
+                if old_size > 0:
+                    self.free(old_addr, old_size, e.stream)
+            return False
+        n = st.nbytes()
+        e = Entry(0, n, self.current_stream_ident())
+        if n > 0:
+            e.addr = self.alloc(n, stream=e.stream, frames=frames)
+        e.ref = weakref.ref(st, self._on_storage_dead(key))
+        self.live[key] = e
+        return n > 0
+
+    def record_stream(self, st, stream):
+        e = self.live.get(st._cdata)
+        if e is None:
+            return
+        sid = self._stream_ident(stream)
+        if sid != e.stream:
+            e.recorded = True
+
+    def close(self):
+        """End of the trace: storages still alive stay allocated (as in a snapshot taken
+        mid-program); pending frees complete."""
+        self._complete_pending()
+        self.active = False

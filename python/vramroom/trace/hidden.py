@@ -1,0 +1,139 @@
+"""Allocations a CUDA run makes that fake tensors do not show: library workspaces taken from
+the caching allocator inside kernels. The sizes come from one table, cuda_hidden.json (per
+GPU architecture), and for cuDNN convolutions from the meta twin's measured table
+(crates/vramroom-tensor/data/cudnn_workspaces_h200.json, same interpolation rule as
+crates/vramroom-tensor/src/workspace.rs), read when this is a source checkout.
+
+What each op adds (PyTorch 2.11's CUDA path):
+- matmuls (mm, addmm, bmm, baddbmm, addmv, ...): the first one on a (thread, stream) pair
+  allocates that cuBLAS handle's workspace, kept for the process; autograd's device thread
+  has its own handle, so the first backward matmul pays again. The first matmul that goes
+  through cuBLASLt (addmm with a 1-d bias: F.linear with bias) adds the cuBLASLt workspace.
+  Both come right after the op's output.
+- convolution: forward allocates the output, then the algorithm's workspace, freed before
+  returning; backward: grad_input, its workspace (freed), grad_weight, its workspace
+  (freed), grad_bias.
+- cuDNN attention forward: a small workspace freed at once (sdpa.py picks the backend).
+"""
+
+import json
+import os
+import threading
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def load_table():
+    with open(os.path.join(_HERE, "cuda_hidden.json")) as f:
+        return json.load(f)
+
+
+def _conv_table(name):
+    if not name:
+        return {}
+    cands = [
+        os.path.join(_HERE, name),
+        os.path.join(_HERE, "..", "..", "..", "crates", "vramroom-tensor", "data", name),
+    ]
+    for p in cands:
+        if os.path.exists(p):
+            with open(p) as f:
+                d = json.load(f)
+            t = {}
+            for e in d["conv"]:
+                key = (e["pass"], tuple(e["input"]), tuple(e["weight"]), tuple(e["stride"]),
+                       tuple(e["padding"]), tuple(e["dilation"]), e["groups"])
+                t[key] = sorted((b, n) for b, n in e["bytes"])
+            return t
+    return {}
+
+
+class Hidden:
+    def __init__(self, gpu, rec):
+        import torch
+
+        self.rec = rec
+        self.row = load_table()["archs"][gpu.arch]
+        self.conv = _conv_table(self.row.get("conv_workspace_table"))
+        self.handles = set()
+        self.lt_done = False
+        a = torch.ops.aten
+        mm_names = ["mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot",
+                    "_addmm_activation", "_scaled_mm", "_int_mm"]
+        self.matmul = set()
+        for n in mm_names:
+            op = getattr(a, n, None)
+            if op is None:
+                continue
+            for o in op.overloads():
+                self.matmul.add(getattr(op, o))
+        self.lt_ops = {a.addmm.default, a.addmm.out, a._addmm_activation.default}
+        self.conv_fwd = {a.convolution.default}
+        self.conv_bwd = {a.convolution_backward.default}
+        self.stats = {"cublas_handles": 0, "cublaslt": 0, "conv_workspaces": 0,
+                      "conv_unmeasured": 0}
+
+    # -- cuBLAS ---------------------------------------------------------------------------
+    def matmul_after(self, func, args):
+        rec = self.rec
+        key = (threading.get_ident(), rec.current_stream_ident())
+        fr = None
+        if key not in self.handles:
+            self.handles.add(key)
+            fr = rec._frames()
+            rec.hidden_alloc(self.row["cublas_handle_workspace"], frames=fr)
+            self.stats["cublas_handles"] += 1
+        if not self.lt_done and func in self.lt_ops:
+            bias = args[0] if args else None
+            if bias is not None and (bias.dim() == 1 or (bias.dim() == 2 and bias.stride(0) == 0)):
+                self.lt_done = True
+                rec.hidden_alloc(self.row["cublaslt_workspace"], frames=fr or rec._frames())
+                self.stats["cublaslt"] += 1
+
+    # -- cuDNN convolution --------------------------------------------------------------
+    def conv_workspace(self, pas, x_shape, w_shape, out_shape, stride, padding, dilation,
+                       groups, dtype, itemsize):
+        if len(x_shape) != 4:  # conv1d/3d: the ratio estimate on the flattened sizes
+            pass
+        n = x_shape[0]
+        key = (pas, tuple(x_shape[1:]), tuple(w_shape), tuple(stride), tuple(padding),
+               tuple(dilation), groups)
+        import torch
+
+        pts = self.conv.get(key) if dtype == torch.float32 else None
+        if pts:
+            below = [p for p in pts if p[0] <= n]
+            above = [p for p in pts if p[0] >= n]
+            if below and below[-1][0] == n:
+                return below[-1][1]
+            if below and above:
+                (n0, b0), (n1, b1) = below[-1], above[0]
+                return int(round(b0 + (n - n0) / (n1 - n0) * (b1 - b0)))
+            if below:
+                n0, b0 = below[-1]
+                return int(round(b0 * n / n0))
+            return above[0][1]
+        self.stats["conv_unmeasured"] += 1
+        prod = lambda s: int(__import__("math").prod(s))
+        inb, outb, wb = prod(x_shape) * itemsize, prod(out_shape) * itemsize, prod(w_shape) * itemsize
+        big = max(inb, outb)
+        r = self.row["conv_fallback_ratio"]
+        pointwise = len(w_shape) == 4 and w_shape[2] == 1 and w_shape[3] == 1 and all(s == 1 for s in stride)
+        if pas == "forward":
+            return 0 if pointwise else int(round(r["forward"] * big))
+        if pas == "backward_input":
+            return 0 if pointwise else int(round(r["backward_input"] * big))
+        if pointwise:
+            return int(round(min(n * wb, r["backward_weight_pointwise_cap"] * big)))
+        return int(round(r["backward_weight"] * big))
+
+    def conv_args(self, args, kwargs):
+        # convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+        x, w = args[0], args[1]
+        stride, padding, dilation, transposed, _, groups = args[3:9]
+        return x, w, list(stride), list(padding), list(dilation), transposed, groups
+
+    def uses_cudnn(self, x, transposed):
+        import torch
+
+        return torch.backends.cudnn.enabled and x.dim() in (3, 4, 5) and not transposed

@@ -1,0 +1,151 @@
+"""The FakeTensorMode that records: each aten op's new cuda storages become allocations, in
+the order PyTorch's CUDA kernels allocate them, with the library workspaces of hidden.py
+between them. See capture.py for the design note."""
+
+import threading
+
+_FakeMode = None
+
+
+def _mode_class():
+    global _FakeMode
+    if _FakeMode is not None:
+        return _FakeMode
+    import torch
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        FakeTensor,
+        FakeTensorMode,
+        UnsupportedOperatorException,
+    )
+
+    from .capture import UnsupportedOp
+
+    aten = torch.ops.aten
+    local_scalar = aten._local_scalar_dense.default
+    record_stream = aten.record_stream.default
+    fake_errors = (DataDependentOutputException, DynamicOutputShapeException,
+                   UnsupportedOperatorException)
+    try:
+        from torch._subclasses.fake_tensor import UnsupportedFakeTensorException
+        fake_errors = fake_errors + (UnsupportedFakeTensorException,)
+    except ImportError:
+        pass
+
+    def leaves(out, acc):
+        if isinstance(out, FakeTensor):
+            acc.append(out)
+        elif isinstance(out, (tuple, list)):
+            for o in out:
+                leaves(o, acc)
+        return acc
+
+    class RecordingFakeMode(FakeTensorMode):
+        def __init__(self, rec, hidden):
+            super().__init__(allow_non_fake_inputs=True)
+            self._vr = rec
+            self._vh = hidden
+            self._depth = 0
+
+        # Keep the no-op CUDA guard although torch.cuda.is_available() answers True under
+        # the trace.
+        avoid_device_init = property(lambda self: True)
+
+        def dispatch(self, func, types, args=(), kwargs=None):
+            rec = self._vr
+            kwargs = kwargs or {}
+            if func is local_scalar:
+                t = args[0]
+                # No data: numbers answer 1 (a step counter, a divisor), booleans False (a
+                # nan/inf check passes). Counted in Trace.warnings.
+                if t.dtype == torch.bool:
+                    rec.warn("bool(t) / t.item() of a fake %s bool tensor answered False" % t.device.type)
+                    return False
+                rec.warn("t.item() / t.tolist() of a fake %s tensor answered 1" % t.device.type)
+                if t.dtype.is_floating_point:
+                    return 1.0
+                return 1
+            if func is record_stream:
+                t = args[0]
+                if isinstance(t, FakeTensor) and t.device.type == "cuda":
+                    rec.record_stream(t.untyped_storage(), args[1])
+                return None
+            # Only the outermost op allocates: what a fake kernel runs inside (a
+            # decomposition for an op with no meta kernel) is one CUDA kernel on the GPU.
+            self._depth += 1
+            try:
+                out = super().dispatch(func, types, args, kwargs)
+            except fake_errors as e:
+                why = {
+                    "DataDependentOutputException": "its result depends on tensor values, which a fake run does not have",
+                    "DynamicOutputShapeException": "its output shape depends on tensor values (data-dependent shape)",
+                    "UnsupportedOperatorException": "the op has no fake/meta kernel",
+                }.get(type(e).__name__, type(e).__name__)
+                raise UnsupportedOp(func, why) from None
+            finally:
+                self._depth -= 1
+            if self._depth or not rec.active:
+                return out
+            hid = self._vh
+            if func in hid.conv_bwd:
+                self._conv_backward(args, out)
+                return out
+            ts = leaves(out, [])
+            fr = None
+            for t in ts:
+                if t.device.type == "cuda":
+                    if fr is None:
+                        fr = rec._frames()
+                    rec.see_storage(t.untyped_storage(), fr)
+            if func._schema.is_mutable and fr is None:
+                # in place on an input whose storage may have been resized (resize_, set_)
+                for a in args:
+                    if isinstance(a, FakeTensor) and a.device.type == "cuda":
+                        e = rec.live.get(a.untyped_storage()._cdata)
+                        if e is not None and e.size != a.untyped_storage().nbytes():
+                            rec.see_storage(a.untyped_storage(), rec._frames())
+            if func in hid.matmul:
+                if args and isinstance(args[0], FakeTensor) and args[0].device.type == "cuda":
+                    hid.matmul_after(func, args)
+            elif func in hid.conv_fwd:
+                x, w, stride, padding, dilation, transposed, groups = hid.conv_args(args, kwargs)
+                if x.device.type == "cuda" and hid.uses_cudnn(x, transposed):
+                    ws = hid.conv_workspace("forward", list(x.shape), list(w.shape),
+                                            list(out.shape), stride, padding, dilation, groups,
+                                            x.dtype, x.element_size())
+                    rec.hidden_temp(ws, frames=fr)
+            return out
+
+        def _conv_backward(self, args, out):
+            rec, hid = self._vr, self._vh
+            # convolution_backward(grad_output, input, weight, bias_sizes, stride, padding,
+            #                      dilation, transposed, output_padding, groups, output_mask)
+            go, x, w = args[0], args[1], args[2]
+            stride, padding, dilation, transposed = args[4], args[5], args[6], args[7]
+            groups = args[9]
+            gi, gw, gb = out
+            fr = rec._frames()
+            cud = x.device.type == "cuda" and hid.uses_cudnn(x, transposed)
+            shape = lambda t: list(t.shape)
+            if gi is not None:
+                rec.see_storage(gi.untyped_storage(), fr)
+                if cud:
+                    rec.hidden_temp(hid.conv_workspace(
+                        "backward_input", shape(x), shape(w), shape(go), list(stride),
+                        list(padding), list(dilation), groups, x.dtype, x.element_size()), fr)
+            if gw is not None:
+                rec.see_storage(gw.untyped_storage(), fr)
+                if cud:
+                    rec.hidden_temp(hid.conv_workspace(
+                        "backward_weight", shape(x), shape(w), shape(go), list(stride),
+                        list(padding), list(dilation), groups, x.dtype, x.element_size()), fr)
+            if gb is not None:
+                rec.see_storage(gb.untyped_storage(), fr)
+
+    _FakeMode = RecordingFakeMode
+    return _FakeMode
+
+
+def make_mode(rec, hidden):
+    return _mode_class()(rec, hidden)

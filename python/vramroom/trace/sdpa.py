@@ -1,0 +1,83 @@
+"""`F.scaled_dot_product_attention` as the target GPU would run it.
+
+On a machine with no device PyTorch's `_fused_sdp_choice` cannot read the GPU's properties
+and falls back to the math composite, which allocates the [B, H, T, S] scores a fused kernel
+never does. The tracer makes the choice itself, by the rule the meta twin measured on Hopper
+(crates/vramroom-tensor/src/ops/attention.rs, `sdpa_backend`), restricted by
+`torch.backends.cuda.*_sdp_enabled()` (so `sdpa_kernel(...)` contexts are honoured), and calls
+that backend's aten op, whose fake kernel returns the tensors the CUDA kernel allocates
+(output in [B, T, H, D] memory order, logsumexp, RNG state); autograd saves what that op's
+derivative saves. A boolean mask is converted as PyTorch's `convert_boolean_attn_mask` does
+(logical_not, a scalar 0, where).
+
+Not modelled: the head-dim padding copy PyTorch makes when D is not a multiple of 8, and
+nested/jagged inputs (refused by the fake kernels).
+"""
+
+import math
+
+
+def choose(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, row):
+    import torch
+
+    b = torch.backends.cuda
+    low = q.dtype in (torch.bfloat16, torch.float16)
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return "math"
+    B, Hq, T, D = q.shape
+    S, Dv = k.shape[-2], v.shape[-1]
+    Hkv = k.shape[1]
+    dims_ok = lambda m: D % m == 0 and Dv % m == 0
+    gqa = Hq != Hkv
+    if gqa and not enable_gqa:
+        return "math"
+    if low:
+        dropout_ok = (dropout_p * 16.0) % 1.0 == 0.0
+        if row.get("sdpa_cudnn_first") and b.cudnn_sdp_enabled() and S > 1 and dims_ok(8) \
+                and D <= 256 and Dv <= 256 and dropout_ok and not gqa:
+            return "cudnn"
+        causal_square = (not is_causal) or T == S
+        if b.flash_sdp_enabled() and attn_mask is None and D == Dv and D <= 256 and causal_square:
+            return "flash"
+    align = 8 if low else 4
+    aligned = all(t.storage_offset() % align == 0 for t in (q, k, v))
+    if b.mem_efficient_sdp_enabled() and not gqa and dims_ok(align) and aligned:
+        return "efficient"
+    return "math"
+
+
+def make_sdpa(orig, rec, row, is_fake):
+    import torch
+
+    aten = torch.ops.aten
+
+    def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, enable_gqa=False):
+        if not (is_fake(query) and query.device.type == "cuda"):
+            return orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                        is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        which = choose(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, row)
+        rec.sdpa_choices[which] = rec.sdpa_choices.get(which, 0) + 1
+        if which == "math":
+            return orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                        is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            attn_mask = torch.where(attn_mask.logical_not(), -math.inf,
+                                    torch.scalar_tensor(0.0, dtype=query.dtype, device=query.device))
+        need_grad = torch.is_grad_enabled() and any(
+            t.requires_grad for t in (query, key, value))
+        if which == "cudnn":
+            out = aten._scaled_dot_product_cudnn_attention(
+                query, key, value, attn_mask, need_grad, dropout_p, is_causal, False, scale=scale)
+            rec.hidden_temp(row.get("cudnn_attention_fwd_workspace", 0))
+            return out[0]
+        if which == "flash":
+            out = aten._scaled_dot_product_flash_attention(
+                query, key, value, dropout_p, is_causal, False, scale=scale)
+            return out[0]
+        out = aten._scaled_dot_product_efficient_attention(
+            query, key, value, attn_mask, need_grad, dropout_p, is_causal, scale=scale)
+        return out[0]
+
+    scaled_dot_product_attention.__doc__ = orig.__doc__
+    return scaled_dot_product_attention

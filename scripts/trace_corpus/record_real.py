@@ -152,7 +152,7 @@ def run_one(a):
         row["trace_events"] = sum(len(t) for t in snap.get("device_traces", []))
         row["segments_at_end"] = len(snap.get("segments", []))
         row["snapshot_s"] = round(time.time() - t1, 3)
-    print("RESULT " + json.dumps(row), flush=True)
+    print("\nRESULT " + json.dumps(row), flush=True)
     sys.stdout.flush()
     os._exit(0)  # no interpreter teardown surprises; the row is out
 
@@ -165,6 +165,8 @@ def spawn(a, prog, conf, alloc_conf=None, capacity=None, no_snapshot=False):
            "--conf-name", conf, "--stacks", a.stacks, "--context", a.context]
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    # N children share the CPUs: keep each one's CPU thread pool small (no effect on GPU memory)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 8) // max(1, a.jobs))))
     if alloc_conf:
         cmd += ["--alloc-conf", alloc_conf]
         env["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf
@@ -316,12 +318,13 @@ def run_all(a):
 
     base = {r["program"]: r for r in rows if r["conf"] == "default"}
     tasks = []
-    for p in progs:
-        r = base.get(p)
-        if not r or r.get("oom") is not False or r.get("error") or not r.get("peak_reserved_bytes"):
-            continue
-        R = r["peak_reserved_bytes"]
-        for name, f, plus in SWEEP:
+    # the capacities nearest the peak first, so that a run out of --budget loses the outer ones
+    for name, f, plus in sorted(SWEEP, key=lambda s: abs(s[1] - 1.0) + s[2] / 1e9):
+        for p in progs:
+            r = base.get(p)
+            if not r or r.get("oom") is not False or r.get("error") or not r.get("peak_reserved_bytes"):
+                continue
+            R = r["peak_reserved_bytes"]
             tasks.append((p, name, {"capacity": int(R * f) + plus, "no_snapshot": True}))
     print(f"[phase 2] capacity sweep: {len(tasks)} runs", flush=True)
     run_tasks(tasks)

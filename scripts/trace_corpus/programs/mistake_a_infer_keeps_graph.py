@@ -7,7 +7,7 @@ import torchvision
 
 device = os.environ.get("CORPUS_DEVICE", "cuda")
 p = argparse.ArgumentParser()
-p.add_argument("--batch", type=int, default=64)
+p.add_argument("--batch", type=int, default=16)
 p.add_argument("--steps", type=int, default=4)
 args = p.parse_args()
 

@@ -1,0 +1,76 @@
+"""Traces every corpus program on fake CUDA (no GPU): one fresh process per program
+(`python -m vramroom.trace`), snapshots into OUT/PROG__default.pickle and the trace times
+into OUT/times.json, for compare.py.
+
+    PYTHONPATH=python python scripts/trace_corpus/trace_all.py --out /tmp/traced [--gpu h100]
+        [--jobs 2] [--only PROG ...]
+
+A program the tracer refuses (exit 2: an op it cannot model) is listed with the message.
+"""
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROGRAMS = os.path.join(HERE, "programs")
+
+
+def run(prog, a):
+    out = os.path.join(a.out, prog + "__default.pickle")
+    cmd = [sys.executable, "-m", "vramroom.trace", "--gpu", a.gpu, "--json",
+           "--snapshot-out", out, "--", os.path.join(PROGRAMS, prog + ".py")]
+    env = dict(os.environ)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    t0 = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=PROGRAMS)
+    wall = time.time() - t0
+    rep = None
+    if r.returncode == 0:
+        try:
+            rep = json.loads(r.stdout[r.stdout.index("\n{") + 1:] if not r.stdout.startswith("{") else r.stdout)
+        except (ValueError, json.JSONDecodeError):
+            rep = None
+    return prog, r.returncode, wall, rep, r.stderr[-2000:]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--gpu", default="h100")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--only", nargs="*")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    progs = sorted(f[:-3] for f in os.listdir(PROGRAMS) if f.endswith(".py") and not f.startswith("_"))
+    if a.only:
+        progs = [p for p in progs if p in a.only]
+    tp = os.path.join(a.out, "times.json")
+    times = json.load(open(tp)) if os.path.exists(tp) else {}
+    fails = {}
+    with cf.ThreadPoolExecutor(a.jobs) as ex:
+        for prog, rc, wall, rep, err in ex.map(lambda p: run(p, a), progs):
+            if rc == 0:
+                ts = rep.get("trace_seconds") if rep else None
+                times[prog] = {"trace_s": ts, "wall_s": round(wall, 2)}
+                c = rep["configs"][0] if rep else {}
+                print("%-36s ok   trace %6.2fs  peak alloc %10.1f MiB  reserved %10.1f MiB" % (
+                    prog, ts or -1, (c.get("peak_allocated_bytes") or 0) / 2**20,
+                    (c.get("peak_reserved_bytes") or 0) / 2**20), flush=True)
+            else:
+                msg = [l for l in err.strip().splitlines() if l.strip()][-1:] or ["?"]
+                fails[prog] = msg[0]
+                print("%-36s FAIL rc=%d: %s" % (prog, rc, msg[0]), flush=True)
+    with open(tp, "w") as f:
+        json.dump(times, f, indent=1, sort_keys=True)
+    if fails:
+        with open(os.path.join(a.out, "failures.json"), "w") as f:
+            json.dump(fails, f, indent=1, sort_keys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

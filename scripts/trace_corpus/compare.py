@@ -7,7 +7,7 @@ REAL_DIR is record_real.py's output: results.jsonl, and the real snapshots in RE
 or packed in REAL_DIR/snaps.tar.xz (unpacked to REAL_DIR/snaps/ when needed; optional).
 TRACED_DIR holds the tracer's snapshots, PROG__CONF.pickle (CONF "default", "expandable"),
 and optionally times.json ({"PROG": seconds} or {"PROG__CONF": seconds}; a value may also be an
-object with "seconds", "trace_s" or "wall_s"). A program with only PROG__default.pickle is
+object with "seconds", "trace_s" or "wall_s") and failures.json ({"PROG": message}). A program with only PROG__default.pickle is
 replayed under expandable_segments from that snapshot (the trace does not depend on the config;
 marked "from default").
 
@@ -66,7 +66,7 @@ def load_times(traced):
     out = {}
     for k, v in t.items():
         if isinstance(v, dict):
-            v = v.get("seconds", v.get("trace_s", v.get("wall_s")))
+            v = next((v[k] for k in ("seconds", "trace_s", "wall_s") if v.get(k) is not None), None)
         if isinstance(v, (int, float)):
             out[k] = float(v)
     return out
@@ -123,6 +123,8 @@ def main():
     rows = load_rows(os.path.join(a.real, "results.jsonl"))
     snaps = None if a.no_real_replay else real_snaps_dir(a.real)
     times = load_times(a.traced)
+    fp = os.path.join(a.traced, "failures.json")  # trace_all.py: {prog: the tracer's message}
+    failures = json.load(open(fp)) if os.path.exists(fp) else {}
     os.makedirs(a.out, exist_ok=True)
 
     by = {}
@@ -185,7 +187,7 @@ def main():
     out_rows = []
     for it in plan:
         real = it["real"]
-        t = res.get(it.get("tkey"), {"error": "no traced snapshot"})
+        t = res.get(it.get("tkey"), {"error": "not traced: " + str(failures.get(it["program"], "no snapshot"))})
         rr = res.get(it.get("rkey"))
         row = {"program": it["program"], "conf": it["conf"], "kind": it["kind"],
                "traced_snapshot": it["traced_snapshot"], "traced_error": t.get("error"),

@@ -18,7 +18,7 @@ One program, in this process (what the driver runs in a fresh child per program 
 
 Everything, on the GPU machine (from this folder):
 
-    python record_real.py --all --out DIR [--jobs 6] [--programs a,b] [--budget 300]
+    python record_real.py --all --out DIR [--jobs 6] [--programs a,b] [--budget 270]
 
   1. every program under the default config (NAME "default") and under
      expandable_segments:True (NAME "expandable"), N children at a time, 120 s each at most;
@@ -385,7 +385,7 @@ def main():
     ap.add_argument("--programs", default="", help="comma-separated subset (--all)")
     ap.add_argument("--jobs", type=int, default=6)
     ap.add_argument("--timeout", type=int, default=120, help="seconds per child")
-    ap.add_argument("--budget", type=int, default=300, help="seconds after which no new run starts")
+    ap.add_argument("--budget", type=int, default=270, help="seconds after which no new run starts")
     ap.add_argument("--max-archive-mib", type=float, default=14.0)
     ap.add_argument("--keep-snaps", action="store_true")
     a = ap.parse_args()

@@ -300,7 +300,7 @@ fn summary(
 
 /// predict(model=None, batch=None, seq=None, mode=None, grad=False, optimizer=None,
 ///         accum=None, accum_pattern=None, dtype=None, seed=None, new=None, cache=None,
-///         use_cache=None, steps=None, alloc_conf=None, capacity=None, max_batch=False) -> dict
+///         use_cache=None, steps=None, alloc_conf=None, capacity=None, find_max_batch=False) -> dict
 ///
 /// One request of a workload on the meta device (no GPU), as `vramroom predict --json`,
 /// with the same arguments as its flags (None: the flag left out): model is a zoo name or
@@ -308,12 +308,12 @@ fn summary(
 /// ("uniform:16..128"); mode "infer", "train" or "generate"; grad=True is `--grad-on`.
 /// Returns {"scenario", "size", "batch", "peak_allocated_bytes", "peak_reserved_bytes",
 /// "base_bytes", "peak_over_base_bytes", "categories", "stats"}. An out-of-memory under
-/// `capacity` raises MemoryError; max_batch=True (needs capacity) returns the largest batch
+/// `capacity` raises MemoryError; find_max_batch=True (needs capacity) returns the largest batch
 /// that fits.
 #[pyfunction]
 #[pyo3(signature = (model=None, batch=None, seq=None, mode=None, grad=false, optimizer=None,
     accum=None, accum_pattern=None, dtype=None, seed=None, new=None, cache=None,
-    use_cache=None, steps=None, alloc_conf=None, capacity=None, max_batch=false))]
+    use_cache=None, steps=None, alloc_conf=None, capacity=None, find_max_batch=false))]
 #[allow(clippy::too_many_arguments)]
 fn predict(
     py: Python<'_>,
@@ -333,7 +333,7 @@ fn predict(
     steps: Option<usize>,
     alloc_conf: Option<&str>,
     capacity: Option<&Bound<'_, PyAny>>,
-    max_batch: bool,
+    find_max_batch: bool,
 ) -> PyResult<Py<PyAny>> {
     let model = match model {
         None => None,
@@ -378,8 +378,8 @@ fn predict(
         .scenario()
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     let cap = capacity_arg(capacity)?;
-    if max_batch && cap.is_none() {
-        return Err(PyValueError::new_err("max_batch needs capacity"));
+    if find_max_batch && cap.is_none() {
+        return Err(PyValueError::new_err("find_max_batch needs capacity"));
     }
     let mut dev = PredictDevice {
         alloc_conf: alloc_conf.map(conf).transpose()?.unwrap_or_default(),
@@ -390,7 +390,7 @@ fn predict(
         dev.capacity = c;
     }
     let v = py.detach(|| -> PyResult<serde_json::Value> {
-        let p = if max_batch {
+        let p = if find_max_batch {
             match workload_max_batch(&sc, &dev, 1 << 20)
                 .map_err(|e| PyValueError::new_err(e.to_string()))?
             {

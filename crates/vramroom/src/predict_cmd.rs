@@ -34,9 +34,10 @@ pub struct PredictArgs {
     /// Simulated GPU capacity, e.g. 80GiB. Default: unbounded.
     #[arg(long, value_name = "SIZE")]
     capacity: Option<String>,
-    /// Find the largest batch that fits in --capacity (doubling, then bisection).
-    #[arg(long = "max-batch")]
-    max_batch: bool,
+    /// Find the largest batch that fits in --capacity (doubling, then bisection). Not
+    /// serve's --max-batch N, which caps the batches it forms.
+    #[arg(long = "find-max-batch")]
+    find_max_batch: bool,
     /// Print JSON (peaks, categories at the peak, memory_stats keys) instead of tables.
     #[arg(long)]
     json: bool,
@@ -65,8 +66,8 @@ fn device(a: &PredictArgs) -> Result<PredictDevice, UserError> {
             return Err(anyhow!("--capacity must be more than 0 bytes").into());
         }
     }
-    if a.max_batch && a.capacity.is_none() {
-        return Err(anyhow!("--max-batch needs --capacity").into());
+    if a.find_max_batch && a.capacity.is_none() {
+        return Err(anyhow!("--find-max-batch needs --capacity").into());
     }
     Ok(d)
 }
@@ -78,7 +79,7 @@ pub fn predict(a: PredictArgs) -> Result<ExitCode, UserError> {
         .and_then(|f| f.scenario())
         .map_err(|e| anyhow!(e.to_string()))?;
     let dev = device(&a)?;
-    let p = if a.max_batch {
+    let p = if a.find_max_batch {
         match max_batch(&sc, &dev, 1 << 20) {
             Ok(Some((b, p))) => {
                 sc.batch = b;

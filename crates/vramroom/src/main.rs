@@ -10,6 +10,7 @@ mod replay_cmd;
 mod replay_ranks;
 mod run_cmd;
 mod serve_cmd;
+mod trace_cmd;
 mod watch_cmd;
 mod workload_args;
 
@@ -57,6 +58,10 @@ enum Command {
     /// Watch the memory of running services (one or more metrics URLs, e.g. every rank of
     /// a torchrun job) on one timeline, without load; Ctrl-C or -z ends it.
     Watch(watch_cmd::WatchArgs),
+    /// Trace your own PyTorch program on fake CUDA (no GPU): `vramroom trace -- python
+    /// train.py ARGS`; peaks, OOM at a capacity and what-if rows from Vramroom's allocator,
+    /// and the traced snapshot (--snapshot-out) for replay, diff and memory_viz.
+    Trace(trace_cmd::TraceArgs),
     /// Compare two snapshots (peaks, reserved, fragmentation, allocation sites) or two
     /// results JSON, with thresholds for CI (exit 99 when one is broken).
     Diff(diff_cmd::DiffArgs),
@@ -97,6 +102,7 @@ fn main() -> ExitCode {
         Command::Http(a) => http_cmd::http(*a),
         Command::Watch(a) => watch_cmd::watch(a),
         Command::Diff(a) => diff_cmd::diff(a),
+        Command::Trace(a) => trace_cmd::trace(a),
         Command::Bench(BenchCommand::Http(a)) => http_cmd::bench_http(a),
         Command::Bench(BenchCommand::Alloc(a)) => replay_cmd::bench_alloc(a),
         Command::Bench(BenchCommand::Models(a)) => bench_models_cmd::bench_models(*a),

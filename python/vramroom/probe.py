@@ -84,6 +84,14 @@ Notes:
 - Recording history (record_history=True, the default) keeps the last `max_entries`
   allocation events with Python stacks; it costs a little per allocation. Without it the
   snapshot has the segments but no trace, and Vramroom cannot replay it.
+- The history ring is sized from the run by default (max_entries=None): it starts at
+  100000 events and, after each tracked request, grows to hold the model's load and
+  `history_requests` (200) requests at the events per request seen so far, up to
+  `max_history_entries` (2000000). It grows only while it has not wrapped (a ring that
+  has wrapped cannot grow without scrambling its order), so one long first request can
+  still overflow it; /metrics says so (vramroom_probe_history_max_entries,
+  vramroom_probe_history_events, vramroom_probe_history_wrapped), and `vramroom http
+  --predict` says how many requests its prediction rests on. A number fixes the size.
 - The probe never initialises CUDA itself: until the service has, /metrics holds only the
   probe's own series. memory_stats (and the gauges from it) are exported for every device,
   since they are the allocator's bookkeeping; mem_get_info needs a CUDA context, so it is
@@ -105,6 +113,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 __all__ = ["start", "Probe", "main", "request"]
 
 VERSION = "0.2.0"
+AUTO_START_ENTRIES = 100_000
 TAG_PREFIX = "vramroom:req="
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -140,10 +149,20 @@ def _num(value):
 class Probe:
     """A running probe. Use `start()` to make one."""
 
-    def __init__(self, host, port, snapshot_dir, record_history, max_entries):
+    def __init__(self, host, port, snapshot_dir, record_history, max_entries,
+                 history_requests=200, max_history_entries=2_000_000):
         self.snapshot_dir = snapshot_dir
         self.record_history = bool(record_history)
-        self.max_entries = int(max_entries)
+        # None: sized from the run (see the module's notes); a number: fixed.
+        self.auto_entries = max_entries is None
+        self.max_entries = AUTO_START_ENTRIES if max_entries is None else int(max_entries)
+        self.history_requests = int(history_requests)
+        self.max_history_entries = max(int(max_history_entries), self.max_entries)
+        self.history_resizes = 0
+        self.history_wrapped = False
+        self._events_start = None   # history events when the first request began
+        self._requests_done = 0
+        self._grow_lock = threading.Lock()
         self.ooms = 0
         self.requests = 0
         self.in_flight = 0
@@ -219,14 +238,102 @@ class Probe:
 
     # -- torch -----------------------------------------------------------------------
 
+    def _history_events(self):
+        """Trace entries recorded so far on the busiest device (an estimate from the
+        allocator's counters: an allocation is one entry, a free two, a segment one), or
+        None before CUDA is initialised."""
+        torch = _torch()
+        best = None
+        for d in self.all_devices():
+            try:
+                st = torch.cuda.memory_stats(d)
+            except Exception:
+                continue
+            n = (int(st.get("allocation.all.allocated", 0)) + 2 * int(st.get("allocation.all.freed", 0))
+                 + int(st.get("segment.all.allocated", 0)) + int(st.get("segment.all.freed", 0)))
+            best = n if best is None else max(best, n)
+        return best
+
+    def _request_started(self):
+        if self.auto_entries and self._events_start is None:
+            ev = self._history_events()
+            start_watch = False
+            with self._count_lock:
+                if self._events_start is None:
+                    self._events_start = ev or 0
+                    start_watch = True
+            if start_watch and self.record_history and not self.history_error:
+                threading.Thread(target=self._watch_history, name="vramroom-probe-history",
+                                 daemon=True).start()
+
+    def _watch_history(self):
+        """While the ring can still grow: a request longer than the ring (a long generate())
+        must not wrap it before it ends, so the ring is quadrupled whenever it is half full."""
+        while (self.auto_entries and not self.history_wrapped
+               and self.max_entries < self.max_history_entries):
+            time.sleep(0.2)
+            with self._grow_lock:
+                ev = self._history_events()
+                if ev is None:
+                    continue
+                if ev >= self.max_entries:
+                    self.history_wrapped = True
+                    return
+                if ev > self.max_entries // 2:
+                    new = min(self.max_history_entries, 4 * self.max_entries)
+                    try:
+                        self._record(new)
+                    except Exception:
+                        self.auto_entries = False
+                        return
+                    self.max_entries = new
+                    self.history_resizes += 1
+
+    def _request_done(self):
+        """Grows the history ring to hold `history_requests` requests (see the notes)."""
+        with self._count_lock:
+            self._requests_done += 1
+            done = self._requests_done
+        if (not self.auto_entries or not self.record_history or self.history_error
+                or self.history_wrapped or self.max_entries >= self.max_history_entries):
+            return
+        if not self._grow_lock.acquire(blocking=False):
+            return  # another request is checking
+        try:
+            ev = self._history_events()
+            if ev is None:
+                return
+            if ev >= self.max_entries:
+                self.history_wrapped = True  # too late to grow in order
+                return
+            first = self._events_start or 0
+            per = max(0.0, (ev - first) / float(max(done, 1)))
+            need = int(first + per * self.history_requests * 1.25) + 1000
+            if need <= self.max_entries:
+                return
+            new = min(self.max_history_entries, max(need, 2 * self.max_entries))
+            try:
+                self._record(new)
+            except Exception:
+                self.auto_entries = False  # this torch cannot resize it: keep the ring
+                return
+            self.max_entries = new
+            self.history_resizes += 1
+        finally:
+            self._grow_lock.release()
+
+    def _record(self, max_entries):
+        torch = _torch()
+        torch.cuda.memory._record_memory_history(
+            enabled="all", context="all", stacks="python", max_entries=max_entries
+        )
+
     def _start_history(self):
         if not self.record_history:
             return
         torch = _torch()
         try:
-            torch.cuda.memory._record_memory_history(
-                enabled="all", context="all", stacks="python", max_entries=self.max_entries
-            )
+            self._record(self.max_entries)
         except TypeError:
             # Before torch 2.1 the first argument was a bool.
             try:
@@ -322,6 +429,18 @@ class Probe:
         lines.append("vramroom_probe_request_ooms_total %d" % self.request_ooms)
         family("vramroom_probe_snapshots_total", "counter", "Snapshots the probe wrote.")
         lines.append("vramroom_probe_snapshots_total %d" % self.snapshots)
+        family("vramroom_probe_history_max_entries", "gauge",
+               "The allocation history ring's size (entries); it grows with the run unless fixed.")
+        lines.append("vramroom_probe_history_max_entries %d" % self.max_entries)
+        ev = self._history_events()
+        if ev is not None:
+            family("vramroom_probe_history_events", "gauge",
+                   "Allocation history events so far on the busiest device (estimate); past max_entries the oldest are gone.")
+            lines.append("vramroom_probe_history_events %d" % ev)
+        family("vramroom_probe_history_wrapped", "gauge",
+               "1 when the ring overflowed before it could grow: the trace lost its oldest events.")
+        lines.append("vramroom_probe_history_wrapped %d" % (
+            1 if self.history_wrapped or (ev is not None and ev > self.max_entries) else 0))
         devs = self.all_devices()
         if devs:
             family("torch_cuda_memory_stats", "gauge", "torch.cuda.memory_stats(device), one series per key.")
@@ -465,6 +584,10 @@ class Probe:
             "devices": self.devices(),
             "record_history": self.record_history,
             "history_error": self.history_error,
+            "history_max_entries": self.max_entries,
+            "history_auto": self.auto_entries,
+            "history_resizes": self.history_resizes,
+            "history_events": self._history_events(),
             "ooms": self.oom_count(),
             "requests": self.requests,
             "request_ooms": self.request_ooms,
@@ -521,6 +644,10 @@ class _Request:
         with self.probe._count_lock:
             self.probe.requests += 1
             self.probe.in_flight += 1
+        try:
+            self.probe._request_started()
+        except Exception:
+            pass
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -540,6 +667,10 @@ class _Request:
             self.probe.in_flight -= 1
             if is_oom:
                 self.probe.request_ooms += 1
+        try:
+            self.probe._request_done()
+        except Exception:
+            pass  # sizing the ring must never fail a request
         return False
 
 
@@ -563,7 +694,8 @@ def rank_port(port, env=None):
     return port + int(lr)
 
 
-def start(port=9464, host="127.0.0.1", snapshot_dir=None, record_history=True, max_entries=100000):
+def start(port=9464, host="127.0.0.1", snapshot_dir=None, record_history=True, max_entries=None,
+          history_requests=200, max_history_entries=2_000_000):
     """Starts the probe once per process (a second call returns the first probe).
 
     port: 0 picks a free port (see `probe.port`); any other port is a base in a torchrun
@@ -571,6 +703,8 @@ def start(port=9464, host="127.0.0.1", snapshot_dir=None, record_history=True, m
     snapshot_dir: where /dump and OOM
     snapshots go (default: a folder in the system's temp dir named after the pid).
     record_history: record allocation history (needed for Vramroom's replays).
+    max_entries: the history ring's size; None (the default) sizes it from the run: it
+    grows to hold `history_requests` requests, up to `max_history_entries` events.
     """
     global _probe
     with _lock:
@@ -578,7 +712,8 @@ def start(port=9464, host="127.0.0.1", snapshot_dir=None, record_history=True, m
             return _probe
         if snapshot_dir is None:
             snapshot_dir = os.path.join(tempfile.gettempdir(), "vramroom_probe_%d" % os.getpid())
-        _probe = Probe(host, rank_port(port), snapshot_dir, record_history, max_entries).start()
+        _probe = Probe(host, rank_port(port), snapshot_dir, record_history, max_entries,
+                       history_requests, max_history_entries).start()
         return _probe
 
 
@@ -598,7 +733,8 @@ def main(argv=None):
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--snapshot-dir", default=None)
     p.add_argument("--no-history", action="store_true")
-    p.add_argument("--max-entries", type=int, default=100000)
+    p.add_argument("--max-entries", type=int, default=None,
+                   help="history ring size (default: sized from the run)")
     a = p.parse_args(argv)
     probe = start(a.port, a.host, a.snapshot_dir, not a.no_history, a.max_entries)
     sys.stderr.write("vramroom.probe: serving %s/metrics\n" % probe.url)

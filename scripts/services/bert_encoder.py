@@ -8,7 +8,8 @@ def load():
     import transformers
 
     transformers.logging.set_verbosity_error()
-    return transformers.BertModel(transformers.BertConfig()).cuda().eval()
+    with torch.device("cuda"):  # initialised on the GPU: a restart takes seconds
+        return transformers.BertModel(transformers.BertConfig()).eval()
 
 
 def handle(model, body, probe):

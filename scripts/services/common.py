@@ -1,6 +1,6 @@
 """What the three test services share: a threaded JSON server with the probe inside.
 
-Each service is `python3 SERVICE.py --port P --probe-port Q [--fraction F]`. It starts
+Each service is `python3 SERVICE.py --port P --probe-port Q [--fraction F | --cap-gib G]`. It starts
 vramroom_probe before touching CUDA (so the history covers the model's load), caps the GPU
 with torch.cuda.set_per_process_memory_fraction (as a shared-GPU service would), loads its
 model, answers `POST /infer` with JSON, and prints "ready" once it serves. A CUDA OOM in a
@@ -24,8 +24,20 @@ def args():
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--probe-port", type=int, required=True)
     p.add_argument("--fraction", type=float, default=0.05)
-    p.add_argument("--max-entries", type=int, default=2_000_000)
+    p.add_argument("--cap-gib", type=float, default=None,
+                   help="the memory cap in GiB (fraction = cap / the card's memory: the same "
+                        "cap on an H100 and an H200); overrides --fraction")
+    p.add_argument("--max-entries", type=int, default=None,
+                   help="the probe's history ring (default: the probe sizes it from the run)")
     return p.parse_args()
+
+
+def fraction(a, torch):
+    """The per-process memory fraction: --cap-gib over the card's memory, else --fraction."""
+    if a.cap_gib:
+        total = torch.cuda.get_device_properties(0).total_memory
+        return min(1.0, a.cap_gib * (1 << 30) / total)
+    return a.fraction
 
 
 def serve(a, load_model, handle):
@@ -36,7 +48,7 @@ def serve(a, load_model, handle):
     import torch
 
     torch.cuda.init()
-    torch.cuda.set_per_process_memory_fraction(a.fraction)
+    torch.cuda.set_per_process_memory_fraction(fraction(a, torch))
     torch.manual_seed(0)
     state = load_model()
     torch.cuda.synchronize()
@@ -75,6 +87,8 @@ def serve(a, load_model, handle):
             except Exception as e:  # a bug in a test service is a 500, not a crash
                 self._send(500, {"error": "%s: %s" % (type(e).__name__, e)})
 
+    # As the README says for a standard-library server: each do_POST is one request.
+    H = probe.track_handler(H)
     srv = ThreadingHTTPServer(("127.0.0.1", a.port), H)
     srv.daemon_threads = True
     print("ready", flush=True)

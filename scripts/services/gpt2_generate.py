@@ -1,13 +1,17 @@
 """A causal-LM generate() service: GPT-2 (124M, random weights) with its KV cache (transformers'
-DynamicCache), a batch of 1-8 prompts of 16-512 tokens, 16-64 new tokens, greedy. See common.py."""
+DynamicCache), greedy. The body says the batch of prompts, the prompt length and the new tokens;
+run d sends short outputs (8-32 new tokens) to one instance and long outputs (64-128, on
+prompts of 64-512) to another. See common.py."""
 import common
 
 
 def load():
+    import torch
     import transformers
 
     transformers.logging.set_verbosity_error()
-    return transformers.GPT2LMHeadModel(transformers.GPT2Config()).cuda().eval()
+    with torch.device("cuda"):  # initialised on the GPU: a restart takes seconds
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()
 
 
 def handle(model, body, probe):

@@ -24,8 +24,17 @@ pluggable allocator). The budget is on the peak allocated bytes: what the test's
 needed (reserved bytes depend on the cache left by earlier tests); the failure message gives
 both. The peak counts everything live on the device during the test, including tensors made
 before it (a module-level model), as `max_memory_allocated` does; `increase=True` on the marker
-measures above the bytes allocated when the test started. Without CUDA the test runs and
-the budget is not checked (a warning says so), so one suite runs on CPU and GPU machines.
+measures above the bytes allocated when the test started.
+
+Without CUDA (CI), the test runs on fake CUDA under Vramroom's tracer (vramroom.trace: PyTorch's
+fake tensors, no GPU and no data), which records every allocation the GPU run would make for
+the target GPU (`--max-cuda-memory-gpu`, default h100) and replays them on Vramroom's allocator:
+the budget is checked against that *predicted* peak, the failure message says so, and the
+snapshot is the traced one. The test's own assertions on tensor values cannot hold there
+(fake tensors have no data: `.item()` answers 0), so a traced test passes or fails on its
+memory alone. Where the tracer cannot run (no torch, a PyTorch version it does not support,
+`--max-cuda-memory-no-trace`), the budget is not checked and a warning says why, so one suite
+runs on CPU and GPU machines.
 torch is imported only when a test asks for a budget: the plugin costs nothing otherwise.
 """
 
@@ -121,8 +130,13 @@ class CudaMemory:
     `budget(limit, increase=False)` sets or tightens the test's budget.
     """
 
-    def __init__(self, device=None):
+    def __init__(self, device=None, gpu="h100", trace=True):
         self.device = device
+        self.gpu = gpu
+        self.allow_trace = trace
+        self.predicted = False  # the figures come from a fake-CUDA trace, not a GPU
+        self.not_checked = None  # why a budget could not be checked
+        self._trace = None
         self.limit = None
         self.measure_increase = False
         self.available = False
@@ -138,6 +152,7 @@ class CudaMemory:
         except ImportError:
             return
         if not torch.cuda.is_available():
+            self._begin_trace()
             return
         self.available = True
         self._funcs = _Funcs(torch)
@@ -150,8 +165,41 @@ class CudaMemory:
         self._funcs.reset_peak(self.device)
         self.start_allocated = self._funcs.allocated(self.device)
 
+    def _begin_trace(self):
+        if not self.allow_trace:
+            self.not_checked = "no CUDA device, and tracing is off (--max-cuda-memory-no-trace)"
+            return
+        try:
+            from .trace import Trace
+
+            t = Trace(gpu=self.gpu)
+            t.__enter__()
+        except Exception as e:  # an unsupported torch, an unknown GPU: say why, run anyway
+            self.not_checked = "no CUDA device, and the fake-CUDA tracer cannot run: %s" % e
+            return
+        self._trace = t
+        self.available = True
+        self.predicted = True
+        self.device = 0
+
+    def _end_trace(self):
+        t, self._trace = self._trace, None
+        t.__exit__(None, None, None)
+        try:
+            row = t.replay()[0]
+            self._final = (int(row["peak_allocated_bytes"]), int(row["peak_reserved_bytes"]))
+        except Exception as e:  # no CLI to replay with: the trace's own allocated peak
+            self._final = (t.peak_allocated, 0)
+            self.not_checked = None
+            warnings.warn(pytest.PytestWarning("vramroom: no replay of the trace (%s); "
+                                               "peak reserved unknown" % e))
+        self._traced = t
+
     def _end(self):
         if not self.available or self._final is not None:
+            return
+        if self.predicted:
+            self._end_trace()
             return
         self._funcs.synchronize(self.device)
         self._final = (
@@ -160,7 +208,10 @@ class CudaMemory:
         )
 
     def _stop_history(self):
-        if self.available and self._history:
+        if self._trace is not None:  # the test failed before its report: close the trace
+            self._trace.__exit__(None, None, None)
+            self._trace = None
+        if self.available and not self.predicted and self._history:
             self._funcs.record_history(False, 0)
 
     @property
@@ -195,7 +246,7 @@ class CudaMemory:
         return self.available and self.limit is not None and self.measured() > self.limit
 
     def _dump(self, directory, nodeid):
-        snap = self._funcs.snapshot()
+        snap = self._traced.snapshot_dict() if self.predicted else self._funcs.snapshot()
         os.makedirs(directory, exist_ok=True)
         name = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")[:150] or "test"
         path = os.path.join(directory, "%s.%d.pickle" % (name, int(time.time())))
@@ -219,6 +270,11 @@ def pytest_addoption(parser):
                      "(cheaper; no snapshot on failure)")
     g.addoption("--max-cuda-memory-entries", type=int, default=100000, metavar="N",
                 help="allocation history entries kept for the failure snapshot (default 100000)")
+    g.addoption("--max-cuda-memory-gpu", default="h100", metavar="NAME",
+                help="without CUDA, budgets are checked on a fake-CUDA trace for this GPU "
+                     "(h100, h200, a100, a100-40gb, l4; default h100)")
+    g.addoption("--max-cuda-memory-no-trace", action="store_true",
+                help="without CUDA, do not trace: run budgeted tests unchecked (a warning says so)")
 
 
 def pytest_configure(config):
@@ -245,7 +301,9 @@ _KEY = pytest.StashKey()
 
 def _start(item, marker):
     device = marker.kwargs.get("device") if marker is not None else None
-    rec = CudaMemory(device)
+    opt = item.config.getoption
+    rec = CudaMemory(device, gpu=opt("--max-cuda-memory-gpu"),
+                     trace=not opt("--max-cuda-memory-no-trace"))
     if marker is not None:
         if not marker.args and "limit" not in marker.kwargs:
             raise pytest.UsageError("%s: max_cuda_memory needs a limit, e.g. "
@@ -257,7 +315,6 @@ def _start(item, marker):
             raise pytest.UsageError("%s: %s" % (item.nodeid, e))
         scale = item.config.getoption("--max-cuda-memory-scale")
         rec.budget(max(1, int(n * scale)), marker.kwargs.get("increase", False))
-    opt = item.config.getoption
     rec._begin(not opt("--max-cuda-memory-no-history"), opt("--max-cuda-memory-entries"))
     item.stash[_KEY] = rec
     return rec
@@ -283,12 +340,17 @@ def pytest_runtest_makereport(item, call):
     if not rec.available:
         if rec.limit is not None:
             warnings.warn(pytest.PytestWarning(
-                "%s: no CUDA device, max_cuda_memory budget %s not checked"
-                % (item.nodeid, human(rec.limit))))
+                "%s: max_cuda_memory budget %s not checked: %s"
+                % (item.nodeid, human(rec.limit), rec.not_checked or "no CUDA device")))
         return
     what = "increase of allocated" if rec.measure_increase else "peak allocated"
-    line = "CUDA %s %s (peak reserved %s) on cuda:%s" % (
-        what, human(rec.measured()), human(rec.peak_reserved), rec.device)
+    if rec.predicted:
+        what = "predicted " + what
+        where = "%s (fake-CUDA trace, no GPU used)" % rec.gpu
+    else:
+        where = "cuda:%s" % rec.device
+    line = "CUDA %s %s (peak reserved %s) on %s" % (
+        what, human(rec.measured()), human(rec.peak_reserved), where)
     if rec.limit is not None:
         line += ", budget %s" % human(rec.limit)
     report.sections.append(("vramroom", line))
@@ -305,9 +367,9 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         report.longrepr = (
             "%s: CUDA memory over budget: %s %s (%d bytes) > budget %s (%d bytes); "
-            "peak reserved %s%s"
+            "peak reserved %s, on %s%s"
             % (item.nodeid, what, human(rec.measured()), rec.measured(), human(rec.limit),
-               rec.limit, human(rec.peak_reserved), hint)
+               rec.limit, human(rec.peak_reserved), where, hint)
         )
 
 

@@ -20,7 +20,8 @@ use std::collections::BTreeMap;
 
 use vramroom_alloc::{AllocatorConfig, Snapshot};
 use vramroom_trace::concurrency::{
-    attribution, predict_concurrency, size_cap_for, split_requests, LoadWhatIf,
+    attribution, predict_concurrency, size_cap_for, split_requests, LoadWhatIf, RequestSize,
+    Workload,
 };
 use serde::{Deserialize, Serialize};
 use tracing::warn;
@@ -299,7 +300,19 @@ pub fn predict(
             .target_concurrency
             .unwrap_or(((gentle_concurrency as u32) * 2).max(2));
         let own_config = AllocatorConfig::parse(own_conf).unwrap_or_default();
-        let size_cap = if w.requests.iter().any(|r| r.size.main().is_some()) {
+        out.notes.push(rests_on(d, w.requests.len()));
+        // The cap is stated in the unit that explains the requests' cost, or not at all.
+        let (basis, note) = cost_basis(&w);
+        if let Some(n) = note {
+            out.notes.push(format!("device {d}: {n}"));
+        }
+        let w = match basis {
+            CostBasis::Unit(u) => only_unit(&w, u),
+            _ => w,
+        };
+        let size_cap = if !matches!(basis, CostBasis::Unexplained)
+            && w.requests.iter().any(|r| r.size.main().is_some())
+        {
             match size_cap_for(
                 snap,
                 d,
@@ -368,6 +381,128 @@ pub fn predict(
             .push("the probe's snapshot holds no device trace (record_history off?)".into());
     }
     out
+}
+
+/// What a size cap may be stated in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum CostBasis {
+    /// Every request costs about the same: the tagged size (tokens, items, bytes) is as
+    /// good as any, and the cap is the largest recorded size that fits.
+    Constant,
+    /// The unit whose size explains the requests' own peaks best (R² at least `MIN_R2`).
+    Unit(&'static str),
+    /// The peaks vary and no tagged size explains them: no cap (a cap in such a unit, say
+    /// the body's bytes, would be a number that does not limit the cost).
+    Unexplained,
+    /// No request carried a size.
+    Untagged,
+}
+
+/// The least share of the per-request peaks' variance a size must explain to cap by it.
+const MIN_R2: f64 = 0.5;
+/// Peaks within this coefficient of variation count as one cost.
+const CONSTANT_CV: f64 = 0.10;
+
+/// R² of peak bytes against `size` over the requests that carry it (`None`: fewer than
+/// 3, or every size the same).
+fn r2_of(w: &Workload, size: impl Fn(&RequestSize) -> Option<u64>) -> Option<(usize, f64)> {
+    let pts: Vec<(f64, f64)> = w
+        .requests
+        .iter()
+        .filter_map(|r| size(&r.size).map(|s| (s as f64, r.peak_bytes as f64)))
+        .collect();
+    let n = pts.len();
+    if n < 3 {
+        return None;
+    }
+    let nf = n as f64;
+    let mx = pts.iter().map(|p| p.0).sum::<f64>() / nf;
+    let my = pts.iter().map(|p| p.1).sum::<f64>() / nf;
+    let (mut sxx, mut syy, mut sxy) = (0.0, 0.0, 0.0);
+    for (x, y) in &pts {
+        sxx += (x - mx) * (x - mx);
+        syy += (y - my) * (y - my);
+        sxy += (x - mx) * (y - my);
+    }
+    if sxx <= 0.0 || syy <= 0.0 {
+        return None;
+    }
+    Some((n, (sxy * sxy) / (sxx * syy)))
+}
+
+/// Which unit, if any, the size cap may be measured in, and a note saying why.
+fn cost_basis(w: &Workload) -> (CostBasis, Option<String>) {
+    if !w.requests.iter().any(|r| r.size.main().is_some()) {
+        return (CostBasis::Untagged, None);
+    }
+    let peaks: Vec<f64> = w.requests.iter().map(|r| r.peak_bytes as f64).collect();
+    let n = peaks.len() as f64;
+    let mean = peaks.iter().sum::<f64>() / n;
+    let sd = (peaks.iter().map(|p| (p - mean) * (p - mean)).sum::<f64>() / n).sqrt();
+    if mean <= 0.0 || sd / mean <= CONSTANT_CV {
+        return (CostBasis::Constant, None);
+    }
+    let fits: Vec<(&'static str, usize, f64)> = [
+        ("tokens", r2_of(w, |s: &RequestSize| s.tokens)),
+        ("items", r2_of(w, |s: &RequestSize| s.items)),
+        ("bytes", r2_of(w, |s: &RequestSize| s.bytes)),
+    ]
+    .into_iter()
+    .filter_map(|(u, f)| f.map(|(k, r2)| (u, k, r2)))
+    .collect();
+    let listed = fits
+        .iter()
+        .map(|(u, k, r2)| format!("{u} R²={r2:.2} over {k}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let best = fits.iter().copied().max_by(|a, b| a.2.total_cmp(&b.2));
+    match best {
+        Some((u, k, r2)) if r2 >= MIN_R2 => (
+            CostBasis::Unit(u),
+            Some(format!(
+                "size cap in {u}: they explain R²={r2:.2} of the per-request peaks over {k} requests ({listed})"
+            )),
+        ),
+        _ => (
+            CostBasis::Unexplained,
+            Some(format!(
+                "no size cap: the per-request peaks vary (cv {:.2}) and nothing the run saw explains them ({}); tag each request's cost with probe.request(tokens=..., items=...)",
+                sd / mean,
+                if listed.is_empty() {
+                    "no size varies".to_string()
+                } else {
+                    listed
+                }
+            )),
+        ),
+    }
+}
+
+/// `w` with each request's size reduced to `unit` (so caps and fits are stated in it).
+fn only_unit(w: &Workload, unit: &'static str) -> Workload {
+    let mut w = w.clone();
+    for r in &mut w.requests {
+        r.size = RequestSize {
+            tokens: r.size.tokens.filter(|_| unit == "tokens"),
+            items: r.size.items.filter(|_| unit == "items"),
+            bytes: r.size.bytes.filter(|_| unit == "bytes"),
+        };
+    }
+    w
+}
+
+/// How many requests the prediction rests on, and what few of them mean.
+fn rests_on(d: usize, n: usize) -> String {
+    // A request kind that is 1 in 10 of the traffic is absent from n samples with
+    // probability 0.9^n: below ~30 the large requests that set the OOM point may be unseen.
+    let miss = 0.9f64.powi(n.min(10_000) as i32) * 100.0;
+    if n < 30 {
+        format!(
+            "device {d}: the prediction rests on {n} request(s) only: a request kind 1 in 10 of the traffic is missed with probability {miss:.0}%, and the first OOM may be over-predicted by a step or more (send more requests in the gentle run; if it sent more, the probe's history ring held only these: let it size itself, max_entries=None, or raise it)"
+        )
+    } else {
+        format!("device {d}: the prediction rests on {n} requests (a kind 1 in 10 of the traffic is missed with probability {miss:.1}%)")
+    }
 }
 
 /// What a ramp saw: the concurrency of the first stage with an OOM (an answer naming one,

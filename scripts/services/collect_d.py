@@ -639,7 +639,7 @@ def summary_text(recs, only, fake=False):
             "%s/%s" % (fmt(r.get("prediction_requests")), fmt(r.get("gentle_requests_sent"))),
             ",".join(fmt(x) for x in r.get("observed_first_ooms") or []) or "-",
             fmt(r.get("spread_steps")), fmt(r.get("within_one_step_count")),
-            (w.get("conf") or "-")[:20].replace("expandable_segments:", "exp:"),
+            (w.get("conf") or "-").replace("expandable_segments:", "exp:")[:12],
             "%s/%s %s" % (fmt(w.get("predicted")), fmt(w.get("first_oom")),
                           {True: "ok", False: "OFF", None: "?"}[w.get("within_one_step")]),
             capt))

@@ -26,7 +26,10 @@ def run(prog, a):
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     t0 = time.time()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=PROGRAMS)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=PROGRAMS, timeout=a.timeout)
+    except subprocess.TimeoutExpired:
+        return prog, 124, time.time() - t0, None, "timed out after %ds" % a.timeout
     wall = time.time() - t0
     rep = None
     if r.returncode == 0:
@@ -43,6 +46,7 @@ def main():
     ap.add_argument("--gpu", default="h100")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--timeout", type=int, default=600)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     progs = sorted(f[:-3] for f in os.listdir(PROGRAMS) if f.endswith(".py") and not f.startswith("_"))

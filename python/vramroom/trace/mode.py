@@ -21,6 +21,7 @@ def _mode_class():
     )
 
     from .capture import UnsupportedOp
+    from .values import UNKNOWN as _UNKNOWN, Values
 
     aten = torch.ops.aten
     local_scalar = aten._local_scalar_dense.default
@@ -47,6 +48,8 @@ def _mode_class():
             self._vr = rec
             self._vh = hidden
             self._depth = 0
+            self._vals = Values()
+            rec.unknown_reads = 0
 
         # Keep the no-op CUDA guard although torch.cuda.is_available() answers True under
         # the trace.
@@ -57,8 +60,16 @@ def _mode_class():
             kwargs = kwargs or {}
             if func is local_scalar:
                 t = args[0]
-                # No data: numbers answer 1 (a step counter, a divisor), booleans False (a
-                # nan/inf check passes). Counted in Trace.warnings.
+                v = self._vals.get(t)
+                if v is not _UNKNOWN:
+                    return v
+                # No data and no known value: numbers answer 1 (a step counter, a divisor),
+                # booleans False (a nan/inf check passes). Counted in Trace.warnings.
+                rec.unknown_reads += 1
+                if rec.unknown_reads > 100000:
+                    raise UnsupportedOp(func, "the program keeps reading tensor values the "
+                                        "fake run does not have (control flow that depends "
+                                        "on data, e.g. a loop until a condition holds)")
                 if t.dtype == torch.bool:
                     rec.warn("bool(t) / t.item() of a fake %s bool tensor answered False" % t.device.type)
                     return False
@@ -87,6 +98,7 @@ def _mode_class():
                 self._depth -= 1
             if self._depth or not rec.active:
                 return out
+            self._vals.after(func, args, kwargs, out)
             hid = self._vh
             if func in hid.conv_bwd:
                 self._conv_backward(args, out)

@@ -1,0 +1,221 @@
+"""vramroom.trace: PyTorch programs traced on fake CUDA, on a CPU-only machine.
+
+Needs a CUDA build of PyTorch 2.11 (no GPU); skipped when torch is absent. Each test runs its
+trace in a fresh interpreter (the tracer patches torch.cuda for the trace and PyTorch's CUDA
+hooks for the process) and reads a JSON summary back.
+"""
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="vramroom.trace tests need PyTorch (CPU-only machine is fine)")
+if not hasattr(torch, "_subclasses") or not torch.__version__.startswith("2.11"):
+    pytest.skip("vramroom.trace supports PyTorch 2.11.x; this is %s" % getattr(torch, "__version__", "?"),
+                allow_module_level=True)
+if torch.version.cuda is None:
+    pytest.skip("vramroom.trace needs a CUDA build of PyTorch (no GPU needed)", allow_module_level=True)
+
+MIB = 1 << 20
+CUBLAS = 32 * MIB  # Hopper's cuBLAS handle workspace (cuda_hidden.json, sm90)
+LT = 1 * MIB
+
+
+def _binary():
+    env = os.environ.get("VRAMROOM_BIN")
+    if env and os.path.exists(env):
+        return env
+    for p in (Path(sys.executable).parent / "vramroom",
+              Path(__file__).resolve().parents[2] / "target" / "release" / "vramroom"):
+        if p.exists():
+            return str(p)
+    return shutil.which("vramroom")
+
+
+def _env():
+    e = dict(os.environ)
+    e.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    import vramroom
+
+    e["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(vramroom.__file__).resolve().parents[1])] + [p for p in [e.get("PYTHONPATH")] if p])
+    b = _binary()
+    if b:
+        e["VRAMROOM_BIN"] = b
+    return e
+
+
+def run_traced(body, tmp_path, gpu="h100"):
+    """Runs `body` (Python, with torch imported) under vramroom.trace in a fresh interpreter;
+    returns the events (action, size, stream) and the Trace's summary."""
+    src = textwrap.dedent("""
+        import json, pickle, sys, torch
+        import vramroom.trace as vt
+        with vt.trace(gpu=%r) as t:
+        %s
+        t.snapshot(%r)
+        json.dump({"events": [[e[0], e[2], e[3]] for e in t.events],
+                   "peak": t.peak_allocated, "warnings": t.warnings,
+                   "hidden": t.hidden_stats,
+                   "frames": [[list(f) for f in e[4][:3]] for e in t.events]},
+                  open(%r, "w"))
+    """) % (gpu, textwrap.indent(textwrap.dedent(body), "    "), str(tmp_path / "snap.pickle"),
+            str(tmp_path / "out.json"))
+    script = tmp_path / "traced.py"
+    script.write_text(src)
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=_env(),
+                       timeout=600)
+    if p.returncode != 0:
+        raise AssertionError("traced program failed:\n%s\n%s" % (p.stdout, p.stderr))
+    return json.loads((tmp_path / "out.json").read_text())
+
+
+def allocs(events):
+    return [(e[1], e[2]) for e in events if e[0] == "alloc"]
+
+
+MLP = """
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).cuda()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.randn(2, 8, device="cuda")
+"""
+
+
+def test_mlp_train_step_allocates_what_cuda_would(tmp_path):
+    out = run_traced(MLP + """
+    loss = m(x).sum()
+    loss.backward()
+    opt.step()
+    """, tmp_path)
+    ev = out["events"]
+    sizes = [s for s, _ in allocs(ev)]
+    # .cuda(): each parameter once, in order (w1 16x8, b1 16, w2 4x16, b2 4 floats), then x.
+    assert sizes[:5] == [512, 64, 256, 16, 64]
+    # Forward: addmm's output, then the first matmul's cuBLAS workspace and (bias: cuBLASLt)
+    # its workspace; relu's output; the second addmm; the sum.
+    assert sizes[5:11] == [2 * 16 * 4, CUBLAS, LT, 2 * 16 * 4, 2 * 4 * 4, 4]
+    # Backward runs on autograd's device thread: its own cuBLAS handle, once.
+    assert sizes.count(CUBLAS) == 2 and sizes.count(LT) == 1
+    # Every parameter gets a gradient of its own size.
+    for p in (512, 64, 256, 16):
+        assert sizes.count(p) >= 2, (p, sizes)
+    # Frees come in request/complete pairs on the default stream.
+    req = [e for e in ev if e[0] == "free_requested"]
+    comp = [e for e in ev if e[0] == "free_completed"]
+    assert len(req) == len(comp) and all(e[2] == 0 for e in ev)
+    # The user's lines are in the frames.
+    assert any("traced.py" in f[0] for fr in out["frames"] for f in fr)
+
+
+def test_forward_only_holds_less_than_training(tmp_path):
+    fwd = run_traced(MLP + """
+    with torch.no_grad():
+        y = m(x)
+    """, tmp_path)
+    train = run_traced(MLP + """
+    m(x).sum().backward()
+    opt.step()
+    """, tmp_path)
+    assert fwd["peak"] < train["peak"]
+    assert [s for s, _ in allocs(fwd["events"])].count(CUBLAS) == 1
+
+
+def test_snapshot_replays_in_the_cli(tmp_path):
+    b = _binary()
+    if not b:
+        pytest.skip("no vramroom binary (VRAMROOM_BIN, the package's, or PATH)")
+    out = run_traced(MLP + """
+    for _ in range(2):
+        m(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    """, tmp_path)
+    snap = pickle.load(open(tmp_path / "snap.pickle", "rb"))
+    assert set(snap) >= {"segments", "device_traces", "allocator_settings"}
+    assert snap["device_traces"][0][0]["action"] == "alloc"
+    p = subprocess.run([b, "replay", "--json", str(tmp_path / "snap.pickle")],
+                       capture_output=True, text=True, check=True)
+    (row,) = json.loads(p.stdout)
+    assert row["num_ooms"] == 0
+    assert row["peak_allocated_bytes"] == out["peak"]
+    assert row["peak_reserved_bytes"] >= row["peak_allocated_bytes"]
+
+
+def test_unmodellable_ops_are_named(tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text("import torch\nx = torch.randn(10, device='cuda')\nprint(torch.nonzero(x > 0))\n")
+    p = subprocess.run([sys.executable, "-m", "vramroom.trace", "--", str(script)],
+                       capture_output=True, text=True, env=_env(), timeout=600)
+    assert p.returncode == 2
+    assert "aten.nonzero" in p.stderr and "data-dependent" in p.stderr
+    script.write_text("import torch\nf = torch.compile(lambda x: x * 2)\nf(torch.randn(3, device='cuda'))\n")
+    p = subprocess.run([sys.executable, "-m", "vramroom.trace", "--", str(script)],
+                       capture_output=True, text=True, env=_env(), timeout=600)
+    assert p.returncode == 2 and "torch.compile" in p.stderr
+
+
+def test_bad_input_exits_2(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "vramroom.trace", "--gpu", "v100", "--", "x.py"],
+                       capture_output=True, text=True, env=_env(), timeout=600)
+    assert p.returncode == 2 and "unknown --gpu" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "vramroom.trace", "--", str(tmp_path / "none.py")],
+                       capture_output=True, text=True, env=_env(), timeout=600)
+    assert p.returncode == 2 and "no such script" in p.stderr
+
+
+def test_other_pytorch_versions_are_refused(monkeypatch):
+    from vramroom.trace import TraceError, check_torch
+
+    monkeypatch.setattr(torch, "__version__", "2.9.1+cu128")
+    with pytest.raises(TraceError, match=r"2\.11\.x only.*2\.9\.1"):
+        check_torch()
+
+
+def test_side_stream_and_record_stream(tmp_path):
+    out = run_traced("""
+    x = torch.randn(256, 256, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        y = x * 2            # allocated on the side stream
+    torch.cuda.current_stream().wait_stream(s)
+    y.record_stream(torch.cuda.current_stream())
+    z = y + 1
+    del y                    # free requested now; completes when the allocator next looks
+    w = torch.empty(1000, device="cuda")
+    torch.cuda.synchronize()
+    """, tmp_path)
+    ev = out["events"]
+    side = [e for e in ev if e[0] == "alloc" and e[2] != 0]
+    assert len(side) == 1 and side[0][1] == 256 * 256 * 4
+    sid = side[0][2]
+    i = next(k for k, e in enumerate(ev) if e[0] == "free_requested" and e[2] == sid)
+    # Deferred (record_stream): completed by the next allocation's event processing, just
+    # before it, not at the free.
+    j = next(k for k, e in enumerate(ev) if e[0] == "free_completed" and e[2] == sid)
+    assert j > i and ev[j + 1][0] == "alloc" and ev[j + 1][1] == 4000
+
+
+def test_cuda_api_answers_from_the_trace(tmp_path):
+    out = run_traced("""
+    assert torch.cuda.is_available() and torch.cuda.device_count() == 1
+    assert torch.cuda.get_device_name() == "NVIDIA H100 80GB HBM3"
+    assert torch.cuda.get_device_capability() == (9, 0)
+    a = torch.empty(1024, device="cuda")
+    assert torch.cuda.memory_allocated() == 4096
+    del a
+    assert torch.cuda.memory_allocated() == 0
+    assert torch.cuda.max_memory_allocated() == 4096
+    torch.cuda.empty_cache()
+    b = torch.zeros(3, device="cuda")
+    print(float(b.sum().item()))
+    """, tmp_path)
+    assert out["events"][0][:2] == ["alloc", 4096]
+    assert any("item()" in w for w in out["warnings"])

@@ -1,33 +1,42 @@
 #!/usr/bin/env bash
-# Builds the vramroom wheel into dist/: the CLI binary and libvramroom_torch.so (cargo, release),
-# copied into python/vramroom/, then the PyO3 extension and the wheel (maturin, release, the
-# same target dir: the workspace's crates compile once for both).
-# Usage: scripts/build_wheel.sh [--prebuilt] [MATURIN]
+# Builds the vramroom wheel (and sdist) into dist/: the CLI binary and libvramroom_torch.so,
+# copied into python/vramroom/, then the PyO3 extension and the wheel (maturin).
+#
+# Usage: scripts/build_wheel.sh [--native] [MATURIN]
 #   MATURIN: the maturin command (default: maturin).
-#   --prebuilt: take target/release/vramroom and libvramroom_torch.so as they are (CI: its
-#   `cargo test --workspace --release` has just built both), instead of running cargo build,
-#   whose different feature set would compile the workspace a second time.
+#   default: everything is linked against glibc 2.28 through zig (cargo-zigbuild and
+#     maturin --zig; `pip install ziglang cargo-zigbuild maturin`), so the wheel is
+#     manylinux_2_28 — RHEL 8+/9, Amazon Linux 2023, Ubuntu 20.04, Debian 11, like
+#     PyTorch's own wheels. The build fails if any binary needs a newer glibc than that.
+#   --native: the host's own toolchain and glibc (faster to iterate; the tag is then whatever
+#     the binaries need, e.g. manylinux_2_35 on a glibc 2.36 host).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PREBUILT=0
-if [ "${1:-}" = "--prebuilt" ]; then
-    PREBUILT=1
+NATIVE=0
+if [ "${1:-}" = "--native" ]; then
+    NATIVE=1
     shift
 fi
 MATURIN=${1:-maturin}
 TARGET=${CARGO_TARGET_DIR:-$PWD/target}
-if [ "$PREBUILT" = 0 ]; then
+BASELINE=28 # manylinux_2_28: the newest glibc symbol version the wheel may need
+if [ "$NATIVE" = 0 ]; then
+    if ! command -v cargo-zigbuild >/dev/null 2>&1; then
+        echo "build_wheel.sh: cargo-zigbuild is not on PATH (pip install ziglang cargo-zigbuild)," \
+            "or use --native" >&2
+        exit 2
+    fi
+    TRIPLE=x86_64-unknown-linux-gnu
+    cargo zigbuild --release --target "$TRIPLE.2.$BASELINE" -p vramroom -p vramroom-torch
+    OUTDIR=$TARGET/$TRIPLE/release
+    MATURIN_ARGS=(--zig --target "$TRIPLE" --compatibility "manylinux_2_$BASELINE")
+else
     cargo build --release -p vramroom -p vramroom-torch
+    OUTDIR=$TARGET/release
+    MATURIN_ARGS=()
 fi
-# `cargo test` builds the cdylib into release/deps/ but does not copy it up to release/ (only
-# `cargo build` does), so the newer of the two is the one to ship.
-LIB=$TARGET/release/libvramroom_torch.so
-if [ -f "$TARGET/release/deps/libvramroom_torch.so" ] &&
-    { [ ! -f "$LIB" ] || [ "$TARGET/release/deps/libvramroom_torch.so" -nt "$LIB" ]; }; then
-    LIB=$TARGET/release/deps/libvramroom_torch.so
-fi
-for f in "$TARGET/release/vramroom" "$LIB"; do
-    [ -f "$f" ] || { echo "build_wheel.sh: $f is missing (run without --prebuilt)" >&2; exit 2; }
+for f in "$OUTDIR/vramroom" "$OUTDIR/libvramroom_torch.so"; do
+    [ -f "$f" ] || { echo "build_wheel.sh: $f is missing" >&2; exit 2; }
 done
 mkdir -p python/vramroom/_bin
 # The release profile keeps line tables (debug = 1) for profiling; the wheel does not need them.
@@ -39,35 +48,38 @@ strip_copy() {
     fi
     chmod "$3" "$2"
 }
-strip_copy "$TARGET/release/vramroom" python/vramroom/_bin/vramroom 755
-strip_copy "$LIB" python/vramroom/libvramroom_torch.so 644
+strip_copy "$OUTDIR/vramroom" python/vramroom/_bin/vramroom 755
+strip_copy "$OUTDIR/libvramroom_torch.so" python/vramroom/libvramroom_torch.so 644
 rm -rf dist
 # The manylinux tag is checked, not assumed. maturin audits the extension it builds; the CLI
 # binary and the allocator library ride along as package data, so they are audited here the
 # same way (PEP 600): they may link only the libraries every glibc system has, and the
-# newest glibc symbol version any of them needs is the tag's baseline. When readelf/objdump
-# are missing, or a file fails the check, the wheel is tagged plain `linux` and says why.
-COMPAT=linux
+# newest glibc symbol version any of them needs must not pass the tag's baseline.
 MANYLINUX_LIBS=" libc.so.6 libm.so.6 libgcc_s.so.1 libpthread.so.0 libdl.so.2 librt.so.1 ld-linux-x86-64.so.2 "
-if command -v readelf >/dev/null 2>&1 && command -v objdump >/dev/null 2>&1 &&
-    [ "$(uname -m)" = x86_64 ]; then
-    GLIBC_MINOR=17
-    for f in python/vramroom/_bin/vramroom python/vramroom/libvramroom_torch.so; do
-        for lib in $(readelf -d "$f" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p'); do
-            case "$MANYLINUX_LIBS" in
-            *" $lib "*) ;;
-            *) echo "build_wheel.sh: $f links $lib, outside manylinux: tagging linux" >&2
-                GLIBC_MINOR= ;;
-            esac
-        done
-        [ -n "$GLIBC_MINOR" ] || break
-        m=$(objdump -T "$f" | grep -o 'GLIBC_2\.[0-9]*' | sed 's/GLIBC_2\.//' | sort -n | tail -1)
-        [ -n "$m" ] && [ "$m" -gt "$GLIBC_MINOR" ] && GLIBC_MINOR=$m
-    done
-    [ -n "$GLIBC_MINOR" ] && COMPAT=manylinux_2_$GLIBC_MINOR
-else
-    echo "build_wheel.sh: no readelf/objdump (or not x86_64): tagging linux, not manylinux" >&2
+if ! command -v readelf >/dev/null 2>&1 || ! command -v objdump >/dev/null 2>&1; then
+    echo "build_wheel.sh: readelf/objdump (binutils) are needed to check the manylinux tag" >&2
+    exit 2
 fi
-echo "build_wheel.sh: wheel tag $COMPAT"
-CARGO_TARGET_DIR=$TARGET "$MATURIN" build --release --compatibility "$COMPAT" -o dist
-ls -l dist/*.whl
+NEED=17
+for f in python/vramroom/_bin/vramroom python/vramroom/libvramroom_torch.so; do
+    for lib in $(readelf -d "$f" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p'); do
+        case "$MANYLINUX_LIBS" in
+        *" $lib "*) ;;
+        *) echo "build_wheel.sh: $f links $lib, outside manylinux" >&2; exit 1 ;;
+        esac
+    done
+    m=$(objdump -T "$f" | grep -o 'GLIBC_2\.[0-9]*' | sed 's/GLIBC_2\.//' | sort -n | tail -1)
+    [ -n "$m" ] && [ "$m" -gt "$NEED" ] && NEED=$m
+done
+if [ "$NATIVE" = 0 ]; then
+    if [ "$NEED" -gt "$BASELINE" ]; then
+        echo "build_wheel.sh: the binaries need glibc 2.$NEED, newer than manylinux_2_$BASELINE" >&2
+        exit 1
+    fi
+else
+    MATURIN_ARGS=(--compatibility "manylinux_2_$NEED")
+fi
+echo "build_wheel.sh: binaries need glibc 2.$NEED; wheel tag ${MATURIN_ARGS[*]}"
+CARGO_TARGET_DIR=$TARGET "$MATURIN" build --release "${MATURIN_ARGS[@]}" -o dist
+CARGO_TARGET_DIR=$TARGET "$MATURIN" sdist -o dist
+ls -l dist/

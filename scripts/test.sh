@@ -6,7 +6,7 @@
 #    torchvision and transformers from PyPI, in a venv outside the checkout
 #    ($VRAMROOM_CI_CACHE, default ~/.cache/vramroom-ci) for the fake-CUDA tracer's tests.
 # 2. `cargo test --workspace --release`, then the NVRTC-only tests when NVRTC was found.
-# 3. The wheel (scripts/build_wheel.sh --prebuilt), installed into a fresh venv with no Rust
+# 3. The wheel (scripts/build_wheel.sh, manylinux_2_28), installed into a fresh venv with no Rust
 #    and no torch on its path, and python/tests run against it from outside the tree; then
 #    the tracer's tests again in the torch venv, where they do not skip.
 # 4. A count of every test that did not run, by reason: GPU tests are `#[ignore]`d with the
@@ -59,14 +59,14 @@ if [ "$HAVE_NVRTC" = 1 ]; then
     cargo test --release -p vramroom-cuda --test kernels -- --include-ignored 2>&1 | tee "$LOG/nvrtc.log"
 fi
 
-# The Python package: the wheel from the release build above (the CLI and the allocator
-# library as built; maturin compiles only the extension, in the same target dir).
+# The Python package: the manylinux_2_28 wheel, its binaries linked against glibc 2.28 by
+# zig (scripts/build_wheel.sh; a second build of the CLI's crates, for that target).
 PYCACHE=$ROOT/.ci-cache
-if [ ! -x "$PYCACHE/venv-build/bin/maturin" ]; then
+if [ ! -x "$PYCACHE/venv-build/bin/cargo-zigbuild" ]; then
     python3 -m venv "$PYCACHE/venv-build"
-    "$PYCACHE/venv-build/bin/python" -m pip install -q "maturin>=1.5,<2"
+    "$PYCACHE/venv-build/bin/python" -m pip install -q "maturin>=1.5,<2" ziglang cargo-zigbuild
 fi
-scripts/build_wheel.sh --prebuilt "$PYCACHE/venv-build/bin/maturin"
+PATH="$PYCACHE/venv-build/bin:$PATH" scripts/build_wheel.sh "$PYCACHE/venv-build/bin/maturin"
 rm -rf "$PYCACHE/venv-test"
 python3 -m venv "$PYCACHE/venv-test"
 "$PYCACHE/venv-test/bin/python" -m pip install -q dist/vramroom-*.whl pytest

@@ -64,6 +64,13 @@ def test_budgets_are_checked_against_the_traced_prediction(pytester):
 def test_no_trace_keeps_the_old_warning(pytester):
     if torch.cuda.is_available():
         pytest.skip("a GPU is here")
-    r = _run(pytester, "--max-cuda-memory-no-trace", "-W", "default")
-    r.assert_outcomes(passed=3)
+    pytester.makepyfile(test_cpu="""
+import pytest, torch
+@pytest.mark.max_cuda_memory("1MiB")
+def test_on_the_cpu():
+    assert torch.zeros(1024).sum().item() == 0
+""")
+    r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "default",
+                                      "--max-cuda-memory-no-trace")
+    r.assert_outcomes(passed=1, warnings=1)
     assert "not checked: no CUDA device, and tracing is off" in r.stdout.str()

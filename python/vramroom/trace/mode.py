@@ -26,6 +26,9 @@ def _mode_class():
     aten = torch.ops.aten
     local_scalar = aten._local_scalar_dense.default
     record_stream = aten.record_stream.default
+    add_tensor = aten.add.Tensor
+    add_inplace = aten.add_.Tensor
+    ACC_USE_COUNT = 4
     fake_errors = (DataDependentOutputException, DynamicOutputShapeException,
                    UnsupportedOperatorException)
     try:
@@ -50,6 +53,7 @@ def _mode_class():
             self._depth = 0
             self._vals = Values()
             rec.unknown_reads = 0
+            rec.accumulations = 0
 
         # Keep the no-op CUDA guard although torch.cuda.is_available() answers True under
         # the trace.
@@ -82,6 +86,14 @@ def _mode_class():
                 if isinstance(t, FakeTensor) and t.device.type == "cuda":
                     rec.record_stream(t.untyped_storage(), args[1])
                 return None
+            if func is add_tensor and not self._depth and self._vr.active and \
+                    threading.get_ident() != rec.main_ident and self._accumulates(args, kwargs):
+                # autograd's InputBuffer::accumulate: on CUDA the engine adds a second
+                # gradient into the first in place when it holds the only reference
+                # (`old_var.add_(var)`); for tensor subclasses it never does, so a fake run
+                # would allocate a sum the GPU does not.
+                func = add_inplace
+                rec.accumulations += 1
             # Only the outermost op allocates: what a fake kernel runs inside (a
             # decomposition for an op with no meta kernel) is one CUDA kernel on the GPU.
             self._depth += 1
@@ -128,6 +140,21 @@ def _mode_class():
                                             x.dtype, x.element_size())
                     rec.hidden_temp(ws, frames=fr)
             return out
+
+        def _accumulates(self, args, kwargs):
+            if len(args) != 2 or kwargs.get("alpha", 1) != 1 or torch.is_grad_enabled():
+                return False
+            a, b = args
+            if not (isinstance(a, FakeTensor) and isinstance(b, FakeTensor)):
+                return False
+            if a.device.type != "cuda" or a.shape != b.shape or a.dtype != b.dtype:
+                return False
+            if a.requires_grad or a._base is not None or not a.is_contiguous():
+                return False
+            # the engine's buffer, the dispatcher's argument and the Python wrapper: no
+            # other holder (a .grad, a saved tensor, a second edge of the same gradient)
+            return a._use_count() <= ACC_USE_COUNT and torch._C._storage_Use_Count(
+                a.untyped_storage()._cdata) <= 2
 
         def _conv_backward(self, args, out):
             rec, hid = self._vr, self._vh

@@ -27,6 +27,8 @@ def _mode_class():
     local_scalar = aten._local_scalar_dense.default
     record_stream = aten.record_stream.default
     add_tensor = aten.add.Tensor
+    pin_memory = aten._pin_memory.default
+    is_pinned = aten.is_pinned.default
     add_inplace = aten.add_.Tensor
     ACC_USE_COUNT = 4
     fake_errors = (DataDependentOutputException, DynamicOutputShapeException,
@@ -81,6 +83,11 @@ def _mode_class():
                 if t.dtype.is_floating_point:
                     return 1.0
                 return 1
+            if func is pin_memory:
+                # page-locked host memory: not the GPU's, and a fake tensor has no pages
+                return args[0]
+            if func is is_pinned:
+                return False
             if func is record_stream:
                 t = args[0]
                 if isinstance(t, FakeTensor) and t.device.type == "cuda":

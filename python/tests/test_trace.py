@@ -221,3 +221,22 @@ def test_cuda_api_answers_from_the_trace(tmp_path):
     """, tmp_path)
     assert out["events"][0][:2] == ["alloc", 4096]
     assert sum(n for w, n in out["warnings"].items() if "item()" in w) == 1
+
+
+def test_empty_cache_is_replayed(tmp_path):
+    b = _binary()
+    if not b:
+        pytest.skip("no vramroom binary (VRAMROOM_BIN, the package's, or PATH)")
+    peaks = []
+    for ec in ("", "torch.cuda.empty_cache()"):
+        run_traced("""
+        a = torch.empty(2**28, device="cuda")
+        del a
+        %s
+        b = torch.empty(2**28 + 2**20, device="cuda")
+        """ % ec, tmp_path)
+        p = subprocess.run([b, "replay", "--json", str(tmp_path / "snap.pickle")],
+                           capture_output=True, text=True, check=True)
+        peaks.append(json.loads(p.stdout)[0]["peak_reserved_bytes"])
+    # Without empty_cache the 1 GiB segment stays cached beside the new one.
+    assert peaks[0] == peaks[1] + 2**30

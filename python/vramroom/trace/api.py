@@ -128,6 +128,9 @@ class Trace:
         self._set(torch, "compile", _refuse_compile)
         self._mode = make_mode(rec, hid)
         self._mode.__enter__()
+        from .evidence import Collector  # evidence for the diagnosis (evidence.py)
+
+        self._ev = Collector(rec).install()
         return self
 
     def _set(self, obj, name, value):
@@ -142,6 +145,7 @@ class Trace:
         finally:
             import gc
 
+            self._ev.uninstall()
             # Frees that Python's cycle collector would find: not the program's peak, but
             # keep the events of this region whole before closing it.
             self._rec.close()
@@ -174,20 +178,35 @@ class Trace:
         d["sdpa"] = dict(self._rec.sdpa_choices)
         return d
 
+    def default_capacity(self):
+        """The target GPU's memory less the CUDA context (which PyTorch does not count)."""
+        from .hidden import load_table
+
+        ctx = load_table()["archs"][self.gpu.arch].get("cuda_context_bytes", 0)
+        return self.gpu.total_memory - ctx
+
     def snapshot_dict(self):
         from . import snapshot
 
         return snapshot.build(self._rec.events)
 
     def snapshot(self, path):
-        from . import snapshot
+        from . import evidence, snapshot
 
+        evidence.write(self.evidence(), evidence_path(path))
         return snapshot.write(self._rec.events, path)
+
+    def evidence(self):
+        """The diagnosis's evidence (evidence.py): categories, backward calls, iteration
+        boundaries and the user's file:line of each; `vramroom replay --evidence` reads it."""
+        return self._ev.evidence()
 
     def replay(self, capacity=None, alloc_conf=None, what_if=(), min_capacity=False):
         """`vramroom replay --json` on this trace: one dict per config (the first is
         `alloc_conf`, default PyTorch's)."""
         cap = capacity if capacity is not None else (self._rec.capacity or self.capacity)
+        if cap is None:
+            cap = self.default_capacity()
         fd, path = tempfile.mkstemp(suffix=".pickle", prefix="vramroom-trace-")
         os.close(fd)
         try:
@@ -196,6 +215,11 @@ class Trace:
                                    what_if=what_if, min_capacity=min_capacity)
         finally:
             os.unlink(path)
+
+
+def evidence_path(snapshot_path):
+    """The evidence written beside a snapshot: `s.pickle` -> `s.evidence.json`."""
+    return os.path.splitext(snapshot_path)[0] + ".evidence.json"
 
 
 def _refuse_compile(*a, **k):

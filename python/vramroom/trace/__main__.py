@@ -128,4 +128,9 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The traced program's interpreter teardown (autograd's device threads, weakref
+    # callbacks into a closed trace) has nothing left to report: leave without it.
+    os._exit(rc)

@@ -62,7 +62,8 @@ _SKIP = (
     "/torch/_compile.py",
     "<frozen ",
 )
-MAX_FRAMES = 48
+MAX_FRAMES = 32  # kept (the user's and the libraries' frames)
+MAX_WALK = 80  # looked at
 ADDR_BASE = 0x7F0000000000
 STREAM_BASE = 0x5A0000000000
 
@@ -181,7 +182,9 @@ class Recorder:
         f = sys._getframe(2)
         out = []
         cache = self._frames_cache
-        while f is not None and len(out) < MAX_FRAMES:
+        walked = 0
+        while f is not None and len(out) < MAX_FRAMES and walked < MAX_WALK:
+            walked += 1
             co = f.f_code
             key = (co, f.f_lineno)
             fr = cache.get(key)

@@ -1,5 +1,5 @@
 """Traces every corpus program on fake CUDA (no GPU): one fresh process per program
-(`python -m vramroom.trace`), snapshots into OUT/PROG__default.pickle and the trace times
+(vramroom.trace.run_script), snapshots into OUT/PROG__default.pickle and the trace times
 into OUT/times.json, for compare.py.
 
     PYTHONPATH=python python scripts/trace_corpus/trace_all.py --out /tmp/traced [--gpu h100]
@@ -21,8 +21,14 @@ PROGRAMS = os.path.join(HERE, "programs")
 
 def run(prog, a):
     out = os.path.join(a.out, prog + "__default.pickle")
-    cmd = [sys.executable, "-m", "vramroom.trace", "--gpu", a.gpu, "--json",
-           "--snapshot-out", out, "--", os.path.join(PROGRAMS, prog + ".py")]
+    code = ("import json, sys, time; import vramroom.trace as vt; t0 = time.perf_counter(); "
+            "t = vt.run_script(%r, [], gpu=%r, snapshot_out=%r); "
+            "print('\\n' + json.dumps({'trace_seconds': round(time.perf_counter() - t0, 3), "
+            "'peak_allocated': t.peak_allocated, 'events': len(t.events), "
+            "'warnings': t.warnings, 'hidden': t.hidden_stats})); "
+            "import os; sys.stdout.flush(); os._exit(0)"
+            % (os.path.join(PROGRAMS, prog + ".py"), a.gpu, out))
+    cmd = [sys.executable, "-c", code]
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     t0 = time.time()
@@ -34,7 +40,7 @@ def run(prog, a):
     rep = None
     if r.returncode == 0:
         try:
-            rep = json.loads(r.stdout[r.stdout.index("\n{") + 1:] if not r.stdout.startswith("{") else r.stdout)
+            rep = json.loads(r.stdout.strip().splitlines()[-1])
         except (ValueError, json.JSONDecodeError):
             rep = None
     return prog, r.returncode, wall, rep, r.stderr[-2000:]
@@ -60,10 +66,9 @@ def main():
             if rc == 0:
                 ts = rep.get("trace_seconds") if rep else None
                 times[prog] = {"trace_s": ts, "wall_s": round(wall, 2)}
-                c = rep["configs"][0] if rep else {}
-                print("%-36s ok   trace %6.2fs  peak alloc %10.1f MiB  reserved %10.1f MiB" % (
-                    prog, ts or -1, (c.get("peak_allocated_bytes") or 0) / 2**20,
-                    (c.get("peak_reserved_bytes") or 0) / 2**20), flush=True)
+                print("%-36s ok   trace %6.2fs  peak alloc %10.1f MiB  %s" % (
+                    prog, ts or -1, (rep or {}).get("peak_allocated", 0) / 2**20,
+                    (rep or {}).get("warnings") or ""), flush=True)
             else:
                 msg = [l for l in err.strip().splitlines() if l.strip()][-1:] or ["?"]
                 fails[prog] = msg[0]

@@ -36,8 +36,24 @@ Design note — the route (PyTorch 2.11.0+cu130, measured on a machine with no G
   `weakref.ref` on the storage (storages keep their PyObject for their whole life) reports
   the free. Views and in-place ops return known storages: nothing. `resize_`/`set_` that
   grow a known storage: a new allocation, then the old block freed.
-- Host-side values: `.item()`, `.tolist()`, `bool(t)` on a fake tensor have no data. They
-  answer 0 (False) and count a warning (Trace.warnings); GradScaler thus sees no inf.
+  * Autograd accumulates a second gradient into the first in place (InputBuffer's
+    `old_var.add_(var)`) when it holds the only reference, but never for tensor subclasses,
+    so a fake run would allocate a sum the GPU does not: mode.py turns that add (engine
+    thread, grad mode off, same shape, sole holder) into the in-place one. With it,
+    ResNet-50 training matches the real H200 trace (shared/traces) allocation for allocation
+    through the first iteration, cuDNN workspaces included.
+  * Only the outermost op allocates: an op with no meta kernel that FakeTensorMode runs as
+    a decomposition is one kernel on the GPU, so the decomposition's temporaries are not
+    recorded.
+  * What runs in C++ above the fake kernels is PyTorch's own: autocast's casts and cast
+    cache (in the compiled argument order), composite ops, checkpointing.
+- Host-side values: `.item()`, `.tolist()`, `bool(t)` on a fake tensor have no data.
+  values.py tracks uniform values (ones, full, their &, |, ~, max, ==), which answers
+  generate()'s stopping checks exactly. Anything else answers 1 (numbers) or False
+  (booleans) with a warning counted in Trace.warnings; GradScaler always steps (no inf).
+- record_stream: the free is requested when the tensor dies and completes at the next
+  allocation (PyTorch's allocator processes stream events at each malloc; the model assumes
+  the GPU has caught up by then).
 - Not modelled, refused with the op named (UnsupportedOp): `torch.compile`, ops with no
   fake/meta kernel, data-dependent output shapes (nonzero, unique, masked_select, ...).
 """

@@ -275,7 +275,7 @@ class Recorder:
     def _on_storage_dead(self, key):
         def cb(_ref, key=key):
             e = self.live.pop(key, None)
-            if e is not None and e.size > 0:
+            if e is not None and e.size > 0 and e.addr != -1:
                 self.free(e.addr, e.size, e.stream, e.recorded)
 
         return cb
@@ -285,6 +285,8 @@ class Recorder:
         key = st._cdata
         e = self.live.get(key)
         if e is not None:
+            if e.addr == -1:
+                return False
             n = st.nbytes()
             if n != e.size:
                 # resize_/set_ grew (or shrank) a storage in place: PyTorch allocates the new
@@ -302,6 +304,15 @@ class Recorder:
         e.ref = weakref.ref(st, self._on_storage_dead(key))
         self.live[key] = e
         return n > 0
+
+    def ignore_storage(self, st):
+        """A fake kernel's output that the CUDA kernel keeps on the host or never makes."""
+        key = st._cdata
+        if key in self.live:
+            return
+        e = Entry(-1, st.nbytes(), 0)
+        e.ref = weakref.ref(st, self._on_storage_dead(key))
+        self.live[key] = e
 
     def record_stream(self, st, stream):
         e = self.live.get(st._cdata)

@@ -31,6 +31,16 @@ def _mode_class():
     is_pinned = aten.is_pinned.default
     add_inplace = aten.add_.Tensor
     ACC_USE_COUNT = 4
+    # outputs CUDA allocates, in order: cuDNN: seed, offset, output, stats with grad
+    # (args[4] compute_log_sumexp); flash: output, logsumexp, rng state; efficient: output,
+    # logsumexp with grad (seed/offset on the host).
+    sdpa_plans = {
+        aten._scaled_dot_product_cudnn_attention.default:
+            lambda a: [6, 7, 0] + ([1] if a[4] else []),
+        aten._scaled_dot_product_flash_attention.default: lambda a: [0, 1, 6],
+        aten._scaled_dot_product_efficient_attention.default:
+            lambda a: [0] + ([1] if a[4] else []),
+    }
     fake_errors = (DataDependentOutputException, DynamicOutputShapeException,
                    UnsupportedOperatorException)
     try:
@@ -119,6 +129,20 @@ def _mode_class():
                 return out
             self._vals.after(func, args, kwargs, out)
             hid = self._vh
+            plan = sdpa_plans.get(func)
+            if plan is not None:
+                # The fused attention kernels: what CUDA allocates, in its order (the
+                # meta kernels also return the host-side RNG scalars, and the stats
+                # without grad).
+                want = plan(args)
+                fr = rec._frames()
+                for i in want:
+                    if isinstance(out[i], FakeTensor):
+                        rec.see_storage(out[i].untyped_storage(), fr)
+                for i, o in enumerate(out):
+                    if i not in want and isinstance(o, FakeTensor) and o.device.type == "cuda":
+                        rec.ignore_storage(o.untyped_storage())
+                return out
             if func in hid.conv_bwd:
                 self._conv_backward(args, out)
                 return out

@@ -34,7 +34,7 @@ def choose(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, row):
     if low:
         dropout_ok = (dropout_p * 16.0) % 1.0 == 0.0
         if row.get("sdpa_cudnn_first") and b.cudnn_sdp_enabled() and S > 1 and dims_ok(8) \
-                and D <= 256 and Dv <= 256 and dropout_ok and not gqa:
+                and D <= 256 and Dv <= 256 and dropout_ok:
             return "cudnn"
         causal_square = (not is_causal) or T == S
         if b.flash_sdp_enabled() and attn_mask is None and D == Dv and D <= 256 and causal_square:

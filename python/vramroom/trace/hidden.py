@@ -137,3 +137,46 @@ class Hidden:
         import torch
 
         return torch.backends.cudnn.enabled and x.dim() in (3, 4, 5) and not transposed
+
+
+def _ceil(a, m):
+    return (a + m - 1) // m * m
+
+
+def sdpa_backward_scratch(rec, func_name, args):
+    """The fused attention backwards' kernel scratch, after the gradients (the meta twin's
+    ops/attention.rs backward: measured for the memory-efficient kernel in f32 on GPT-2 and
+    BERT; flash and cuDNN from their sources, an estimate)."""
+    q, k, v = args[1], args[2], args[3]
+    B, Hq, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    Dv = v.shape[-1]
+    st = rec.current_stream_ident()
+    fr = rec._frames()
+
+    def alloc(n):
+        return (rec.alloc(n, stream=st, frames=fr), n)
+
+    def free(*blocks):
+        for a, n in blocks:
+            rec.free(a, n, st)
+
+    if func_name == "efficient":
+        low = q.element_size() != 4
+        casts = [alloc(B * T * Hq * Dv * 4), alloc(B * T * Hq * Dv * 4)] if low else []
+        prod = alloc(B * T * Hq * Dv * 4)
+        s = alloc(B * T * Hq * 4)
+        delta = alloc(B * Hq * T * 4)
+        free(s, prod, *casts)
+        blocks = -(-T // 64)
+        per_bh = blocks * 64 * _ceil(D, 64) * 4 + blocks * 16
+        ws = alloc(B * Hq * per_bh)
+        free(delta, ws)
+    elif func_name == "flash":
+        t128 = _ceil(T, 128)
+        scratch = [alloc(B * Hq * t128 * 4), alloc(B * t128 * Hq * _ceil(D, 32) * 4)]
+        if Hq != Hkv:
+            scratch += [alloc(B * Hq * S * D * q.element_size()), alloc(B * Hq * S * Dv * q.element_size())]
+        free(*scratch)
+    else:
+        free(alloc(256))

@@ -22,6 +22,7 @@ def _mode_class():
 
     from .capture import UnsupportedOp
     from .values import UNKNOWN as _UNKNOWN, Values
+    from .hidden import sdpa_backward_scratch
 
     aten = torch.ops.aten
     local_scalar = aten._local_scalar_dense.default
@@ -34,6 +35,11 @@ def _mode_class():
     # outputs CUDA allocates, in order: cuDNN: seed, offset, output, stats with grad
     # (args[4] compute_log_sumexp); flash: output, logsumexp, rng state; efficient: output,
     # logsumexp with grad (seed/offset on the host).
+    sdpa_bwd = {
+        aten._scaled_dot_product_efficient_attention_backward.default: "efficient",
+        aten._scaled_dot_product_flash_attention_backward.default: "flash",
+        aten._scaled_dot_product_cudnn_attention_backward.default: "cudnn",
+    }
     sdpa_plans = {
         aten._scaled_dot_product_cudnn_attention.default:
             lambda a: [6, 7, 0] + ([1] if a[4] else []),
@@ -160,6 +166,9 @@ def _mode_class():
                         e = rec.live.get(a.untyped_storage()._cdata)
                         if e is not None and e.size != a.untyped_storage().nbytes():
                             rec.see_storage(a.untyped_storage(), rec._frames())
+            sb = sdpa_bwd.get(func)
+            if sb is not None:
+                sdpa_backward_scratch(rec, sb, args)
             if func in hid.matmul:
                 if args and isinstance(args[0], FakeTensor) and args[0].device.type == "cuda":
                     hid.matmul_after(func, args)

@@ -289,6 +289,15 @@ class CudaApi:
             "_dump_snapshot": lambda filename="dump_snapshot.pickle": t.snapshot(filename),
         }
         fns["is_current_stream_capturing"] = lambda: False
+
+        def _refuse_graphs(*a, **k):
+            from .capture import UnsupportedOp
+
+            raise UnsupportedOp("torch.cuda.graph", "CUDA graph capture replays kernels from "
+                                "a private memory pool that a fake run cannot capture")
+
+        for name in ("CUDAGraph", "graph", "make_graphed_callables", "graph_pool_handle"):
+            fns[name] = _refuse_graphs
         import torch.cuda.graphs as cgraphs
 
         for name, fn in fns.items():

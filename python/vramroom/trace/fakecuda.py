@@ -296,7 +296,16 @@ class CudaApi:
             raise UnsupportedOp("torch.cuda.graph", "CUDA graph capture replays kernels from "
                                 "a private memory pool that a fake run cannot capture")
 
-        for name in ("CUDAGraph", "graph", "make_graphed_callables", "graph_pool_handle"):
+        class _RefusedGraph:
+            """Stands for torch.cuda.CUDAGraph / torch.cuda.graph (type annotations keep
+            working); making one refuses the trace."""
+
+            def __init__(self, *a, **k):
+                _refuse_graphs()
+
+        fns["CUDAGraph"] = type("CUDAGraph", (_RefusedGraph,), {})
+        fns["graph"] = type("graph", (_RefusedGraph,), {})
+        for name in ("make_graphed_callables", "graph_pool_handle"):
             fns[name] = _refuse_graphs
         import torch.cuda.graphs as cgraphs
 

@@ -7,6 +7,7 @@ mod http_cmd;
 mod loadtest_cmd;
 mod predict_cmd;
 mod replay_cmd;
+mod replay_findings;
 mod replay_ranks;
 mod run_cmd;
 mod serve_cmd;

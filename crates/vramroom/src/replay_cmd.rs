@@ -49,6 +49,11 @@ pub struct ReplayArgs {
     /// not OOM.
     #[arg(long)]
     recommend: bool,
+    /// The tracer's evidence (`vramroom trace` writes SNAPSHOT.evidence.json beside the
+    /// snapshot): diagnose the traced program (the first config's replay) and print its
+    /// findings, each with the file:line of the user's code (`findings` in --json).
+    #[arg(long, value_name = "FILE")]
+    evidence: Option<PathBuf>,
 }
 
 pub use vramroom_trace::recommend::{recommended, CANDIDATE_CONFS};
@@ -251,6 +256,7 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
             write_atomic(p, csv.as_bytes())?;
         }
     }
+    let findings = crate::replay_findings::findings(a.evidence.as_deref(), &snap, &configs[0], capacity)?;
     let pick = if a.recommend {
         recommended(&results)
     } else {
@@ -271,6 +277,9 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
                     if a.recommend {
                         o.insert("recommended".into(), (pick == Some(i)).into());
                     }
+                    if let (0, Some(f)) = (i, &findings) {
+                        o.insert("findings".into(), serde_json::to_value(f).unwrap_or_default());
+                    }
                 }
                 v
             })
@@ -279,6 +288,7 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
     } else {
         let shown = results.first().map_or(0, |r| r.1.capacity_bytes);
         print_table(snapshot_path, shown, &results);
+        crate::replay_findings::print(findings.as_deref());
         if a.recommend {
             match pick {
                 Some(i) => {

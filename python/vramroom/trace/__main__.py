@@ -79,13 +79,17 @@ def main(argv=None):
         os.close(fd)
         snap = tmp
     t.snapshot(snap)
+    from .api import evidence_path  # the diagnosis's evidence, written beside the snapshot
+
     try:
-        rows = replay_snapshot(snap, capacity=capacity, alloc_conf=a.alloc_conf or "", what_if=a.what_if)
+        rows = replay_snapshot(snap, capacity=capacity, alloc_conf=a.alloc_conf or "", what_if=a.what_if,
+                               evidence=evidence_path(snap))
     except TraceError as e:
         return fail(e)
     finally:
         if tmp:
             os.unlink(tmp)
+            os.unlink(evidence_path(tmp))
     report = {
         "script": script,
         "gpu": gpu.name,
@@ -106,6 +110,7 @@ def main(argv=None):
             }
             for r in rows
         ],
+        "findings": rows[0].get("findings", []),
     }
     if a.json:
         sys.stdout.flush()
@@ -120,6 +125,9 @@ def main(argv=None):
     for c in report["configs"]:
         print("%-32s %16s %16s %6s" % (c["alloc_conf"] or "default", gib(c["peak_allocated_bytes"]),
                                        gib(c["peak_reserved_bytes"]), "yes" if c["oom"] else "no"), file=out)
+    from .evidence import print_findings
+
+    print_findings(report["findings"], out)
     for w, n in t.warnings.items():
         print("warning: %s (%d times)" % (w, n), file=out)
     if a.snapshot_out:

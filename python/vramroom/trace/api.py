@@ -62,9 +62,13 @@ def find_binary():
     )
 
 
-def replay_snapshot(path, capacity=None, alloc_conf=None, what_if=(), min_capacity=False):
-    """Run `vramroom replay --json` on a snapshot; a list with one dict per config."""
+def replay_snapshot(path, capacity=None, alloc_conf=None, what_if=(), min_capacity=False,
+                    evidence=None):
+    """Run `vramroom replay --json` on a snapshot; a list with one dict per config (with
+    `evidence`, a tracer's evidence file, the first has the diagnosis's `findings`)."""
     cmd = [find_binary(), "replay", "--json", path]
+    if evidence:
+        cmd += ["--evidence", evidence]
     confs = []
     if alloc_conf is not None:
         confs.append(alloc_conf)

@@ -45,7 +45,7 @@ def _user_file(fn, _cache={}):
     """Is `fn` the user's code (not torch's, a library's, the stdlib's or ours)?"""
     r = _cache.get(fn)
     if r is None:
-        r = not (
+        r = fn in ("<string>", "<stdin>") or fn.startswith("<ipython-input") or not (
             fn.startswith("<")
             or "site-packages" in fn
             or "dist-packages" in fn
@@ -86,6 +86,47 @@ def _called_by_user():
     return False
 
 
+# Autograd nodes of arithmetic on losses: `total + loss / n`, `(a + b) / 2`.
+_ARITH = frozenset(("AddBackward0", "AddBackward1", "SubBackward0", "SubBackward1", "DivBackward0",
+                    "DivBackward1", "MulBackward0", "MulBackward1", "NegBackward0"))
+
+
+def _grad_fns(out, acc, depth=0):
+    """grad_fn of the tensors in a module's output (tensors, tuples, dicts, ModelOutput)."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        if out.grad_fn is not None:
+            acc.append(out.grad_fn)
+    elif depth < 3:
+        if isinstance(out, dict):
+            out = list(out.values())
+        if isinstance(out, (tuple, list)):
+            for o in out[:64]:
+                _grad_fns(o, acc, depth + 1)
+    return acc
+
+
+def _summands(root, limit=256):
+    """Sequence numbers of the terms the tensor backward runs on sums (through +, -, *, /):
+    each micro-step's loss when losses were summed; one term otherwise."""
+    fn = getattr(root, "grad_fn", None)
+    if fn is None:
+        return []
+    # Nodes' Python wrappers are made on access: keep them alive so that ids stay unique.
+    out, stack, seen = [], [fn], {}
+    while stack and len(seen) < limit:
+        n = stack.pop()
+        if n is None or id(n) in seen:
+            continue
+        seen[id(n)] = n
+        if type(n).__name__ in _ARITH:
+            stack.extend(m for m, _ in n.next_functions if m is not None)
+        elif type(n).__name__ != "AccumulateGrad":
+            out.append(n._sequence_nr())
+    return out
+
+
 class _Saved:
     """What autograd keeps for a saved tensor: the tensor itself, and our tag."""
 
@@ -109,6 +150,7 @@ class Collector:
         self.static = {}  # addr -> parameter | gradient | optimizer_state
         self.used = set()  # addrs a backward unpacked
         self.params = {}  # id -> weakref of parameters seen
+        self.pass_end_seq = []  # autograd sequence number at each outermost pass's end
         self._depth = 0
         self._handles = []
         self._saved_cm = None
@@ -189,6 +231,9 @@ class Collector:
         def post(module, args, out):
             col._depth = max(0, col._depth - 1)
             if col._depth == 0 and col.active:
+                fns = _grad_fns(out, [])
+                if fns:
+                    col.pass_end_seq.append(max(f._sequence_nr() for f in fns))
                 col._mark("fwd_end")
 
         self._handles.append(nn_module.register_module_forward_pre_hook(pre))
@@ -216,7 +261,15 @@ class Collector:
                     return orig(tensors, *a, **k)
                 root = tensors[0] if isinstance(tensors, (tuple, list)) and tensors else tensors
                 col._depth = 0
-                col._mark("bwd", (_stack_user_frame(), col._addr(root) if isinstance(root, torch.Tensor) else None))
+                # Summed losses: terms made in different forward passes' windows (a loss
+                # made during or after pass k, before pass k+1 began).
+                import bisect
+
+                ends = sorted(col.pass_end_seq)
+                terms = _summands(root) if isinstance(root, torch.Tensor) else []
+                summed = len({bisect.bisect_left(ends, q) for q in terms}) if len(terms) > 1 else len(terms)
+                col._mark("bwd", (_stack_user_frame(), col._addr(root) if isinstance(root, torch.Tensor) else None,
+                                  summed))
                 try:
                     return orig(tensors, *a, **k)
                 finally:
@@ -367,7 +420,7 @@ def _build(col):
                 forwards[cur_pass][1] = pos
             cur_pass = None
         elif kind == "bwd":
-            fr, root = data
+            fr, root, summed = data
             cur_pass = None
             groups = {}
             for p, b in pass_live.items():
@@ -385,6 +438,7 @@ def _build(col):
                 "site": sid(fr),
                 "root_site": root_site,
                 "saved_bytes": cats["saved_for_backward"],
+                "summed_losses": summed,
                 "allocated_bytes": allocated,
                 "passes": [
                     {"site": s, "count": g[0], "bytes": g[1], "max_pass_bytes": g[2]}

@@ -20,7 +20,7 @@ use vramroom_alloc::human_bytes;
 use vramroom_workload::{AccumPattern, InputDist, Mode, Scenario};
 
 /// Activation bytes below this difference are allocator rounding, not a graph.
-const MIN_GRAPH_BYTES: u64 = 16 << 10;
+pub(crate) const MIN_GRAPH_BYTES: u64 = 16 << 10;
 
 pub(super) fn graph_accumulated(
     r: &RunResult,
@@ -114,9 +114,11 @@ pub(super) fn graph_accumulated(
             ("ratio", ratio),
             ("share_of_peak_above_base", share),
         ]),
-        fix: "Call `(loss / N).backward()` inside the micro-step loop instead of summing the \
-              losses and calling backward once: gradients accumulate in `.grad`, graphs do not."
-            .into(),
+        fix: FIX.into(),
         predicted_saving_bytes: saving,
     })
 }
+
+/// The fix, shared with the traced rule (traced.rs).
+pub(crate) const FIX: &str = "Call `(loss / N).backward()` inside the micro-step loop instead of summing the \
+    losses and calling backward once: gradients accumulate in `.grad`, graphs do not.";

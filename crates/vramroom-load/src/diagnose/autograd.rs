@@ -45,9 +45,11 @@ pub(super) fn autograd_in_inference(
             ("peak_above_base_bytes", r.peaks.above_base_bytes as f64),
             ("share_of_peak_above_base", share),
         ]),
-        fix: "Run the forward under `with torch.no_grad():` (or `torch.inference_mode()`), \
-              or decorate the handler with `@torch.no_grad()`."
-            .into(),
+        fix: FIX.into(),
         predicted_saving_bytes: act,
     })
 }
+
+/// The fix, shared with the traced rule (traced.rs).
+pub(crate) const FIX: &str = "Run the forward under `with torch.no_grad():` (or `torch.inference_mode()`), \
+    or decorate the handler with `@torch.no_grad()`.";

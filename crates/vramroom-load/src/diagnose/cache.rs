@@ -68,10 +68,7 @@ pub(super) fn cache_held(r: &RunResult, rules: &Rules) -> Option<Finding> {
             ("empty_cache_returns_bytes", releasable as f64),
             ("last_stage_recent_allocated_bytes", recent as f64),
         ]),
-        fix: "Call `torch.cuda.empty_cache()` once a burst is over (it frees every fully free \
-              segment to the driver), or set `PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.8` \
-              so the allocator reclaims old cached blocks itself."
-            .into(),
+        fix: FIX.into(),
         predicted_saving_bytes: releasable,
     })
 }
@@ -138,3 +135,8 @@ pub(super) fn service_cache_held(r: &RunResult, floor: u64) -> Option<Finding> {
         predicted_saving_bytes: releasable,
     })
 }
+
+/// The fix, shared with the traced rule (traced.rs).
+pub(crate) const FIX: &str = "Call `torch.cuda.empty_cache()` once a burst is over (it frees every fully free \
+    segment to the driver), or set `PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.8` \
+    so the allocator reclaims old cached blocks itself.";

@@ -108,10 +108,7 @@ pub(super) fn leak(r: &RunResult, rules: &Rules) -> Option<Finding> {
             grown_txt
         ),
         numbers,
-        fix: "Do not keep references to request outputs (a list of outputs or losses keeps \
-              their memory, and with grad on their graphs): keep `out.detach().cpu()` or \
-              `loss.item()`, or bound the list."
-            .into(),
+        fix: FIX.into(),
         predicted_saving_bytes: retained.max(drift as u64),
     })
 }
@@ -169,3 +166,8 @@ mod tests {
         );
     }
 }
+
+/// The fix, shared with the traced rule (traced.rs).
+pub(crate) const FIX: &str = "Do not keep references to request outputs (a list of outputs or losses keeps \
+    their memory, and with grad on their graphs): keep `out.detach().cpu()` or \
+    `loss.item()`, or bound the list.";

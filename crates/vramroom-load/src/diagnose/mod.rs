@@ -51,10 +51,12 @@ mod fragmentation;
 mod leak;
 mod oom;
 mod runlog;
+mod traced;
 mod whatif;
 
 pub use oom::segment_state;
 pub use runlog::{LogReplay, RunLog};
+pub use traced::*;
 pub use whatif::{
     check as what_if_check, check_service as what_if_check_service, what_if, what_if_snapshot,
     what_if_table,

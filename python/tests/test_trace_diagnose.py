@@ -114,6 +114,24 @@ for step in range(5):
     opt.step()
     history.append(loss.detach())
 """),
+    # Training at a large batch, then evaluation at a small one with the training's cache
+    # still reserved (no empty_cache() between): cache_held, info, at the evaluation's line.
+    "cache_d": ("cache_held", """\
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+for step in range(2):
+    x = torch.randn(16384, 1024, device="cuda")
+    y = torch.randint(0, 1000, (16384,), device="cuda")
+    loss = F.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+del x, y, loss
+preds = []
+with torch.no_grad():
+    for step in range(3):
+        xe = torch.randn(256, 1024, device="cuda")
+        preds.append(model(xe).argmax(1))  # FIND
+"""),
 }
 
 
@@ -138,7 +156,7 @@ def trace_report(tmp_path, name):
     return report, prog, marked, snap
 
 
-@pytest.mark.parametrize("name", sorted(PROGRAMS))
+@pytest.mark.parametrize("name", sorted(n for n in PROGRAMS if PROGRAMS[n][0] != "cache_held"))
 def test_the_planted_mistake_is_found_at_its_line(tmp_path, name):
     want, _ = PROGRAMS[name]
     report, prog, marked, snap = trace_report(tmp_path, name)
@@ -194,3 +212,13 @@ def test_evidence_categories_of_a_training_step():
     line = [i + 1 for i, l in enumerate(code.splitlines()) if l.endswith("# BACKWARD")][0]
     assert ev["sites"][ev["backwards"][0]["site"]]["line"] == line
     assert all(b["saved_bytes"] > 0 and b["passes"][0]["count"] == 1 for b in ev["backwards"])
+
+
+def test_a_later_phase_under_the_training_cache_is_cache_held(tmp_path):
+    report, prog, marked, _ = trace_report(tmp_path, "cache_d")
+    findings = report["findings"]
+    assert [f["severity"] for f in findings if f["severity"] == "critical"] == [], findings
+    held = [f for f in findings if f["id"] == "cache_held"]
+    assert held and held[0]["severity"] == "info", findings
+    assert held[0]["line"] == marked[0] and os.path.samefile(held[0]["file"], prog), held
+    assert held[0]["numbers"]["empty_cache_returns_bytes"] > 0, held

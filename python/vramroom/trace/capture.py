@@ -52,8 +52,9 @@ Design note — the route (PyTorch 2.11.0+cu130, measured on a machine with no G
   generate()'s stopping checks exactly. Anything else answers 1 (numbers) or False
   (booleans) with a warning counted in Trace.warnings; GradScaler always steps (no inf).
 - record_stream: the free is requested when the tensor dies and completes at the next
-  allocation (PyTorch's allocator processes stream events at each malloc; the model assumes
-  the GPU has caught up by then).
+  allocation on the block's own stream, or at a synchronisation (PyTorch's allocator
+  processes stream events at each malloc; the other streams' work has usually not finished
+  by the next allocation elsewhere: fixtures/snapshots/side_stream_record_stream).
 - Not modelled, refused with the op named (UnsupportedOp): `torch.compile`, ops with no
   fake/meta kernel, data-dependent output shapes (nonzero, unique, masked_select, ...).
 """
@@ -228,11 +229,11 @@ class Recorder:
     # ---- allocation events ----------------------------------------------------------
     def alloc(self, size, stream=None, frames=None):
         """A client allocation of `size` requested bytes; returns its address."""
+        st = self.current_stream_ident() if stream is None else stream
         if self.pending:
-            self._complete_pending()
+            self._complete_pending(st)
         addr = self.next_addr
         self.next_addr += _round(size) + 512
-        st = self.current_stream_ident() if stream is None else stream
         self.events.append(("alloc", addr, size, st, frames if frames is not None else self._frames()))
         self.alloc_now += _round(size)
         if self.alloc_now > self.alloc_peak:
@@ -254,10 +255,16 @@ class Recorder:
         else:
             self.events.append(("free_completed", addr, size, stream, fr))
 
-    def _complete_pending(self):
-        for addr, size, stream in self.pending:
-            self.events.append(("free_completed", addr, size, stream, ()))
-        self.pending = []
+    def _complete_pending(self, stream=None):
+        """Deferred (record_stream) frees complete at a synchronisation, or at the next
+        allocation on the block's own stream (stream None: all of them)."""
+        keep = []
+        for p in self.pending:
+            if stream is None or p[2] == stream:
+                self.events.append(("free_completed", p[0], p[1], p[2], ()))
+            else:
+                keep.append(p)
+        self.pending = keep
 
     def hidden_alloc(self, size, frames=None):
         """A library allocation that stays (cuBLAS workspaces)."""

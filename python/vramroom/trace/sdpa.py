@@ -56,6 +56,16 @@ def make_sdpa(orig, rec, row, is_fake):
         if not (is_fake(query) and query.device.type == "cuda"):
             return orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                         is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        if torch.is_autocast_enabled("cuda"):
+            # autocast lists SDPA as lower precision: it casts the floating arguments
+            # (in the compiled wrapper's order: the last argument first) before PyTorch
+            # picks a backend; this wrapper runs above autocast, so it casts them itself.
+            dt = torch.get_autocast_dtype("cuda")
+            cast = lambda t: t.to(dt) if t is not None and t.is_floating_point() and t.dtype != dt else t
+            attn_mask = cast(attn_mask)
+            value = cast(value)
+            key = cast(key)
+            query = cast(query)
         which = choose(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, row)
         rec.sdpa_choices[which] = rec.sdpa_choices.get(which, 0) + 1
         if which == "math":

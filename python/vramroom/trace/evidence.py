@@ -157,6 +157,7 @@ class Collector:
         self._patched = []
         self._evidence = None
         self.active = False
+        self.saved_hooks = False
 
     # ---- marks ----------------------------------------------------------------------
     def _mark(self, kind, data=None):
@@ -217,8 +218,15 @@ class Collector:
                 return s.t
             return s
 
-        self._saved_cm = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
-        self._saved_cm.__enter__()
+        cm = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+        try:
+            cm.__enter__()
+            self._saved_cm = cm
+            self.saved_hooks = True
+        except RuntimeError:
+            # Saved-tensor hooks disabled (torch.func): no saved-for-backward evidence, so
+            # neither autograd_in_inference nor graph_accumulated can be found.
+            self._saved_cm = None
 
         def pre(module, args):
             if col._depth == 0 and col.active:
@@ -519,6 +527,7 @@ def _build(col):
         fsites[f[2]] = fsites.get(f[2], 0) + 1
     return {
         "version": VERSION,
+        "saved_hooks": col.saved_hooks,
         "events": len(events),
         "sites": sites,
         "allocated_peak": peak,

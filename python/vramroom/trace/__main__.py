@@ -89,7 +89,8 @@ def main(argv=None):
     finally:
         if tmp:
             os.unlink(tmp)
-            os.unlink(evidence_path(tmp))
+            if os.path.exists(evidence_path(tmp)):
+                os.unlink(evidence_path(tmp))
     report = {
         "script": script,
         "gpu": gpu.name,

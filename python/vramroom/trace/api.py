@@ -67,7 +67,7 @@ def replay_snapshot(path, capacity=None, alloc_conf=None, what_if=(), min_capaci
     """Run `vramroom replay --json` on a snapshot; a list with one dict per config (with
     `evidence`, a tracer's evidence file, the first has the diagnosis's `findings`)."""
     cmd = [find_binary(), "replay", "--json", path]
-    if evidence:
+    if evidence and os.path.exists(evidence):
         cmd += ["--evidence", evidence]
     confs = []
     if alloc_conf is not None:
@@ -197,7 +197,10 @@ class Trace:
     def snapshot(self, path):
         from . import evidence, snapshot
 
-        evidence.write(self.evidence(), evidence_path(path))
+        try:
+            evidence.write(self.evidence(), evidence_path(path))
+        except Exception as e:  # the diagnosis never costs the snapshot
+            warnings.warn("vramroom.trace: no diagnosis evidence (%s: %s)" % (type(e).__name__, e))
         return snapshot.write(self._rec.events, path)
 
     def evidence(self):

@@ -188,19 +188,23 @@ def test_side_stream_and_record_stream(tmp_path):
     torch.cuda.current_stream().wait_stream(s)
     y.record_stream(torch.cuda.current_stream())
     z = y + 1
-    del y                    # free requested now; completes when the allocator next looks
-    w = torch.empty(1000, device="cuda")
+    del y                    # free requested now; the main stream may still be reading it
+    w = torch.empty(1000, device="cuda")            # main stream: y's block still pending
+    with torch.cuda.stream(s):
+        v = torch.empty(2000, device="cuda")        # the block's own stream: now completed
     torch.cuda.synchronize()
     """, tmp_path)
     ev = out["events"]
     side = [e for e in ev if e[0] == "alloc" and e[2] != 0]
-    assert len(side) == 1 and side[0][1] == 256 * 256 * 4
+    assert side[0][1] == 256 * 256 * 4
     sid = side[0][2]
     i = next(k for k, e in enumerate(ev) if e[0] == "free_requested" and e[2] == sid)
-    # Deferred (record_stream): completed by the next allocation's event processing, just
-    # before it, not at the free.
     j = next(k for k, e in enumerate(ev) if e[0] == "free_completed" and e[2] == sid)
-    assert j > i and ev[j + 1][0] == "alloc" and ev[j + 1][1] == 4000
+    # Deferred (record_stream): not completed by the main stream's allocation, but just
+    # before the next allocation on its own stream.
+    assert i < j
+    assert [e[1] for e in ev[i:j] if e[0] == "alloc"] == [4000]
+    assert ev[j + 1][0] == "alloc" and ev[j + 1][1] == 8000 and ev[j + 1][2] == sid
 
 
 def test_cuda_api_answers_from_the_trace(tmp_path):

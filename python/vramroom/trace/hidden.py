@@ -133,10 +133,17 @@ class Hidden:
         stride, padding, dilation, transposed, _, groups = args[3:9]
         return x, w, list(stride), list(padding), list(dilation), transposed, groups
 
-    def uses_cudnn(self, x, transposed):
+    def uses_cudnn(self, x, transposed, w=None, groups=1):
         import torch
 
-        return torch.backends.cudnn.enabled and x.dim() in (3, 4, 5) and not transposed
+        if not (torch.backends.cudnn.enabled and x.dim() in (3, 4, 5) and not transposed):
+            return False
+        if w is not None and groups > 1 and x.dim() == 4 and groups == x.shape[1] \
+                and w.shape[0] % x.shape[1] == 0 and x.dtype != torch.float16:
+            # depthwise: PyTorch's own CUDA kernel (conv_depthwise2d), no cuDNN workspace;
+            # cuDNN only for fp16 (ConvParams::use_cudnn_depthwise)
+            return False
+        return True
 
 
 def _ceil(a, m):

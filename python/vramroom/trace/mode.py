@@ -174,7 +174,7 @@ def _mode_class():
                     hid.matmul_after(func, args)
             elif func in hid.conv_fwd:
                 x, w, stride, padding, dilation, transposed, groups = hid.conv_args(args, kwargs)
-                if x.device.type == "cuda" and hid.uses_cudnn(x, transposed):
+                if x.device.type == "cuda" and hid.uses_cudnn(x, transposed, w, groups):
                     ws = hid.conv_workspace("forward", list(x.shape), list(w.shape),
                                             list(out.shape), stride, padding, dilation, groups,
                                             x.dtype, x.element_size())
@@ -205,7 +205,7 @@ def _mode_class():
             groups = args[9]
             gi, gw, gb = out
             fr = rec._frames()
-            cud = x.device.type == "cuda" and hid.uses_cudnn(x, transposed)
+            cud = x.device.type == "cuda" and hid.uses_cudnn(x, transposed, w, groups)
             shape = lambda t: list(t.shape)
             if gi is not None:
                 rec.see_storage(gi.untyped_storage(), fr)

@@ -316,6 +316,7 @@ fn replay_ranks(a: &ReplayArgs, files: &[PathBuf]) -> Result<ExitCode, UserError
         (a.snapshot_out.is_some(), "--snapshot-out"),
         (a.rmm_out.is_some(), "--rmm-out"),
         (a.recommend, "--recommend"),
+        (a.evidence.is_some(), "--evidence"),
     ] {
         if set {
             return Err(anyhow::anyhow!(

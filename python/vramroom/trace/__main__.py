@@ -29,7 +29,7 @@ def main(argv=None):
         # options before the script
         while rest and rest[0].startswith("-"):
             mine.append(rest.pop(0))
-            if mine[-1] in ("--gpu", "--snapshot-out", "--capacity", "--alloc-conf", "--what-if") and rest:
+            if mine[-1] in ("--gpu", "--snapshot-out", "--capacity", "--alloc-conf", "--what-if", "--world-size") and rest:
                 mine.append(rest.pop(0))
     p = argparse.ArgumentParser(prog="python -m vramroom.trace", description=__doc__.split("\n\n")[1])
     p.add_argument("--gpu", default="h100", help="target GPU: h100 (default), h200, a100, a100-40gb, l4")
@@ -38,10 +38,14 @@ def main(argv=None):
     p.add_argument("--alloc-conf", default=None, help="PYTORCH_CUDA_ALLOC_CONF to replay under (default: PyTorch's default)")
     p.add_argument("--what-if", action="append", default=[], help="another allocator config to compare (repeatable)")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    p.add_argument("--world-size", type=int, help="trace every rank of a DDP/FSDP2 job on a fake process group, then the per-rank table (vramroom.trace.ranks; snapshots in ./vramroom-ranks)")
     a = p.parse_args(mine)
     if not rest:
         p.error("no script given: python -m vramroom.trace [options] -- script.py ARGS")
     script, sargs = rest[0], rest[1:]
+    if a.world_size:  # several ranks: vramroom.trace.ranks
+        from .ranks import main as ranks_main
+        return ranks_main(["--world-size", str(a.world_size), "--gpu", a.gpu] + (["--capacity", a.capacity] if a.capacity else []) + (["--json"] if a.json else []) + ["--"] + rest)
 
     from .api import TraceError, check_torch, replay_snapshot, run_script
     from .capture import UnsupportedOp

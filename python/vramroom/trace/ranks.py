@@ -4,7 +4,7 @@
         -- train.py ARGS
 
 Each rank r runs the script unmodified, as torchrun would start it (RANK=r, WORLD_SIZE=N,
-LOCAL_RANK=0: N nodes of one GPU each, MASTER_ADDR/MASTER_PORT in the env), under `vramroom.trace.run_script`, with
+LOCAL_RANK=0: N nodes of one GPU each; MASTER_ADDR/MASTER_PORT in the env), under `vramroom.trace.run_script`, with
 `torch.distributed` on PyTorch's fake process group: the script's own
 `init_process_group(...)` (nccl, gloo, env:// or tcp://, whatever it names) becomes
 `init_process_group("fake", store=FakeStore(), rank=r, world_size=N)`. Collectives on the
@@ -20,13 +20,30 @@ C++ reducer allocates through the caching allocator: one flat gradient buffer pe
 order the gradients became ready with `_DEFAULT_FIRST_BUCKET_BYTES` and `bucket_cap_mb`, old
 buffers freed before the new ones are made), gradients copied into their bucket views (or, with
 `gradient_as_bucket_view=True`, the gradients *are* the views). The all-reduce itself moves
-no caching-allocator memory: NCCL's own buffers come from cudaMalloc / ncclMemAlloc outside
-PyTorch's allocator (unless NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK / mem pools are set up
-by the user), so they are not in a real snapshot either.
+no caching-allocator memory: NCCL's own buffers (channels, proxy, NVLS) come from cudaMalloc /
+cuMem in NCCL itself, outside PyTorch's allocator, so they are not in a real snapshot either.
+ProcessGroupNCCL's TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK (default off) only registers
+the caching allocator's segments with NCCL, it allocates nothing; an NCCL MemPool
+(ncclMemAlloc) is the user's explicit opt-in. Like the CUDA context, NCCL's memory is outside
+the capacity the replay checks.
 
 Each rank runs in its own Python process by default (`isolate=True`): the fake process
 group, DDP's and FSDP2's module state, autograd's device threads and the tracer's patches all
-start clean. `isolate=False` runs the ranks one after another in this process.
+start clean. `isolate=False` (`--in-process`) runs the ranks one after another in this process:
+measured on the two example programs at world size 2, the same snapshots (same events, same
+peaks) in about half the time (5-8 s against 13-16 s on 2 cores), since torch is imported once.
+
+FSDP2 on the fake group: the device mesh is built outside the fake mode (its rank grid is a CPU
+tensor it reads), with "cuda" as its device type (PyTorch would ask the accelerator, the CPU
+here), and FSDP2's `alloc_storage`/`free_storage` (storage `resize_`, no dispatched op) are
+reported to the tracer as the mallocs and frees they are on CUDA. Seen in the trace: the
+sharded parameters (dim-0 chunks of ceil(d0/N) rows, at `fully_shard`), the all-gather
+buffers on FSDP2's all-gather stream, the unsharded parameters per all-gather, the unsharded
+gradients, the reduce-scatter input (default stream) and output (reduce-scatter stream; the
+sharded gradients are views of it, freed at `zero_grad(set_to_none=True)`).
+
+Torchrun's variables, as a job of N one-GPU nodes: RANK=r, WORLD_SIZE=N, LOCAL_RANK=0 (the
+tracer fakes one CUDA device per process, device 0).
 """
 
 import json

@@ -154,3 +154,18 @@ def test_cli_table_names_the_rank_that_runs_out_first(tmp_path):
     assert [r["rank"] for r in rows] == ["rank0.pickle", "rank1.pickle"]
     assert j[0]["worst"] == 1  # rank 1 has the most data
     assert rows[1]["peak_allocated_bytes"] > rows[0]["peak_allocated_bytes"]
+
+
+def test_trace_world_size_flag(tmp_path):
+    from vramroom.trace.api import find_binary
+
+    try:
+        find_binary()
+    except Exception:
+        pytest.skip("no vramroom binary")
+    p = subprocess.run([sys.executable, "-m", "vramroom.trace", "--world-size", "2", "--capacity", "8GiB", "--",
+                        str(DDP), "--hidden", "128", "--batch", "32", "--steps", "2"],
+                       capture_output=True, text=True, env=_env(), cwd=str(tmp_path), timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "2 ranks" in p.stdout and "rank1.pickle" in p.stdout and "imbalance" in p.stdout
+    assert (tmp_path / "vramroom-ranks" / "rank1.pickle").exists()

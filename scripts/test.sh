@@ -38,10 +38,10 @@ if [ -f "$NVRTC_DIR/lib/libnvrtc.so.13" ]; then
     export VRAMROOM_CUDA_LIB_DIRS=$NVRTC_DIR/lib
     HAVE_NVRTC=1
 fi
-# PyTorch for the tracer: pinned to the version the GPU comparisons ran (scripts/trace_corpus).
+# PyTorch for the tracer: pinned to the versions the GPU comparisons ran (scripts/trace_corpus/real/HEADER).
 CACHE=${VRAMROOM_CI_CACHE:-$HOME/.cache/vramroom-ci}
 TORCH_VENV=$CACHE/venv-torch
-TORCH_PINS="torch==2.11.0 torchvision==0.26.0 transformers==5.25.0 pytest"
+TORCH_PINS="torch==2.11.0 torchvision==0.26.0 transformers==5.17.0 pytest"
 if [ "$(cat "$TORCH_VENV/.pins" 2>/dev/null)" != "$TORCH_PINS" ]; then
     rm -rf "$TORCH_VENV"
     python3 -m venv "$TORCH_VENV"

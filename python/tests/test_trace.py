@@ -244,3 +244,19 @@ def test_empty_cache_is_replayed(tmp_path):
         peaks.append(json.loads(p.stdout)[0]["peak_reserved_bytes"])
     # Without empty_cache the 1 GiB segment stays cached beside the new one.
     assert peaks[0] == peaks[1] + 2**30
+
+
+def test_the_package_is_the_call(tmp_path):
+    """`with vramroom.trace(gpu=...) as t:` as the README writes it, beside vramroom.trace.trace."""
+    src = textwrap.dedent("""
+        import json, torch, vramroom
+        with vramroom.trace(gpu="h100") as t:
+            x = torch.zeros(1024, 1024, device="cuda")
+        json.dump({"peak": t.peak_allocated, "module": callable(vramroom.trace)}, open(%r, "w"))
+    """) % str(tmp_path / "out.json")
+    (tmp_path / "p.py").write_text(src)
+    p = subprocess.run([sys.executable, str(tmp_path / "p.py")], capture_output=True, text=True,
+                       env=_env(), timeout=600)
+    assert p.returncode == 0, p.stderr
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out == {"peak": 4 * MIB, "module": True}

@@ -1,0 +1,138 @@
+"""README's tracer accuracy tables, generated from the committed comparison files.
+
+    python3 scripts/trace_corpus/readme_table.py --write README.md   # regenerate
+    python3 scripts/trace_corpus/readme_table.py --check README.md   # exit 1 if they differ
+
+The hidden allocations' table sits between `<!-- hidden-table: PATH -->` and
+`<!-- /hidden-table -->`, PATH the tracer's own table (python/vramroom/trace/cuda_hidden.json):
+the README quotes what the code applies. Each accuracy table sits between
+`<!-- trace-table: PATH -->` and `<!-- /trace-table -->`, PATH the results file it is made from (relative to the repository root): the rows of
+scripts/trace_corpus/compare.py (the corpus recorded for this tracer, `results.jsonl`) or of
+compare_existing.py (the project's older H200 recordings). The pass mark is the issue's:
+peak allocated within 1% and peak reserved within 2% of the real GPU run. --check exits 3
+(a skip, with the reason) when a marker's file is not there.
+"""
+import json
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MARK = re.compile(r"<!-- (trace-table|hidden-table): (\S+) -->\n(.*?)<!-- /\1 -->\n", re.S)
+MIB = 1 << 20
+
+
+def rows_of(path):
+    out = []
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            if "workload" in r:  # compare_existing.py
+                why = None if r.get("status") == "ok" else "%s (%s)" % (r.get("op") or r.get("status"), r.get("status"))
+                out.append(dict(program=r["workload"], conf=r.get("conf", "all"), error=why,
+                                ra=r.get("real_alloc"), rv=r.get("real_reserved"), ta=r.get("traced_alloc"),
+                                tv=r.get("traced_reserved"), ts=r.get("trace_s"), rs=r.get("real_s"),
+                                device="NVIDIA H200", commit=r.get("commit")))
+            elif r.get("kind") == "peak":  # compare.py
+                out.append(dict(program=r["program"], conf=r["conf"], error=r.get("traced_error"),
+                                ra=r.get("real_peak_allocated"), rv=r.get("real_peak_reserved"),
+                                ta=r.get("traced_peak_allocated"), tv=r.get("traced_peak_reserved"),
+                                ts=r.get("trace_s"), rs=r.get("real_wall_s"), device=r.get("device"),
+                                commit=r.get("commit")))
+    return out
+
+
+def err(t, r):
+    return None if t is None or not r else (t - r) / r
+
+
+def table(path):
+    rows = rows_of(os.path.join(ROOT, path))
+    L = []
+    n = ok = 0
+    body = []
+    for r in rows:
+        ea, ev = err(r["ta"], r["ra"]), err(r["tv"], r["rv"])
+        if ea is None or ev is None:
+            why = (r["error"] or "no traced result").splitlines()[0][:90].replace("|", "/")
+            body.append("| %s | %s | %s | – | – | %s | – | – | refused: %s |" % (
+                r["program"], r["conf"], fm(r["ra"]), fm(r["rv"]), why))
+            continue
+        n += 1
+        good = abs(ea) <= 0.01 and abs(ev) <= 0.02
+        ok += good
+        body.append("| %s | %s | %s | %s | %+.2f%% | %s | %s | %+.2f%% | %s |" % (
+            r["program"], r["conf"], fm(r["ra"]), fm(r["ta"]), 100 * ea, fm(r["rv"]), fm(r["tv"]),
+            100 * ev, "yes" if good else "**no**"))
+    dev = next((r["device"] for r in rows if r.get("device")), "?")
+    L.append("From `%s` (real runs on %s): %d of %d traced program × config rows within 1%% "
+             "allocated and 2%% reserved; %d rows refused by the tracer (an op it names)."
+             % (path, dev, ok, n, len(rows) - n))
+    L.append("")
+    L.append("| program | config | real alloc MiB | traced alloc MiB | err | real reserved MiB | traced reserved MiB | err | within |")
+    L.append("|---|---|---|---|---|---|---|---|---|")
+    L.extend(body)
+    return "\n".join(L) + "\n"
+
+
+def hidden(path):
+    t = json.load(open(os.path.join(ROOT, path)))
+    L = ["From `%s` (PyTorch %s), applied by `vramroom.trace`:" % (path, t["pytorch"]), "",
+         "| arch | cuBLAS workspace per (thread, stream) | cuBLASLt | cuDNN attention fwd | SDPA tries cuDNN first | conv workspaces | CUDA context (outside the allocator) | source |",
+         "|---|---|---|---|---|---|---|---|"]
+    for arch, a in t["archs"].items():
+        conv = ("measured table `%s`, else ratios" % a["conv_workspace_table"]) if a.get("conv_workspace_table") else "ratios"
+        L.append("| %s | %d B | %d B | %d B | %s | %s | %d MiB | %s |" % (
+            arch, a["cublas_handle_workspace"], a["cublaslt_workspace"], a["cudnn_attention_fwd_workspace"],
+            "yes" if a["sdpa_cudnn_first"] else "no", conv, a["cuda_context_bytes"] >> 20,
+            a["source"].replace("|", "/")))
+    L.append("")
+    for k, v in t["rules"].items():
+        L.append("- **%s**: %s" % (k, v))
+    return "\n".join(L) + "\n"
+
+
+def fm(b):
+    return "–" if b is None else "%.1f" % (b / MIB)
+
+
+def render(text):
+    missing = []
+
+    def sub(m):
+        kind, path = m.group(1), m.group(2)
+        if not os.path.exists(os.path.join(ROOT, path)):
+            missing.append(path)
+            return m.group(0)
+        body = table(path) if kind == "trace-table" else hidden(path)
+        return "<!-- %s: %s -->\n%s<!-- /%s -->\n" % (kind, path, body, kind)
+
+    return MARK.sub(sub, text), missing
+
+
+def main():
+    if len(sys.argv) != 3 or sys.argv[1] not in ("--write", "--check"):
+        sys.exit(__doc__)
+    readme = sys.argv[2]
+    text = open(readme).read()
+    if not MARK.search(text):
+        print("%s has no trace-table marker" % readme)
+        return 1
+    new, missing = render(text)
+    if sys.argv[1] == "--write":
+        open(readme, "w").write(new)
+        print("wrote the tracer tables into %s" % readme)
+        return 0
+    if missing:
+        print("no results file %s" % ", ".join(missing))
+        return 3
+    if new != text:
+        print("README's tracer tables differ from their results files: "
+              "python3 scripts/trace_corpus/readme_table.py --write README.md")
+        return 1
+    print("README's tracer tables match their results files")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

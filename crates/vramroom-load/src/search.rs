@@ -24,10 +24,10 @@
 //!    less the fragmentation margin.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use vramroom_alloc::AllocatorConfig;
 use tracing::debug;
+use vramroom_alloc::AllocatorConfig;
 
 use crate::config::LoadPlan;
 use crate::engine::drive;
@@ -37,43 +37,7 @@ use crate::timeline::{linear_fit, Phase};
 use vramroom_workload::device::{Interleave, RunDevice};
 use vramroom_workload::{Scenario, Workload};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SearchAxis {
-    Concurrency,
-    /// Batch size at `SearchConfig::concurrency` workers.
-    Batch,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct SearchConfig {
-    pub axis: SearchAxis,
-    /// Fraction of the capacity kept free against fragmentation and non-allocator memory.
-    pub margin_fraction: f64,
-    /// Loads probed for the fit.
-    pub fit_points: Vec<usize>,
-    /// Requests each worker makes in one probe.
-    pub requests_per_worker: u64,
-    /// Workers, for the batch axis.
-    pub concurrency: usize,
-    /// Highest load the search considers.
-    pub max_load: usize,
-    /// Wall-clock bound of the whole search; it returns what it has when reached.
-    pub time_limit: Duration,
-}
-
-impl Default for SearchConfig {
-    fn default() -> Self {
-        SearchConfig {
-            axis: SearchAxis::Concurrency,
-            margin_fraction: 0.1,
-            fit_points: vec![1, 2, 3, 4],
-            requests_per_worker: 4,
-            concurrency: 1,
-            max_load: 256,
-            time_limit: Duration::from_secs(20),
-        }
-    }
-}
+pub use crate::config::{SearchAxis, SearchConfig};
 
 /// Capacity of the fit probes: large enough that nothing here runs out.
 const UNBOUNDED: u64 = 1 << 46;

@@ -29,11 +29,11 @@ use vramroom_load::http::server::TestServer;
 use vramroom_load::http::HttpConfig;
 use vramroom_load::{parse_thresholds, NvmlDevice, Progress};
 
+use crate::error::UserError;
 use crate::run_cmd::{
     check_out_dir, discard_out_dir, duration, finish, le, load_fraction, progress_bar,
     stop_on_ctrl_c,
 };
-use crate::UserError;
 
 /// Workers of the closed model when neither `-c` nor `--stages` says.
 const DEFAULT_CONCURRENCY: usize = 10;

@@ -1,7 +1,7 @@
 //! `cache_held`: after a burst, the cache still holds memory the load no longer needs.
 use vramroom_alloc::BlockState;
 
-use super::{mib, nums, Rules};
+use super::rules::{mib, nums, Rules};
 use crate::results::*;
 
 pub(super) fn cache_held(r: &RunResult, rules: &Rules) -> Option<Finding> {

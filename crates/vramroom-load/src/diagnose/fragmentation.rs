@@ -1,7 +1,8 @@
 //! `fragmentation`: memory the caching allocator reserved because its free cache was in the
 //! wrong pieces. One rule for a load test's own allocator and for a service's (an HTTP run,
 //! read through the probe): the same evidence (alloc retries, the what-if replay) decides.
-use super::{mib, nums, what_if_table, Rules};
+use super::rules::{mib, nums, Rules};
+use super::whatif::what_if_table;
 use crate::results::*;
 
 /// `leak`/`demand`: a leak or demand over the capacity explains the run's OOMs.

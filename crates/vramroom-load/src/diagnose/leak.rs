@@ -1,5 +1,5 @@
 //! `leak`: memory that stays allocated after the requests that made it are over.
-use super::{by_cost, mib, nums, Rules};
+use super::rules::{by_cost, mib, nums, Rules};
 use crate::results::*;
 use crate::timeline::linear_fit;
 

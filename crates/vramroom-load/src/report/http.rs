@@ -10,12 +10,13 @@
 
 use std::fmt::Write as _;
 
+use super::format::{fmt_bytes, fmt_ms};
 use super::parts::{
     esc, figure, finding_lines, findings_and_thresholds_badges, findings_section, kv,
     memory_sources_section, ooms_section, stop_text, table, threshold_lines, thresholds_section,
     what_if_section, CSS,
 };
-use super::{fmt_bytes, fmt_ms, plots};
+use super::plots;
 use crate::results::*;
 
 /// The stages table has more columns than the loadtest's: smaller type keeps it in the page.

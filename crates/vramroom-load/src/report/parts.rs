@@ -8,7 +8,7 @@
 
 use std::fmt::Write as _;
 
-use super::{fmt_bytes, fmt_signed_bytes, fmt_value};
+use super::format::{fmt_bytes, fmt_signed_bytes, fmt_value};
 use crate::results::*;
 
 /// HTML-escapes text for element content and attribute values.

@@ -3,8 +3,8 @@
 
 use std::fmt::Write as _;
 
+use super::format::{fmt_bytes, fmt_ms, fmt_signed_bytes};
 use super::parts::{finding_lines, table, threshold_lines};
-use super::{fmt_bytes, fmt_ms, fmt_signed_bytes};
 use crate::results::*;
 
 /// The summary printed at the end of `vramroom loadtest` ([`super::summary_table`] picks

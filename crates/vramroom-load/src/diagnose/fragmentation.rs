@@ -1,6 +1,8 @@
 //! `fragmentation`: memory the caching allocator reserved because its free cache was in the
 //! wrong pieces. One rule for a load test's own allocator and for a service's (an HTTP run,
 //! read through the probe): the same evidence (alloc retries, the what-if replay) decides.
+use std::collections::BTreeMap;
+
 use super::rules::{mib, nums, Rules};
 use super::whatif::what_if_table;
 use crate::results::*;
@@ -26,11 +28,7 @@ pub(super) fn fragmentation(
     // The replay of the run's own trace is evidence only when its own-config row agrees
     // with the run (it starts from an empty allocator and saw every event).
     let own = r.what_if.first().filter(|_| r.what_if_check.agrees);
-    let best = r
-        .what_if
-        .iter()
-        .skip(1)
-        .min_by_key(|w| (w.num_ooms, w.peak_reserved_bytes));
+    let best = best_config(&r.what_if);
     // OOMs another config would have avoided: the one thing that makes fragmentation the
     // cause of a run's OOMs rather than the demand.
     let avoided = match (own, best) {
@@ -150,33 +148,49 @@ pub(super) fn fragmentation(
                 format!(" Replayed peak reserved: {table}.")
             }
         ),
-        numbers: nums(&[
-            ("peak_reserved_bytes", p.reserved_bytes as f64),
-            ("peak_allocated_bytes", p.allocated_bytes as f64),
-            ("reserved_over_allocated", ratio),
-            ("inactive_split_bytes_peak", p.inactive_split_bytes as f64),
-            ("alloc_retries", p.alloc_retries as f64),
-            ("replay_ooms_avoided", avoided as f64),
-            ("oom_reserved_unallocated_bytes", oom_waste as f64),
-            ("fragmented_segment_bytes", frag as f64),
-            (
-                "fragmented_segment_allocs",
-                p.fragmented_segment_allocs as f64,
-            ),
-        ]),
+        numbers: peak_numbers(
+            p,
+            &[
+                ("replay_ooms_avoided", avoided as f64),
+                ("oom_reserved_unallocated_bytes", oom_waste as f64),
+                ("fragmented_segment_bytes", frag as f64),
+                (
+                    "fragmented_segment_allocs",
+                    p.fragmented_segment_allocs as f64,
+                ),
+            ],
+        ),
         fix,
         predicted_saving_bytes: saving,
     })
 }
 
+/// The replay's best other config: the fewest OOMs, then the lowest peak reserved.
+fn best_config(what_if: &[WhatIfRow]) -> Option<&WhatIfRow> {
+    what_if
+        .iter()
+        .skip(1)
+        .min_by_key(|w| (w.num_ooms, w.peak_reserved_bytes))
+}
+
+/// The peak figures both findings report, then each one's own.
+fn peak_numbers(p: &Peaks, own: &[(&str, f64)]) -> BTreeMap<String, f64> {
+    let ratio = p.reserved_bytes as f64 / p.allocated_bytes.max(1) as f64;
+    let mut n = nums(&[
+        ("peak_reserved_bytes", p.reserved_bytes as f64),
+        ("peak_allocated_bytes", p.allocated_bytes as f64),
+        ("reserved_over_allocated", ratio),
+        ("inactive_split_bytes_peak", p.inactive_split_bytes as f64),
+        ("alloc_retries", p.alloc_retries as f64),
+    ]);
+    n.extend(nums(own));
+    n
+}
+
 pub(super) fn service_fragmentation(r: &RunResult, floor: u64) -> Option<Finding> {
     let p = &r.peaks;
     let own = r.what_if.first();
-    let best = r
-        .what_if
-        .iter()
-        .skip(1)
-        .min_by_key(|w| (w.num_ooms, w.peak_reserved_bytes));
+    let best = best_config(&r.what_if);
     let saving = match (own, best) {
         (Some(o), Some(b)) => o.peak_reserved_bytes.saturating_sub(b.peak_reserved_bytes),
         _ => 0,
@@ -225,14 +239,7 @@ pub(super) fn service_fragmentation(r: &RunResult, floor: u64) -> Option<Finding
                 format!(" Replayed peak reserved of the service's trace: {table}.")
             }
         ),
-        numbers: nums(&[
-            ("peak_reserved_bytes", p.reserved_bytes as f64),
-            ("peak_allocated_bytes", p.allocated_bytes as f64),
-            ("reserved_over_allocated", ratio),
-            ("inactive_split_bytes_peak", p.inactive_split_bytes as f64),
-            ("alloc_retries", p.alloc_retries as f64),
-            ("replay_saving_bytes", saving as f64),
-        ]),
+        numbers: peak_numbers(p, &[("replay_saving_bytes", saving as f64)]),
         fix,
         predicted_saving_bytes: saving,
     })

@@ -125,10 +125,11 @@ fn blame_the_mistake(mut demand: Finding, found: &[Finding]) -> Finding {
 /// probe's snapshots, so only the rules that need no workload apply (out of memory,
 /// fragmentation, cache held), with the same ids, floors and wording.
 pub fn diagnose_service(r: &RunResult) -> Vec<Finding> {
-    let floor = Rules::default().floor(r.capacity_bytes);
+    let rules = Rules::default();
+    let floor = rules.floor(r.capacity_bytes);
     let mut f = Vec::new();
     f.extend(oom::out_of_memory(r));
     f.extend(fragmentation::service_fragmentation(r, floor));
-    f.extend(cache::service_cache_held(r, floor));
+    f.extend(cache::service_cache_held(r, &rules));
     f
 }

@@ -1113,25 +1113,6 @@ fn summary(s: &StageAcc) -> RequestSummary {
     }
 }
 
-fn add_summary(a: &mut RequestSummary, b: &RequestSummary) {
-    a.total += b.total;
-    a.ok += b.ok;
-    a.oom += b.oom;
-    a.other_errors += b.other_errors;
-    a.items += b.items;
-    a.stopped += b.stopped;
-}
-
-fn throughput(ok: u64, secs: f64) -> Throughput {
-    if secs <= 0.0 {
-        return Throughput::default();
-    }
-    Throughput {
-        requests_per_s: ok as f64 / secs,
-        items_per_s: ok as f64 / secs,
-    }
-}
-
 fn merge_into(into: &mut Option<Histogram<u64>>, h: Option<&Histogram<u64>>) {
     if let Some(h) = h {
         match into {
@@ -1249,7 +1230,7 @@ impl Aggregate<'_> {
                 end_s: s1,
                 requests: req,
                 latency: record::stats(lat_h.as_ref(), acc.ok_n),
-                throughput: throughput(acc.ok_n, s1 - s0),
+                throughput: Throughput::of(&req, s1 - s0),
                 peak_allocated_bytes: mem.iter().map(|m| m.allocated_bytes).max().unwrap_or(0),
                 peak_reserved_bytes: mem.iter().map(|m| m.reserved_bytes).max().unwrap_or(0),
                 workers_started: match load {
@@ -1317,7 +1298,7 @@ impl Aggregate<'_> {
             let (mut pa, mut pr) = (0, 0);
             for &k in &ks {
                 let st = &stages[k];
-                add_summary(&mut req, &st.requests);
+                req.add(&st.requests);
                 merge_into(&mut h, corrected[k].as_ref());
                 secs += st.end_s - st.start_s;
                 shed += http_stages[k].shed;
@@ -1331,7 +1312,7 @@ impl Aggregate<'_> {
                     requests: req,
                     shed,
                     latency,
-                    throughput: throughput(req.ok, secs),
+                    throughput: Throughput::of(&req, secs),
                     peak_allocated_bytes: pa,
                     peak_reserved_bytes: pr,
                 });
@@ -1340,7 +1321,7 @@ impl Aggregate<'_> {
                     concurrency: key as usize,
                     requests: req,
                     latency,
-                    throughput: throughput(req.ok, secs),
+                    throughput: Throughput::of(&req, secs),
                     peak_allocated_bytes: pa,
                     peak_reserved_bytes: pr,
                     peak_above_base_bytes: pa.saturating_sub(baseline),
@@ -1491,7 +1472,7 @@ impl Aggregate<'_> {
             baseline_bytes: baseline,
             requests,
             latency: record::stats(lat_all.as_ref(), all.ok_n),
-            throughput: throughput(all.ok_n, self.wall_s),
+            throughput: Throughput::of(&summary(&all), self.wall_s),
             errors: ErrorCounts {
                 oom: service_ooms.unwrap_or(0).max(all.oom_n),
                 by_kind,

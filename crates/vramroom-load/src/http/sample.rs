@@ -60,28 +60,9 @@ fn note_series(info: &mut MemorySourceInfo, r: &MemoryReading) {
     }
 }
 
-/// Adds `r` into `acc`, field by field (a field is known when any endpoint knows it).
+/// Adds `r` into `acc`, field by field ([`MemoryReading::add`]).
 pub fn add_reading(acc: &mut MemoryReading, r: &MemoryReading) {
-    macro_rules! add {
-        ($($f:ident),*) => { $(
-            acc.$f = match (acc.$f, r.$f) {
-                (Some(a), Some(b)) => Some(a.saturating_add(b)),
-                (a, b) => a.or(b),
-            };
-        )* };
-    }
-    add!(
-        allocated,
-        reserved,
-        active,
-        inactive_split,
-        max_allocated,
-        max_reserved,
-        process_used,
-        device_used,
-        capacity,
-        num_ooms
-    );
+    acc.add(r);
 }
 
 impl Sampler {

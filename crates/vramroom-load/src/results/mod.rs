@@ -224,6 +224,18 @@ pub struct RequestSummary {
     pub stopped: u64,
 }
 
+impl RequestSummary {
+    /// Adds another stage's counts in (a concurrency level over its stages).
+    pub fn add(&mut self, b: &RequestSummary) {
+        self.total += b.total;
+        self.ok += b.ok;
+        self.oom += b.oom;
+        self.other_errors += b.other_errors;
+        self.items += b.items;
+        self.stopped += b.stopped;
+    }
+}
+
 /// Latency percentiles from an HDR histogram (microsecond resolution, 3 significant
 /// digits). All zero when `count` is 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -245,6 +257,20 @@ pub struct Throughput {
     pub requests_per_s: f64,
     /// Samples per second (requests × batch).
     pub items_per_s: f64,
+}
+
+impl Throughput {
+    /// The rates of `s` over `secs` of wall time (zero for no time): one rule for every
+    /// stage, level and run, in-process or HTTP.
+    pub fn of(s: &RequestSummary, secs: f64) -> Throughput {
+        if secs <= 0.0 {
+            return Throughput::default();
+        }
+        Throughput {
+            requests_per_s: s.ok as f64 / secs,
+            items_per_s: s.items as f64 / secs,
+        }
+    }
 }
 
 /// Errors by kind. OOM is counted on its own; `by_kind` holds the rest, keyed by a short

@@ -121,7 +121,14 @@ pub fn oom_search(
     stop: &AtomicBool,
 ) -> Result<OomSearch> {
     let t0 = Instant::now();
-    let out_of_time = || stop.load(Ordering::Relaxed) || t0.elapsed() >= cfg.time_limit;
+    let stopped_early = std::cell::Cell::new(false);
+    let out_of_time = || {
+        let out = stop.load(Ordering::Relaxed) || t0.elapsed() >= cfg.time_limit;
+        if out {
+            stopped_early.set(true);
+        }
+        out
+    };
     let margin = (capacity as f64 * cfg.margin_fraction.clamp(0.0, 0.9)) as u64;
     let budget = capacity - margin;
     let max_load = cfg.max_load.max(1);
@@ -292,5 +299,7 @@ pub fn oom_search(
         recommended: None,
         not_better: None,
         headline: String::new(),
+        requests_per_worker: cfg.requests_per_worker.max(1),
+        stopped_early: stopped_early.get(),
     })
 }

@@ -42,6 +42,7 @@ pub mod predict;
 pub mod probe;
 pub mod prometheus;
 pub mod record;
+pub mod refusal;
 pub mod run;
 pub mod sample;
 pub mod server;

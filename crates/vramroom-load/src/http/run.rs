@@ -44,6 +44,7 @@ use crate::http::load::{Arrival, HttpStage, Load, Schedule};
 use crate::http::predict::{device_capacities, observed, predict, DeviceCapacity};
 use crate::http::prometheus::{MetricMap, Selector, Target as MetricTarget};
 use crate::http::record::{self, Done, Outcome, Recorder, StageAcc, Totals};
+use crate::http::refusal::{hint, Refusals};
 use crate::http::sample::{self, Sampler, Scrape};
 use crate::memsource::{MemoryReading, MemorySource, NvmlDevice, NvmlSource};
 use crate::results::*;
@@ -332,6 +333,8 @@ struct Ctx {
     dropped: AtomicU64,
     pool: Mutex<Vec<Conn>>,
     slots: Semaphore,
+    /// Whether every answer so far was the same refusal (a 4xx).
+    refusals: Refusals,
 }
 
 impl Ctx {
@@ -441,7 +444,8 @@ async fn one_request(
             Outcome::Error(ErrorKind::Timeout)
         }
     };
-    if matches!(outcome, Outcome::Answer { .. }) {
+    if let Outcome::Answer { status, .. } = outcome {
+        ctx.refusals.see(status);
         if let Some(n) = ctx.answered_by_stage.get(stage) {
             n.fetch_add(1, Ordering::Relaxed);
         }
@@ -744,6 +748,7 @@ async fn drive(
         dropped: AtomicU64::new(0),
         pool: Mutex::new(Vec::new()),
         slots: Semaphore::new(cfg.max_connections.min(Semaphore::MAX_PERMITS)),
+        refusals: Refusals::default(),
     });
 
     let sampler_task = {
@@ -794,6 +799,7 @@ async fn drive(
     }
     let mut stages_run: Vec<StageRun> = Vec::new();
     let mut stop_reason = StopReason::Completed;
+    let mut stop_hint: Option<String> = None;
     let mut spawned = 0usize;
     let mut last_progress = Instant::now() - Duration::from_secs(1);
     let mut boundary = 0.0f64;
@@ -854,6 +860,15 @@ async fn drive(
                 ctx.cancelled.store(true, Ordering::Relaxed);
                 stages_run.push((i, stage_start, ctx.t()));
                 info!(stage = i, "first OOM: the ramp stops");
+                break 'stages;
+            }
+            if let Some(status) = ctx.refusals.stop_status() {
+                stop_reason = StopReason::Refused;
+                let h = hint(status, &prep.method, &cfg.url);
+                warn!(status, "{h}");
+                stop_hint = Some(h);
+                ctx.cancelled.store(true, Ordering::Relaxed);
+                stages_run.push((i, stage_start, ctx.t()));
                 break 'stages;
             }
             if stop.load(Ordering::Relaxed) {
@@ -986,6 +1001,9 @@ async fn drive(
         probe,
     };
     let mut r = agg.result();
+    if let Some(h) = r.http.as_mut() {
+        h.stop_hint = stop_hint;
+    }
     r.snapshot = snapshot;
     r.oom_snapshot = oom_snapshot;
     Ok((r, caps))
@@ -1528,6 +1546,7 @@ impl Aggregate<'_> {
                 memory_series: series,
                 service_ooms,
                 probe: self.probe,
+                stop_hint: None,
                 prediction: None,
             }),
         }

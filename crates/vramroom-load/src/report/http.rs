@@ -470,10 +470,14 @@ pub(super) fn http_summary_table(r: &RunResult, hr: &HttpResult) -> String {
             StopReason::OomFound => "stopped at the first OOM (--ramp-until-oom)",
             StopReason::Saturated =>
                 "stopped: no answer within --timeout at the last step, before any OOM",
+            StopReason::Refused => "stopped early: every answer the same 4xx",
             _ => "completed",
         },
         hr.body
     );
+    if let Some(h) = &hr.stop_hint {
+        let _ = writeln!(o, "hint: {h}");
+    }
     o.push('\n');
     let rows: Vec<Vec<String>> = r
         .stages

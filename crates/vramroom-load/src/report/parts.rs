@@ -75,6 +75,7 @@ pub(crate) fn stop_text(s: StopReason) -> &'static str {
         StopReason::Saturated => {
             "stopped: no answer at the last load step within --timeout (saturated before any OOM)"
         }
+        StopReason::Refused => "stopped early: every answer was the same 4xx (see the hint)",
     }
 }
 

@@ -181,6 +181,10 @@ pub enum StopReason {
     /// `vramroom http --ramp-until-oom`: no request sent at the last load step got an answer
     /// within `--timeout`, so higher steps could not show an OOM either; the ramp stopped.
     Saturated,
+    /// `vramroom http`: every answer was the same 4xx (the endpoint refuses the request
+    /// itself: method, path, body, credentials), so the run stopped early; `http.stop_hint`
+    /// says what to change.
+    Refused,
 }
 
 /// How the load was driven.
@@ -513,6 +517,13 @@ pub struct OomSearch {
     /// terminal summary, this file and the HTML report.
     #[serde(default)]
     pub headline: String,
+    /// Requests each worker made in one probe: a probe at load N verified N times this.
+    #[serde(default)]
+    pub requests_per_worker: u64,
+    /// The search stopped at its time limit (or Ctrl-C) before it finished: what it did
+    /// not probe, the headline does not claim.
+    #[serde(default)]
+    pub stopped_early: bool,
 }
 
 /// The OOM search's answer under the recommended allocator config.
@@ -527,10 +538,14 @@ pub struct RecommendedSearch {
 }
 
 impl OomSearch {
-    /// `safe concurrency N, first OOM at M, on capacity C under config X, and N' under the
-    /// recommended config Y`: the one verdict, from the search's own numbers.
+    /// `safe concurrency N (verified over K requests: ...), first OOM at M, on capacity C
+    /// under config X, and N' under the recommended config Y`: the one verdict, from the
+    /// search's own numbers. It never claims more than the probes showed: the safe load
+    /// says how many requests verified it and the per-request OOM chance that leaves (the
+    /// rule of three: none in K draws bounds it below 3/K at 95% confidence); a missing safe
+    /// load says why (one request alone runs out, or is over the budget, or the search's
+    /// time ran out first); "no OOM up to" names the highest load actually probed.
     pub fn headline(&self) -> String {
-        let opt = |v: Option<usize>| v.map_or_else(|| "none".to_string(), |x| x.to_string());
         let conf = |c: &str| {
             if c.is_empty() {
                 "the default config".to_string()
@@ -538,14 +553,49 @@ impl OomSearch {
                 format!("PYTORCH_CUDA_ALLOC_CONF={c}")
             }
         };
+        let opt = |v: Option<usize>| v.map_or_else(|| "none".to_string(), |x| x.to_string());
+        let probed = |l: usize| self.bisection.iter().find(|p| p.load == l);
+        let safe = match self.verified_safe_load {
+            Some(n) => {
+                let k = n as u64 * self.requests_per_worker.max(1);
+                format!(
+                    "{n} (verified over {k} requests at that load within the {} budget: \
+                     per-request OOM chance below {:.1}% at 95% confidence)",
+                    vramroom_alloc::human_bytes(self.budget_bytes),
+                    300.0 / k as f64
+                )
+            }
+            None => match probed(1) {
+                Some(p) if p.oom => "none (one request alone runs out of memory)".to_string(),
+                Some(p) => format!(
+                    "none (one request alone peaks at {} reserved, over the {} budget)",
+                    vramroom_alloc::human_bytes(p.peak_reserved_bytes),
+                    vramroom_alloc::human_bytes(self.budget_bytes)
+                ),
+                None if self.stopped_early => {
+                    "not verified (the search's time ran out before a probe under the \
+                     capacity could)"
+                        .to_string()
+                }
+                None => "none".to_string(),
+            },
+        };
         let first = match self.observed_oom_load {
             Some(m) => format!("first OOM at {m}"),
-            None => format!("no OOM up to {}", self.max_load_tried),
+            None => match self
+                .bisection
+                .iter()
+                .filter(|p| !p.oom)
+                .map(|p| p.load)
+                .max()
+            {
+                Some(top) => format!("no OOM up to {top}"),
+                None => "no probe under the capacity".to_string(),
+            },
         };
         let mut h = format!(
-            "safe {} {}, {first}, on capacity {} under {}",
+            "safe {} {safe}, {first}, on capacity {} under {}",
             self.axis,
-            opt(self.verified_safe_load),
             vramroom_alloc::human_bytes(self.capacity_bytes),
             conf(&self.alloc_conf)
         );
@@ -909,6 +959,9 @@ pub struct HttpResult {
     pub service_ooms: Option<u64>,
     /// The `vramroom_probe.py` endpoint, when the metrics URL is one.
     pub probe: Option<ProbeResult>,
+    /// Why the run stopped early and what to change, in words (`stop_reason: refused`).
+    #[serde(default)]
+    pub stop_hint: Option<String>,
     /// `--predict`: the OOM concurrency predicted from this run's trace; with
     /// `--ramp-until-oom`, what the ramp observed against it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

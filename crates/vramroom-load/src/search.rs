@@ -21,7 +21,10 @@
 //!    The allocator can free its cache and retry before it raises OOM, so the observed
 //!    boundary can lie above the line's prediction: the verified figure is the one to use.
 //! 3. Safe: the largest verified load whose peak reserved also stays under the capacity
-//!    less the fragmentation margin.
+//!    less the fragmentation margin. "Verified" means by one probe of `requests_per_worker`
+//!    requests per worker, so the headline ([`OomSearch::headline`]) says how many requests
+//!    verified it and the per-request OOM chance that leaves; a search cut short by its time
+//!    limit says so (`stopped_early`) instead of claiming the loads it never probed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;

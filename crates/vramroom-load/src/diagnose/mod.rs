@@ -35,6 +35,8 @@
 //! OOMs; OOMs that demand or a leak explain are not blamed on it.
 //! - `cache_held`: after the load fell, the cache still holds memory for a burst that is
 //!   over; what `empty_cache()` would hand back (fully free segments) is the saving.
+//! - `load_shed` (HTTP runs): the service answered 503 to part of the load, with its reason
+//!   when it says one (admission metrics, `Retry-After`); critical when most was shed.
 
 use std::sync::atomic::AtomicBool;
 
@@ -51,6 +53,7 @@ mod leak;
 mod oom;
 mod rules;
 mod runlog;
+mod shed;
 mod whatif;
 
 pub use oom::segment_state;
@@ -131,5 +134,6 @@ pub fn diagnose_service(r: &RunResult) -> Vec<Finding> {
     f.extend(oom::out_of_memory(r));
     f.extend(fragmentation::service_fragmentation(r, floor));
     f.extend(cache::service_cache_held(r, &rules));
+    f.extend(shed::load_shed(r));
     f
 }

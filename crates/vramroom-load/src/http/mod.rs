@@ -10,6 +10,7 @@
 //! - [`load`]: the closed (`-c`) and open (`-q`, constant or Poisson) models, stages.
 //! - [`body`]: request bodies — templates with placeholders, files, size distributions.
 //! - [`record`]: per-thread HDR histograms and counters; coordinated-omission correction.
+//! - [`refusal`]: a run whose every answer is the same 4xx stops early, with a hint.
 //! - [`prometheus`]: the text exposition format, and known metric names mapped to memory.
 //! - [`sample`]: the memory sampler (scraped endpoint, NVML) on the load's clock.
 //! - [`predict`]: `--predict` (the OOM concurrency per device and config, size caps,

@@ -335,6 +335,9 @@ struct Ctx {
     slots: Semaphore,
     /// Whether every answer so far was the same refusal (a 4xx).
     refusals: Refusals,
+    /// Answers with a `Retry-After`, and the longest it asked for.
+    retry_after: AtomicU64,
+    retry_after_max_s: AtomicU64,
 }
 
 impl Ctx {
@@ -430,11 +433,17 @@ async fn one_request(
     let t_done = Instant::now();
     ctx.in_flight.fetch_sub(1, Ordering::Relaxed);
     let outcome = match res {
-        Ok(Ok(a)) => Outcome::Answer {
-            status: a.status,
-            body_bytes: a.body_bytes,
-            oom: a.oom,
-        },
+        Ok(Ok(a)) => {
+            if let Some(ra) = a.retry_after_s {
+                ctx.retry_after.fetch_add(1, Ordering::Relaxed);
+                ctx.retry_after_max_s.fetch_max(ra, Ordering::Relaxed);
+            }
+            Outcome::Answer {
+                status: a.status,
+                body_bytes: a.body_bytes,
+                oom: a.oom,
+            }
+        }
         Ok(Err(k)) => {
             *conn = None;
             Outcome::Error(k)
@@ -749,6 +758,8 @@ async fn drive(
         pool: Mutex::new(Vec::new()),
         slots: Semaphore::new(cfg.max_connections.min(Semaphore::MAX_PERMITS)),
         refusals: Refusals::default(),
+        retry_after: AtomicU64::new(0),
+        retry_after_max_s: AtomicU64::new(0),
     });
 
     let sampler_task = {
@@ -999,6 +1010,15 @@ async fn drive(
         last_stats: std::mem::take(&mut sampler.last_stats),
         infos,
         probe,
+        shed_reasons: crate::http::sample::rejections_during(
+            sampler.first_rejections.as_ref(),
+            &sampler.last_rejections,
+        ),
+        retry_after_answers: ctx.retry_after.load(Ordering::Relaxed),
+        retry_after_max_s: match ctx.retry_after.load(Ordering::Relaxed) {
+            0 => None,
+            _ => Some(ctx.retry_after_max_s.load(Ordering::Relaxed)),
+        },
     };
     let mut r = agg.result();
     if let Some(h) = r.http.as_mut() {
@@ -1118,6 +1138,9 @@ struct Aggregate<'a> {
     last_stats: BTreeMap<String, i64>,
     infos: Vec<MemorySourceInfo>,
     probe: Option<ProbeResult>,
+    shed_reasons: BTreeMap<String, u64>,
+    retry_after_answers: u64,
+    retry_after_max_s: Option<u64>,
 }
 
 fn summary(s: &StageAcc) -> RequestSummary {
@@ -1547,6 +1570,9 @@ impl Aggregate<'_> {
                 service_ooms,
                 probe: self.probe,
                 stop_hint: None,
+                shed_reasons: self.shed_reasons,
+                retry_after_answers: self.retry_after_answers,
+                retry_after_max_s: self.retry_after_max_s,
                 prediction: None,
             }),
         }

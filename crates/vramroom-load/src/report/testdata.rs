@@ -525,6 +525,9 @@ pub fn synthetic_http(open: bool) -> RunResult {
         service_ooms: Some(0),
         probe: None,
         stop_hint: None,
+        shed_reasons: BTreeMap::new(),
+        retry_after_answers: 0,
+        retry_after_max_s: None,
         prediction: None,
     });
     r

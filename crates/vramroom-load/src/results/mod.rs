@@ -711,6 +711,8 @@ pub enum FindingId {
     /// The service ran out of memory (`vramroom http` with a probe: the allocator state at
     /// the OOM, from the probe's OOM snapshot).
     OutOfMemory,
+    /// The service shed load (503 without an OOM), with its reason when it said one.
+    LoadShed,
 }
 
 impl FindingId {
@@ -722,6 +724,7 @@ impl FindingId {
             FindingId::Fragmentation => "fragmentation",
             FindingId::CacheHeld => "cache_held",
             FindingId::OutOfMemory => "out_of_memory",
+            FindingId::LoadShed => "load_shed",
         }
     }
 }
@@ -962,6 +965,15 @@ pub struct HttpResult {
     /// Why the run stopped early and what to change, in words (`stop_reason: refused`).
     #[serde(default)]
     pub stop_hint: Option<String>,
+    /// Why the service shed load, by its own account: `vramroom serve`'s admission
+    /// rejections during the run, by reason (`queue_delay`, `memory`, `queue_full`).
+    #[serde(default)]
+    pub shed_reasons: BTreeMap<String, u64>,
+    /// Answers that carried a `Retry-After` (in seconds), and the longest it asked for.
+    #[serde(default)]
+    pub retry_after_answers: u64,
+    #[serde(default)]
+    pub retry_after_max_s: Option<u64>,
     /// `--predict`: the OOM concurrency predicted from this run's trace; with
     /// `--ramp-until-oom`, what the ramp observed against it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -19,6 +19,8 @@
 //! - [`mod@run`]: [`HttpConfig`] and [`run()`](run::run), the whole run.
 //! - [`watch`]: `vramroom watch`: several endpoints (ranks) on one timeline, no load.
 //! - [`server`]: a small loopback server for tests and `vramroom bench http`.
+//! - [`peer`]: `vramroom bench http`'s peer client (wrk, oha), run and read.
+//! - [`listener`]: the local process listening on a URL's port (for NVML's `--pid`).
 //!
 //! ```no_run
 //! use std::sync::{atomic::AtomicBool, Arc};
@@ -38,7 +40,9 @@
 
 pub mod body;
 pub mod client;
+pub mod listener;
 pub mod load;
+pub mod peer;
 pub mod predict;
 pub mod probe;
 pub mod prometheus;

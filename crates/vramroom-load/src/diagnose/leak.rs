@@ -54,14 +54,8 @@ pub(super) fn leak(r: &RunResult, rules: &Rules) -> Option<Finding> {
     // drifted 41 MiB/s at R² 0.63 with 0 B left at rest, in one run of several.
     let drifts = drift >= floor as f64 && r2 >= 0.6 && retained as f64 >= 0.5 * drift;
     // A falling floor is never a leak (measured: resnet18 --grad-on read "the floor rises
-    // -0.3 MiB/s (R² 0.02)" beside bytes that stayed). And a run that ran out of memory
-    // unwound requests mid-way: what that leaves at rest (a replica's lazily built state,
-    // workspaces) is the OOM's, not the workload's, unless the floor rose under load too.
-    let fires = if r.errors.oom > 0 {
-        drifts
-    } else {
-        (retained >= floor && slope >= 0.0) || drifts
-    };
+    // -0.3 MiB/s (R² 0.02)" beside bytes that stayed, as a critical leak).
+    let fires = (retained >= floor && slope >= 0.0) || drifts;
     if !fires {
         return None;
     }
@@ -163,12 +157,7 @@ mod tests {
     }
 
     #[test]
-    fn what_an_oom_storm_leaves_at_rest_is_no_leak() {
-        // A flat floor under load, bytes left at rest, and OOMs: the unwinding's, not a leak.
-        let mut r = drifting(0.0, 60 * MIB);
-        r.errors.oom = 12;
-        assert!(leak(&r, &Rules::default()).is_none());
-        // The same with a rising floor is a leak that drove the run out of memory.
+    fn a_rising_floor_that_stays_through_an_oom_storm_is_a_critical_leak() {
         let mut r = drifting(40.0 * MIB as f64, 60 * MIB);
         r.errors.oom = 12;
         let f = leak(&r, &Rules::default()).expect("a leak");

@@ -29,11 +29,11 @@ use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 
+use serde::{Deserialize, Serialize};
 use vramroom_alloc::rng::splitmix64;
 use vramroom_tensor::models::hf::CacheImpl;
 use vramroom_tensor::models::Gpt2Config;
 use vramroom_tensor::DType;
-use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, WorkloadError};
 pub use crate::model::HfModelSpec;
@@ -454,7 +454,13 @@ impl Scenario {
                     ));
                 }
             }
-            ModelSpec::Hf(h) => h.validate(self)?,
+            ModelSpec::Hf(h) => {
+                let need = match self.mode {
+                    Mode::Generate { new_tokens, .. } => self.input.max() + new_tokens,
+                    _ => self.input.max(),
+                };
+                h.validate(need, self.is_generate(), self.mistakes.named_temporaries)?
+            }
             ModelSpec::ResNet18 { .. } | ModelSpec::ResNet50 { .. } => {
                 if self.input.min() < 32 {
                     return bad(format!(

@@ -7,12 +7,12 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
+use serde_json::{json, Value};
 use vramroom_alloc::{format_size, AllocatorConfig};
 use vramroom_tensor::bench::{predict_case, run_case, standard_cases, BenchResult};
 use vramroom_tensor::Device;
-use serde_json::{json, Value};
 
-use crate::UserError;
+use crate::error::UserError;
 
 #[derive(Args)]
 pub struct BenchModelsArgs {

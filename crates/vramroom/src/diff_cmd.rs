@@ -17,8 +17,8 @@ use anyhow::{anyhow, Context};
 use clap::Args;
 use vramroom_alloc::size::{human_bytes, parse_size};
 
-use crate::replay_cmd::print_rows;
-use crate::UserError;
+use crate::error::UserError;
+use crate::table::print_rows;
 
 #[derive(Args)]
 pub struct DiffArgs {

@@ -11,7 +11,8 @@ use vramroom_trace::{
     min_capacity, read_snapshot_file, replay as run_replay, ReplayOptions, ReplayResult,
 };
 
-use crate::UserError;
+use crate::error::UserError;
+use crate::table::{cell, print_rows};
 
 #[derive(Args)]
 pub struct ReplayArgs {
@@ -422,18 +423,6 @@ fn print_table(path: &std::path::Path, capacity: u64, results: &[(String, Replay
             );
         }
     }
-}
-
-pub use vramroom_alloc::table::cell;
-
-/// A plain-text table (vramroom-alloc's one printer): the first column left-aligned, the
-/// numbers right-aligned; long cells are cut.
-pub fn print_rows(header: &[&str], rows: &[Vec<String>]) {
-    let right: Vec<bool> = (0..header.len()).map(|i| i > 0).collect();
-    print!(
-        "{}",
-        vramroom_alloc::table::format_table(header, rows, &right)
-    );
 }
 
 /// A snapshot pickle, or an RMM CSV log (by extension `.csv`).

@@ -10,8 +10,8 @@ use vramroom_alloc::AllocatorConfig;
 use vramroom_trace::ranks::{rank_table, RankOptions, RankTable};
 use vramroom_trace::Snapshot;
 
-use crate::replay_cmd::{cell, print_rows};
-use crate::UserError;
+use crate::error::UserError;
+use crate::table::{cell, print_rows};
 
 /// The snapshots named on the command line, a folder standing for the `.pickle` files in it
 /// (sorted, so `rank0 … rank10` come in the order a user lists them).

@@ -14,7 +14,7 @@ use vramroom_load::report::{summary_table, write_html, write_json};
 use vramroom_load::{LoadError, Progress, RunResult, StopReason};
 use vramroom_workload::parse_duration;
 
-use crate::UserError;
+use crate::error::UserError;
 
 /// Exit code of a run that broke a `--threshold` (k6's).
 pub const EXIT_THRESHOLD: u8 = 99;

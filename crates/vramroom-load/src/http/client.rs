@@ -269,6 +269,9 @@ pub struct Answer {
     pub status: u16,
     pub body_bytes: u64,
     pub oom: bool,
+    /// The answer's `Retry-After` in whole seconds (a service shedding load says when to
+    /// come back); `None` without one, or with an HTTP date.
+    pub retry_after_s: Option<u64>,
 }
 
 /// How much of a 5xx body is searched for an OOM message: services put PyTorch's message
@@ -297,6 +300,11 @@ pub async fn exchange(
             .await
             .map_err(|e| ErrorKind::of(&e))?;
         let status = resp.status().as_u16();
+        let retry_after_s = resp
+            .headers()
+            .get(hyper::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
         let mut body = resp.into_body();
         let mut n = 0u64;
         // Only 5xx bodies are kept (the first bytes), to look for an OOM message: the hot
@@ -316,6 +324,7 @@ pub async fn exchange(
             status,
             body_bytes: n,
             oom: status >= 500 && body_names_oom(&head),
+            retry_after_s,
         })
     };
     let mut fut = std::pin::pin!(fut);

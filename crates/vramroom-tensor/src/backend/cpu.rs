@@ -200,19 +200,7 @@ fn gelu_grad(x: f32, tanh: bool) -> f32 {
     }
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
+use vramroom_alloc::rng::Rng;
 
 /// `c[m,n] = a[m,k] @ b[k,n] (+ c)`, all f32 with element strides.
 #[allow(clippy::too_many_arguments)]
@@ -394,18 +382,18 @@ impl Backend for CpuBackend {
     }
 
     fn uniform(&self, out: TRef, low: f64, high: f64, seed: u64) -> Result<()> {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         for_each_offset(out.layout, |o| {
-            set(out, o, low + (high - low) * rng.uniform())
+            set(out, o, low + (high - low) * rng.unit())
         });
         Ok(())
     }
 
     fn normal(&self, out: TRef, mean: f64, std: f64, seed: u64) -> Result<()> {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         for_each_offset(out.layout, |o| {
-            let u1 = rng.uniform().max(1e-300);
-            let u2 = rng.uniform();
+            let u1 = rng.unit().max(1e-300);
+            let u2 = rng.unit();
             let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
             set(out, o, mean + std * z);
         });
@@ -1259,8 +1247,8 @@ impl Backend for CpuBackend {
 
     fn dropout(&self, x: TRef, p: f64, seed: u64, out: TRef, mask: TRef) -> Result<()> {
         let xs = load(x, None);
-        let mut rng = Rng(seed);
-        let keep: Vec<bool> = (0..xs.len()).map(|_| rng.uniform() >= p).collect();
+        let mut rng = Rng::new(seed);
+        let keep: Vec<bool> = (0..xs.len()).map(|_| rng.unit() >= p).collect();
         let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
         with_out(out, |os| {
             for ((o, v), k) in os.iter_mut().zip(xs.iter()).zip(&keep) {

@@ -26,6 +26,7 @@ pub mod bert;
 pub mod cache;
 pub mod config;
 pub mod error;
+pub mod footprint;
 pub mod generate;
 pub mod gpt2;
 mod layers;
@@ -164,6 +165,7 @@ pub fn load(path: &Path, device: &Device, opts: &LoadOptions) -> HfResult<Loaded
             "dtype {dtype} is not a floating type (float32, bfloat16, float16)"
         )));
     }
+    footprint::check(&cfg, dtype, opts.bert_head, device)?;
     let dir = if path.is_dir() {
         path.to_path_buf()
     } else {

@@ -31,6 +31,7 @@ pub mod device;
 pub mod event;
 mod expandable;
 pub mod history;
+pub mod input;
 mod import;
 mod invariants;
 mod lock;

@@ -187,7 +187,7 @@ fn get(f: &Figures, m: &str) -> Option<f64> {
 fn is_json(path: &Path) -> Result<bool, UserError> {
     use std::io::Read;
     let mut buf = [0u8; 64];
-    let n = std::fs::File::open(path)
+    let n = vramroom_alloc::input::open_nonblocking(path)
         .and_then(|mut f| f.read(&mut buf))
         .with_context(|| format!("cannot read {}", path.display()))?;
     Ok(buf[..n]
@@ -197,8 +197,8 @@ fn is_json(path: &Path) -> Result<bool, UserError> {
 }
 
 fn results_figures(path: &Path) -> Result<Figures, UserError> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = vramroom_alloc::input::read_text(path, vramroom_alloc::input::Limit::RESULTS)
+        .map_err(|e| anyhow!("cannot read {e}"))?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("{} is not a results JSON", path.display()))?;
     if v.get("peaks").is_none() {

@@ -477,7 +477,8 @@ pub fn bench_alloc(a: BenchAllocArgs) -> Result<ExitCode, UserError> {
     use vramroom_alloc::bench;
     let reference = match &a.reference {
         Some(p) => Some(
-            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
+            vramroom_alloc::input::read_text(p, vramroom_alloc::input::Limit::RESULTS)
+                .map_err(|e| anyhow::anyhow!("--reference {e}"))?,
         ),
         None => std::fs::read_to_string("../shared/spec/golden/results__default.json").ok(),
     };

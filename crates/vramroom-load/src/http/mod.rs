@@ -37,6 +37,7 @@
 
 pub mod body;
 pub mod client;
+pub mod limits;
 pub mod load;
 pub mod predict;
 pub mod probe;

@@ -210,10 +210,10 @@ impl HfConfig {
     pub fn from_path(path: &Path) -> HfResult<HfConfig> {
         let file = config_path(path);
         let shown = file.display().to_string();
-        let text = std::fs::read_to_string(&file).map_err(|e| HfError::Io {
-            path: shown.clone(),
-            msg: e.to_string(),
-        })?;
+        // Bounded, and never blocking on a FIFO: `/dev/zero` or a 1 GB JSON array as a
+        // config is an error naming the limit, not a read until the kernel kills us.
+        let text = vramroom_alloc::input::read_text(&file, vramroom_alloc::input::Limit::CONFIG)
+            .map_err(|e| HfError::Invalid(e.to_string()))?;
         HfConfig::from_json(&text, &shown)
     }
 

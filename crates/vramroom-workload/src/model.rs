@@ -93,7 +93,7 @@ impl HfModelSpec {
     /// The positions a request of this scenario needs at most.
     fn positions(&self, sc: &Scenario) -> usize {
         match sc.mode {
-            Mode::Generate { new_tokens, .. } => sc.input.max() + new_tokens,
+            Mode::Generate { new_tokens, .. } => sc.input.max().saturating_add(new_tokens),
             _ => sc.input.max(),
         }
     }

@@ -42,6 +42,12 @@ impl Limit {
         bytes: 256 << 20,
         raise: None,
     };
+    /// An RMM CSV log replayed as a trace.
+    pub const RMM_LOG: Limit = Limit {
+        what: "RMM log",
+        bytes: 512 << 20,
+        raise: None,
+    };
     /// A request body for `http --body-file`.
     pub const BODY: Limit = Limit {
         what: "request body",

@@ -115,6 +115,12 @@ fn special_files_and_endless_files_are_bounded() {
         "fifo weights",
     );
     assert_refused(run_in(&d, &["diff", "/dev/zero", "/dev/zero"]), "larger than", "diff");
+    let fifo = d.join("trace.pickle");
+    mkfifo(&fifo);
+    assert_refused(run_in(&d, &["replay", fifo.to_str().unwrap()]), "pickle", "fifo snapshot");
+    let csv = d.join("log.csv");
+    std::os::unix::fs::symlink("/dev/zero", &csv).unwrap();
+    assert_refused(run_in(&d, &["replay", csv.to_str().unwrap()]), "larger than", "rmm log");
     assert_refused(
         run_in(&d, &["bench", "alloc", "--reference", "/dev/zero"]),
         "larger than",

@@ -177,7 +177,10 @@ fn exercise(bytes: &[u8], file: &Path) {
     let cfg = HfConfig::from_json(&text, "fuzz");
     std::fs::write(file, bytes).unwrap();
     let from_file = HfConfig::from_path(file);
-    assert_eq!(cfg.is_ok(), from_file.is_ok() || std::str::from_utf8(bytes).is_err());
+    assert_eq!(
+        cfg.is_ok(),
+        from_file.is_ok() || std::str::from_utf8(bytes).is_err()
+    );
     let Ok(cfg) = cfg else {
         return;
     };
@@ -197,7 +200,8 @@ fn exercise(bytes: &[u8], file: &Path) {
 
 fn fuzz(iters: u64, seed: u64) {
     let seeds = seeds();
-    let dir: PathBuf = std::env::temp_dir().join(format!("vramroom-hf-fuzz-{}-{seed}", std::process::id()));
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("vramroom-hf-fuzz-{}-{seed}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("config.json");
     let mut r = Rng(seed);

@@ -35,12 +35,20 @@ fn meta() -> Device {
 fn wrapped_shapes_are_refused_on_every_device() {
     let dir = tmp("wrap");
     for (name, extra) in [
-        ("intermediate_size", r#""intermediate_size": 4611686018427387904"#),
+        (
+            "intermediate_size",
+            r#""intermediate_size": 4611686018427387904"#,
+        ),
         ("vocab_size", r#""vocab_size": 288230376151712704"#),
     ] {
         let p = write_cfg(&dir, name, extra);
-        for dev in [meta(), Device::cpu_caching(1 << 30, AllocatorConfig::default())] {
-            let e = hf::load(&p, &dev, &LoadOptions::default()).err().expect(name);
+        for dev in [
+            meta(),
+            Device::cpu_caching(1 << 30, AllocatorConfig::default()),
+        ] {
+            let e = hf::load(&p, &dev, &LoadOptions::default())
+                .err()
+                .expect(name);
             let m = e.to_string();
             assert!(m.contains(name) && !e.is_oom(), "{name}: {m}");
         }
@@ -52,9 +60,14 @@ fn layers_past_the_device_are_an_answer_before_any_is_built() {
     let dir = tmp("layers");
     let p = write_cfg(&dir, "l", r#""num_hidden_layers": 1000000000000"#);
     let t = Instant::now();
-    let e = hf::load(&p, &meta(), &LoadOptions::default()).err().unwrap();
+    let e = hf::load(&p, &meta(), &LoadOptions::default())
+        .err()
+        .unwrap();
     assert!(e.is_oom(), "{e}");
-    assert!(e.to_string().contains("TiB") || e.to_string().contains("PiB"), "{e}");
+    assert!(
+        e.to_string().contains("TiB") || e.to_string().contains("PiB"),
+        "{e}"
+    );
     assert!(t.elapsed() < Duration::from_secs(2));
     // Past the address space: still a number.
     let p = write_cfg(
@@ -62,7 +75,9 @@ fn layers_past_the_device_are_an_answer_before_any_is_built() {
         "big",
         r#""num_hidden_layers": 1000000000000, "intermediate_size": 1000000000"#,
     );
-    let e = hf::load(&p, &meta(), &LoadOptions::default()).err().unwrap();
+    let e = hf::load(&p, &meta(), &LoadOptions::default())
+        .err()
+        .unwrap();
     assert!(e.is_oom() && e.to_string().contains("EiB"), "{e}");
 }
 
@@ -75,8 +90,13 @@ fn too_many_small_layers_are_refused_naming_the_field() {
         r#""num_hidden_layers": 100000, "hidden_size": 8, "num_attention_heads": 1,
            "num_key_value_heads": 1, "intermediate_size": 8"#,
     );
-    let e = hf::load(&p, &meta(), &LoadOptions::default()).err().unwrap();
-    assert!(!e.is_oom() && e.to_string().contains("num_hidden_layers"), "{e}");
+    let e = hf::load(&p, &meta(), &LoadOptions::default())
+        .err()
+        .unwrap();
+    assert!(
+        !e.is_oom() && e.to_string().contains("num_hidden_layers"),
+        "{e}"
+    );
 }
 
 #[test]

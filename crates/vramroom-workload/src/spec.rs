@@ -29,11 +29,11 @@ use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 
+use serde::{Deserialize, Serialize};
 use vramroom_alloc::rng::splitmix64;
 use vramroom_tensor::models::hf::CacheImpl;
 use vramroom_tensor::models::Gpt2Config;
 use vramroom_tensor::DType;
-use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, WorkloadError};
 pub use crate::model::HfModelSpec;
@@ -426,9 +426,9 @@ impl Scenario {
         // into a small tensor further down (an image is rows x 3 x side x side).
         let side = self.input.max();
         let elems = match self.model {
-            ModelSpec::ResNet18 { .. } | ModelSpec::ResNet50 { .. } => side
-                .checked_mul(side)
-                .and_then(|x| x.checked_mul(3)),
+            ModelSpec::ResNet18 { .. } | ModelSpec::ResNet50 { .. } => {
+                side.checked_mul(side).and_then(|x| x.checked_mul(3))
+            }
             _ => Some(side),
         };
         if elems

@@ -199,7 +199,11 @@ fn results_figures(path: &Path) -> Result<Figures, UserError> {
     let series: Option<Vec<String>> = v.pointer("/http").map(|h| {
         h.get("memory_series")
             .and_then(|s| s.as_array())
-            .map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(String::from))
+                    .collect()
+            })
             .unwrap_or_default()
     });
     let measured = |m: &str| vramroom_load::threshold::memory_measured(m, series.as_deref());

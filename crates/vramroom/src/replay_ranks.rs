@@ -285,7 +285,12 @@ mod tests {
         assert_eq!(files, vec![d.join("r0.pickle")]);
         let why: Vec<(String, &str)> = skipped
             .iter()
-            .map(|(f, w)| (f.file_name().unwrap().to_string_lossy().into_owned(), w.as_str()))
+            .map(|(f, w)| {
+                (
+                    f.file_name().unwrap().to_string_lossy().into_owned(),
+                    w.as_str(),
+                )
+            })
             .collect();
         assert_eq!(
             why,

@@ -61,13 +61,36 @@ fn assert_refused(r: (i32, String, String), what: &str, case: &str) {
 #[test]
 fn sizes_that_wrap_are_refused_naming_the_field() {
     let d = scratch("wrap");
-    let inter = config(&d, "inter", "llama-tiny", &[("intermediate_size", (1u64 << 62).into())]);
-    let vocab = config(&d, "vocab", "llama-tiny", &[("vocab_size", ((1u64 << 58) + 1000).into())]);
-    assert_refused(run_in(&d, &["predict", "--model", &inter]), "intermediate_size", "predict");
-    assert_refused(run_in(&d, &["predict", "--model", &vocab]), "vocab_size", "predict vocab");
+    let inter = config(
+        &d,
+        "inter",
+        "llama-tiny",
+        &[("intermediate_size", (1u64 << 62).into())],
+    );
+    let vocab = config(
+        &d,
+        "vocab",
+        "llama-tiny",
+        &[("vocab_size", ((1u64 << 58) + 1000).into())],
+    );
+    assert_refused(
+        run_in(&d, &["predict", "--model", &inter]),
+        "intermediate_size",
+        "predict",
+    );
+    assert_refused(
+        run_in(&d, &["predict", "--model", &vocab]),
+        "vocab_size",
+        "predict vocab",
+    );
     // It was a SIGSEGV in the cpu backend's GEMM.
     assert_refused(
-        run_in(&d, &["loadtest", "--model", &inter, "--device", "cpu", "-n", "1", "--quiet"]),
+        run_in(
+            &d,
+            &[
+                "loadtest", "--model", &inter, "--device", "cpu", "-n", "1", "--quiet",
+            ],
+        ),
         "intermediate_size",
         "loadtest cpu",
     );
@@ -76,10 +99,19 @@ fn sizes_that_wrap_are_refused_naming_the_field() {
 #[test]
 fn a_model_past_the_device_is_an_answer_before_any_layer_is_built() {
     let d = scratch("layers");
-    let m = config(&d, "l", "llama-tiny", &[("num_hidden_layers", 1_000_000_000_000u64.into())]);
-    let (code, _, err) = common::run_in_within(&d, &["predict", "--model", &m], Duration::from_secs(10));
+    let m = config(
+        &d,
+        "l",
+        "llama-tiny",
+        &[("num_hidden_layers", 1_000_000_000_000u64.into())],
+    );
+    let (code, _, err) =
+        common::run_in_within(&d, &["predict", "--model", &m], Duration::from_secs(10));
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("out of memory") && err.contains("need"), "{err}");
+    assert!(
+        err.contains("out of memory") && err.contains("need"),
+        "{err}"
+    );
     let m = config(
         &d,
         "eib",
@@ -89,7 +121,8 @@ fn a_model_past_the_device_is_an_answer_before_any_layer_is_built() {
             ("intermediate_size", 1_000_000_000u64.into()),
         ],
     );
-    let (code, _, err) = common::run_in_within(&d, &["predict", "--model", &m], Duration::from_secs(10));
+    let (code, _, err) =
+        common::run_in_within(&d, &["predict", "--model", &m], Duration::from_secs(10));
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("EiB"), "{err}");
 }
@@ -97,7 +130,11 @@ fn a_model_past_the_device_is_an_answer_before_any_layer_is_built() {
 #[test]
 fn special_files_and_endless_files_are_bounded() {
     let d = scratch("reads");
-    assert_refused(run_in(&d, &["predict", "--model", "/dev/zero"]), "larger than", "/dev/zero");
+    assert_refused(
+        run_in(&d, &["predict", "--model", "/dev/zero"]),
+        "larger than",
+        "/dev/zero",
+    );
     // A FIFO as the config: no writer, so it reads as empty instead of blocking.
     let fifo = d.join("fifo.json");
     mkfifo(&fifo);
@@ -110,17 +147,42 @@ fn special_files_and_endless_files_are_bounded() {
     let m = config(&d, "withfifo", "llama-tiny", &[]);
     mkfifo(&Path::new(&m).join("model.safetensors"));
     assert_refused(
-        run_in(&d, &["loadtest", "--model", &m, "--device", "cpu", "-n", "1", "--quiet"]),
+        run_in(
+            &d,
+            &[
+                "loadtest", "--model", &m, "--device", "cpu", "-n", "1", "--quiet",
+            ],
+        ),
         "not a regular file",
         "fifo weights",
     );
-    assert_refused(run_in(&d, &["diff", "/dev/zero", "/dev/zero"]), "larger than", "diff");
+    // /dev/zero is not JSON (it is read as a snapshot, and refused as one); a results JSON
+    // of 300 MiB (sparse: it costs no disk) is past diff's bound.
+    let big = d.join("big.json");
+    let f = std::fs::File::create(&big).unwrap();
+    std::io::Write::write_all(&mut &f, b"{").unwrap();
+    f.set_len(300 << 20).unwrap();
+    let big = big.to_str().unwrap();
+    assert_refused(run_in(&d, &["diff", big, big]), "larger than", "diff");
+    assert_refused(
+        run_in(&d, &["diff", "/dev/zero", "/dev/zero"]),
+        "snapshot",
+        "diff zero",
+    );
     let fifo = d.join("trace.pickle");
     mkfifo(&fifo);
-    assert_refused(run_in(&d, &["replay", fifo.to_str().unwrap()]), "pickle", "fifo snapshot");
+    assert_refused(
+        run_in(&d, &["replay", fifo.to_str().unwrap()]),
+        "pickle",
+        "fifo snapshot",
+    );
     let csv = d.join("log.csv");
     std::os::unix::fs::symlink("/dev/zero", &csv).unwrap();
-    assert_refused(run_in(&d, &["replay", csv.to_str().unwrap()]), "larger than", "rmm log");
+    assert_refused(
+        run_in(&d, &["replay", csv.to_str().unwrap()]),
+        "larger than",
+        "rmm log",
+    );
     assert_refused(
         run_in(&d, &["bench", "alloc", "--reference", "/dev/zero"]),
         "larger than",
@@ -129,13 +191,29 @@ fn special_files_and_endless_files_are_bounded() {
     assert_refused(
         run_in(
             &d,
-            &["http", "http://127.0.0.1:9/", "--predicted-from", "/dev/zero", "-n", "1"],
+            &[
+                "http",
+                "http://127.0.0.1:9/",
+                "--ramp-until-oom",
+                "--predicted-from",
+                "/dev/zero",
+            ],
         ),
         "larger than",
         "--predicted-from",
     );
     assert_refused(
-        run_in(&d, &["http", "http://127.0.0.1:9/", "--body-file", "/dev/zero", "-n", "1"]),
+        run_in(
+            &d,
+            &[
+                "http",
+                "http://127.0.0.1:9/",
+                "--body-file",
+                "/dev/zero",
+                "-n",
+                "1",
+            ],
+        ),
         "larger than",
         "--body-file",
     );
@@ -153,7 +231,15 @@ fn an_http_gate_on_memory_nobody_measured_fails_saying_so() {
     let (code, out, err) = run_in(
         &d,
         &[
-            "http", &url, "-n", "10", "--no-nvml", "--quiet", "--out", "o", "--threshold",
+            "http",
+            &url,
+            "-n",
+            "10",
+            "--no-nvml",
+            "--quiet",
+            "--out",
+            "o",
+            "--threshold",
             "peak_reserved<1B",
         ],
     );
@@ -188,7 +274,9 @@ fn a_loadtest_whose_every_request_failed_exits_1_with_its_report() {
     let m = config(&d, "bt", "bert-tiny", &[("type_vocab_size", 0.into())]);
     let (code, _, err) = run_in(
         &d,
-        &["loadtest", "--model", &m, "--device", "cpu", "-n", "3", "--quiet", "--out", "o"],
+        &[
+            "loadtest", "--model", &m, "--device", "cpu", "-n", "3", "--quiet", "--out", "o",
+        ],
     );
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("no request succeeded: 0 of 3"), "{err}");
@@ -214,7 +302,11 @@ fn replay_names_each_rank_file_it_skips() {
     std::os::unix::fs::symlink("loop.pickle", f.join("loop.pickle")).unwrap();
     let (code, _, err) = run_in(&d, &["replay", f.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
-    for (name, why) in [("dir.pickle", "a folder"), ("rank1.pickle", "a FIFO"), ("loop.pickle", "a symlink loop")] {
+    for (name, why) in [
+        ("dir.pickle", "a folder"),
+        ("rank1.pickle", "a FIFO"),
+        ("loop.pickle", "a symlink loop"),
+    ] {
         assert!(err.contains(name) && err.contains(why), "{name}: {err}");
     }
 }

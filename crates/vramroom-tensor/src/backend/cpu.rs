@@ -249,11 +249,15 @@ fn sgemm(
         return Ok(());
     }
     let fits = |rows, cols, rs, cs, len: usize| span(rows, cols, rs, cs).is_some_and(|s| s <= len);
-    if !fits(m, k, rsa, csa, a.len()) || !fits(k, n, rsb, csb, b.len()) || !fits(m, n, rsc, csc, c.len())
+    if !fits(m, k, rsa, csa, a.len())
+        || !fits(k, n, rsb, csb, b.len())
+        || !fits(m, n, rsc, csc, c.len())
     {
         return Err(TensorError::invalid(
             "matmul",
-            format!("[{m}, {k}] @ [{k}, {n}] does not fit the buffers it was given (a shape wrapped?)"),
+            format!(
+                "[{m}, {k}] @ [{k}, {n}] does not fit the buffers it was given (a shape wrapped?)"
+            ),
         ));
     }
     // SAFETY: checked just above: the strides address m*k, k*n and m*n elements inside

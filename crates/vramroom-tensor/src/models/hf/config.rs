@@ -308,10 +308,30 @@ impl HfConfig {
     fn check_shapes(&self) -> HfResult<()> {
         let f = self.family;
         let mut products: Vec<(&str, &str, usize, usize)> = vec![
-            ("vocab_size", "hidden_size", self.vocab_size, self.hidden_size),
-            ("hidden_size", "intermediate_size", self.hidden_size, self.intermediate_size),
-            ("num_attention_heads", "head_dim", self.num_attention_heads, self.head_dim),
-            ("num_key_value_heads", "head_dim", self.num_key_value_heads, self.head_dim),
+            (
+                "vocab_size",
+                "hidden_size",
+                self.vocab_size,
+                self.hidden_size,
+            ),
+            (
+                "hidden_size",
+                "intermediate_size",
+                self.hidden_size,
+                self.intermediate_size,
+            ),
+            (
+                "num_attention_heads",
+                "head_dim",
+                self.num_attention_heads,
+                self.head_dim,
+            ),
+            (
+                "num_key_value_heads",
+                "head_dim",
+                self.num_key_value_heads,
+                self.head_dim,
+            ),
         ];
         if !f.is_llama_like() {
             products.push((
@@ -323,7 +343,12 @@ impl HfConfig {
             products.push(("3", "hidden_size", 3, self.hidden_size));
         }
         if f == Family::Bert {
-            products.push(("type_vocab_size", "hidden_size", self.type_vocab_size, self.hidden_size));
+            products.push((
+                "type_vocab_size",
+                "hidden_size",
+                self.type_vocab_size,
+                self.hidden_size,
+            ));
         }
         // 8 bytes: the widest element a weight or buffer of these models has.
         let fits = |n: usize| n.checked_mul(8).is_some();
@@ -351,7 +376,10 @@ impl HfConfig {
                 ("num_attention_heads", self.num_attention_heads),
                 ("num_key_value_heads", self.num_key_value_heads),
             ] {
-                if !(heads * self.head_dim).checked_mul(self.hidden_size).is_some_and(fits) {
+                if !(heads * self.head_dim)
+                    .checked_mul(self.hidden_size)
+                    .is_some_and(fits)
+                {
                     return Err(HfError::Invalid(format!(
                         "{} config: {name} x head_dim x hidden_size = {heads} x {} x {} \
                          elements does not fit in 64 bits",
@@ -619,23 +647,35 @@ mod tests {
     #[test]
     fn shapes_that_wrap_are_refused_naming_the_field() {
         for (extra, field) in [
-            (r#""intermediate_size": 4611686018427387904"#, "intermediate_size"),
+            (
+                r#""intermediate_size": 4611686018427387904"#,
+                "intermediate_size",
+            ),
             (r#""vocab_size": 288230376151712704"#, "vocab_size"),
             (r#""head_dim": 4611686018427387904"#, "head_dim"),
-            (r#""hidden_size": 4294967296, "num_attention_heads": 1"#, "hidden_size"),
+            (
+                r#""hidden_size": 4294967296, "num_attention_heads": 1"#,
+                "hidden_size",
+            ),
         ] {
             let text = format!(r#"{{"model_type": "llama", {extra}}}"#);
             let e = HfConfig::from_json(&text, "x").unwrap_err().to_string();
             assert!(e.contains(field) && e.contains("64 bits"), "{extra}: {e}");
         }
-        let e = HfConfig::from_json(r#"{"model_type": "gpt2", "n_embd": 4611686018427387904,
-            "n_head": 1}"#, "x")
+        let e = HfConfig::from_json(
+            r#"{"model_type": "gpt2", "n_embd": 4611686018427387904,
+            "n_head": 1}"#,
+            "x",
+        )
         .unwrap_err()
         .to_string();
         assert!(e.contains("hidden_size"), "{e}");
-        let e = HfConfig::from_json(r#"{"model_type": "bert", "type_vocab_size": 4611686018427387904}"#, "x")
-            .unwrap_err()
-            .to_string();
+        let e = HfConfig::from_json(
+            r#"{"model_type": "bert", "type_vocab_size": 4611686018427387904}"#,
+            "x",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("type_vocab_size"), "{e}");
     }
 }

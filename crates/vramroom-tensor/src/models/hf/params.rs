@@ -116,7 +116,10 @@ impl Node {
             .iter()
             .filter(|l| l.tie.is_none())
             .map(|l| {
-                let n = l.shape.iter().fold(1u128, |a, &d| a.saturating_mul(d as u128));
+                let n = l
+                    .shape
+                    .iter()
+                    .fold(1u128, |a, &d| a.saturating_mul(d as u128));
                 n.saturating_mul(l.dtype.unwrap_or(dtype).size() as u128)
             })
             .fold(0u128, u128::saturating_add);

@@ -177,10 +177,10 @@ fn exercise(bytes: &[u8], file: &Path) {
     let cfg = HfConfig::from_json(&text, "fuzz");
     std::fs::write(file, bytes).unwrap();
     let from_file = HfConfig::from_path(file);
-    assert_eq!(
-        cfg.is_ok(),
-        from_file.is_ok() || std::str::from_utf8(bytes).is_err()
-    );
+    // The file reader refuses what is not UTF-8; otherwise both readers agree.
+    if std::str::from_utf8(bytes).is_ok() {
+        assert_eq!(cfg.is_ok(), from_file.is_ok(), "{cfg:?} / {from_file:?}");
+    }
     let Ok(cfg) = cfg else {
         return;
     };
@@ -213,6 +213,9 @@ fn fuzz(iters: u64, seed: u64) {
         } else {
             mutate_json(&mut r, &base).to_string().into_bytes()
         };
+        if std::env::var_os("VRAMROOM_FUZZ_TRACE").is_some() {
+            eprintln!("input {i}: {}", String::from_utf8_lossy(&bytes));
+        }
         let t = Instant::now();
         let caught = std::panic::catch_unwind(|| exercise(&bytes, &file));
         if caught.is_err() {

@@ -112,3 +112,23 @@ fn building_is_linear_in_layers() {
     hf::load(&p, &meta(), &LoadOptions::default()).unwrap();
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
 }
+
+#[test]
+fn a_zero_width_mlp_predicts_without_recursing() {
+    // Found by tests/hf_config_fuzz.rs: `n_inner` = 0 made reshape recurse until the stack
+    // overflowed (an abort, not an error).
+    let d = tmp("zero-inner");
+    let p = d.join("config.json");
+    std::fs::write(
+        &p,
+        r#"{"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_inner": 0, "n_layer": 2,
+            "n_positions": 256, "vocab_size": 1000}"#,
+    )
+    .unwrap();
+    let w = hf::Workload::Forward {
+        batch: 1,
+        seq: 8,
+        use_cache: None,
+    };
+    let _ = hf::predict(&p, &w, &hf::PredictOptions::default());
+}

@@ -189,6 +189,10 @@ impl Device {
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.0.backend
     }
+    /// The device's total memory, when its allocator knows it.
+    pub fn capacity(&self) -> Option<u64> {
+        self.0.allocator.capacity()
+    }
     pub fn memory_allocated(&self) -> u64 {
         self.0.allocator.memory_allocated()
     }

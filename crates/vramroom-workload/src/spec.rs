@@ -422,6 +422,27 @@ impl Scenario {
         if self.batch == 0 {
             return bad("batch must be at least 1".into());
         }
+        // Input shapes are products of the flags: checked here, once, so that none wraps
+        // into a small tensor further down (an image is rows x 3 x side x side).
+        let side = self.input.max();
+        let elems = match self.model {
+            ModelSpec::ResNet18 { .. } | ModelSpec::ResNet50 { .. } => {
+                side.checked_mul(side).and_then(|x| x.checked_mul(3))
+            }
+            _ => Some(side),
+        };
+        if elems
+            .and_then(|x| x.checked_mul(self.batch))
+            .and_then(|x| x.checked_mul(8))
+            .is_none()
+        {
+            return bad(format!(
+                "--batch {} x {} {} does not fit in 64 bits",
+                self.batch,
+                self.model.size_dim(),
+                side
+            ));
+        }
         if let Mode::Generate { new_tokens, .. } = self.mode {
             if !self.model.is_hf_decoder() {
                 return bad(format!(
@@ -456,7 +477,7 @@ impl Scenario {
             }
             ModelSpec::Hf(h) => {
                 let need = match self.mode {
-                    Mode::Generate { new_tokens, .. } => self.input.max() + new_tokens,
+                    Mode::Generate { new_tokens, .. } => self.input.max().saturating_add(new_tokens),
                     _ => self.input.max(),
                 };
                 h.validate(need, self.is_generate(), self.mistakes.named_temporaries)?

@@ -138,6 +138,10 @@ pub struct HttpArgs {
     /// Do not fetch the probe's snapshots at the end.
     #[arg(long = "no-probe")]
     no_probe: bool,
+    /// The most bytes of the probe's snapshot pickles to read (they stream in with this
+    /// cap; a larger one is skipped with a note). Default 512MiB.
+    #[arg(long = "max-snapshot-size", value_name = "SIZE")]
+    max_snapshot_size: Option<String>,
     /// Extra allocator configs to replay the probe's trace under. Default:
     /// $PYTORCH_CUDA_ALLOC_CONF when set.
     #[arg(long = "what-if", value_name = "CONF")]
@@ -358,8 +362,8 @@ fn position(p: &Progress) -> u64 {
 
 /// The prediction in an earlier `--predict` run's results.json.
 fn read_prediction(p: &Path) -> Result<ServicePrediction, UserError> {
-    let text =
-        std::fs::read_to_string(p).map_err(|e| anyhow!("--predicted-from {}: {e}", p.display()))?;
+    let text = vramroom_alloc::input::read_text(p, vramroom_alloc::input::Limit::RESULTS)
+        .map_err(|e| anyhow!("--predicted-from {e}"))?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| anyhow!("--predicted-from {}: not JSON: {e}", p.display()))?;
     let pred = v
@@ -378,6 +382,11 @@ fn read_prediction(p: &Path) -> Result<ServicePrediction, UserError> {
 
 pub fn http(a: HttpArgs) -> Result<ExitCode, UserError> {
     let cfg = config(&a)?;
+    if let Some(s) = &a.max_snapshot_size {
+        let n = vramroom_alloc::size::parse_size(s)
+            .with_context(|| format!("bad --max-snapshot-size {s:?}"))?;
+        vramroom_load::http::limits::set_snapshot_bytes(n);
+    }
     let earlier = a
         .predicted_from
         .as_deref()

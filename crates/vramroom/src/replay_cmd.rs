@@ -431,8 +431,8 @@ fn load_trace(path: &std::path::Path) -> Result<vramroom_trace::Snapshot, UserEr
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("csv"))
     {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read RMM log {}", path.display()))?;
+        let text = vramroom_alloc::input::read_text(path, vramroom_alloc::input::Limit::RMM_LOG)
+            .map_err(|e| anyhow::anyhow!("cannot read RMM log {e}"))?;
         let events = vramroom_trace::read_rmm_csv(&text)
             .with_context(|| format!("cannot read RMM log {}", path.display()))?;
         return Ok(vramroom_trace::snapshot_from_rmm(&events));
@@ -477,7 +477,8 @@ pub fn bench_alloc(a: BenchAllocArgs) -> Result<ExitCode, UserError> {
     use vramroom_alloc::bench;
     let reference = match &a.reference {
         Some(p) => Some(
-            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
+            vramroom_alloc::input::read_text(p, vramroom_alloc::input::Limit::RESULTS)
+                .map_err(|e| anyhow::anyhow!("--reference {e}"))?,
         ),
         None => std::fs::read_to_string("../shared/spec/golden/results__default.json").ok(),
     };

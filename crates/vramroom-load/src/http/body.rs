@@ -424,9 +424,9 @@ pub struct Bodies {
 const FILLER: &[u8] = b"vramroom load test body filler text 0123456789 ";
 
 fn read(p: &Path) -> Result<Bytes> {
-    std::fs::read(p)
+    vramroom_alloc::input::read_file(p, vramroom_alloc::input::Limit::BODY)
         .map(Bytes::from)
-        .map_err(|e| LoadError::Config(format!("cannot read body file {}: {e}", p.display())))
+        .map_err(|e| LoadError::Config(format!("cannot read body file {e}")))
 }
 
 /// `bytes` repeated (or cut) to exactly `n` bytes.

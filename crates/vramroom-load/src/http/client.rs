@@ -364,12 +364,23 @@ pub async fn usable(conn: &mut Conn) -> bool {
     .await
 }
 
-/// `GET url` with a timeout, returning the status and the whole body: for scrapes and probe
-/// snapshots (not on the load's hot path).
+/// `GET url` with a timeout, returning the status and the whole body, at most a metrics
+/// body's cap ([`super::limits::METRICS`]): for scrapes (not on the load's hot path).
 pub async fn get(
     target: &Target,
     timeout: Duration,
     method: Method,
+) -> std::result::Result<(u16, Bytes), String> {
+    get_limited(target, timeout, method, super::limits::METRICS).await
+}
+
+/// [`get`] with the body capped at `limit` while it streams in: a body past it is an error
+/// naming the cap, never a buffer that grows without bound.
+pub async fn get_limited(
+    target: &Target,
+    timeout: Duration,
+    method: Method,
+    limit: vramroom_alloc::input::Limit,
 ) -> std::result::Result<(u16, Bytes), String> {
     let fut = async {
         let c = connect(target, timeout)
@@ -392,11 +403,17 @@ pub async fn get(
             .await
             .map_err(|e| ErrorKind::of(&e).as_str().to_string())?;
         let status = resp.status().as_u16();
-        let body = resp
-            .into_body()
+        let cap = usize::try_from(limit.bytes).unwrap_or(usize::MAX);
+        let body = http_body_util::Limited::new(resp.into_body(), cap)
             .collect()
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    vramroom_alloc::input::too_large(limit, &target.path.to_string()).to_string()
+                } else {
+                    e.to_string()
+                }
+            })?
             .to_bytes();
         Ok((status, body))
     };

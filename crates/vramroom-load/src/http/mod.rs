@@ -40,6 +40,7 @@
 
 pub mod body;
 pub mod client;
+pub mod limits;
 pub mod listener;
 pub mod load;
 pub mod peer;

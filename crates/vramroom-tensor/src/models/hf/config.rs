@@ -213,7 +213,16 @@ impl HfConfig {
         // Bounded, and never blocking on a FIFO: `/dev/zero` or a 1 GB JSON array as a
         // config is an error naming the limit, not a read until the kernel kills us.
         let text = vramroom_alloc::input::read_text(&file, vramroom_alloc::input::Limit::CONFIG)
-            .map_err(|e| HfError::Invalid(e.to_string()))?;
+            .map_err(|e| HfError::Io {
+                msg: match e {
+                    vramroom_alloc::input::InputError::Io { source, .. } => source.to_string(),
+                    other => {
+                        let m = other.to_string();
+                        m.strip_prefix(&format!("{shown}: ")).unwrap_or(&m).to_string()
+                    }
+                },
+                path: shown.clone(),
+            })?;
         HfConfig::from_json(&text, &shown)
     }
 

@@ -51,7 +51,13 @@ def patch_cuda_hooks():
         cb = proto(lambda self, idx: True)
         table[2 + 4] = ctypes.cast(cb, ctypes.c_void_p).value
         ctypes.c_void_p.from_address(obj).value = ctypes.addressof(table) + 16
-        _HOOKS_STATE.update(done=True, table=table, cb=cb, orig_vptr=vptr)
+        _HOOKS_STATE.update(done=True, table=table, cb=cb, orig_vptr=vptr, obj=obj)
+        # The copy and the callback are Python objects, freed when the interpreter shuts
+        # down, before C++'s static destructors run the hooks' (virtual) destructor: put
+        # the original vtable back first.
+        import atexit
+
+        atexit.register(_unpatch_cuda_hooks)
         # FakeTensor.__new__ "initialises the GPU context" (a real torch.empty on the device)
         # once per device, cached, when torch.cuda.is_available(); it answers True under
         # the trace, so fill that cache now, while it is still False here.
@@ -60,6 +66,13 @@ def patch_cuda_hooks():
         if not torch.cuda.is_available():
             for d in ("cuda", "cuda:0"):
                 ft.init_gpu_context(torch.device(d))
+
+
+def _unpatch_cuda_hooks():
+    st = _HOOKS_STATE
+    if st.get("done") and st.get("obj"):
+        ctypes.c_void_p.from_address(st["obj"]).value = st["orig_vptr"]
+        st["done"] = False
 
 
 class _Props:

@@ -155,32 +155,12 @@ impl PairAlloc for SystemAlloc {
     }
 }
 
-/// SplitMix64: small, fast, and the same everywhere.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
+pub use crate::rng::Rng;
 
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-    #[inline]
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [0, n).
-    #[inline]
-    pub fn below(&mut self, n: u64) -> u64 {
-        ((self.next_u64() as u128 * n as u128) >> 64) as u64
-    }
-    /// A mixed-case size: one of [`MIXED_SIZES`] plus U[0, 4096).
-    #[inline]
-    pub fn mixed_size(&mut self) -> u64 {
-        MIXED_SIZES[self.below(MIXED_SIZES.len() as u64) as usize] + self.below(4096)
-    }
+/// A mixed-case size: one of [`MIXED_SIZES`] plus U[0, 4096).
+#[inline]
+fn mixed_size(rng: &mut Rng) -> u64 {
+    MIXED_SIZES[rng.below_fast(MIXED_SIZES.len() as u64) as usize] + rng.below_fast(4096)
 }
 
 /// Human name of a single-size case.
@@ -257,11 +237,11 @@ impl MixedSet {
         let mut rng = Rng::new(seed ^ live as u64);
         let mut blocks = Vec::with_capacity(live);
         for _ in 0..live {
-            let s = rng.mixed_size();
+            let s = mixed_size(&mut rng);
             blocks.push((a.alloc(s)?, s));
         }
         let ops = (0..ops.max(1))
-            .map(|_| (rng.below(live as u64) as u32, rng.mixed_size()))
+            .map(|_| (rng.below_fast(live as u64) as u32, mixed_size(&mut rng)))
             .collect();
         Ok(MixedSet {
             live: blocks,
@@ -571,7 +551,7 @@ pub fn synthetic_trace(events: usize, seed: u64) -> Snapshot {
     let mut rng = Rng::new(seed);
     let sizes: Vec<u64> = (0..LAYERS)
         .map(|_| {
-            let log2 = 9.0 + rng.below(1 << 20) as f64 / (1u64 << 20) as f64 * 17.0;
+            let log2 = 9.0 + rng.below_fast(1 << 20) as f64 / (1u64 << 20) as f64 * 17.0;
             (2f64.powf(log2) as u64).max(1)
         })
         .collect();
@@ -605,8 +585,8 @@ pub fn synthetic_trace(events: usize, seed: u64) -> Snapshot {
         *time += 1;
         t.push(entry(TraceAction::FreeRequested, a, size, *time));
         let done = entry(TraceAction::FreeCompleted, a, size, *time + 1);
-        if rng.below(20) == 0 {
-            delayed.push((t.len() + 3 + rng.below(40) as usize, done));
+        if rng.below_fast(20) == 0 {
+            delayed.push((t.len() + 3 + rng.below_fast(40) as usize, done));
         } else {
             t.push(done);
         }
@@ -626,7 +606,7 @@ pub fn synthetic_trace(events: usize, seed: u64) -> Snapshot {
     while t.len() < events {
         for &s in &sizes {
             acts.push((alloc(&mut t, s, &mut time), s));
-            let tmp = s / 2 + rng.below(4096);
+            let tmp = s / 2 + rng.below_fast(4096);
             let ta = alloc(&mut t, tmp, &mut time);
             free(&mut t, &mut delayed, &mut rng, ta, tmp, &mut time);
             flush(&mut t, &mut delayed);

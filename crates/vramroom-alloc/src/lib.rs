@@ -32,6 +32,7 @@ pub mod event;
 mod expandable;
 pub mod history;
 mod import;
+pub mod input;
 mod invariants;
 mod lock;
 pub mod oom;

@@ -28,12 +28,10 @@ impl Rng {
         r
     }
 
+    #[inline]
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(GOLDEN);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        mix(self.0)
     }
 
     /// Uniform in `[0, 1)`.
@@ -53,6 +51,13 @@ impl Rng {
         lo + self.next_u64() % (span + 1)
     }
 
+    /// Uniform in `0..n` by multiply-shift (Lemire), without the modulo's division: the
+    /// allocator benchmark draws in its timed loop. A different stream from [`Rng::below`].
+    #[inline]
+    pub fn below_fast(&mut self, n: u64) -> u64 {
+        ((self.next_u64() as u128 * n as u128) >> 64) as u64
+    }
+
     /// Uniform in `0..n` (0 when `n` is 0).
     pub fn below(&mut self, n: usize) -> usize {
         (self.next_u64() % n.max(1) as u64) as usize
@@ -70,6 +75,18 @@ impl Rng {
 pub fn splitmix64(z: u64) -> u64 {
     Rng::new(z).next_u64()
 }
+
+/// SplitMix64's finalizer alone (no increment): the per-element hash the dropout kernels
+/// compute on the GPU (`kernels.cu`), so the cpu backend's masks match them bit for bit.
+#[inline]
+pub fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The increment of the stream, for hashes that index it directly (`seed ^ k * GOLDEN`).
+pub const GOLDEN_GAMMA: u64 = GOLDEN;
 
 #[cfg(test)]
 mod tests {

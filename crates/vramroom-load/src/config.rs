@@ -12,7 +12,6 @@ use vramroom_alloc::AllocatorConfig;
 
 use crate::error::{LoadError, Result};
 use crate::results::*;
-use crate::search::SearchConfig;
 use crate::threshold::Threshold;
 use vramroom_workload::device::{DeviceChoice, MAX_WORKERS};
 use vramroom_workload::stages::{StageLoad, MAX_STAGES};
@@ -283,6 +282,46 @@ impl LoadConfig {
             max_requests,
             time_limit_s,
             sample_period_ms: self.sample_period.as_secs_f64() * 1e3,
+        }
+    }
+}
+
+/// How the OOM search (`search.rs`) probes: part of what was asked, so it lives here and
+/// the search reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SearchAxis {
+    Concurrency,
+    /// Batch size at `SearchConfig::concurrency` workers.
+    Batch,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SearchConfig {
+    pub axis: SearchAxis,
+    /// Fraction of the capacity kept free against fragmentation and non-allocator memory.
+    pub margin_fraction: f64,
+    /// Loads probed for the fit.
+    pub fit_points: Vec<usize>,
+    /// Requests each worker makes in one probe.
+    pub requests_per_worker: u64,
+    /// Workers, for the batch axis.
+    pub concurrency: usize,
+    /// Highest load the search considers.
+    pub max_load: usize,
+    /// Wall-clock bound of the whole search; it returns what it has when reached.
+    pub time_limit: Duration,
+}
+
+impl Default for SearchConfig {
+    fn default() -> Self {
+        SearchConfig {
+            axis: SearchAxis::Concurrency,
+            margin_fraction: 0.1,
+            fit_points: vec![1, 2, 3, 4],
+            requests_per_worker: 4,
+            concurrency: 1,
+            max_load: 256,
+            time_limit: Duration::from_secs(20),
         }
     }
 }

@@ -19,8 +19,8 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use vramroom_cuda::nvml::NvmlDeviceRef;
 use serde::{Deserialize, Serialize};
+use vramroom_cuda::nvml::NvmlDeviceRef;
 
 /// One reading: what a source knows at one moment. `None` = this source does not know.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,24 +49,47 @@ pub struct MemoryReading {
 }
 
 impl MemoryReading {
+    /// Every field, in declaration order: the one list of them, which [`fill_from`] and
+    /// [`add`] walk (adding a field means adding it here).
+    ///
+    /// [`fill_from`]: MemoryReading::fill_from
+    /// [`add`]: MemoryReading::add
+    fn fields_mut(&mut self) -> [&mut Option<u64>; 10] {
+        [
+            &mut self.allocated,
+            &mut self.reserved,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.max_allocated,
+            &mut self.max_reserved,
+            &mut self.process_used,
+            &mut self.device_used,
+            &mut self.capacity,
+            &mut self.num_ooms,
+        ]
+    }
+
     /// Fills every field this reading lacks from `other` (the first source to know a field
     /// wins).
     pub fn fill_from(&mut self, other: &MemoryReading) {
-        macro_rules! fill {
-            ($($f:ident),*) => { $( if self.$f.is_none() { self.$f = other.$f; } )* };
+        let mut other = *other;
+        for (mine, theirs) in self.fields_mut().into_iter().zip(other.fields_mut()) {
+            if mine.is_none() {
+                *mine = *theirs;
+            }
         }
-        fill!(
-            allocated,
-            reserved,
-            active,
-            inactive_split,
-            max_allocated,
-            max_reserved,
-            process_used,
-            device_used,
-            capacity,
-            num_ooms
-        );
+    }
+
+    /// Adds `other` in, field by field (a field is known when either knows it): the sum
+    /// over a service's endpoints.
+    pub fn add(&mut self, other: &MemoryReading) {
+        let mut other = *other;
+        for (mine, theirs) in self.fields_mut().into_iter().zip(other.fields_mut()) {
+            *mine = match (*mine, *theirs) {
+                (Some(a), Some(b)) => Some(a.saturating_add(b)),
+                (a, b) => a.or(b),
+            };
+        }
     }
 
     /// True when the reading knows nothing.

@@ -56,16 +56,6 @@ fn lat(records: &[&RequestRecord]) -> LatencyStats {
     latency_stats(v.iter())
 }
 
-fn throughput(s: &RequestSummary, secs: f64) -> Throughput {
-    if secs <= 0.0 {
-        return Throughput::default();
-    }
-    Throughput {
-        requests_per_s: s.ok as f64 / secs,
-        items_per_s: s.items as f64 / secs,
-    }
-}
-
 /// Runs a load test. This is the entry point of `vramroom loadtest`.
 ///
 /// `stop` is polled throughout; setting it (Ctrl-C) ends the load early and the result of
@@ -345,7 +335,7 @@ fn aggregate(
                 end_s: *s1,
                 requests: req,
                 latency: lat(recs),
-                throughput: throughput(&req, s1 - s0),
+                throughput: Throughput::of(&req, s1 - s0),
                 peak_allocated_bytes: p.allocated,
                 peak_reserved_bytes: p.reserved,
                 workers_started: *started,
@@ -370,7 +360,7 @@ fn aggregate(
                 concurrency: c,
                 requests: req,
                 latency: lat(recs),
-                throughput: throughput(&req, secs),
+                throughput: Throughput::of(&req, secs),
                 peak_allocated_bytes: pa,
                 peak_reserved_bytes: pr,
                 peak_above_base_bytes: pa.saturating_sub(baseline),
@@ -410,7 +400,7 @@ fn aggregate(
         baseline_bytes: baseline,
         requests,
         latency: lat(&all),
-        throughput: throughput(&requests, out.wall_s),
+        throughput: Throughput::of(&requests, out.wall_s),
         errors,
         stages,
         by_concurrency,

@@ -21,13 +21,16 @@
 //!    The allocator can free its cache and retry before it raises OOM, so the observed
 //!    boundary can lie above the line's prediction: the verified figure is the one to use.
 //! 3. Safe: the largest verified load whose peak reserved also stays under the capacity
-//!    less the fragmentation margin.
+//!    less the fragmentation margin. "Verified" means by one probe of `requests_per_worker`
+//!    requests per worker, so the headline ([`OomSearch::headline`]) says how many requests
+//!    verified it and the per-request OOM chance that leaves; a search cut short by its time
+//!    limit says so (`stopped_early`) instead of claiming the loads it never probed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use vramroom_alloc::AllocatorConfig;
 use tracing::debug;
+use vramroom_alloc::AllocatorConfig;
 
 use crate::config::LoadPlan;
 use crate::engine::drive;
@@ -37,43 +40,7 @@ use crate::timeline::{linear_fit, Phase};
 use vramroom_workload::device::{Interleave, RunDevice};
 use vramroom_workload::{Scenario, Workload};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SearchAxis {
-    Concurrency,
-    /// Batch size at `SearchConfig::concurrency` workers.
-    Batch,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct SearchConfig {
-    pub axis: SearchAxis,
-    /// Fraction of the capacity kept free against fragmentation and non-allocator memory.
-    pub margin_fraction: f64,
-    /// Loads probed for the fit.
-    pub fit_points: Vec<usize>,
-    /// Requests each worker makes in one probe.
-    pub requests_per_worker: u64,
-    /// Workers, for the batch axis.
-    pub concurrency: usize,
-    /// Highest load the search considers.
-    pub max_load: usize,
-    /// Wall-clock bound of the whole search; it returns what it has when reached.
-    pub time_limit: Duration,
-}
-
-impl Default for SearchConfig {
-    fn default() -> Self {
-        SearchConfig {
-            axis: SearchAxis::Concurrency,
-            margin_fraction: 0.1,
-            fit_points: vec![1, 2, 3, 4],
-            requests_per_worker: 4,
-            concurrency: 1,
-            max_load: 256,
-            time_limit: Duration::from_secs(20),
-        }
-    }
-}
+pub use crate::config::{SearchAxis, SearchConfig};
 
 /// Capacity of the fit probes: large enough that nothing here runs out.
 const UNBOUNDED: u64 = 1 << 46;
@@ -157,7 +124,14 @@ pub fn oom_search(
     stop: &AtomicBool,
 ) -> Result<OomSearch> {
     let t0 = Instant::now();
-    let out_of_time = || stop.load(Ordering::Relaxed) || t0.elapsed() >= cfg.time_limit;
+    let stopped_early = std::cell::Cell::new(false);
+    let out_of_time = || {
+        let out = stop.load(Ordering::Relaxed) || t0.elapsed() >= cfg.time_limit;
+        if out {
+            stopped_early.set(true);
+        }
+        out
+    };
     let margin = (capacity as f64 * cfg.margin_fraction.clamp(0.0, 0.9)) as u64;
     let budget = capacity - margin;
     let max_load = cfg.max_load.max(1);
@@ -328,5 +302,7 @@ pub fn oom_search(
         recommended: None,
         not_better: None,
         headline: String::new(),
+        requests_per_worker: cfg.requests_per_worker.max(1),
+        stopped_early: stopped_early.get(),
     })
 }

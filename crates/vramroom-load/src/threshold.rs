@@ -137,8 +137,26 @@ pub enum Op {
     Eq,
 }
 
+/// The operators, two-character ones first so `<=` is not read as `<` then `=...`.
+pub const OPS: [(&str, Op); 5] = [
+    ("<=", Op::Le),
+    (">=", Op::Ge),
+    ("==", Op::Eq),
+    ("<", Op::Lt),
+    (">", Op::Gt),
+];
+
+/// The first operator in `t`: its byte position, the operator and its length. Every
+/// threshold syntax (loadtest's, http's, diff's) splits `METRIC OP VALUE` here, so they
+/// accept the same operators.
+pub fn split_op(t: &str) -> Option<(usize, Op, usize)> {
+    OPS.iter()
+        .filter_map(|(tok, op)| t.find(tok).map(|p| (p, *op, tok.len())))
+        .min_by_key(|(p, _, len)| (*p, usize::MAX - len))
+}
+
 impl Op {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Op::Lt => "<",
             Op::Le => "<=",
@@ -147,7 +165,7 @@ impl Op {
             Op::Eq => "==",
         }
     }
-    fn holds(self, actual: f64, limit: f64) -> bool {
+    pub fn holds(self, actual: f64, limit: f64) -> bool {
         match self {
             Op::Lt => actual < limit,
             Op::Le => actual <= limit,
@@ -177,19 +195,7 @@ impl FromStr for Threshold {
         };
         let k6 = from_k6(s.trim()).map_err(err)?;
         let t = k6.as_deref().unwrap_or(s.trim());
-        // Two-character operators first, so `<=` is not read as `<` then `=...`.
-        let ops = [
-            ("<=", Op::Le),
-            (">=", Op::Ge),
-            ("==", Op::Eq),
-            ("<", Op::Lt),
-            (">", Op::Gt),
-        ];
-        let Some((pos, op, oplen)) = ops
-            .iter()
-            .filter_map(|(tok, op)| t.find(tok).map(|p| (p, *op, tok.len())))
-            .min_by_key(|(p, _, len)| (*p, usize::MAX - len))
-        else {
+        let Some((pos, op, oplen)) = split_op(t) else {
             return Err(err(
                 "expected METRIC<VALUE, e.g. peak_reserved<6GiB or p99<200ms".into(),
             ));
@@ -262,8 +268,37 @@ pub fn parse_thresholds<S: AsRef<str>>(v: &[S]) -> Result<Vec<Threshold>> {
     v.iter().map(|s| s.as_ref().parse()).collect()
 }
 
+/// The memory series an HTTP run must have measured for `metric` to mean anything: an
+/// HTTP run fills the peaks it has no memory source for with 0, and a gate such as
+/// `peak_reserved<1B` must not pass on a number nobody measured.
+pub fn memory_series_needed(metric: &str) -> &'static [&'static str] {
+    match metric {
+        "peak_reserved" => &["reserved"],
+        "peak_allocated" | "peak_above_base" => &["allocated"],
+        "peak_inactive_split" => &["inactive_split"],
+        "reserved_over_allocated" => &["allocated", "reserved"],
+        _ => &[],
+    }
+}
+
+/// Whether `metric` was measured by the run: always for an in-process run (loadtest's
+/// allocator is the memory), for an HTTP run only when a source gave its series. `series`
+/// is the run's `http.memory_series`, `None` for an in-process run; `diff` applies the
+/// same rule to a results JSON.
+pub fn memory_measured(metric: &str, series: Option<&[String]>) -> bool {
+    match series {
+        None => true,
+        Some(s) => memory_series_needed(metric)
+            .iter()
+            .all(|need| s.iter().any(|x| x == need)),
+    }
+}
+
 /// The measured value of `metric` in its base unit, if the run has it.
 pub fn metric_value(r: &RunResult, metric: &str) -> Option<f64> {
+    if !memory_measured(metric, r.http.as_ref().map(|h| h.memory_series.as_slice())) {
+        return None;
+    }
     let has_lat = r.latency.count > 0;
     // 503s are load shed by the service: neither ok nor an error of the run.
     let shed = r.http.as_ref().map(|h| h.shed).unwrap_or(0);

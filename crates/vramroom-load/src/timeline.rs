@@ -294,12 +294,20 @@ pub fn latency_stats<'a>(latencies_us: impl Iterator<Item = &'a u64>) -> Latency
         // saturating_record clamps to the bounds instead of failing on 0 µs or > 24 h.
         h.saturating_record(v.max(1));
     }
-    if h.is_empty() {
+    let n = h.len();
+    histogram_stats(Some(&h), n)
+}
+
+/// Percentiles of a histogram of microseconds, with `count` the number of real requests (a
+/// coordinated-omission-corrected histogram also holds synthetic ones): the one place
+/// latency percentiles are read, for in-process and HTTP runs.
+pub fn histogram_stats(h: Option<&Histogram<u64>>, count: u64) -> LatencyStats {
+    let Some(h) = h.filter(|h| !h.is_empty()) else {
         return LatencyStats::default();
-    }
+    };
     let ms = |us: u64| us as f64 / 1000.0;
     LatencyStats {
-        count: h.len(),
+        count,
         min_ms: ms(h.min()),
         mean_ms: h.mean() / 1000.0,
         p50_ms: ms(h.value_at_quantile(0.50)),

@@ -278,6 +278,35 @@ fn shed_503_are_counted_apart_from_errors() {
         .sum();
     assert_eq!(sum, 200);
     assert!(r.thresholds.iter().all(|t| t.passed), "{:?}", r.thresholds);
+    // Shedding is a finding: a quarter of the load, a warning; no reason was given.
+    let f = r
+        .findings
+        .iter()
+        .find(|f| f.id.as_str() == "load_shed")
+        .expect("a load_shed finding");
+    assert_eq!(
+        f.severity,
+        vramroom_load::Severity::Warning,
+        "{}",
+        f.evidence
+    );
+    assert!(f.evidence.contains("did not say why"), "{}", f.evidence);
+}
+
+#[test]
+fn every_answer_the_same_4xx_stops_early_with_a_hint() {
+    // A GET against a POST endpoint: 405 every time. The run stops after the refusals
+    // agree, long before its 20 s, and says what to change.
+    let s = TestServer::start(2, Arc::new(|_: &Seen| Reply::status(405))).unwrap();
+    let c = cfg(&s.url("/v1/infer"), vec![stage(Load::Closed(4), 20.0)]);
+    let t = Instant::now();
+    let r = go(&c);
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert_eq!(r.stop_reason, StopReason::Refused);
+    let h = r.http.as_ref().unwrap();
+    let hint = h.stop_hint.as_deref().expect("a hint");
+    assert!(hint.contains("405") && hint.contains("-m POST"), "{hint}");
+    assert_eq!(r.requests.ok, 0);
 }
 
 #[test]

@@ -51,6 +51,9 @@ where
     fn max_memory_allocated(&self) -> u64 {
         CachingAllocator::max_memory_allocated(self)
     }
+    fn capacity(&self) -> Option<u64> {
+        Some(self.mem_get_info().1)
+    }
     fn reset_peak_memory_stats(&self) {
         CachingAllocator::reset_peak_memory_stats(self)
     }

@@ -114,7 +114,7 @@ pub struct DeviceContext {
     pub(crate) allocator: Arc<dyn StorageAllocator>,
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) tracker: Mutex<CategoryTracker>,
-    rng: Mutex<u64>,
+    rng: Mutex<vramroom_alloc::rng::Rng>,
     workspace: RwLock<Arc<dyn WorkspacePolicy>>,
     blas: Mutex<BlasState>,
     /// Set by [`Device::interrupt`]: every tensor allocation fails with
@@ -158,7 +158,7 @@ impl Device {
             allocator,
             backend,
             tracker: Mutex::new(CategoryTracker::default()),
-            rng: Mutex::new(0x853c_49e6_748f_ea9b),
+            rng: Mutex::new(vramroom_alloc::rng::Rng::new(0x853c_49e6_748f_ea9b)),
             workspace: RwLock::new(Arc::new(NoWorkspace)),
             blas: Mutex::new(BlasState::default()),
             interrupted: std::sync::atomic::AtomicBool::new(false),
@@ -189,6 +189,10 @@ impl Device {
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.0.backend
     }
+    /// The device's total memory, when its allocator knows it.
+    pub fn capacity(&self) -> Option<u64> {
+        self.0.allocator.capacity()
+    }
     pub fn memory_allocated(&self) -> u64 {
         self.0.allocator.memory_allocated()
     }
@@ -215,17 +219,12 @@ impl Device {
         self.0.tracker.lock().peak
     }
     pub fn manual_seed(&self, seed: u64) {
-        *self.0.rng.lock() = seed ^ 0x853c_49e6_748f_ea9b;
+        *self.0.rng.lock() = vramroom_alloc::rng::Rng::new(seed ^ 0x853c_49e6_748f_ea9b);
     }
     /// A fresh seed for a random kernel (dropout), advancing the device generator.
     pub(crate) fn next_seed(&self) -> u64 {
-        let mut s = self.0.rng.lock();
-        // splitmix64: cheap, and good enough for dropout masks.
-        *s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = *s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        // The workspace's one generator: cheap, and good enough for dropout masks.
+        self.0.rng.lock().next_u64()
     }
     /// Sets the library-workspace policy for ops from now on (workspaces already held stay).
     pub fn set_workspace_policy(&self, policy: Arc<dyn WorkspacePolicy>) {

@@ -24,6 +24,14 @@ pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
+/// The element count of `shape`, or `None` when it does not fit in `usize`. Every
+/// allocation goes through this ([`crate::Tensor::empty`]): a shape that wraps (a config's
+/// `vocab_size` = 2^58 + 1000 times a hidden size) must be refused, not sized as its
+/// remainder.
+pub fn checked_numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+}
+
 /// NumPy broadcasting of two shapes.
 pub fn broadcast_shapes(a: &[usize], b: &[usize], op: &'static str) -> Result<Vec<usize>> {
     let n = a.len().max(b.len());

@@ -33,6 +33,11 @@ pub trait StorageAllocator: Send + Sync {
         self.memory_allocated()
     }
     fn max_memory_allocated(&self) -> u64;
+    /// The device's total memory when the allocator knows it (a simulated or real GPU):
+    /// what a model's weights are checked against before any layer is built.
+    fn capacity(&self) -> Option<u64> {
+        None
+    }
     fn reset_peak_memory_stats(&self);
     fn empty_cache(&self) {}
     fn memory_stats(&self) -> BTreeMap<String, i64> {

@@ -17,7 +17,7 @@ use crate::backend::TRef;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::layout::{numel, Layout};
+use crate::layout::{checked_numel, numel, Layout};
 use crate::memory::MemoryCategory;
 use crate::storage::Storage;
 
@@ -30,6 +30,24 @@ pub(crate) struct TensorImpl {
 
 #[derive(Clone)]
 pub struct Tensor(pub(crate) Arc<TensorImpl>);
+
+/// The bytes of a contiguous `shape` of `dtype`, checked: a shape whose bytes pass the
+/// 64-bit address space is an out-of-memory answer saying what it needs, never a wrapped
+/// (small) allocation.
+fn alloc_bytes(shape: &[usize], dtype: DType) -> Result<u64> {
+    checked_numel(shape)
+        .and_then(|n| (n as u64).checked_mul(dtype.size() as u64))
+        .ok_or_else(|| {
+            let need = shape
+                .iter()
+                .fold(dtype.size() as u128, |a, &d| a.saturating_mul(d as u128));
+            TensorError::oom(format!(
+                "a tensor of shape {shape:?} ({dtype}) needs {}, more than a 64-bit address \
+                 space holds",
+                crate::models::hf::footprint::human_bytes_u128(need)
+            ))
+        })
+}
 
 impl Tensor {
     // ---- construction -----------------------------------------------------------------
@@ -46,10 +64,7 @@ impl Tensor {
     /// Uninitialised (zeroed on the host allocators) contiguous tensor: one allocation of
     /// `numel * dtype.size()` bytes, none for an empty tensor.
     pub fn empty(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
-        let n = numel(shape);
-        let bytes = (n as u64)
-            .checked_mul(dtype.size() as u64)
-            .ok_or_else(|| TensorError::invalid("empty", format!("shape {shape:?} too large")))?;
+        let bytes = alloc_bytes(shape, dtype)?;
         let storage = Storage::new(device, bytes)?;
         Ok(Tensor::from_parts(
             storage,
@@ -62,11 +77,7 @@ impl Tensor {
     /// memory order PyTorch's TensorIterator picks ([`Layout::iter_output`]).
     pub(crate) fn empty_dense(layout: Layout, dtype: DType, device: &Device) -> Result<Tensor> {
         debug_assert!(layout.offset == 0 && layout.is_non_overlapping_and_dense());
-        let bytes = (layout.numel() as u64)
-            .checked_mul(dtype.size() as u64)
-            .ok_or_else(|| {
-                TensorError::invalid("empty", format!("shape {:?} too large", layout.shape))
-            })?;
+        let bytes = alloc_bytes(&layout.shape, dtype)?;
         let storage = Storage::new(device, bytes)?;
         Ok(Tensor::from_parts(storage, layout, dtype))
     }

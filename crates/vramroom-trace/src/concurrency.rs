@@ -311,20 +311,7 @@ pub struct LoadPrediction {
     pub requests_sampled_from: usize,
 }
 
-/// SplitMix64: small, seeded, the same everywhere.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use vramroom_alloc::rng::Rng;
 
 /// Why a load what-if could not run.
 #[derive(Debug, thiserror::Error)]
@@ -357,7 +344,7 @@ fn run_once(
     if let Some(l) = opts.memory_limit {
         s.alloc.set_memory_limit(Some(l));
     }
-    let mut rng = Rng(seed ^ (u64::from(n) << 32) ^ 0x5eed);
+    let mut rng = Rng::new(seed ^ (u64::from(n) << 32) ^ 0x5eed);
     // Per worker: its requests, drawn up front, and where it is.
     struct Worker {
         reqs: Vec<usize>,

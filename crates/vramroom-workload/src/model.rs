@@ -10,10 +10,9 @@
 
 use std::path::{Path, PathBuf};
 
-use vramroom_tensor::models::hf::{BertHead, HfConfig, HfError, LoadOptions};
+use vramroom_tensor::models::hf::{HfConfig, HfError};
 
 use crate::error::{Result, WorkloadError};
-use crate::spec::{Mode, Scenario};
 
 /// A Hugging Face model named by its config.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,42 +78,26 @@ impl HfModelSpec {
             )
         })
     }
-    /// Load options for a scenario: its dtype; BERT trains as `BertForMaskedLM`.
-    pub fn load_options(&self, sc: &Scenario) -> LoadOptions {
-        LoadOptions {
-            dtype: Some(sc.dtype),
-            bert_head: if sc.is_training() {
-                BertHead::MaskedLm
-            } else {
-                BertHead::Base
-            },
-        }
-    }
-    /// The positions a request of this scenario needs at most.
-    fn positions(&self, sc: &Scenario) -> usize {
-        match sc.mode {
-            Mode::Generate { new_tokens, .. } => sc.input.max() + new_tokens,
-            _ => sc.input.max(),
-        }
-    }
-    /// Checks what the config decides: positions, and the planted mistakes this family's
-    /// loop has.
-    pub(crate) fn validate(&self, sc: &Scenario) -> Result<()> {
+    /// Checks what the config decides: the positions a request of the scenario needs at
+    /// most (prompt + new tokens when `generate`), and the planted mistakes this family's
+    /// loop has. Plain arguments, not the `Scenario`: the spec holds this model, so the
+    /// model must not know the spec.
+    pub(crate) fn validate(
+        &self,
+        need: usize,
+        generate: bool,
+        named_temporaries: bool,
+    ) -> Result<()> {
         let bad = |m: String| Err(WorkloadError::Scenario(m));
-        let need = self.positions(sc);
         if need > self.config.max_position_embeddings {
             return bad(format!(
                 "{need} positions (prompt/sequence{}) exceed the model's \
                  max_position_embeddings {}",
-                if sc.is_generate() {
-                    " + new tokens"
-                } else {
-                    ""
-                },
+                if generate { " + new tokens" } else { "" },
                 self.config.max_position_embeddings
             ));
         }
-        if sc.mistakes.named_temporaries {
+        if named_temporaries {
             return bad("--named-temporaries applies to the zoo models, not --model PATH".into());
         }
         Ok(())

@@ -29,11 +29,11 @@ use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 
+use serde::{Deserialize, Serialize};
 use vramroom_alloc::rng::splitmix64;
 use vramroom_tensor::models::hf::CacheImpl;
 use vramroom_tensor::models::Gpt2Config;
 use vramroom_tensor::DType;
-use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, WorkloadError};
 pub use crate::model::HfModelSpec;
@@ -422,6 +422,27 @@ impl Scenario {
         if self.batch == 0 {
             return bad("batch must be at least 1".into());
         }
+        // Input shapes are products of the flags: checked here, once, so that none wraps
+        // into a small tensor further down (an image is rows x 3 x side x side).
+        let side = self.input.max();
+        let elems = match self.model {
+            ModelSpec::ResNet18 { .. } | ModelSpec::ResNet50 { .. } => {
+                side.checked_mul(side).and_then(|x| x.checked_mul(3))
+            }
+            _ => Some(side),
+        };
+        if elems
+            .and_then(|x| x.checked_mul(self.batch))
+            .and_then(|x| x.checked_mul(8))
+            .is_none()
+        {
+            return bad(format!(
+                "--batch {} x {} {} does not fit in 64 bits",
+                self.batch,
+                self.model.size_dim(),
+                side
+            ));
+        }
         if let Mode::Generate { new_tokens, .. } = self.mode {
             if !self.model.is_hf_decoder() {
                 return bad(format!(
@@ -454,7 +475,13 @@ impl Scenario {
                     ));
                 }
             }
-            ModelSpec::Hf(h) => h.validate(self)?,
+            ModelSpec::Hf(h) => {
+                let need = match self.mode {
+                    Mode::Generate { new_tokens, .. } => self.input.max().saturating_add(new_tokens),
+                    _ => self.input.max(),
+                };
+                h.validate(need, self.is_generate(), self.mistakes.named_temporaries)?
+            }
             ModelSpec::ResNet18 { .. } | ModelSpec::ResNet50 { .. } => {
                 if self.input.min() < 32 {
                     return bad(format!(

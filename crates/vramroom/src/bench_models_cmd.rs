@@ -7,12 +7,12 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
+use serde_json::{json, Value};
 use vramroom_alloc::{format_size, AllocatorConfig};
 use vramroom_tensor::bench::{predict_case, run_case, standard_cases, BenchResult};
 use vramroom_tensor::Device;
-use serde_json::{json, Value};
 
-use crate::UserError;
+use crate::error::UserError;
 
 #[derive(Args)]
 pub struct BenchModelsArgs {
@@ -48,8 +48,8 @@ pub struct BenchModelsArgs {
 }
 
 fn load_reference(p: &PathBuf) -> Result<Vec<Value>, UserError> {
-    let text =
-        std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
+    let text = vramroom_alloc::input::read_text(p, vramroom_alloc::input::Limit::RESULTS)
+        .map_err(|e| anyhow::anyhow!("--reference {e}"))?;
     let mut v = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Args;
 use vramroom_load::{ClaimVerdict, ClaimsResult};
 
-use crate::UserError;
+use crate::error::UserError;
 
 #[derive(Args, Debug)]
 pub struct ClaimsArgs {

@@ -23,17 +23,18 @@ use vramroom_load::http::load::{
     parse_http_stages, parse_rate, Arrival, HttpStage, Load, DEFAULT_MAX_CONNECTIONS,
     MAX_CONCURRENCY,
 };
+use vramroom_load::http::peer as peer_client;
 use vramroom_load::http::predict::{PredictOptions, ServicePrediction, DEFAULT_RAMP};
 use vramroom_load::http::prometheus::parse_metric_rule;
 use vramroom_load::http::server::TestServer;
 use vramroom_load::http::HttpConfig;
 use vramroom_load::{parse_thresholds, NvmlDevice, Progress};
 
+use crate::error::UserError;
 use crate::run_cmd::{
     check_out_dir, discard_out_dir, duration, finish, le, load_fraction, progress_bar,
     stop_on_ctrl_c,
 };
-use crate::UserError;
 
 /// Workers of the closed model when neither `-c` nor `--stages` says.
 const DEFAULT_CONCURRENCY: usize = 10;
@@ -137,6 +138,10 @@ pub struct HttpArgs {
     /// Do not fetch the probe's snapshots at the end.
     #[arg(long = "no-probe")]
     no_probe: bool,
+    /// The most bytes of the probe's snapshot pickles to read (they stream in with this
+    /// cap; a larger one is skipped with a note). Default 512MiB.
+    #[arg(long = "max-snapshot-size", value_name = "SIZE")]
+    max_snapshot_size: Option<String>,
     /// Extra allocator configs to replay the probe's trace under. Default:
     /// $PYTORCH_CUDA_ALLOC_CONF when set.
     #[arg(long = "what-if", value_name = "CONF")]
@@ -285,7 +290,9 @@ fn config(a: &HttpArgs) -> Result<HttpConfig, UserError> {
     }
     if !a.no_nvml {
         c.nvml = Some(NvmlDevice::Index(a.nvml_device));
-        c.pid = a.pid.or_else(|| listener_pid(&a.url));
+        c.pid = a
+            .pid
+            .or_else(|| vramroom_load::http::listener::listener_pid(&a.url));
     }
     c.probe = !a.no_probe;
     c.what_if.extend(a.what_if.iter().cloned());
@@ -317,57 +324,6 @@ fn config(a: &HttpArgs) -> Result<HttpConfig, UserError> {
     c.stop_at_first_oom = a.ramp_until_oom;
     c.validate().map_err(le)?;
     Ok(c)
-}
-
-/// The process listening on the URL's port, when the URL's host is this machine (Linux:
-/// the socket's inode in /proc/net/tcp*, then the process holding it). Best effort: `None`
-/// when anything is not as expected.
-fn listener_pid(url: &str) -> Option<u32> {
-    let t = vramroom_load::http::client::resolve(url).ok()?;
-    let addr = t.addrs.first()?;
-    if !addr.ip().is_loopback() {
-        return None;
-    }
-    let port = addr.port();
-    let mut inodes = Vec::new();
-    for f in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(s) = std::fs::read_to_string(f) else {
-            continue;
-        };
-        for line in s.lines().skip(1) {
-            let v: Vec<&str> = line.split_whitespace().collect();
-            // local_address is HEXIP:HEXPORT; state 0A is LISTEN.
-            let (Some(local), Some(state), Some(inode)) = (v.get(1), v.get(3), v.get(9)) else {
-                continue;
-            };
-            let p = local
-                .rsplit(':')
-                .next()
-                .and_then(|h| u16::from_str_radix(h, 16).ok());
-            if p == Some(port) && *state == "0A" {
-                inodes.push(format!("socket:[{inode}]"));
-            }
-        }
-    }
-    if inodes.is_empty() {
-        return None;
-    }
-    for e in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(fds) = std::fs::read_dir(e.path().join("fd")) else {
-            continue;
-        };
-        for fd in fds.flatten() {
-            if let Ok(l) = std::fs::read_link(fd.path()) {
-                if inodes.iter().any(|i| l.as_os_str() == i.as_str()) {
-                    return Some(pid);
-                }
-            }
-        }
-    }
-    None
 }
 
 fn progress_message(p: &Progress) -> String {
@@ -406,8 +362,8 @@ fn position(p: &Progress) -> u64 {
 
 /// The prediction in an earlier `--predict` run's results.json.
 fn read_prediction(p: &Path) -> Result<ServicePrediction, UserError> {
-    let text =
-        std::fs::read_to_string(p).map_err(|e| anyhow!("--predicted-from {}: {e}", p.display()))?;
+    let text = vramroom_alloc::input::read_text(p, vramroom_alloc::input::Limit::RESULTS)
+        .map_err(|e| anyhow!("--predicted-from {e}"))?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| anyhow!("--predicted-from {}: not JSON: {e}", p.display()))?;
     let pred = v
@@ -426,6 +382,11 @@ fn read_prediction(p: &Path) -> Result<ServicePrediction, UserError> {
 
 pub fn http(a: HttpArgs) -> Result<ExitCode, UserError> {
     let cfg = config(&a)?;
+    if let Some(s) = &a.max_snapshot_size {
+        let n = vramroom_alloc::size::parse_size(s)
+            .with_context(|| format!("bad --max-snapshot-size {s:?}"))?;
+        vramroom_load::http::limits::set_snapshot_bytes(n);
+    }
     let earlier = a
         .predicted_from
         .as_deref()
@@ -510,82 +471,6 @@ pub struct BenchHttpArgs {
     json: bool,
 }
 
-fn on_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
-/// Runs the peer once; its requests per second.
-fn run_peer(
-    peer: &str,
-    bin: &Path,
-    url: &str,
-    c: usize,
-    t: usize,
-    secs: f64,
-) -> Result<f64, String> {
-    let secs_s = format!("{}s", secs.ceil().max(1.0) as u64);
-    let out = match peer {
-        "wrk" => std::process::Command::new(bin)
-            .args([
-                "-t",
-                &t.min(c).to_string(),
-                "-c",
-                &c.to_string(),
-                "-d",
-                &secs_s,
-                url,
-            ])
-            .output(),
-        _ => std::process::Command::new(bin)
-            .args([
-                "-c",
-                &c.to_string(),
-                "-z",
-                &secs_s,
-                "--no-tui",
-                "--output-format",
-                "json",
-                url,
-            ])
-            .output(),
-    }
-    .map_err(|e| format!("cannot run {peer}: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        return Err(format!(
-            "{peer} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    if peer == "wrk" {
-        text.lines()
-            .find_map(|l| l.trim().strip_prefix("Requests/sec:"))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .ok_or_else(|| format!("no Requests/sec in wrk's output: {text}"))
-    } else {
-        let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| format!("oha's JSON: {e}"))?;
-        v["summary"]["requestsPerSec"]
-            .as_f64()
-            .ok_or_else(|| "no summary.requestsPerSec in oha's JSON".into())
-    }
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n == 0 {
-        0.0
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 pub fn bench_http(a: BenchHttpArgs) -> Result<ExitCode, UserError> {
     let d = duration("-z", &a.duration)?;
     if a.concurrency == 0 || a.rounds == 0 {
@@ -598,11 +483,11 @@ pub fn bench_http(a: BenchHttpArgs) -> Result<ExitCode, UserError> {
     let server_threads = a.server_threads.unwrap_or((cores / 2).max(1));
     let (peer, peer_bin) = match a.peer.as_str() {
         "none" => ("none", None),
-        "wrk" => ("wrk", on_path("wrk")),
-        "oha" => ("oha", on_path("oha")),
-        "auto" => match on_path("wrk") {
+        "wrk" => ("wrk", peer_client::on_path("wrk")),
+        "oha" => ("oha", peer_client::on_path("oha")),
+        "auto" => match peer_client::on_path("wrk") {
             Some(p) => ("wrk", Some(p)),
-            None => ("oha", on_path("oha")),
+            None => ("oha", peer_client::on_path("oha")),
         },
         o => return Err(anyhow!("unknown --peer {o:?} (expected auto, wrk, oha, none)").into()),
     };
@@ -652,7 +537,7 @@ pub fn bench_http(a: BenchHttpArgs) -> Result<ExitCode, UserError> {
             );
         }
         if let Some(bin) = &peer_bin {
-            match run_peer(peer, bin, &url, a.concurrency, threads, d.as_secs_f64()) {
+            match peer_client::run_peer(peer, bin, &url, a.concurrency, threads, d.as_secs_f64()) {
                 Ok(v) => {
                     theirs.push(v);
                     if !a.json {
@@ -663,8 +548,8 @@ pub fn bench_http(a: BenchHttpArgs) -> Result<ExitCode, UserError> {
             }
         }
     }
-    let ours_m = median(&mut ours.clone());
-    let theirs_m = (!theirs.is_empty()).then(|| median(&mut theirs.clone()));
+    let ours_m = peer_client::median(&mut ours.clone());
+    let theirs_m = (!theirs.is_empty()).then(|| peer_client::median(&mut theirs.clone()));
     let ratio = theirs_m.map(|t| ours_m / t.max(1e-9));
     let command = format!(
         "vramroom bench http -c {} -z {} --rounds {} --peer {} --threads {threads} --server-threads {server_threads}{}",

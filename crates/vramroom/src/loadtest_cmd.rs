@@ -18,12 +18,12 @@ use vramroom_load::{
 };
 use vramroom_workload::{DeviceChoice, ModelSpec, Scenario, MAX_WORKERS};
 
+use crate::error::UserError;
 use crate::run_cmd::{
     check_out_dir, discard_out_dir, duration, finish, le, load_fraction, progress_bar,
     stop_on_ctrl_c,
 };
 use crate::workload_args::WorkloadArgs;
-use crate::UserError;
 
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \

@@ -3,6 +3,7 @@
 mod bench_models_cmd;
 mod claims_cmd;
 mod diff_cmd;
+mod error;
 mod http_cmd;
 mod loadtest_cmd;
 mod predict_cmd;
@@ -11,6 +12,7 @@ mod replay_findings;
 mod replay_ranks;
 mod run_cmd;
 mod serve_cmd;
+mod table;
 mod trace_cmd;
 mod watch_cmd;
 mod workload_args;
@@ -18,6 +20,8 @@ mod workload_args;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+use error::UserError;
 
 #[derive(Parser)]
 #[command(
@@ -80,15 +84,6 @@ enum BenchCommand {
     /// Vramroom's HTTP client against wrk or oha on the same loopback target: req/s of
     /// each and the ratio.
     Http(http_cmd::BenchHttpArgs),
-}
-
-/// Errors the user caused (bad input) exit 2, like clap's own usage errors.
-pub struct UserError(pub anyhow::Error);
-
-impl<E: Into<anyhow::Error>> From<E> for UserError {
-    fn from(e: E) -> Self {
-        UserError(e.into())
-    }
 }
 
 fn main() -> ExitCode {

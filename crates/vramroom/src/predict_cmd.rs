@@ -9,9 +9,9 @@ use vramroom_alloc::size::{human_bytes, parse_size};
 use vramroom_alloc::AllocatorConfig;
 use vramroom_workload::{max_batch, predict as run_predict, PredictDevice, Prediction, Scenario};
 
-use crate::replay_cmd::print_rows;
+use crate::error::UserError;
+use crate::table::print_rows;
 use crate::workload_args::WorkloadArgs;
-use crate::UserError;
 
 #[derive(Args)]
 #[command(after_help = "Examples:\n  \

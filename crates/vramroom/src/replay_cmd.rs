@@ -11,7 +11,8 @@ use vramroom_trace::{
     min_capacity, read_snapshot_file, replay as run_replay, ReplayOptions, ReplayResult,
 };
 
-use crate::UserError;
+use crate::error::UserError;
+use crate::table::{cell, print_rows};
 
 #[derive(Args)]
 pub struct ReplayArgs {
@@ -424,26 +425,14 @@ fn print_table(path: &std::path::Path, capacity: u64, results: &[(String, Replay
     }
 }
 
-pub use vramroom_alloc::table::cell;
-
-/// A plain-text table (vramroom-alloc's one printer): the first column left-aligned, the
-/// numbers right-aligned; long cells are cut.
-pub fn print_rows(header: &[&str], rows: &[Vec<String>]) {
-    let right: Vec<bool> = (0..header.len()).map(|i| i > 0).collect();
-    print!(
-        "{}",
-        vramroom_alloc::table::format_table(header, rows, &right)
-    );
-}
-
 /// A snapshot pickle, or an RMM CSV log (by extension `.csv`).
 fn load_trace(path: &std::path::Path) -> Result<vramroom_trace::Snapshot, UserError> {
     if path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("csv"))
     {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read RMM log {}", path.display()))?;
+        let text = vramroom_alloc::input::read_text(path, vramroom_alloc::input::Limit::RMM_LOG)
+            .map_err(|e| anyhow::anyhow!("cannot read RMM log {e}"))?;
         let events = vramroom_trace::read_rmm_csv(&text)
             .with_context(|| format!("cannot read RMM log {}", path.display()))?;
         return Ok(vramroom_trace::snapshot_from_rmm(&events));
@@ -488,7 +477,8 @@ pub fn bench_alloc(a: BenchAllocArgs) -> Result<ExitCode, UserError> {
     use vramroom_alloc::bench;
     let reference = match &a.reference {
         Some(p) => Some(
-            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
+            vramroom_alloc::input::read_text(p, vramroom_alloc::input::Limit::RESULTS)
+                .map_err(|e| anyhow::anyhow!("--reference {e}"))?,
         ),
         None => std::fs::read_to_string("../shared/spec/golden/results__default.json").ok(),
     };

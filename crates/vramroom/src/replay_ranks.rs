@@ -10,26 +10,74 @@ use vramroom_alloc::AllocatorConfig;
 use vramroom_trace::ranks::{rank_table, RankOptions, RankTable};
 use vramroom_trace::Snapshot;
 
-use crate::replay_cmd::{cell, print_rows};
-use crate::UserError;
+use crate::error::UserError;
+use crate::table::{cell, print_rows};
+
+/// Why a `.pickle` entry of a folder is not a snapshot to read, or `None` for a regular
+/// file (a symlink to one included).
+fn not_a_snapshot(f: &Path) -> Option<String> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::metadata(f) {
+        Ok(m) if m.is_file() => None,
+        Ok(m) if m.is_dir() => Some("a folder".into()),
+        Ok(m) if m.file_type().is_fifo() => Some("a FIFO".into()),
+        Ok(m) if m.file_type().is_socket() => Some("a socket".into()),
+        Ok(_) => Some("a device".into()),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Some("a symlink loop".into()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("a dangling symlink".into()),
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+/// The `.pickle` snapshots of folder `p`, sorted, and the `.pickle` entries skipped with
+/// why: nothing in a rank folder is dropped without being named.
+pub fn scan_folder(p: &Path) -> Result<(Vec<PathBuf>, Vec<(PathBuf, String)>), UserError> {
+    let mut files = Vec::new();
+    let mut skipped = Vec::new();
+    for e in std::fs::read_dir(p).with_context(|| format!("cannot read folder {}", p.display()))? {
+        let f = match e {
+            Ok(e) => e.path(),
+            Err(e) => {
+                skipped.push((p.to_path_buf(), format!("an entry could not be read: {e}")));
+                continue;
+            }
+        };
+        if !f.extension().is_some_and(|e| e == "pickle") {
+            continue;
+        }
+        match not_a_snapshot(&f) {
+            None => files.push(f),
+            Some(why) => skipped.push((f, why)),
+        }
+    }
+    files.sort_by_key(|f| natural_key(f));
+    skipped.sort();
+    Ok((files, skipped))
+}
 
 /// The snapshots named on the command line, a folder standing for the `.pickle` files in it
-/// (sorted, so `rank0 … rank10` come in the order a user lists them).
+/// (sorted, so `rank0 … rank10` come in the order a user lists them). Entries of a folder
+/// that are not files (FIFOs, folders, symlink loops) are skipped, each named on stderr.
 pub fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>, UserError> {
     let mut out = Vec::new();
     for p in paths {
         if p.is_dir() {
-            let mut files: Vec<PathBuf> = std::fs::read_dir(p)
-                .with_context(|| format!("cannot read folder {}", p.display()))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|f| f.is_file() && f.extension().is_some_and(|e| e == "pickle"))
-                .collect();
-            if files.is_empty() {
-                return Err(
-                    anyhow::anyhow!("folder {} holds no .pickle snapshots", p.display()).into(),
-                );
+            let (files, skipped) = scan_folder(p)?;
+            for (f, why) in &skipped {
+                eprintln!("skipped {}: {why}, not a snapshot file", f.display());
             }
-            files.sort_by_key(|f| natural_key(f));
+            if files.is_empty() {
+                return Err(anyhow::anyhow!(
+                    "folder {} holds no .pickle snapshots{}",
+                    p.display(),
+                    if skipped.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({} skipped: not files)", skipped.len())
+                    }
+                )
+                .into());
+            }
             out.extend(files);
         } else {
             out.push(p.clone());
@@ -219,5 +267,39 @@ mod tests {
                 .map(PathBuf::from)
                 .collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn folder_entries_that_are_not_files_are_named() {
+        let d = std::env::temp_dir().join(format!("vramroom-ranks-skip-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("dir.pickle")).unwrap();
+        std::fs::write(d.join("r0.pickle"), b"x").unwrap();
+        std::os::unix::fs::symlink("loop.pickle", d.join("loop.pickle")).unwrap();
+        let c = std::ffi::CString::new(d.join("fifo.pickle").to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let Ok((files, skipped)) = scan_folder(&d) else {
+            panic!("scan_folder failed")
+        };
+        assert_eq!(files, vec![d.join("r0.pickle")]);
+        let why: Vec<(String, &str)> = skipped
+            .iter()
+            .map(|(f, w)| {
+                (
+                    f.file_name().unwrap().to_string_lossy().into_owned(),
+                    w.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            why,
+            vec![
+                ("dir.pickle".into(), "a folder"),
+                ("fifo.pickle".into(), "a FIFO"),
+                ("loop.pickle".into(), "a symlink loop"),
+            ]
+        );
+        let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -14,7 +14,7 @@ use vramroom_load::report::{summary_table, write_html, write_json};
 use vramroom_load::{LoadError, Progress, RunResult, StopReason};
 use vramroom_workload::parse_duration;
 
-use crate::UserError;
+use crate::error::UserError;
 
 /// Exit code of a run that broke a `--threshold` (k6's).
 pub const EXIT_THRESHOLD: u8 = 99;
@@ -154,11 +154,15 @@ pub fn finish(out: &Path, json: bool, r: &RunResult) -> Result<ExitCode, UserErr
         return Ok(ExitCode::from(EXIT_NO_SUCCESS));
     }
     if !r.thresholds_passed() {
-        let broken: Vec<&str> = r
+        let broken: Vec<String> = r
             .thresholds
             .iter()
             .filter(|t| !t.passed)
-            .map(|t| t.expr.as_str())
+            .map(|t| match t.actual {
+                Some(_) => t.expr.clone(),
+                // A gate on a number nobody measured fails, and says so.
+                None => format!("{} (not measured by this run)", t.expr),
+            })
             .collect();
         eprintln!("threshold(s) broken: {}", broken.join(", "));
         return Ok(ExitCode::from(EXIT_THRESHOLD));
@@ -170,15 +174,39 @@ pub fn finish(out: &Path, json: bool, r: &RunResult) -> Result<ExitCode, UserErr
     Ok(ExitCode::SUCCESS)
 }
 
-/// For a `vramroom http` run in which no request got a 1xx-3xx answer: one line saying
-/// what happened to them instead. `None` when one succeeded, or for `vramroom loadtest`
-/// (whose requests failing with OOMs is what a ramp looks for).
+/// For a run in which no request succeeded: one line saying what happened to them
+/// instead. `None` when one succeeded. A `vramroom loadtest` run whose requests ran out of
+/// memory is what a ramp looks for (an answer, not a failure); one whose every request
+/// failed otherwise (and none ran out of memory) failed, as an HTTP run of nothing that
+/// worked does.
 pub fn no_success(r: &RunResult) -> Option<String> {
-    let http = r.http.as_ref()?;
     if r.requests.ok > 0 {
         return None;
     }
-    let sent = r.requests.total + http.shed;
+    let Some(http) = r.http.as_ref() else {
+        if r.requests.total == 0 || r.errors.oom > 0 || r.requests.oom > 0 {
+            return None;
+        }
+        let what: Vec<String> = r
+            .errors
+            .by_kind
+            .iter()
+            .map(|(k, n)| format!("{n} {k}"))
+            .collect();
+        return Some(format!(
+            "no request succeeded: 0 of {} ({}); the report is written, exit code \
+             {EXIT_NO_SUCCESS}",
+            r.requests.total,
+            if what.is_empty() {
+                "every one failed".into()
+            } else {
+                what.join(", ")
+            }
+        ));
+    };
+    // `requests.total` counts every request sent, the shed 503s among them: adding
+    // `http.shed` again counted them twice.
+    let sent = r.requests.total;
     let mut what: Vec<String> = r
         .errors
         .by_kind

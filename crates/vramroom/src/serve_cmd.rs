@@ -17,7 +17,7 @@ use vramroom_alloc::AllocatorConfig;
 use vramroom_serve::{parse_duration, DeviceList, Generation, LatencyTarget, Margin, ServeConfig};
 use vramroom_workload::ModelSpec;
 
-use crate::UserError;
+use crate::error::UserError;
 
 /// Exit code when a second signal cut the drain short.
 const EXIT_INTERRUPTED: u8 = 130;
@@ -339,8 +339,8 @@ mod tests {
 
     #[test]
     fn the_shutdown_message_says_what_happened() {
-        use vramroom_serve::ShutdownReport;
         use std::time::Duration;
+        use vramroom_serve::ShutdownReport;
         let r = |drained, start, q, run, inflight| ShutdownReport {
             drained,
             elapsed: Duration::from_millis(12),

@@ -12,8 +12,8 @@ use vramroom_alloc::size::human_bytes;
 use vramroom_load::http::prometheus::parse_metric_rule;
 use vramroom_load::http::watch::{watch as run_watch, WatchConfig, WatchSource, WatchTick};
 
+use crate::error::UserError;
 use crate::run_cmd::{duration, le, stop_on_ctrl_c, EXIT_CANCELLED};
-use crate::UserError;
 
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \

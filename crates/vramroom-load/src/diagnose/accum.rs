@@ -10,10 +10,10 @@
 //! and on a small batch the graphs were lost under the weights).
 use std::sync::atomic::AtomicBool;
 
-use vramroom_alloc::AllocatorConfig;
 use tracing::{debug, warn};
+use vramroom_alloc::AllocatorConfig;
 
-use super::{by_cost, nums, Rules};
+use super::rules::{by_cost, nums, Rules};
 use crate::results::*;
 use crate::search::{probe, SearchAxis, SearchConfig};
 use vramroom_alloc::human_bytes;

@@ -1,5 +1,5 @@
 //! `autograd_in_inference`: activations saved for a backward pass that never runs.
-use super::{by_cost, mib, nums, Rules};
+use super::rules::{by_cost, mib, nums, Rules};
 use crate::results::*;
 use vramroom_workload::Scenario;
 

@@ -1,7 +1,10 @@
 //! `fragmentation`: memory the caching allocator reserved because its free cache was in the
 //! wrong pieces. One rule for a load test's own allocator and for a service's (an HTTP run,
 //! read through the probe): the same evidence (alloc retries, the what-if replay) decides.
-use super::{mib, nums, what_if_table, Rules};
+use std::collections::BTreeMap;
+
+use super::rules::{mib, nums, Rules};
+use super::whatif::what_if_table;
 use crate::results::*;
 
 /// `leak`/`demand`: a leak or demand over the capacity explains the run's OOMs.
@@ -25,11 +28,7 @@ pub(super) fn fragmentation(
     // The replay of the run's own trace is evidence only when its own-config row agrees
     // with the run (it starts from an empty allocator and saw every event).
     let own = r.what_if.first().filter(|_| r.what_if_check.agrees);
-    let best = r
-        .what_if
-        .iter()
-        .skip(1)
-        .min_by_key(|w| (w.num_ooms, w.peak_reserved_bytes));
+    let best = best_config(&r.what_if);
     // OOMs another config would have avoided: the one thing that makes fragmentation the
     // cause of a run's OOMs rather than the demand.
     let avoided = match (own, best) {
@@ -65,43 +64,69 @@ pub(super) fn fragmentation(
         return None;
     }
     let table = what_if_table(&r.what_if);
-    let saving = match (own, best) {
-        (Some(o), Some(b)) if b.peak_reserved_bytes < o.peak_reserved_bytes => {
-            o.peak_reserved_bytes - b.peak_reserved_bytes
-        }
-        (Some(_), Some(_)) => 0,
+    // The saving reads the replay's own rows whether or not the own-config row matched the
+    // run: both rows come from one replay of one log, so their difference is measured the
+    // same way every time, where the fallback (the fragmented bytes) is an upper bound of
+    // another kind. Choosing by `agrees` made one scenario say 30.29 MiB in one run and
+    // 2.00 MiB in the next.
+    let saving = match (r.what_if.first(), best) {
+        (Some(o), Some(b)) => o.peak_reserved_bytes.saturating_sub(b.peak_reserved_bytes),
         // No replay to ask: the fragmented segments are the upper bound of what a
         // fragmentation-free allocator would not have reserved.
         _ => frag.min(waste),
     };
-    let fix = match best {
-        Some(b) if material => format!(
-            "Set `PYTORCH_CUDA_ALLOC_CONF={}`: the replay of this run's trace under it has {} \
+    let fix = match (best, r.oom_search.as_ref()) {
+        // The OOM search ran the whole workload under each config: its recommendation is
+        // the verdict's, and a finding must not recommend another.
+        (_, Some(search)) => match &search.recommended {
+            Some(rc) => format!(
+                "Set `PYTORCH_CUDA_ALLOC_CONF={}`, the verdict's recommended config: the OOM \
+                 search keeps {} concurrent requests within the budget under it, against {} \
+                 under the run's config.",
+                rc.alloc_conf,
+                rc.verified_safe_load
+                    .map_or("none".into(), |v| v.to_string()),
+                search
+                    .verified_safe_load
+                    .map_or("none".into(), |v| v.to_string())
+            ),
+            None => "No allocator config tried does better under load (the OOM search ran \
+                     each): the waste comes from requests of many sizes whose lifetimes \
+                     interleave. Pad the variable dimension to a few buckets (e.g. sequence \
+                     lengths to multiples of 64) so freed blocks fit the next request."
+                .into(),
+        },
+        (best, None) => match best {
+            Some(b) if material => format!(
+                "Set `PYTORCH_CUDA_ALLOC_CONF={}`: the replay of this run's trace under it has {} \
              OOMs instead of {} and peaks at {} reserved.",
-            b.alloc_conf,
-            b.num_ooms,
-            own.map(|o| o.num_ooms).unwrap_or(0),
-            mib(b.peak_reserved_bytes as f64)
-        ),
-        Some(b) if saving > 0 => format!(
-            "Set `PYTORCH_CUDA_ALLOC_CONF={}`: the replay of this run's trace under it peaks \
+                b.alloc_conf,
+                b.num_ooms,
+                own.map(|o| o.num_ooms).unwrap_or(0),
+                mib(b.peak_reserved_bytes as f64)
+            ),
+            Some(b) if saving > 0 => format!(
+                "Set `PYTORCH_CUDA_ALLOC_CONF={}`: the replay of this run's trace under it peaks \
              at {} reserved instead of {}.",
-            b.alloc_conf,
-            mib(b.peak_reserved_bytes as f64),
-            mib(own
-                .map(|o| o.peak_reserved_bytes)
-                .unwrap_or(p.reserved_bytes) as f64)
-        ),
-        Some(_) if own.is_some() => {
-            "No allocator config helps this trace much (see the what-if table): the \
+                b.alloc_conf,
+                mib(b.peak_reserved_bytes as f64),
+                mib(own
+                    .map(|o| o.peak_reserved_bytes)
+                    .unwrap_or(p.reserved_bytes) as f64)
+            ),
+            Some(_) if own.is_some() => {
+                "No allocator config helps this trace much (see the what-if table): the \
               waste comes from requests of many sizes whose lifetimes interleave. Pad the \
               variable dimension to a few buckets (e.g. sequence lengths to multiples of 64) so \
               freed blocks fit the next request."
-                .into()
-        }
-        _ => "Try `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so segments grow in place \
+                    .into()
+            }
+            _ => {
+                "Try `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so segments grow in place \
               instead of splitting, and pad variable sizes to a few buckets."
-            .into(),
+                    .into()
+            }
+        },
     };
     Some(Finding {
         id: FindingId::Fragmentation,
@@ -149,33 +174,49 @@ pub(super) fn fragmentation(
                 format!(" Replayed peak reserved: {table}.")
             }
         ),
-        numbers: nums(&[
-            ("peak_reserved_bytes", p.reserved_bytes as f64),
-            ("peak_allocated_bytes", p.allocated_bytes as f64),
-            ("reserved_over_allocated", ratio),
-            ("inactive_split_bytes_peak", p.inactive_split_bytes as f64),
-            ("alloc_retries", p.alloc_retries as f64),
-            ("replay_ooms_avoided", avoided as f64),
-            ("oom_reserved_unallocated_bytes", oom_waste as f64),
-            ("fragmented_segment_bytes", frag as f64),
-            (
-                "fragmented_segment_allocs",
-                p.fragmented_segment_allocs as f64,
-            ),
-        ]),
+        numbers: peak_numbers(
+            p,
+            &[
+                ("replay_ooms_avoided", avoided as f64),
+                ("oom_reserved_unallocated_bytes", oom_waste as f64),
+                ("fragmented_segment_bytes", frag as f64),
+                (
+                    "fragmented_segment_allocs",
+                    p.fragmented_segment_allocs as f64,
+                ),
+            ],
+        ),
         fix,
         predicted_saving_bytes: saving,
     })
 }
 
+/// The replay's best other config: the fewest OOMs, then the lowest peak reserved.
+fn best_config(what_if: &[WhatIfRow]) -> Option<&WhatIfRow> {
+    what_if
+        .iter()
+        .skip(1)
+        .min_by_key(|w| (w.num_ooms, w.peak_reserved_bytes))
+}
+
+/// The peak figures both findings report, then each one's own.
+fn peak_numbers(p: &Peaks, own: &[(&str, f64)]) -> BTreeMap<String, f64> {
+    let ratio = p.reserved_bytes as f64 / p.allocated_bytes.max(1) as f64;
+    let mut n = nums(&[
+        ("peak_reserved_bytes", p.reserved_bytes as f64),
+        ("peak_allocated_bytes", p.allocated_bytes as f64),
+        ("reserved_over_allocated", ratio),
+        ("inactive_split_bytes_peak", p.inactive_split_bytes as f64),
+        ("alloc_retries", p.alloc_retries as f64),
+    ]);
+    n.extend(nums(own));
+    n
+}
+
 pub(super) fn service_fragmentation(r: &RunResult, floor: u64) -> Option<Finding> {
     let p = &r.peaks;
     let own = r.what_if.first();
-    let best = r
-        .what_if
-        .iter()
-        .skip(1)
-        .min_by_key(|w| (w.num_ooms, w.peak_reserved_bytes));
+    let best = best_config(&r.what_if);
     let saving = match (own, best) {
         (Some(o), Some(b)) => o.peak_reserved_bytes.saturating_sub(b.peak_reserved_bytes),
         _ => 0,
@@ -224,14 +265,7 @@ pub(super) fn service_fragmentation(r: &RunResult, floor: u64) -> Option<Finding
                 format!(" Replayed peak reserved of the service's trace: {table}.")
             }
         ),
-        numbers: nums(&[
-            ("peak_reserved_bytes", p.reserved_bytes as f64),
-            ("peak_allocated_bytes", p.allocated_bytes as f64),
-            ("reserved_over_allocated", ratio),
-            ("inactive_split_bytes_peak", p.inactive_split_bytes as f64),
-            ("alloc_retries", p.alloc_retries as f64),
-            ("replay_saving_bytes", saving as f64),
-        ]),
+        numbers: peak_numbers(p, &[("replay_saving_bytes", saving as f64)]),
         fix,
         predicted_saving_bytes: saving,
     })

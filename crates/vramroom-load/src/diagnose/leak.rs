@@ -1,5 +1,5 @@
 //! `leak`: memory that stays allocated after the requests that made it are over.
-use super::{by_cost, mib, nums, Rules};
+use super::rules::{by_cost, mib, nums, Rules};
 use crate::results::*;
 use crate::timeline::linear_fit;
 
@@ -52,8 +52,10 @@ pub(super) fn leak(r: &RunResult, rules: &Rules) -> Option<Finding> {
     // rose under load and is gone at rest is the load's own (queues, an OOM storm's
     // retries), not a leak. Measured: an over-capacity run (gpt2-small, -c 32, 128 MiB)
     // drifted 41 MiB/s at R² 0.63 with 0 B left at rest, in one run of several.
-    let fires =
-        retained >= floor || (drift >= floor as f64 && r2 >= 0.6 && retained as f64 >= 0.5 * drift);
+    let drifts = drift >= floor as f64 && r2 >= 0.6 && retained as f64 >= 0.5 * drift;
+    // A falling floor is never a leak (measured: resnet18 --grad-on read "the floor rises
+    // -0.3 MiB/s (R² 0.02)" beside bytes that stayed, as a critical leak).
+    let fires = (retained >= floor && slope >= 0.0) || drifts;
     if !fires {
         return None;
     }
@@ -132,7 +134,8 @@ mod tests {
             .map(|s| (s.index, s.start_s))
             .unwrap();
         for s in r.timeline.iter_mut().filter(|s| s.stage == st.0) {
-            s.allocated_bytes += ((s.t_s - st.1) * per_s) as u64;
+            // Signed, so a falling floor falls (a u64 cast would clamp it to flat).
+            s.allocated_bytes = (s.allocated_bytes as f64 + (s.t_s - st.1) * per_s).max(0.0) as u64;
         }
         // At rest, after the last stage: what is left allocated.
         let mut last = *r.timeline.last().unwrap();
@@ -141,6 +144,21 @@ mod tests {
         last.allocated_bytes = r.baseline_bytes + rest;
         r.timeline.push(last);
         r
+    }
+
+    #[test]
+    fn a_falling_floor_is_never_a_leak() {
+        // Bytes stay at rest, but the floor fell under load: no leak.
+        let r = drifting(-2.0 * MIB as f64, 60 * MIB);
+        assert!(leak(&r, &Rules::default()).is_none());
+    }
+
+    #[test]
+    fn a_rising_floor_that_stays_through_an_oom_storm_is_a_critical_leak() {
+        let mut r = drifting(40.0 * MIB as f64, 60 * MIB);
+        r.errors.oom = 12;
+        let f = leak(&r, &Rules::default()).expect("a leak");
+        assert_eq!(f.severity, Severity::Critical);
     }
 
     #[test]

@@ -35,8 +35,9 @@
 //! OOMs; OOMs that demand or a leak explain are not blamed on it.
 //! - `cache_held`: after the load fell, the cache still holds memory for a burst that is
 //!   over; what `empty_cache()` would hand back (fully free segments) is the saving.
+//! - `load_shed` (HTTP runs): the service answered 503 to part of the load, with its reason
+//!   when it says one (admission metrics, `Retry-After`); critical when most was shed.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
 
 use vramroom_alloc::AllocatorConfig;
@@ -50,85 +51,21 @@ mod cache;
 mod fragmentation;
 mod leak;
 mod oom;
+mod rules;
 mod runlog;
+mod shed;
 mod traced;
 mod whatif;
 
 pub use oom::segment_state;
+use rules::mib;
+pub use rules::Rules;
 pub use runlog::{LogReplay, RunLog};
 pub use traced::*;
 pub use whatif::{
     check as what_if_check, check_service as what_if_check_service, what_if, what_if_snapshot,
     what_if_table,
 };
-
-const MIB: f64 = 1048576.0;
-
-pub(crate) fn mib(b: f64) -> String {
-    format!("{:.1} MiB", b / MIB)
-}
-
-/// Thresholds of the rules, in one place.
-#[derive(Debug, Clone, Copy)]
-pub struct Rules {
-    /// A byte figure matters when it is at least this share of the capacity...
-    pub capacity_share: f64,
-    /// ...and at least this many bytes.
-    pub min_bytes: u64,
-    /// Fragmentation: peak reserved / peak allocated at least this.
-    pub frag_ratio: f64,
-    /// Graph accumulated: activation bytes at the peak of the run's pattern over those of
-    /// backward-every-micro-step at least this.
-    pub accum_ratio: f64,
-    /// Severity by measured cost: a cause that takes at least this share of the run's peak
-    /// above the baseline is critical...
-    pub critical_share: f64,
-    /// ...and at least this share a warning; less is info.
-    pub warning_share: f64,
-    /// Fragmentation is blamed for OOMs only when a replayed config avoids at least this
-    /// share of them (and at least one).
-    pub avoidable_oom_share: f64,
-    /// Cache held: the last stage's peak allocated at most this share of the run's peak.
-    pub load_drop: f64,
-}
-
-impl Default for Rules {
-    fn default() -> Self {
-        Rules {
-            capacity_share: 0.05,
-            min_bytes: 4 << 20,
-            frag_ratio: 1.5,
-            accum_ratio: 1.5,
-            critical_share: 0.25,
-            warning_share: 0.05,
-            avoidable_oom_share: 0.1,
-            load_drop: 0.6,
-        }
-    }
-}
-
-impl Rules {
-    /// The smallest byte figure that matters on a device of `capacity` bytes.
-    pub fn floor(&self, capacity: u64) -> u64 {
-        ((capacity as f64 * self.capacity_share) as u64).max(self.min_bytes)
-    }
-}
-
-/// The severity of a cause from what it costs: its share of the run's peak above the
-/// baseline. Whether the run happened to OOM does not make a cheap cause critical.
-pub(crate) fn by_cost(share: f64, rules: &Rules) -> Severity {
-    if share >= rules.critical_share {
-        Severity::Critical
-    } else if share >= rules.warning_share {
-        Severity::Warning
-    } else {
-        Severity::Info
-    }
-}
-
-pub(crate) fn nums(v: &[(&str, f64)]) -> BTreeMap<String, f64> {
-    v.iter().map(|(k, x)| (k.to_string(), *x)).collect()
-}
 
 /// All findings for a finished run.
 pub fn diagnose(
@@ -193,10 +130,12 @@ fn blame_the_mistake(mut demand: Finding, found: &[Finding]) -> Finding {
 /// probe's snapshots, so only the rules that need no workload apply (out of memory,
 /// fragmentation, cache held), with the same ids, floors and wording.
 pub fn diagnose_service(r: &RunResult) -> Vec<Finding> {
-    let floor = Rules::default().floor(r.capacity_bytes);
+    let rules = Rules::default();
+    let floor = rules.floor(r.capacity_bytes);
     let mut f = Vec::new();
     f.extend(oom::out_of_memory(r));
     f.extend(fragmentation::service_fragmentation(r, floor));
-    f.extend(cache::service_cache_held(r, floor));
+    f.extend(cache::service_cache_held(r, &rules));
+    f.extend(shed::load_shed(r));
     f
 }

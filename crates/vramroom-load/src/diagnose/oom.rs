@@ -2,7 +2,7 @@
 //! state at that moment when the probe dumped it.
 use vramroom_alloc::{BlockState, Snapshot};
 
-use super::{mib, nums};
+use super::rules::{mib, nums};
 use crate::results::*;
 
 /// Reserved, allocated and the largest free block of a snapshot's segments.

@@ -9,11 +9,11 @@
 //! compares the own-config row with the run and says how and why they disagree, so a row
 //! is never silently shown as the run's.
 
+use tracing::warn;
 use vramroom_alloc::AllocatorConfig;
 use vramroom_trace::{replay, ReplayOptions};
-use tracing::warn;
 
-use super::mib;
+use super::rules::mib;
 use super::runlog::RunLog;
 use crate::results::*;
 

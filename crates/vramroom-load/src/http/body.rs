@@ -34,49 +34,8 @@ use bytes::Bytes;
 
 use crate::error::{LoadError, Result};
 
-/// SplitMix64: tiny, fast, and good enough to draw sizes and words.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-    /// The generator of request `seq` (and a `salt` for independent streams).
-    pub fn for_request(seed: u64, seq: u64, salt: u64) -> Rng {
-        let mut r = Rng(seed ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ salt.rotate_left(29));
-        r.next_u64();
-        r
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    /// Uniform in `lo..=hi`.
-    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        if hi <= lo {
-            return lo;
-        }
-        let span = hi - lo;
-        if span == u64::MAX {
-            return self.next_u64();
-        }
-        lo + self.next_u64() % (span + 1)
-    }
-    /// A standard normal draw (Box–Muller).
-    pub fn normal(&mut self) -> f64 {
-        let u1 = self.unit().max(f64::MIN_POSITIVE);
-        let u2 = self.unit();
-        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-    }
-}
+/// Draws come from the workspace's one generator.
+pub use vramroom_alloc::rng::Rng;
 
 /// Largest body a distribution may ask for: a typo of a unit must not allocate the machine.
 pub const MAX_BODY: u64 = 1 << 30;
@@ -465,9 +424,9 @@ pub struct Bodies {
 const FILLER: &[u8] = b"vramroom load test body filler text 0123456789 ";
 
 fn read(p: &Path) -> Result<Bytes> {
-    std::fs::read(p)
+    vramroom_alloc::input::read_file(p, vramroom_alloc::input::Limit::BODY)
         .map(Bytes::from)
-        .map_err(|e| LoadError::Config(format!("cannot read body file {}: {e}", p.display())))
+        .map_err(|e| LoadError::Config(format!("cannot read body file {e}")))
 }
 
 /// `bytes` repeated (or cut) to exactly `n` bytes.

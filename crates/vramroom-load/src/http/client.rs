@@ -269,6 +269,9 @@ pub struct Answer {
     pub status: u16,
     pub body_bytes: u64,
     pub oom: bool,
+    /// The answer's `Retry-After` in whole seconds (a service shedding load says when to
+    /// come back); `None` without one, or with an HTTP date.
+    pub retry_after_s: Option<u64>,
 }
 
 /// How much of a 5xx body is searched for an OOM message: services put PyTorch's message
@@ -297,6 +300,11 @@ pub async fn exchange(
             .await
             .map_err(|e| ErrorKind::of(&e))?;
         let status = resp.status().as_u16();
+        let retry_after_s = resp
+            .headers()
+            .get(hyper::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
         let mut body = resp.into_body();
         let mut n = 0u64;
         // Only 5xx bodies are kept (the first bytes), to look for an OOM message: the hot
@@ -316,6 +324,7 @@ pub async fn exchange(
             status,
             body_bytes: n,
             oom: status >= 500 && body_names_oom(&head),
+            retry_after_s,
         })
     };
     let mut fut = std::pin::pin!(fut);
@@ -355,12 +364,23 @@ pub async fn usable(conn: &mut Conn) -> bool {
     .await
 }
 
-/// `GET url` with a timeout, returning the status and the whole body: for scrapes and probe
-/// snapshots (not on the load's hot path).
+/// `GET url` with a timeout, returning the status and the whole body, at most a metrics
+/// body's cap ([`super::limits::METRICS`]): for scrapes (not on the load's hot path).
 pub async fn get(
     target: &Target,
     timeout: Duration,
     method: Method,
+) -> std::result::Result<(u16, Bytes), String> {
+    get_limited(target, timeout, method, super::limits::METRICS).await
+}
+
+/// [`get`] with the body capped at `limit` while it streams in: a body past it is an error
+/// naming the cap, never a buffer that grows without bound.
+pub async fn get_limited(
+    target: &Target,
+    timeout: Duration,
+    method: Method,
+    limit: vramroom_alloc::input::Limit,
 ) -> std::result::Result<(u16, Bytes), String> {
     let fut = async {
         let c = connect(target, timeout)
@@ -383,11 +403,17 @@ pub async fn get(
             .await
             .map_err(|e| ErrorKind::of(&e).as_str().to_string())?;
         let status = resp.status().as_u16();
-        let body = resp
-            .into_body()
+        let cap = usize::try_from(limit.bytes).unwrap_or(usize::MAX);
+        let body = http_body_util::Limited::new(resp.into_body(), cap)
             .collect()
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    vramroom_alloc::input::too_large(limit, &target.path.to_string()).to_string()
+                } else {
+                    e.to_string()
+                }
+            })?
             .to_bytes();
         Ok((status, body))
     };

@@ -10,6 +10,7 @@
 //! - [`load`]: the closed (`-c`) and open (`-q`, constant or Poisson) models, stages.
 //! - [`body`]: request bodies — templates with placeholders, files, size distributions.
 //! - [`record`]: per-thread HDR histograms and counters; coordinated-omission correction.
+//! - [`refusal`]: a run whose every answer is the same 4xx stops early, with a hint.
 //! - [`prometheus`]: the text exposition format, and known metric names mapped to memory.
 //! - [`sample`]: the memory sampler (scraped endpoint, NVML) on the load's clock.
 //! - [`predict`]: `--predict` (the OOM concurrency per device and config, size caps,
@@ -18,6 +19,8 @@
 //! - [`mod@run`]: [`HttpConfig`] and [`run()`](run::run), the whole run.
 //! - [`watch`]: `vramroom watch`: several endpoints (ranks) on one timeline, no load.
 //! - [`server`]: a small loopback server for tests and `vramroom bench http`.
+//! - [`peer`]: `vramroom bench http`'s peer client (wrk, oha), run and read.
+//! - [`listener`]: the local process listening on a URL's port (for NVML's `--pid`).
 //!
 //! ```no_run
 //! use std::sync::{atomic::AtomicBool, Arc};
@@ -37,11 +40,15 @@
 
 pub mod body;
 pub mod client;
+pub mod limits;
+pub mod listener;
 pub mod load;
+pub mod peer;
 pub mod predict;
 pub mod probe;
 pub mod prometheus;
 pub mod record;
+pub mod refusal;
 pub mod run;
 pub mod sample;
 pub mod server;

@@ -40,7 +40,8 @@ pub fn probe_base(metrics_url: &str) -> String {
 async fn fetch_pickle(base: &str, path: &str, timeout: Duration) -> Result<Snapshot, String> {
     let url = format!("{base}{path}");
     let target = client::resolve(&url).map_err(|e| e.to_string())?;
-    let (status, body) = client::get(&target, timeout, Method::GET).await?;
+    let limit = crate::http::limits::snapshot();
+    let (status, body) = client::get_limited(&target, timeout, Method::GET, limit).await?;
     if status != 200 {
         return Err(format!("GET {url}: HTTP {status}"));
     }

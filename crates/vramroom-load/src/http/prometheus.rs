@@ -766,7 +766,13 @@ pub struct Mapped {
     /// `torch.cuda.memory_stats()` keys as the probe or `vramroom serve` export them,
     /// summed over devices.
     pub memory_stats: BTreeMap<String, i64>,
+    /// `vramroom serve`'s admission rejections so far, by reason (`queue_delay`, `memory`,
+    /// `queue_full`, `shutdown`): why it answered 503.
+    pub rejections: BTreeMap<String, u64>,
 }
+
+/// `vramroom serve`'s counter of requests answered 503, by `reason`.
+pub const SERVE_REJECTIONS_METRIC: &str = "vramroom_admission_rejections_total";
 
 impl MetricMap {
     /// The known names only.
@@ -902,11 +908,20 @@ impl MetricMap {
                 }
             }
         }
+        let mut rejections = BTreeMap::new();
+        for s in e.get(SERVE_REJECTIONS_METRIC) {
+            if let Some(r) = s.label("reason") {
+                if s.value.is_finite() && s.value >= 0.0 {
+                    *rejections.entry(r.to_string()).or_insert(0u64) += s.value.round() as u64;
+                }
+            }
+        }
         Mapped {
             reading,
             matched,
             is_probe: e.has(PROBE_INFO_METRIC),
             memory_stats,
+            rejections,
         }
     }
 }

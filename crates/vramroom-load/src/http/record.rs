@@ -341,20 +341,7 @@ impl Recorder {
 /// Percentiles of a histogram, with `count` the number of real requests (a corrected
 /// histogram also holds the synthetic ones).
 pub fn stats(h: Option<&Histogram<u64>>, count: u64) -> LatencyStats {
-    let Some(h) = h.filter(|h| !h.is_empty()) else {
-        return LatencyStats::default();
-    };
-    let ms = |us: u64| us as f64 / 1000.0;
-    LatencyStats {
-        count,
-        min_ms: ms(h.min()),
-        mean_ms: h.mean() / 1000.0,
-        p50_ms: ms(h.value_at_quantile(0.50)),
-        p90_ms: ms(h.value_at_quantile(0.90)),
-        p99_ms: ms(h.value_at_quantile(0.99)),
-        p999_ms: ms(h.value_at_quantile(0.999)),
-        max_ms: ms(h.max()),
-    }
+    crate::timeline::histogram_stats(h, count)
 }
 
 /// The closed model's coordinated-omission correction of one stage: HdrHistogram's

@@ -44,6 +44,7 @@ use crate::http::load::{Arrival, HttpStage, Load, Schedule};
 use crate::http::predict::{device_capacities, observed, predict, DeviceCapacity};
 use crate::http::prometheus::{MetricMap, Selector, Target as MetricTarget};
 use crate::http::record::{self, Done, Outcome, Recorder, StageAcc, Totals};
+use crate::http::refusal::{hint, Refusals};
 use crate::http::sample::{self, Sampler, Scrape};
 use crate::memsource::{MemoryReading, MemorySource, NvmlDevice, NvmlSource};
 use crate::results::*;
@@ -332,6 +333,11 @@ struct Ctx {
     dropped: AtomicU64,
     pool: Mutex<Vec<Conn>>,
     slots: Semaphore,
+    /// Whether every answer so far was the same refusal (a 4xx).
+    refusals: Refusals,
+    /// Answers with a `Retry-After`, and the longest it asked for.
+    retry_after: AtomicU64,
+    retry_after_max_s: AtomicU64,
 }
 
 impl Ctx {
@@ -427,11 +433,17 @@ async fn one_request(
     let t_done = Instant::now();
     ctx.in_flight.fetch_sub(1, Ordering::Relaxed);
     let outcome = match res {
-        Ok(Ok(a)) => Outcome::Answer {
-            status: a.status,
-            body_bytes: a.body_bytes,
-            oom: a.oom,
-        },
+        Ok(Ok(a)) => {
+            if let Some(ra) = a.retry_after_s {
+                ctx.retry_after.fetch_add(1, Ordering::Relaxed);
+                ctx.retry_after_max_s.fetch_max(ra, Ordering::Relaxed);
+            }
+            Outcome::Answer {
+                status: a.status,
+                body_bytes: a.body_bytes,
+                oom: a.oom,
+            }
+        }
         Ok(Err(k)) => {
             *conn = None;
             Outcome::Error(k)
@@ -441,7 +453,8 @@ async fn one_request(
             Outcome::Error(ErrorKind::Timeout)
         }
     };
-    if matches!(outcome, Outcome::Answer { .. }) {
+    if let Outcome::Answer { status, .. } = outcome {
+        ctx.refusals.see(status);
         if let Some(n) = ctx.answered_by_stage.get(stage) {
             n.fetch_add(1, Ordering::Relaxed);
         }
@@ -744,6 +757,9 @@ async fn drive(
         dropped: AtomicU64::new(0),
         pool: Mutex::new(Vec::new()),
         slots: Semaphore::new(cfg.max_connections.min(Semaphore::MAX_PERMITS)),
+        refusals: Refusals::default(),
+        retry_after: AtomicU64::new(0),
+        retry_after_max_s: AtomicU64::new(0),
     });
 
     let sampler_task = {
@@ -794,6 +810,7 @@ async fn drive(
     }
     let mut stages_run: Vec<StageRun> = Vec::new();
     let mut stop_reason = StopReason::Completed;
+    let mut stop_hint: Option<String> = None;
     let mut spawned = 0usize;
     let mut last_progress = Instant::now() - Duration::from_secs(1);
     let mut boundary = 0.0f64;
@@ -854,6 +871,15 @@ async fn drive(
                 ctx.cancelled.store(true, Ordering::Relaxed);
                 stages_run.push((i, stage_start, ctx.t()));
                 info!(stage = i, "first OOM: the ramp stops");
+                break 'stages;
+            }
+            if let Some(status) = ctx.refusals.stop_status() {
+                stop_reason = StopReason::Refused;
+                let h = hint(status, &prep.method, &cfg.url);
+                warn!(status, "{h}");
+                stop_hint = Some(h);
+                ctx.cancelled.store(true, Ordering::Relaxed);
+                stages_run.push((i, stage_start, ctx.t()));
                 break 'stages;
             }
             if stop.load(Ordering::Relaxed) {
@@ -984,8 +1010,20 @@ async fn drive(
         last_stats: std::mem::take(&mut sampler.last_stats),
         infos,
         probe,
+        shed_reasons: crate::http::sample::rejections_during(
+            sampler.first_rejections.as_ref(),
+            &sampler.last_rejections,
+        ),
+        retry_after_answers: ctx.retry_after.load(Ordering::Relaxed),
+        retry_after_max_s: match ctx.retry_after.load(Ordering::Relaxed) {
+            0 => None,
+            _ => Some(ctx.retry_after_max_s.load(Ordering::Relaxed)),
+        },
     };
     let mut r = agg.result();
+    if let Some(h) = r.http.as_mut() {
+        h.stop_hint = stop_hint;
+    }
     r.snapshot = snapshot;
     r.oom_snapshot = oom_snapshot;
     Ok((r, caps))
@@ -1100,6 +1138,9 @@ struct Aggregate<'a> {
     last_stats: BTreeMap<String, i64>,
     infos: Vec<MemorySourceInfo>,
     probe: Option<ProbeResult>,
+    shed_reasons: BTreeMap<String, u64>,
+    retry_after_answers: u64,
+    retry_after_max_s: Option<u64>,
 }
 
 fn summary(s: &StageAcc) -> RequestSummary {
@@ -1110,25 +1151,6 @@ fn summary(s: &StageAcc) -> RequestSummary {
         other_errors: (s.failed_status_n - s.oom_n.min(s.failed_status_n)) + s.errors_total(),
         items: s.ok_n,
         stopped: 0,
-    }
-}
-
-fn add_summary(a: &mut RequestSummary, b: &RequestSummary) {
-    a.total += b.total;
-    a.ok += b.ok;
-    a.oom += b.oom;
-    a.other_errors += b.other_errors;
-    a.items += b.items;
-    a.stopped += b.stopped;
-}
-
-fn throughput(ok: u64, secs: f64) -> Throughput {
-    if secs <= 0.0 {
-        return Throughput::default();
-    }
-    Throughput {
-        requests_per_s: ok as f64 / secs,
-        items_per_s: ok as f64 / secs,
     }
 }
 
@@ -1249,7 +1271,7 @@ impl Aggregate<'_> {
                 end_s: s1,
                 requests: req,
                 latency: record::stats(lat_h.as_ref(), acc.ok_n),
-                throughput: throughput(acc.ok_n, s1 - s0),
+                throughput: Throughput::of(&req, s1 - s0),
                 peak_allocated_bytes: mem.iter().map(|m| m.allocated_bytes).max().unwrap_or(0),
                 peak_reserved_bytes: mem.iter().map(|m| m.reserved_bytes).max().unwrap_or(0),
                 workers_started: match load {
@@ -1317,7 +1339,7 @@ impl Aggregate<'_> {
             let (mut pa, mut pr) = (0, 0);
             for &k in &ks {
                 let st = &stages[k];
-                add_summary(&mut req, &st.requests);
+                req.add(&st.requests);
                 merge_into(&mut h, corrected[k].as_ref());
                 secs += st.end_s - st.start_s;
                 shed += http_stages[k].shed;
@@ -1331,7 +1353,7 @@ impl Aggregate<'_> {
                     requests: req,
                     shed,
                     latency,
-                    throughput: throughput(req.ok, secs),
+                    throughput: Throughput::of(&req, secs),
                     peak_allocated_bytes: pa,
                     peak_reserved_bytes: pr,
                 });
@@ -1340,7 +1362,7 @@ impl Aggregate<'_> {
                     concurrency: key as usize,
                     requests: req,
                     latency,
-                    throughput: throughput(req.ok, secs),
+                    throughput: Throughput::of(&req, secs),
                     peak_allocated_bytes: pa,
                     peak_reserved_bytes: pr,
                     peak_above_base_bytes: pa.saturating_sub(baseline),
@@ -1491,7 +1513,7 @@ impl Aggregate<'_> {
             baseline_bytes: baseline,
             requests,
             latency: record::stats(lat_all.as_ref(), all.ok_n),
-            throughput: throughput(all.ok_n, self.wall_s),
+            throughput: Throughput::of(&summary(&all), self.wall_s),
             errors: ErrorCounts {
                 oom: service_ooms.unwrap_or(0).max(all.oom_n),
                 by_kind,
@@ -1547,6 +1569,10 @@ impl Aggregate<'_> {
                 memory_series: series,
                 service_ooms,
                 probe: self.probe,
+                stop_hint: None,
+                shed_reasons: self.shed_reasons,
+                retry_after_answers: self.retry_after_answers,
+                retry_after_max_s: self.retry_after_max_s,
                 prediction: None,
             }),
         }

@@ -50,6 +50,9 @@ pub struct Sampler {
     /// The probe's `memory_stats()` at the first and at the latest scrape.
     pub first_stats: BTreeMap<String, i64>,
     pub last_stats: BTreeMap<String, i64>,
+    /// The service's admission rejections by reason at the first and the latest scrape.
+    pub first_rejections: Option<BTreeMap<String, u64>>,
+    pub last_rejections: BTreeMap<String, u64>,
 }
 
 fn note_series(info: &mut MemorySourceInfo, r: &MemoryReading) {
@@ -60,28 +63,9 @@ fn note_series(info: &mut MemorySourceInfo, r: &MemoryReading) {
     }
 }
 
-/// Adds `r` into `acc`, field by field (a field is known when any endpoint knows it).
+/// Adds `r` into `acc`, field by field ([`MemoryReading::add`]).
 pub fn add_reading(acc: &mut MemoryReading, r: &MemoryReading) {
-    macro_rules! add {
-        ($($f:ident),*) => { $(
-            acc.$f = match (acc.$f, r.$f) {
-                (Some(a), Some(b)) => Some(a.saturating_add(b)),
-                (a, b) => a.or(b),
-            };
-        )* };
-    }
-    add!(
-        allocated,
-        reserved,
-        active,
-        inactive_split,
-        max_allocated,
-        max_reserved,
-        process_used,
-        device_used,
-        capacity,
-        num_ooms
-    );
+    acc.add(r);
 }
 
 impl Sampler {
@@ -117,6 +101,8 @@ impl Sampler {
             is_probe: false,
             first_stats: BTreeMap::new(),
             last_stats: BTreeMap::new(),
+            first_rejections: None,
+            last_rejections: BTreeMap::new(),
         }
     }
 
@@ -143,6 +129,11 @@ impl Sampler {
                     if m.is_probe {
                         self.is_probe = true;
                         info.kind = "probe".into();
+                    }
+                    if !m.rejections.is_empty() || self.first_rejections.is_some() {
+                        self.first_rejections
+                            .get_or_insert_with(|| m.rejections.clone());
+                        self.last_rejections = m.rejections.clone();
                     }
                     if !m.memory_stats.is_empty() {
                         if self.first_stats.is_empty() {
@@ -194,4 +185,19 @@ impl Sampler {
         }
         v
     }
+}
+
+/// What the service rejected during the run, by reason: the latest scrape's counters less
+/// the first's (a counter that went down, a restart, counts from zero).
+pub fn rejections_during(
+    first: Option<&BTreeMap<String, u64>>,
+    last: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    last.iter()
+        .map(|(k, &v)| {
+            let before = first.and_then(|f| f.get(k)).copied().unwrap_or(0);
+            (k.clone(), if v >= before { v - before } else { v })
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect()
 }

@@ -6,9 +6,9 @@
 
 use std::fmt::Write as _;
 
+use super::format::{fmt_bytes, fmt_ms, fmt_signed_bytes};
 use super::parts::*;
 use super::plots;
-use super::{fmt_bytes, fmt_ms, fmt_signed_bytes};
 use crate::results::*;
 
 /// Ids of the `<figure>`s that hold the plots, in page order.

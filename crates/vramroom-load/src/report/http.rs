@@ -10,12 +10,13 @@
 
 use std::fmt::Write as _;
 
+use super::format::{fmt_bytes, fmt_ms};
 use super::parts::{
     esc, figure, finding_lines, findings_and_thresholds_badges, findings_section, kv,
     memory_sources_section, ooms_section, stop_text, table, threshold_lines, thresholds_section,
     what_if_section, CSS,
 };
-use super::{fmt_bytes, fmt_ms, plots};
+use super::plots;
 use crate::results::*;
 
 /// The stages table has more columns than the loadtest's: smaller type keeps it in the page.
@@ -469,10 +470,14 @@ pub(super) fn http_summary_table(r: &RunResult, hr: &HttpResult) -> String {
             StopReason::OomFound => "stopped at the first OOM (--ramp-until-oom)",
             StopReason::Saturated =>
                 "stopped: no answer within --timeout at the last step, before any OOM",
+            StopReason::Refused => "stopped early: every answer the same 4xx",
             _ => "completed",
         },
         hr.body
     );
+    if let Some(h) = &hr.stop_hint {
+        let _ = writeln!(o, "hint: {h}");
+    }
     o.push('\n');
     let rows: Vec<Vec<String>> = r
         .stages

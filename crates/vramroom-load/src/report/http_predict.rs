@@ -10,7 +10,7 @@
 
 use std::fmt::Write as _;
 
-use super::fmt_bytes;
+use super::format::fmt_bytes;
 use super::parts::{esc, figure};
 use crate::http::predict::{Observed, ServicePrediction};
 use crate::results::*;

@@ -11,6 +11,7 @@
 //! in the same folder, then a rename), so an error never leaves a partial `report.html` or
 //! `results.json` behind.
 
+pub mod format;
 pub mod histogram;
 pub mod html;
 pub mod http;
@@ -24,6 +25,7 @@ use std::path::Path;
 
 use crate::results::RunResult;
 
+pub use format::{fmt_bytes, fmt_ms, fmt_signed_bytes, fmt_value};
 pub use parts::esc;
 
 /// The self-contained HTML report: the HTTP run's page for a run with an `http` part, the
@@ -60,45 +62,6 @@ pub fn write_json(path: &Path, r: &RunResult) -> io::Result<()> {
 /// Writes the self-contained HTML report.
 pub fn write_html(path: &Path, r: &RunResult) -> io::Result<()> {
     write_atomic(path, render_html(r).as_bytes())
-}
-
-/// `1.50 GiB`, PyTorch's `memory_summary` style.
-pub fn fmt_bytes(n: u64) -> String {
-    vramroom_alloc::human_bytes(n)
-}
-
-/// Signed bytes: `-12.00 MiB`.
-pub fn fmt_signed_bytes(n: i64) -> String {
-    if n < 0 {
-        format!("-{}", fmt_bytes(n.unsigned_abs()))
-    } else {
-        fmt_bytes(n as u64)
-    }
-}
-
-/// Milliseconds with a precision that suits the size.
-pub fn fmt_ms(ms: f64) -> String {
-    if !ms.is_finite() {
-        "-".into()
-    } else if ms >= 100.0 {
-        format!("{ms:.0} ms")
-    } else if ms >= 10.0 {
-        format!("{ms:.1} ms")
-    } else {
-        format!("{ms:.2} ms")
-    }
-}
-
-/// A threshold's value in its unit, for tables.
-pub fn fmt_value(v: f64, unit: &str) -> String {
-    match unit {
-        "bytes" if v >= 0.0 => fmt_bytes(v.round() as u64),
-        "ms" => fmt_ms(v),
-        "count" => format!("{v:.0}"),
-        "ratio" => format!("{v:.3}"),
-        "1/s" => format!("{v:.1}/s"),
-        _ => format!("{v}"),
-    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 
 use std::fmt::Write as _;
 
-use super::{fmt_bytes, fmt_signed_bytes, fmt_value};
+use super::format::{fmt_bytes, fmt_signed_bytes, fmt_value};
 use crate::results::*;
 
 /// HTML-escapes text for element content and attribute values.
@@ -75,6 +75,7 @@ pub(crate) fn stop_text(s: StopReason) -> &'static str {
         StopReason::Saturated => {
             "stopped: no answer at the last load step within --timeout (saturated before any OOM)"
         }
+        StopReason::Refused => "stopped early: every answer was the same 4xx (see the hint)",
     }
 }
 

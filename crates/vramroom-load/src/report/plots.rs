@@ -262,7 +262,7 @@ pub fn timeline_svg(r: &RunResult) -> String {
         } else {
             format!(
                 " (capacity {} off the scale)",
-                super::fmt_bytes(r.capacity_bytes)
+                super::format::fmt_bytes(r.capacity_bytes)
             )
         };
         let mut chart = ChartBuilder::on(root)
@@ -667,7 +667,7 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
             ))
             .map_err(err)?;
         legend.push((
-            format!("capacity {}", super::fmt_bytes(r.capacity_bytes)),
+            format!("capacity {}", super::format::fmt_bytes(r.capacity_bytes)),
             Mark::Line(C_CAP, 2),
         ));
         // A text label beside a vertical marker line, kept inside the plot.
@@ -697,7 +697,7 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
                 legend.push((
                     format!(
                         "budget {}\ncapacity less a {:.0}% margin",
-                        super::fmt_bytes(s.budget_bytes),
+                        super::format::fmt_bytes(s.budget_bytes),
                         s.margin_fraction * 100.0
                     ),
                     Mark::Dashed(C_BUDGET),
@@ -718,8 +718,8 @@ pub fn peak_vs_concurrency_svg(r: &RunResult) -> String {
                 legend.push((
                     format!(
                         "fit of {metric_words}\n{} + {} per worker, R² {:.3}",
-                        super::fmt_signed_bytes(s.fit.a.round() as i64),
-                        super::fmt_signed_bytes(s.fit.b.round() as i64),
+                        super::format::fmt_signed_bytes(s.fit.a.round() as i64),
+                        super::format::fmt_signed_bytes(s.fit.b.round() as i64),
                         s.fit.r2
                     ),
                     Mark::Dashed(C_FIT),
@@ -833,7 +833,7 @@ pub fn categories_svg(r: &RunResult) -> String {
     let mut bars: Vec<(String, CategoryBytes)> = vec![(
         format!(
             "at the peak ({})",
-            super::fmt_bytes(r.peaks.allocated_bytes)
+            super::format::fmt_bytes(r.peaks.allocated_bytes)
         ),
         r.peaks.categories_at_peak,
     )];
@@ -901,7 +901,7 @@ pub fn categories_svg(r: &RunResult) -> String {
                 if w / x_max > 0.09 {
                     chart
                         .draw_series(std::iter::once(Text::new(
-                            format!("{name} {}", super::fmt_bytes(*bytes)),
+                            format!("{name} {}", super::format::fmt_bytes(*bytes)),
                             (x + x_max * 0.005, (y0 + y1) / 2.0 + 0.06),
                             (FONT, 12).into_font().color(&WHITE),
                         )))

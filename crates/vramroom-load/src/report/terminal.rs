@@ -3,8 +3,8 @@
 
 use std::fmt::Write as _;
 
+use super::format::{fmt_bytes, fmt_ms, fmt_signed_bytes};
 use super::parts::{finding_lines, table, threshold_lines};
-use super::{fmt_bytes, fmt_ms, fmt_signed_bytes};
 use crate::results::*;
 
 /// The summary printed at the end of `vramroom loadtest` ([`super::summary_table`] picks
@@ -31,6 +31,7 @@ pub(super) fn run_summary_table(r: &RunResult) -> String {
             StopReason::OomFound => "stopped at the first OOM",
             StopReason::TimeLimit => "time limit, no OOM",
             StopReason::Saturated => "saturated (no answer within --timeout), no OOM",
+            StopReason::Refused => "stopped early: every answer the same 4xx",
         }
     );
     o.push('\n');
@@ -179,7 +180,14 @@ mod tests {
         assert!(s.contains("p99<20ms") && s.contains("FAIL"));
         // the one verdict, as the JSON and the HTML say it
         let v = &r.oom_search.as_ref().unwrap().headline;
-        assert!(v.starts_with("safe concurrency 7, first OOM at 10"), "{v}");
+        assert!(
+            v.starts_with("safe concurrency 7 (verified over 28 requests at that load"),
+            "{v}"
+        );
+        assert!(
+            v.contains("below 10.7% at 95% confidence), first OOM at 10"),
+            "{v}"
+        );
         assert!(s.contains(v.as_str()), "{s}");
     }
 }

@@ -190,6 +190,8 @@ pub fn synthetic() -> RunResult {
         }),
         not_better: None,
         headline: String::new(),
+        requests_per_worker: 4,
+        stopped_early: false,
     };
     let search = OomSearch {
         headline: search.headline(),
@@ -522,6 +524,10 @@ pub fn synthetic_http(open: bool) -> RunResult {
         memory_series: vec!["allocated".into(), "reserved".into(), "capacity".into()],
         service_ooms: Some(0),
         probe: None,
+        stop_hint: None,
+        shed_reasons: BTreeMap::new(),
+        retry_after_answers: 0,
+        retry_after_max_s: None,
         prediction: None,
     });
     r

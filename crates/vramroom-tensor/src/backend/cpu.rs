@@ -200,45 +200,75 @@ fn gelu_grad(x: f32, tanh: bool) -> f32 {
     }
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+use vramroom_alloc::rng::Rng;
+
+/// One past the highest element a `rows x cols` matrix with strides `rs`, `cs` addresses,
+/// or `None` when that does not fit in `usize` (dimensions wrapped on the way here).
+fn span(rows: usize, cols: usize, rs: isize, cs: isize) -> Option<usize> {
+    if rows == 0 || cols == 0 {
+        return Some(0);
     }
-    fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
+    let r = (rows - 1).checked_mul(usize::try_from(rs).ok()?)?;
+    let c = (cols - 1).checked_mul(usize::try_from(cs).ok()?)?;
+    r.checked_add(c)?.checked_add(1)
 }
 
-/// `c[m,n] = a[m,k] @ b[k,n] (+ c)`, all f32 with element strides.
+/// `c[m,n] = a[m,k] @ b[k,n] (+ c)`, all f32 with element strides, over the slices that
+/// hold them. The boundary before `matrixmultiply`'s unsafe packing: every dimension and
+/// stride is checked against the slice it addresses, so dimensions that wrapped upstream
+/// (a config's `intermediate_size` = 2^62) are an error here, never a read past a buffer.
 #[allow(clippy::too_many_arguments)]
 fn sgemm(
     m: usize,
     k: usize,
     n: usize,
-    a: *const f32,
+    a: &[f32],
     rsa: isize,
     csa: isize,
-    b: *const f32,
+    b: &[f32],
     rsb: isize,
     csb: isize,
-    c: *mut f32,
+    c: &mut [f32],
     rsc: isize,
     csc: isize,
     beta: f32,
-) {
+) -> Result<()> {
     if m == 0 || n == 0 {
-        return;
+        return Ok(());
     }
-    // SAFETY: callers pass pointers and strides that address m*k, k*n and m*n elements
-    // inside their buffers; c does not alias a or b.
+    let fits = |rows, cols, rs, cs, len: usize| span(rows, cols, rs, cs).is_some_and(|s| s <= len);
+    if !fits(m, k, rsa, csa, a.len())
+        || !fits(k, n, rsb, csb, b.len())
+        || !fits(m, n, rsc, csc, c.len())
+    {
+        return Err(TensorError::invalid(
+            "matmul",
+            format!(
+                "[{m}, {k}] @ [{k}, {n}] does not fit the buffers it was given (a shape wrapped?)"
+            ),
+        ));
+    }
+    // SAFETY: checked just above: the strides address m*k, k*n and m*n elements inside
+    // `a`, `b` and `c`; `c` is a `&mut` so it does not alias `a` or `b`.
     unsafe {
-        matrixmultiply::sgemm(m, k, n, 1.0, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc);
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.as_ptr(),
+            rsa,
+            csa,
+            b.as_ptr(),
+            rsb,
+            csb,
+            beta,
+            c.as_mut_ptr(),
+            rsc,
+            csc,
+        );
     }
+    Ok(())
 }
 
 fn dims4(l: &Layout) -> [usize; 4] {
@@ -394,18 +424,18 @@ impl Backend for CpuBackend {
     }
 
     fn uniform(&self, out: TRef, low: f64, high: f64, seed: u64) -> Result<()> {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         for_each_offset(out.layout, |o| {
-            set(out, o, low + (high - low) * rng.uniform())
+            set(out, o, low + (high - low) * rng.unit())
         });
         Ok(())
     }
 
     fn normal(&self, out: TRef, mean: f64, std: f64, seed: u64) -> Result<()> {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         for_each_offset(out.layout, |o| {
-            let u1 = rng.uniform().max(1e-300);
-            let u2 = rng.uniform();
+            let u1 = rng.unit().max(1e-300);
+            let u2 = rng.unit();
             let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
             set(out, o, mean + std * z);
         });
@@ -600,26 +630,38 @@ impl Backend for CpuBackend {
         let (av, ast, aoff) = pack(a);
         let (bv, bst, boff) = pack(b);
         let ost = contiguous_strides(&out.layout.shape);
-        let run = |o: &mut [f32]| {
+        let run = |o: &mut [f32]| -> Result<()> {
+            let tail = |v: usize, off: usize, i: usize, st: usize| {
+                i.checked_mul(st)
+                    .and_then(|x| x.checked_add(off))
+                    .filter(|&x| x <= v)
+                    .ok_or_else(|| TensorError::invalid("matmul", "batch stride past its buffer"))
+            };
             for i in 0..bs {
+                let (ao, bo, oo) = (
+                    tail(av.len(), aoff, i, ast[0])?,
+                    tail(bv.len(), boff, i, bst[0])?,
+                    tail(o.len(), 0, i, ost[0])?,
+                );
                 sgemm(
                     m,
                     k,
                     n,
-                    av[aoff + i * ast[0]..].as_ptr(),
+                    &av[ao..],
                     ast[1] as isize,
                     ast[2] as isize,
-                    bv[boff + i * bst[0]..].as_ptr(),
+                    &bv[bo..],
                     bst[1] as isize,
                     bst[2] as isize,
-                    o[i * ost[0]..].as_mut_ptr(),
+                    &mut o[oo..],
                     ost[1] as isize,
                     ost[2] as isize,
                     beta,
-                );
+                )?;
             }
+            Ok(())
         };
-        if m * n * bs == 0 {
+        if m == 0 || n == 0 || bs == 0 {
             return Ok(());
         }
         if k == 0 {
@@ -629,14 +671,14 @@ impl Backend for CpuBackend {
             return Ok(());
         }
         if is_f32_contig(out) {
-            with_out(out, run);
+            with_out(out, run)?;
         } else {
             let mut o = if accumulate {
                 load(out, None).into_owned()
             } else {
                 vec![0.0; out.layout.numel()]
             };
-            run(&mut o);
+            run(&mut o)?;
             store(out, &o);
         }
         Ok(())
@@ -662,7 +704,7 @@ impl Backend for CpuBackend {
         let kk = cg * kh * kw;
         let ohw = oh * ow;
         let mut col = vec![0f32; kk * ohw];
-        with_out(out, |os| {
+        with_out(out, |os| -> Result<()> {
             for b in 0..n {
                 let img = &xs[b * c * h * wd..(b + 1) * c * h * wd];
                 for gi in 0..g {
@@ -672,17 +714,17 @@ impl Backend for CpuBackend {
                         og,
                         kk,
                         ohw,
-                        ws[gi * og * kk..].as_ptr(),
+                        &ws[gi * og * kk..],
                         kk as isize,
                         1,
-                        col.as_ptr(),
+                        &col,
                         ohw as isize,
                         1,
-                        dst.as_mut_ptr(),
+                        dst,
                         ohw as isize,
                         1,
                         0.0,
-                    );
+                    )?;
                 }
                 if let Some(bv) = &bs {
                     for oc in 0..o {
@@ -692,7 +734,8 @@ impl Backend for CpuBackend {
                     }
                 }
             }
-        });
+            Ok(())
+        })?;
         Ok(())
     }
 
@@ -722,17 +765,17 @@ impl Backend for CpuBackend {
                     kk,
                     og,
                     ohw,
-                    ws[gi * og * kk..].as_ptr(),
+                    &ws[gi * og * kk..],
                     1,
                     kk as isize,
-                    gys[(b * o + gi * og) * ohw..].as_ptr(),
+                    &gys[(b * o + gi * og) * ohw..],
                     ohw as isize,
                     1,
-                    col.as_mut_ptr(),
+                    &mut col,
                     ohw as isize,
                     1,
                     0.0,
-                );
+                )?;
                 let img = &mut gxs[b * c * h * wd..(b + 1) * c * h * wd];
                 col2im(&col, img, gi * cg, cg, h, wd, oh, ow, kh, kw, p);
             }
@@ -769,17 +812,17 @@ impl Backend for CpuBackend {
                     og,
                     ohw,
                     kk,
-                    gys[(b * o + gi * og) * ohw..].as_ptr(),
+                    &gys[(b * o + gi * og) * ohw..],
                     ohw as isize,
                     1,
-                    col.as_ptr(),
+                    &col,
                     1,
                     ohw as isize,
-                    gws[gi * og * kk..].as_mut_ptr(),
+                    &mut gws[gi * og * kk..],
                     kk as isize,
                     1,
                     1.0,
-                );
+                )?;
             }
         }
         store(gw, &gws);
@@ -1259,8 +1302,8 @@ impl Backend for CpuBackend {
 
     fn dropout(&self, x: TRef, p: f64, seed: u64, out: TRef, mask: TRef) -> Result<()> {
         let xs = load(x, None);
-        let mut rng = Rng(seed);
-        let keep: Vec<bool> = (0..xs.len()).map(|_| rng.uniform() >= p).collect();
+        let mut rng = Rng::new(seed);
+        let keep: Vec<bool> = (0..xs.len()).map(|_| rng.unit() >= p).collect();
         let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
         with_out(out, |os| {
             for ((o, v), k) in os.iter_mut().zip(xs.iter()).zip(&keep) {
@@ -1322,5 +1365,24 @@ impl Backend for CpuBackend {
         }
         store(gx, &gxs);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sgemm_refuses_dimensions_past_its_buffers() {
+        let a = [1f32; 4];
+        let b = [1f32; 4];
+        let mut c = [0f32; 4];
+        // What a wrapped `intermediate_size` = 2^62 handed it: dims far past the buffers.
+        let e = sgemm(2, 1 << 62, 2, &a, 2, 1, &b, 2, 1, &mut c, 2, 1, 0.0).unwrap_err();
+        assert!(e.to_string().contains("does not fit"), "{e}");
+        assert!(sgemm(3, 2, 2, &a, 2, 1, &b, 2, 1, &mut c, 2, 1, 0.0).is_err());
+        sgemm(2, 2, 2, &a, 2, 1, &b, 2, 1, &mut c, 2, 1, 0.0).unwrap();
+        assert_eq!(c, [2.0; 4]);
+        assert_eq!(span(usize::MAX, 2, 2, 1), None);
     }
 }

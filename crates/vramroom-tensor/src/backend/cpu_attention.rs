@@ -14,12 +14,11 @@ use crate::error::TensorError;
 use crate::layout::for_each_offset;
 
 /// Whether dropout keeps attention weight number `idx` (a flat [B, H, T, S] index): a
-/// splitmix64 hash of the seed and the index, as a uniform number in [0, 1), against `p`.
+/// SplitMix64 hash (`vramroom_alloc::rng::mix`) of the seed and the index, as a uniform
+/// number in [0, 1), against `p`.
 pub(crate) fn keep(seed: u64, idx: u64, p: f64) -> bool {
-    let mut z = seed ^ idx.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
+    use vramroom_alloc::rng::{mix, GOLDEN_GAMMA};
+    let z = mix(seed ^ idx.wrapping_mul(GOLDEN_GAMMA));
     ((z >> 11) as f64 / (1u64 << 53) as f64) >= p
 }
 

@@ -107,7 +107,25 @@ impl Tensor {
                 self.record_view(&out);
                 Ok(out)
             }
-            None => self.contiguous()?.reshape(shape),
+            // Copy, then view the copy: never recurse (a zero-element tensor's layout may
+            // refuse the view even when contiguous, and recursing overflowed the stack on
+            // a config with `n_inner` = 0).
+            None => {
+                let c = self.contiguous()?;
+                let l = match c.layout().view(shape) {
+                    Some(l) => l,
+                    None if c.numel() == 0 => crate::layout::Layout::contiguous(shape),
+                    None => {
+                        return Err(TensorError::shape(
+                            "reshape",
+                            format!("cannot view {:?} as {shape:?}", c.shape()),
+                        ))
+                    }
+                };
+                let out = c.with_layout(l);
+                c.record_view(&out);
+                Ok(out)
+            }
         }
     }
     /// `reshape` with `-1` allowed for one dim.

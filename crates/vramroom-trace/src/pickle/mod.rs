@@ -34,7 +34,6 @@ mod decode;
 mod encode;
 mod source;
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use vramroom_alloc::snapshot::Snapshot;
@@ -59,7 +58,8 @@ pub fn read_snapshot(bytes: &[u8]) -> Result<Snapshot, TraceError> {
 
 /// [`read_snapshot`] on a file, streamed: the file is never held in memory whole.
 pub fn read_snapshot_file(path: &Path) -> Result<Snapshot, TraceError> {
-    let file = File::open(path).map_err(|source| TraceError::Io {
+    // Not a plain open: a FIFO with no writer would block forever (it reads as empty).
+    let file = vramroom_alloc::input::open_nonblocking(path).map_err(|source| TraceError::Io {
         path: path.to_path_buf(),
         source,
     })?;

@@ -23,6 +23,7 @@
 
 mod check;
 mod initial;
+pub mod limits;
 mod model;
 mod plan;
 mod pools;

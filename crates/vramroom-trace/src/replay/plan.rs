@@ -65,6 +65,7 @@ impl ReplayPlan {
         device: usize,
         own: &AllocatorConfig,
     ) -> Result<Self, ReplayError> {
+        super::limits::check_devices(snapshot)?;
         let trace = snapshot
             .device_traces
             .get(device)
@@ -75,6 +76,7 @@ impl ReplayPlan {
                 "device {device} has no trace to replay (record it with torch.cuda.memory._record_memory_history() enabled)"
             )));
         }
+        super::limits::check_streams(device, trace)?;
         let segments: Vec<&SegmentInfo> = snapshot
             .segments
             .iter()

@@ -210,10 +210,19 @@ impl HfConfig {
     pub fn from_path(path: &Path) -> HfResult<HfConfig> {
         let file = config_path(path);
         let shown = file.display().to_string();
-        let text = std::fs::read_to_string(&file).map_err(|e| HfError::Io {
-            path: shown.clone(),
-            msg: e.to_string(),
-        })?;
+        // Bounded, and never blocking on a FIFO: `/dev/zero` or a 1 GB JSON array as a
+        // config is an error naming the limit, not a read until the kernel kills us.
+        let text = vramroom_alloc::input::read_text(&file, vramroom_alloc::input::Limit::CONFIG)
+            .map_err(|e| HfError::Io {
+                msg: match e {
+                    vramroom_alloc::input::InputError::Io { source, .. } => source.to_string(),
+                    other => {
+                        let m = other.to_string();
+                        m.strip_prefix(&format!("{shown}: ")).unwrap_or(&m).to_string()
+                    }
+                },
+                path: shown.clone(),
+            })?;
         HfConfig::from_json(&text, &shown)
     }
 
@@ -297,6 +306,99 @@ impl HfConfig {
                 self.head_dim
             ));
         }
+        self.check_shapes()
+    }
+
+    /// Every weight shape the config implies, multiplied out with checked arithmetic: a
+    /// product whose bytes do not fit in 64 bits is refused naming the fields, instead of
+    /// wrapping to a small tensor (`intermediate_size` = 2^62 made a weight of 0 elements,
+    /// `vocab_size` = 2^58 + 1000 one of 1000 rows). Shapes that fit but whose total does
+    /// not fit the device are an answer, given before any layer is built ([`super::load`]).
+    fn check_shapes(&self) -> HfResult<()> {
+        let f = self.family;
+        let mut products: Vec<(&str, &str, usize, usize)> = vec![
+            (
+                "vocab_size",
+                "hidden_size",
+                self.vocab_size,
+                self.hidden_size,
+            ),
+            (
+                "hidden_size",
+                "intermediate_size",
+                self.hidden_size,
+                self.intermediate_size,
+            ),
+            (
+                "num_attention_heads",
+                "head_dim",
+                self.num_attention_heads,
+                self.head_dim,
+            ),
+            (
+                "num_key_value_heads",
+                "head_dim",
+                self.num_key_value_heads,
+                self.head_dim,
+            ),
+        ];
+        if !f.is_llama_like() {
+            products.push((
+                "max_position_embeddings",
+                "hidden_size",
+                self.max_position_embeddings,
+                self.hidden_size,
+            ));
+            products.push(("3", "hidden_size", 3, self.hidden_size));
+        }
+        if f == Family::Bert {
+            products.push((
+                "type_vocab_size",
+                "hidden_size",
+                self.type_vocab_size,
+                self.hidden_size,
+            ));
+        }
+        // 8 bytes: the widest element a weight or buffer of these models has.
+        let fits = |n: usize| n.checked_mul(8).is_some();
+        for (fa, fb, a, b) in products {
+            if !a.checked_mul(b).is_some_and(fits) {
+                return Err(HfError::Invalid(format!(
+                    "{} config: {fa} x {fb} = {a} x {b} elements does not fit in 64 bits \
+                     (no tensor of that shape can exist)",
+                    f.name()
+                )));
+            }
+        }
+        let sq = self.hidden_size.checked_mul(self.hidden_size);
+        if !sq.and_then(|x| x.checked_mul(3)).is_some_and(fits) {
+            return Err(HfError::Invalid(format!(
+                "{} config: 3 x hidden_size x hidden_size = 3 x {} x {} elements does not \
+                 fit in 64 bits",
+                f.name(),
+                self.hidden_size,
+                self.hidden_size
+            )));
+        }
+        if f.is_llama_like() {
+            for (name, heads) in [
+                ("num_attention_heads", self.num_attention_heads),
+                ("num_key_value_heads", self.num_key_value_heads),
+            ] {
+                if !(heads * self.head_dim)
+                    .checked_mul(self.hidden_size)
+                    .is_some_and(fits)
+                {
+                    return Err(HfError::Invalid(format!(
+                        "{} config: {name} x head_dim x hidden_size = {heads} x {} x {} \
+                         elements does not fit in 64 bits",
+                        f.name(),
+                        self.head_dim,
+                        self.hidden_size
+                    )));
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -335,7 +437,7 @@ fn gpt2(r: &Reader, dtype: Option<DType>) -> HfResult<HfConfig> {
         num_attention_heads: heads,
         num_key_value_heads: heads,
         head_dim: hidden / heads.max(1),
-        intermediate_size: r.usize_or(&["n_inner"], Some(4 * hidden))?,
+        intermediate_size: r.usize_or(&["n_inner"], Some(hidden.saturating_mul(4)))?,
         max_position_embeddings: r
             .usize_or(&["n_positions", "max_position_embeddings"], Some(1024))?,
         norm_eps: r.f64_or(&["layer_norm_epsilon"], 1e-5)?,
@@ -549,5 +651,40 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("sliding_window"), "{e}");
         HfConfig::from_json(r#"{"model_type": "mistral", "sliding_window": null}"#, "x").unwrap();
+    }
+
+    #[test]
+    fn shapes_that_wrap_are_refused_naming_the_field() {
+        for (extra, field) in [
+            (
+                r#""intermediate_size": 4611686018427387904"#,
+                "intermediate_size",
+            ),
+            (r#""vocab_size": 288230376151712704"#, "vocab_size"),
+            (r#""head_dim": 4611686018427387904"#, "head_dim"),
+            (
+                r#""hidden_size": 4294967296, "num_attention_heads": 1"#,
+                "hidden_size",
+            ),
+        ] {
+            let text = format!(r#"{{"model_type": "llama", {extra}}}"#);
+            let e = HfConfig::from_json(&text, "x").unwrap_err().to_string();
+            assert!(e.contains(field) && e.contains("64 bits"), "{extra}: {e}");
+        }
+        let e = HfConfig::from_json(
+            r#"{"model_type": "gpt2", "n_embd": 4611686018427387904,
+            "n_head": 1}"#,
+            "x",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("hidden_size"), "{e}");
+        let e = HfConfig::from_json(
+            r#"{"model_type": "bert", "type_vocab_size": 4611686018427387904}"#,
+            "x",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("type_vocab_size"), "{e}");
     }
 }

@@ -19,6 +19,12 @@
 //! checkpoint lacks) they are initialised as transformers' `_init_weights` would, and
 //! [`Loaded::note`] says so for the caller to print.
 //!
+//! Design note — hostile configs. Every shape a config implies is multiplied with checked
+//! arithmetic when it is read ([`config`]), and before any tensor exists the weights'
+//! bytes are computed from the config alone ([`footprint`]): a model the device cannot
+//! hold is an out-of-memory answer naming what it needs, not a build that allocates layer
+//! after layer, and a layer count past any real model's is refused.
+//!
 //! Entry points: [`load`] a model, call [`HfModel::forward`] or [`generate::generate`], or
 //! run a whole workload with [`scenario::run`] / [`scenario::predict`].
 
@@ -26,6 +32,7 @@ pub mod bert;
 pub mod cache;
 pub mod config;
 pub mod error;
+pub mod footprint;
 pub mod generate;
 pub mod gpt2;
 mod layers;
@@ -164,6 +171,7 @@ pub fn load(path: &Path, device: &Device, opts: &LoadOptions) -> HfResult<Loaded
             "dtype {dtype} is not a floating type (float32, bfloat16, float16)"
         )));
     }
+    footprint::check(&cfg, dtype, opts.bert_head, device)?;
     let dir = if path.is_dir() {
         path.to_path_buf()
     } else {

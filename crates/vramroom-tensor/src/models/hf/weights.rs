@@ -76,8 +76,16 @@ impl WeightIndex {
     }
 
     fn add_file(&mut self, path: &Path) -> HfResult<()> {
-        let mut f = File::open(path).map_err(|e| io(path, e))?;
-        let len = f.metadata().map_err(|e| io(path, e))?.len();
+        // Never a plain open: a FIFO named `*.safetensors` would block start-up forever.
+        let mut f = vramroom_alloc::input::open_nonblocking(path).map_err(|e| io(path, e))?;
+        let meta = f.metadata().map_err(|e| io(path, e))?;
+        if !meta.is_file() {
+            return Err(bad(
+                path,
+                "not a regular file (a FIFO, device or folder cannot hold weights)".into(),
+            ));
+        }
+        let len = meta.len();
         let mut n = [0u8; 8];
         f.read_exact(&mut n).map_err(|e| io(path, e))?;
         let hlen = u64::from_le_bytes(n);
@@ -109,9 +117,16 @@ impl WeightIndex {
                 .as_array()
                 .and_then(|a| Some((a.first()?.as_u64()?, a.get(1)?.as_u64()?)))
                 .ok_or_else(|| bad(path, format!("{name}: bad data_offsets")))?;
-            let numel: u64 = shape.iter().map(|&d| d as u64).product();
-            let (begin, end) = (data_start + offs.0, data_start + offs.1);
-            if offs.0 > offs.1 || end > len || offs.1 - offs.0 != numel * dtype.size() as u64 {
+            let numel = shape
+                .iter()
+                .try_fold(1u64, |a, &d| a.checked_mul(d as u64))
+                .ok_or_else(|| bad(path, format!("{name}: shape {shape:?} overflows")))?;
+            let (begin, end) = (
+                data_start.saturating_add(offs.0),
+                data_start.saturating_add(offs.1),
+            );
+            let nbytes = numel.checked_mul(dtype.size() as u64);
+            if offs.0 > offs.1 || end > len || Some(offs.1 - offs.0) != nbytes {
                 return Err(bad(
                     path,
                     format!("{name}: data_offsets {offs:?} do not hold {numel} x {code}"),

@@ -76,9 +76,15 @@
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
 use vramroom_alloc::Snapshot;
 pub use vramroom_workload::{Mistakes, ScenarioInfo};
-use serde::{Deserialize, Serialize};
+
+pub mod prediction;
+pub use prediction::{
+    ConfigPrediction, DeviceCapacity, DevicePrediction, Observed, RequestAttribution, RequestPoint,
+    ServicePrediction, SizeCap,
+};
 
 /// Version of the JSON layout below. Bumped on any incompatible change.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -175,6 +181,10 @@ pub enum StopReason {
     /// `vramroom http --ramp-until-oom`: no request sent at the last load step got an answer
     /// within `--timeout`, so higher steps could not show an OOM either; the ramp stopped.
     Saturated,
+    /// `vramroom http`: every answer was the same 4xx (the endpoint refuses the request
+    /// itself: method, path, body, credentials), so the run stopped early; `http.stop_hint`
+    /// says what to change.
+    Refused,
 }
 
 /// How the load was driven.
@@ -218,6 +228,18 @@ pub struct RequestSummary {
     pub stopped: u64,
 }
 
+impl RequestSummary {
+    /// Adds another stage's counts in (a concurrency level over its stages).
+    pub fn add(&mut self, b: &RequestSummary) {
+        self.total += b.total;
+        self.ok += b.ok;
+        self.oom += b.oom;
+        self.other_errors += b.other_errors;
+        self.items += b.items;
+        self.stopped += b.stopped;
+    }
+}
+
 /// Latency percentiles from an HDR histogram (microsecond resolution, 3 significant
 /// digits). All zero when `count` is 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -239,6 +261,20 @@ pub struct Throughput {
     pub requests_per_s: f64,
     /// Samples per second (requests × batch).
     pub items_per_s: f64,
+}
+
+impl Throughput {
+    /// The rates of `s` over `secs` of wall time (zero for no time): one rule for every
+    /// stage, level and run, in-process or HTTP.
+    pub fn of(s: &RequestSummary, secs: f64) -> Throughput {
+        if secs <= 0.0 {
+            return Throughput::default();
+        }
+        Throughput {
+            requests_per_s: s.ok as f64 / secs,
+            items_per_s: s.items as f64 / secs,
+        }
+    }
 }
 
 /// Errors by kind. OOM is counted on its own; `by_kind` holds the rest, keyed by a short
@@ -481,6 +517,13 @@ pub struct OomSearch {
     /// terminal summary, this file and the HTML report.
     #[serde(default)]
     pub headline: String,
+    /// Requests each worker made in one probe: a probe at load N verified N times this.
+    #[serde(default)]
+    pub requests_per_worker: u64,
+    /// The search stopped at its time limit (or Ctrl-C) before it finished: what it did
+    /// not probe, the headline does not claim.
+    #[serde(default)]
+    pub stopped_early: bool,
 }
 
 /// The OOM search's answer under the recommended allocator config.
@@ -495,10 +538,14 @@ pub struct RecommendedSearch {
 }
 
 impl OomSearch {
-    /// `safe concurrency N, first OOM at M, on capacity C under config X, and N' under the
-    /// recommended config Y`: the one verdict, from the search's own numbers.
+    /// `safe concurrency N (verified over K requests: ...), first OOM at M, on capacity C
+    /// under config X, and N' under the recommended config Y`: the one verdict, from the
+    /// search's own numbers. It never claims more than the probes showed: the safe load
+    /// says how many requests verified it and the per-request OOM chance that leaves (the
+    /// rule of three: none in K draws bounds it below 3/K at 95% confidence); a missing safe
+    /// load says why (one request alone runs out, or is over the budget, or the search's
+    /// time ran out first); "no OOM up to" names the highest load actually probed.
     pub fn headline(&self) -> String {
-        let opt = |v: Option<usize>| v.map_or_else(|| "none".to_string(), |x| x.to_string());
         let conf = |c: &str| {
             if c.is_empty() {
                 "the default config".to_string()
@@ -506,14 +553,49 @@ impl OomSearch {
                 format!("PYTORCH_CUDA_ALLOC_CONF={c}")
             }
         };
+        let opt = |v: Option<usize>| v.map_or_else(|| "none".to_string(), |x| x.to_string());
+        let probed = |l: usize| self.bisection.iter().find(|p| p.load == l);
+        let safe = match self.verified_safe_load {
+            Some(n) => {
+                let k = n as u64 * self.requests_per_worker.max(1);
+                format!(
+                    "{n} (verified over {k} requests at that load within the {} budget: \
+                     per-request OOM chance below {:.1}% at 95% confidence)",
+                    vramroom_alloc::human_bytes(self.budget_bytes),
+                    300.0 / k as f64
+                )
+            }
+            None => match probed(1) {
+                Some(p) if p.oom => "none (one request alone runs out of memory)".to_string(),
+                Some(p) => format!(
+                    "none (one request alone peaks at {} reserved, over the {} budget)",
+                    vramroom_alloc::human_bytes(p.peak_reserved_bytes),
+                    vramroom_alloc::human_bytes(self.budget_bytes)
+                ),
+                None if self.stopped_early => {
+                    "not verified (the search's time ran out before a probe under the \
+                     capacity could)"
+                        .to_string()
+                }
+                None => "none".to_string(),
+            },
+        };
         let first = match self.observed_oom_load {
             Some(m) => format!("first OOM at {m}"),
-            None => format!("no OOM up to {}", self.max_load_tried),
+            None => match self
+                .bisection
+                .iter()
+                .filter(|p| !p.oom)
+                .map(|p| p.load)
+                .max()
+            {
+                Some(top) => format!("no OOM up to {top}"),
+                None => "no probe under the capacity".to_string(),
+            },
         };
         let mut h = format!(
-            "safe {} {}, {first}, on capacity {} under {}",
+            "safe {} {safe}, {first}, on capacity {} under {}",
             self.axis,
-            opt(self.verified_safe_load),
             vramroom_alloc::human_bytes(self.capacity_bytes),
             conf(&self.alloc_conf)
         );
@@ -629,6 +711,8 @@ pub enum FindingId {
     /// The service ran out of memory (`vramroom http` with a probe: the allocator state at
     /// the OOM, from the probe's OOM snapshot).
     OutOfMemory,
+    /// The service shed load (503 without an OOM), with its reason when it said one.
+    LoadShed,
 }
 
 impl FindingId {
@@ -640,6 +724,7 @@ impl FindingId {
             FindingId::Fragmentation => "fragmentation",
             FindingId::CacheHeld => "cache_held",
             FindingId::OutOfMemory => "out_of_memory",
+            FindingId::LoadShed => "load_shed",
         }
     }
 }
@@ -877,10 +962,22 @@ pub struct HttpResult {
     pub service_ooms: Option<u64>,
     /// The `vramroom_probe.py` endpoint, when the metrics URL is one.
     pub probe: Option<ProbeResult>,
+    /// Why the run stopped early and what to change, in words (`stop_reason: refused`).
+    #[serde(default)]
+    pub stop_hint: Option<String>,
+    /// Why the service shed load, by its own account: `vramroom serve`'s admission
+    /// rejections during the run, by reason (`queue_delay`, `memory`, `queue_full`).
+    #[serde(default)]
+    pub shed_reasons: BTreeMap<String, u64>,
+    /// Answers that carried a `Retry-After` (in seconds), and the longest it asked for.
+    #[serde(default)]
+    pub retry_after_answers: u64,
+    #[serde(default)]
+    pub retry_after_max_s: Option<u64>,
     /// `--predict`: the OOM concurrency predicted from this run's trace; with
     /// `--ramp-until-oom`, what the ramp observed against it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prediction: Option<crate::http::predict::ServicePrediction>,
+    pub prediction: Option<prediction::ServicePrediction>,
 }
 
 /// One stage of an HTTP run, beside its [`StageResult`].

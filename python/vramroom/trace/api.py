@@ -82,10 +82,16 @@ def replay_snapshot(path, capacity=None, alloc_conf=None, what_if=(), min_capaci
         cmd += ["--capacity", str(capacity)]
     if min_capacity:
         cmd.append("--min-capacity")
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    return run_cli(cmd[1:])
+
+
+def run_cli(args, parse_json=True):
+    """The vramroom CLI with `args`: its stdout (parsed as JSON unless parse_json=False);
+    a failure is a TraceError with the CLI's own message."""
+    r = subprocess.run([find_binary()] + list(args), capture_output=True, text=True)
     if r.returncode != 0:
-        raise TraceError("vramroom replay failed (%d): %s" % (r.returncode, r.stderr.strip()))
-    return json.loads(r.stdout)
+        raise TraceError("vramroom %s failed (%d): %s" % (args[0], r.returncode, r.stderr.strip()))
+    return json.loads(r.stdout) if parse_json else r.stdout
 
 
 class Trace:

@@ -51,7 +51,7 @@ import os
 import subprocess
 import sys
 
-from .api import TraceError, check_torch, find_binary
+from .api import TraceError, check_torch, run_cli
 
 MASTER_ADDR = "127.0.0.1"
 MASTER_PORT = "29500"
@@ -353,15 +353,12 @@ def run_script_ranks(path, argv=(), world_size=2, gpu="h100", out_dir=None, capa
 
 def replay_ranks(paths, capacity=None, json_out=False):
     """`vramroom replay rank0.pickle rank1.pickle ...`: its table (text), or the JSON."""
-    cmd = [find_binary(), "replay"] + list(paths)
+    args = ["replay"] + list(paths)
     if capacity is not None:
-        cmd += ["--capacity", str(capacity)]
+        args += ["--capacity", str(capacity)]
     if json_out:
-        cmd.append("--json")
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise TraceError("vramroom replay failed (%d): %s" % (r.returncode, r.stderr.strip()))
-    return json.loads(r.stdout) if json_out else r.stdout
+        args.append("--json")
+    return run_cli(args, parse_json=json_out)
 
 
 def main(argv=None):

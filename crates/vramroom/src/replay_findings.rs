@@ -9,7 +9,7 @@ use vramroom_load::diagnose::{
     diagnose_traced, replay_traced, traced_finding_lines, TracedEvidence, TracedFinding,
 };
 
-use crate::UserError;
+use crate::error::UserError;
 
 /// The findings, when `--evidence` was given.
 pub fn findings(

@@ -21,7 +21,7 @@ use vramroom_alloc::size::parse_size;
 
 use crate::replay_cmd::env_alloc_conf;
 use crate::run_cmd::check_out_file;
-use crate::UserError;
+use crate::error::UserError;
 
 #[derive(Args)]
 pub struct TraceArgs {

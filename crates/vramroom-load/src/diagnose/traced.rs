@@ -35,8 +35,7 @@ use vramroom_alloc::{AllocatorConfig, BlockState};
 use vramroom_trace::replay::Session;
 use vramroom_trace::{own_config, ReplayError, ReplayOptions, ReplayPlan, Snapshot};
 
-use super::rules::{by_cost, nums};
-use super::{mib, Rules};
+use super::rules::{by_cost, mib, nums, Rules};
 use vramroom_alloc::human_bytes;
 use crate::results::*;
 

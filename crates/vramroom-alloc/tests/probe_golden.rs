@@ -38,11 +38,11 @@
 
 use std::collections::BTreeMap;
 
+use serde_json::{json, Value};
 use vramroom_alloc::{
     AllocatorConfig, BlockState, CachingAllocator, Device, DeviceError, EventId, HistoryMode,
     SimDevice, StreamId, TraceEntry,
 };
-use serde_json::{json, Value};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;

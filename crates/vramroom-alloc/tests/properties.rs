@@ -4,8 +4,8 @@
 //! from the blocks, reserved >= allocated) must pass, and `empty_cache` must leave no fully
 //! free non-expandable segment and no whole free page of an expandable one.
 
-use vramroom_alloc::{AllocatorConfig, BlockState, CachingAllocator, SimDevice};
 use proptest::prelude::*;
+use vramroom_alloc::{AllocatorConfig, BlockState, CachingAllocator, SimDevice};
 
 const MIB: u64 = 1 << 20;
 

@@ -21,10 +21,10 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use serde_json::Value;
 use vramroom_alloc::{
     AllocEvent, AllocatorConfig, CachingAllocator, Device, DeviceError, Observer, SimDevice,
 };
-use serde_json::Value;
 
 fn data() -> Value {
     let path = concat!(

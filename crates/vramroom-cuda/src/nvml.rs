@@ -8,9 +8,9 @@
 
 use std::sync::OnceLock;
 
-use vramroom_alloc::format_size;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::Nvml;
+use vramroom_alloc::format_size;
 
 static NVML: OnceLock<Option<Nvml>> = OnceLock::new();
 

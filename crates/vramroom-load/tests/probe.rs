@@ -15,12 +15,12 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hyper::Method;
 use vramroom_load::http::client;
 use vramroom_load::http::load::{HttpStage, Load};
 use vramroom_load::http::prometheus::{self, MetricMap};
 use vramroom_load::http::server::{Reply, Seen, TestServer};
 use vramroom_load::http::{self, HttpConfig};
-use hyper::Method;
 
 fn python() -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;

@@ -13,6 +13,9 @@
 
 use std::path::PathBuf;
 
+use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 use vramroom_alloc::size::parse_size;
 use vramroom_alloc::AllocatorConfig;
 use vramroom_trace::recommend::{recommended, CANDIDATE_CONFS};
@@ -20,9 +23,6 @@ use vramroom_trace::{ReplayOptions, ReplayResult, Snapshot};
 use vramroom_workload::{
     max_batch as workload_max_batch, predict as workload_predict, PredictDevice, WorkloadFlags,
 };
-use pyo3::exceptions::{PyOSError, PyValueError};
-use pyo3::prelude::*;
-use pyo3::types::PyBytes;
 
 /// A trace handed in: a path (str or os.PathLike) or the pickle's bytes.
 enum Trace {

@@ -1119,9 +1119,9 @@ mod tests {
         assert!(json_floats(&v).unwrap_err().message.contains("needs 4"));
     }
 
+    use proptest::prelude::*;
     use vramroom_alloc::AllocatorConfig;
     use vramroom_workload::RunDevice;
-    use proptest::prelude::*;
 
     fn lm() -> ServedModel {
         let d = RunDevice::cpu(1 << 30, &AllocatorConfig::default()).device;

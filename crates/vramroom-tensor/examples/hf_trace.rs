@@ -12,12 +12,12 @@
 
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use vramroom_alloc::{AllocatorConfig, CachingAllocator, SimDevice};
 use vramroom_tensor::models::hf::config::parse_dtype;
 use vramroom_tensor::models::hf::scenario::Optim;
 use vramroom_tensor::models::hf::{run, CacheImpl, RunOptions, Warmth, Workload};
 use vramroom_tensor::{Allocation, CudaLikeWorkspace, Device, StorageAllocator};
-use parking_lot::Mutex;
 
 /// (events: alloc?, id, bytes), live blocks (ptr -> id, bytes), the last id.
 type Events = (

@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use vramroom_tensor::device::{BlasThread, ConvWorkspaceQuery, WorkspacePolicy};
 use vramroom_tensor::models::ResNet;
 use vramroom_tensor::nn::Init;
@@ -31,7 +32,6 @@ use vramroom_tensor::{
     no_grad, ops, CountingAllocator, DType, Device, Module, RecordingAllocator, Tensor,
 };
 use vramroom_trace::TraceAction;
-use parking_lot::Mutex;
 
 const INFER: &str = "resnet50_infer_nograd__default.pickle";
 const TRAIN: &str = "resnet50_train_sgd__default.pickle";

@@ -10,11 +10,11 @@
 
 use std::path::PathBuf;
 
+use serde_json::Value;
 use vramroom_alloc::AllocatorConfig;
 use vramroom_tensor::models::{Gpt2, Gpt2Config, ResNet};
 use vramroom_tensor::nn::{Init, Module};
 use vramroom_tensor::{no_grad, ops, DType, Device, Tensor};
-use serde_json::Value;
 
 /// Relative tolerance, against the largest magnitude of the compared tensor.
 const TOL: f64 = 1e-4;

@@ -23,9 +23,9 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
+use parking_lot::Mutex;
 use vramroom_alloc::{AllocError, AllocatorConfig, HistoryMode, Snapshot};
 use vramroom_cuda::{CudaAllocator, CudaDevice};
-use parking_lot::Mutex;
 
 /// `ssize_t` on the platforms PyTorch supports.
 #[allow(non_camel_case_types)]

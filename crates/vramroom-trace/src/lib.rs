@@ -35,10 +35,6 @@ pub mod replay;
 pub mod rmm;
 
 pub use error::TraceError;
-pub use vramroom_alloc::snapshot::{
-    AllocatorSettings, Annotation, BlockInfo, BlockState, Frame, SegmentInfo, Snapshot, Stack,
-    TraceAction, TraceEntry,
-};
 pub use pickle::{read_snapshot, read_snapshot_file, write_snapshot, write_snapshot_file};
 pub use replay::{
     min_capacity, min_capacity_plan, own_config, recorded_segment_sizes, replay, replay_plan,
@@ -46,4 +42,8 @@ pub use replay::{
 };
 pub use rmm::{
     read_rmm_csv, rmm_from_snapshot, snapshot_from_rmm, write_rmm_csv, RmmAction, RmmEvent,
+};
+pub use vramroom_alloc::snapshot::{
+    AllocatorSettings, Annotation, BlockInfo, BlockState, Frame, SegmentInfo, Snapshot, Stack,
+    TraceAction, TraceEntry,
 };

@@ -8,8 +8,8 @@
 //! several `device_traces` (one process driving several GPUs) contributes a row per device,
 //! so `torchrun`'s one-snapshot-per-rank folders and single multi-device processes read alike.
 
-use vramroom_alloc::AllocatorConfig;
 use serde::Serialize;
+use vramroom_alloc::AllocatorConfig;
 
 use crate::replay::{
     min_capacity_plan, own_config, replay_plan, traced_devices, ReplayError, ReplayOptions,

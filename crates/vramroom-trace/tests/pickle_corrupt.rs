@@ -5,12 +5,12 @@ mod common;
 
 use std::collections::BTreeMap;
 
+use serde_pickle::{HashableValue, SerOptions, Value};
 use vramroom_trace::pickle::{read_snapshot, write_snapshot};
 use vramroom_trace::{
     AllocatorSettings, Annotation, BlockInfo, BlockState, Frame, SegmentInfo, Snapshot, Stack,
     TraceAction, TraceEntry, TraceError,
 };
-use serde_pickle::{HashableValue, SerOptions, Value};
 
 fn frame(n: u64) -> Frame {
     Frame {

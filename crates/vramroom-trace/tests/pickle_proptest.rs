@@ -1,12 +1,12 @@
 //! Any snapshot survives write → read, and the reader survives mutations of what the
 //! writer produced.
 
+use proptest::prelude::*;
 use vramroom_trace::pickle::{read_snapshot, write_snapshot};
 use vramroom_trace::{
     AllocatorSettings, Annotation, BlockInfo, BlockState, Frame, SegmentInfo, Snapshot, Stack,
     TraceAction, TraceEntry,
 };
-use proptest::prelude::*;
 
 fn text() -> impl Strategy<Value = String> {
     // short ASCII, any Unicode, and strings past SHORT_BINUNICODE's 255 bytes

@@ -8,11 +8,11 @@ mod snapshot_gen;
 
 use std::time::Duration;
 
+use proptest::prelude::*;
 use vramroom_alloc::AllocatorConfig;
 use vramroom_trace::pickle::{read_snapshot, write_snapshot};
 use vramroom_trace::replay::{replay, ReplayOptions};
 use vramroom_trace::Snapshot;
-use proptest::prelude::*;
 
 /// The reader's half of the fuzz target: any generated pickle is decided without a
 /// panic, and what is accepted survives our writer. Returns what was accepted.

@@ -477,7 +477,9 @@ impl Scenario {
             }
             ModelSpec::Hf(h) => {
                 let need = match self.mode {
-                    Mode::Generate { new_tokens, .. } => self.input.max().saturating_add(new_tokens),
+                    Mode::Generate { new_tokens, .. } => {
+                        self.input.max().saturating_add(new_tokens)
+                    }
                     _ => self.input.max(),
                 };
                 h.validate(need, self.is_generate(), self.mistakes.named_temporaries)?

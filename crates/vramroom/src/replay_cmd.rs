@@ -257,7 +257,8 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
             write_atomic(p, csv.as_bytes())?;
         }
     }
-    let findings = crate::replay_findings::findings(a.evidence.as_deref(), &snap, &configs[0], capacity)?;
+    let findings =
+        crate::replay_findings::findings(a.evidence.as_deref(), &snap, &configs[0], capacity)?;
     let pick = if a.recommend {
         recommended(&results)
     } else {
@@ -279,7 +280,10 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
                         o.insert("recommended".into(), (pick == Some(i)).into());
                     }
                     if let (0, Some(f)) = (i, &findings) {
-                        o.insert("findings".into(), serde_json::to_value(f).unwrap_or_default());
+                        o.insert(
+                            "findings".into(),
+                            serde_json::to_value(f).unwrap_or_default(),
+                        );
                     }
                 }
                 v

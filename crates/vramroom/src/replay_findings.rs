@@ -23,8 +23,12 @@ pub fn findings(
     };
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read --evidence {}", path.display()))?;
-    let ev = TracedEvidence::from_json(&text)
-        .with_context(|| format!("--evidence {} is not a tracer's evidence file", path.display()))?;
+    let ev = TracedEvidence::from_json(&text).with_context(|| {
+        format!(
+            "--evidence {} is not a tracer's evidence file",
+            path.display()
+        )
+    })?;
     let r = replay_traced(snap, conf, capacity, &ev)?;
     Ok(Some(diagnose_traced(&ev, &r)))
 }

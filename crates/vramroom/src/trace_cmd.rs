@@ -19,9 +19,9 @@ use anyhow::{anyhow, Context};
 use clap::Args;
 use vramroom_alloc::size::parse_size;
 
+use crate::error::UserError;
 use crate::replay_cmd::env_alloc_conf;
 use crate::run_cmd::check_out_file;
-use crate::error::UserError;
 
 #[derive(Args)]
 pub struct TraceArgs {
@@ -115,7 +115,10 @@ pub fn trace(a: TraceArgs) -> Result<ExitCode, UserError> {
 fn split_command(c: &[String]) -> Result<(String, String, &[String]), UserError> {
     let first = c.first().ok_or_else(|| anyhow!("no command after --"))?;
     let is_python = |s: &str| {
-        let name = Path::new(s).file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let name = Path::new(s)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("");
         name == "python" || name.starts_with("python3") || name == "python2"
     };
     let (python, at) = if first.ends_with(".py") {
@@ -128,7 +131,9 @@ fn split_command(c: &[String]) -> Result<(String, String, &[String]), UserError>
         )
         .into());
     };
-    let script = c.get(at).ok_or_else(|| anyhow!("no script after {python}"))?;
+    let script = c
+        .get(at)
+        .ok_or_else(|| anyhow!("no script after {python}"))?;
     if script.starts_with('-') {
         return Err(anyhow!(
             "vramroom trace runs a script file (`-- python train.py ARGS`); interpreter flags \

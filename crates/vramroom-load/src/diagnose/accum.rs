@@ -120,5 +120,6 @@ pub(super) fn graph_accumulated(
 }
 
 /// The fix, shared with the traced rule (traced.rs).
-pub(crate) const FIX: &str = "Call `(loss / N).backward()` inside the micro-step loop instead of summing the \
+pub(crate) const FIX: &str =
+    "Call `(loss / N).backward()` inside the micro-step loop instead of summing the \
     losses and calling backward once: gradients accumulate in `.grad`, graphs do not.";

@@ -51,5 +51,6 @@ pub(super) fn autograd_in_inference(
 }
 
 /// The fix, shared with the traced rule (traced.rs).
-pub(crate) const FIX: &str = "Run the forward under `with torch.no_grad():` (or `torch.inference_mode()`), \
+pub(crate) const FIX: &str =
+    "Run the forward under `with torch.no_grad():` (or `torch.inference_mode()`), \
     or decorate the handler with `@torch.no_grad()`.";

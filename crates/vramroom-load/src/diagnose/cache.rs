@@ -157,6 +157,7 @@ fn finding(r: &RunResult, rest: &MemorySample, recent: u64, seen: Seen) -> Findi
 }
 
 /// The fix of a run's held cache, shared with the traced rule (traced.rs).
-pub(crate) const FIX: &str = "Call `torch.cuda.empty_cache()` once a burst is over (it frees every fully free \
+pub(crate) const FIX: &str =
+    "Call `torch.cuda.empty_cache()` once a burst is over (it frees every fully free \
     segment to the driver), or set `PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.8` \
     so the allocator reclaims old cached blocks itself.";

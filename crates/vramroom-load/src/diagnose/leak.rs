@@ -186,6 +186,7 @@ mod tests {
 }
 
 /// The fix, shared with the traced rule (traced.rs).
-pub(crate) const FIX: &str = "Do not keep references to request outputs (a list of outputs or losses keeps \
+pub(crate) const FIX: &str =
+    "Do not keep references to request outputs (a list of outputs or losses keeps \
     their memory, and with grad on their graphs): keep `out.detach().cpu()` or \
     `loss.item()`, or bound the list.";

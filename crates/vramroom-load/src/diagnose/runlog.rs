@@ -18,10 +18,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use vramroom_alloc::{
     AllocError, AllocEvent, AllocatorConfig, CachingAllocator, Observer, SimDevice,
 };
-use parking_lot::Mutex;
 
 const ADDR_BITS: u32 = 48;
 const ADDR_MASK: u64 = (1 << ADDR_BITS) - 1;

@@ -36,8 +36,8 @@ use vramroom_trace::replay::Session;
 use vramroom_trace::{own_config, ReplayError, ReplayOptions, ReplayPlan, Snapshot};
 
 use super::rules::{by_cost, mib, nums, Rules};
-use vramroom_alloc::human_bytes;
 use crate::results::*;
+use vramroom_alloc::human_bytes;
 
 /// A place in the user's code.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -265,7 +265,10 @@ pub struct TracedFinding {
 }
 
 fn located(ev: &TracedEvidence, site: Option<usize>, finding: Finding) -> TracedFinding {
-    let s = site.and_then(|i| ev.sites.get(i)).cloned().unwrap_or_default();
+    let s = site
+        .and_then(|i| ev.sites.get(i))
+        .cloned()
+        .unwrap_or_default();
     TracedFinding {
         finding,
         location: ev.at(site),
@@ -284,7 +287,11 @@ pub fn diagnose_traced_with(
     replay: &TracedReplay,
     rules: &Rules,
 ) -> Vec<TracedFinding> {
-    let floor = rules.floor(replay.peak_reserved_bytes.max(ev.allocated_peak.allocated_bytes));
+    let floor = rules.floor(
+        replay
+            .peak_reserved_bytes
+            .max(ev.allocated_peak.allocated_bytes),
+    );
     let peak = replay
         .peak_allocated_bytes
         .max(ev.allocated_peak.allocated_bytes);
@@ -312,7 +319,11 @@ fn autograd_in_inference(
     let share = (act as f64 / above as f64).min(1.0);
     let top = nb.sites.first();
     let site = top.and_then(|s| s.site);
-    let passes = ev.forwards.iter().filter(|p| p.2 == site && site.is_some()).count();
+    let passes = ev
+        .forwards
+        .iter()
+        .filter(|p| p.2 == site && site.is_some())
+        .count();
     let at_peak = ev.allocated_peak.saved_no_backward_bytes;
     let finding = Finding {
         id: FindingId::AutogradInInference,
@@ -457,7 +468,11 @@ fn leak(
     let cat_growth = [
         ("parameter", first.parameter, last.parameter),
         ("gradient", first.gradient, last.gradient),
-        ("optimizer_state", first.optimizer_state, last.optimizer_state),
+        (
+            "optimizer_state",
+            first.optimizer_state,
+            last.optimizer_state,
+        ),
         (
             "saved_for_backward",
             first.saved_for_backward,
@@ -727,7 +742,13 @@ mod tests {
 
     fn ids(f: &[TracedFinding]) -> Vec<(&'static str, Severity, String)> {
         f.iter()
-            .map(|t| (t.finding.id.as_str(), t.finding.severity, t.location.clone()))
+            .map(|t| {
+                (
+                    t.finding.id.as_str(),
+                    t.finding.severity,
+                    t.location.clone(),
+                )
+            })
             .collect()
     }
 

@@ -20,8 +20,8 @@
 
 use std::time::Duration;
 
-use vramroom_alloc::Snapshot;
 use hyper::Method;
+use vramroom_alloc::Snapshot;
 
 pub use crate::diagnose::segment_state;
 use crate::http::client;

@@ -425,9 +425,7 @@ impl Backend for CpuBackend {
 
     fn uniform(&self, out: TRef, low: f64, high: f64, seed: u64) -> Result<()> {
         let mut rng = Rng::new(seed);
-        for_each_offset(out.layout, |o| {
-            set(out, o, low + (high - low) * rng.unit())
-        });
+        for_each_offset(out.layout, |o| set(out, o, low + (high - low) * rng.unit()));
         Ok(())
     }
 

@@ -29,11 +29,11 @@ use std::fmt;
 use std::mem::size_of;
 use std::sync::Arc;
 
+use rustc_hash::FxHashMap;
 use vramroom_alloc::snapshot::{
     AllocatorSettings, Annotation, BlockInfo, BlockState, Frame, SegmentInfo, Snapshot, Stack,
     TraceAction, TraceEntry,
 };
-use rustc_hash::FxHashMap;
 
 use super::arena::{Doc, Item, Kind, Ref, Val, NO_SLOT};
 use crate::error::TraceError;

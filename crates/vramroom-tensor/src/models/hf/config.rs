@@ -218,7 +218,9 @@ impl HfConfig {
                     vramroom_alloc::input::InputError::Io { source, .. } => source.to_string(),
                     other => {
                         let m = other.to_string();
-                        m.strip_prefix(&format!("{shown}: ")).unwrap_or(&m).to_string()
+                        m.strip_prefix(&format!("{shown}: "))
+                            .unwrap_or(&m)
+                            .to_string()
                     }
                 },
                 path: shown.clone(),

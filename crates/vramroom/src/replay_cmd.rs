@@ -90,12 +90,17 @@ pub struct BenchAllocArgs {
 }
 
 fn parse_conf(s: &str) -> Result<AllocatorConfig, UserError> {
+    parse_conf_flag("--alloc-conf", s)
+}
+
+/// A config given to `flag`: "" or "default" is PyTorch's default; an error names the flag.
+pub fn parse_conf_flag(flag: &str, s: &str) -> Result<AllocatorConfig, UserError> {
     let s = s.trim();
     if s.is_empty() || s == "default" {
         return Ok(AllocatorConfig::default());
     }
     AllocatorConfig::parse(s)
-        .with_context(|| format!("bad --alloc-conf '{s}'"))
+        .with_context(|| format!("bad {flag} '{s}'"))
         .map_err(UserError)
 }
 

@@ -20,7 +20,7 @@ use clap::Args;
 use vramroom_alloc::size::parse_size;
 
 use crate::error::UserError;
-use crate::replay_cmd::env_alloc_conf;
+use crate::replay_cmd::{env_alloc_conf, parse_conf_flag, parse_env_conf};
 use crate::run_cmd::check_out_file;
 
 #[derive(Args)]
@@ -61,18 +61,15 @@ pub fn trace(a: TraceArgs) -> Result<ExitCode, UserError> {
         }
     }
     let env_conf = env_alloc_conf(a.alloc_conf.is_some());
-    let conf = a.alloc_conf.clone().or(env_conf);
-    for (flag, c) in conf
-        .iter()
-        .map(|c| ("--alloc-conf", c))
-        .chain(a.what_if.iter().map(|c| ("--what-if", c)))
-    {
-        let t = c.trim();
-        if !(t.is_empty() || t == "default") {
-            vramroom_alloc::AllocatorConfig::parse(t)
-                .with_context(|| format!("bad {flag} '{c}'"))?;
-        }
+    if let Some(c) = &a.alloc_conf {
+        parse_conf_flag("--alloc-conf", c)?;
+    } else if let Some(e) = &env_conf {
+        parse_env_conf(e)?;
     }
+    for c in &a.what_if {
+        parse_conf_flag("--what-if", c)?;
+    }
+    let conf = a.alloc_conf.clone().or(env_conf);
     if let Some(p) = &a.snapshot_out {
         check_out_file("--snapshot-out", p)?;
     }

@@ -31,7 +31,7 @@ fake tensors, no GPU and no data), which records every allocation the GPU run wo
 the target GPU (`--max-cuda-memory-gpu`, default h100) and replays them on Vramroom's allocator:
 the budget is checked against that *predicted* peak, the failure message says so, and the
 snapshot is the traced one. The test's own assertions on tensor values cannot hold there
-(fake tensors have no data: `.item()` answers 0), so a traced test passes or fails on its
+(fake tensors have no data: `.item()` answers a placeholder, 1 or False), so a traced test passes or fails on its
 memory alone. Where the tracer cannot run (no torch, a PyTorch version it does not support,
 `--max-cuda-memory-no-trace`), the budget is not checked and a warning says why, so one suite
 runs on CPU and GPU machines.
@@ -136,7 +136,8 @@ class CudaMemory:
         self.allow_trace = trace
         self.predicted = False  # the figures come from a fake-CUDA trace, not a GPU
         self.not_checked = None  # why a budget could not be checked
-        self._trace = None
+        self._trace = None  # the trace while the test runs
+        self._traced = None  # the finished trace, for the failure's snapshot
         self.limit = None
         self.measure_increase = False
         self.available = False
@@ -190,7 +191,6 @@ class CudaMemory:
             self._final = (int(row["peak_allocated_bytes"]), int(row["peak_reserved_bytes"]))
         except Exception as e:  # no CLI to replay with: the trace's own allocated peak
             self._final = (t.peak_allocated, 0)
-            self.not_checked = None
             warnings.warn(pytest.PytestWarning("vramroom: no replay of the trace (%s); "
                                                "peak reserved unknown" % e))
         self._traced = t

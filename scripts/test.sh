@@ -53,7 +53,6 @@ if [ "$(cat "$TORCH_VENV/.pins" 2>/dev/null)" != "$TORCH_PINS" ]; then
     fi
 fi
 
-set -o pipefail
 cargo test --workspace --release 2>&1 | tee "$LOG/cargo.log"
 if [ "$HAVE_NVRTC" = 1 ]; then
     cargo test --release -p vramroom-cuda --test kernels -- --include-ignored 2>&1 | tee "$LOG/nvrtc.log"
@@ -67,21 +66,26 @@ if [ ! -x "$PYCACHE/venv-build/bin/cargo-zigbuild" ]; then
     "$PYCACHE/venv-build/bin/python" -m pip install -q "maturin>=1.5,<2" ziglang cargo-zigbuild
 fi
 PATH="$PYCACHE/venv-build/bin:$PATH" scripts/build_wheel.sh "$PYCACHE/venv-build/bin/maturin"
+# pytest in VENV, from outside the source tree, with a PATH that has no cargo (what a user
+# has); its output also goes to LOG/NAME.log for the count at the end.
+run_pytest() {
+    local venv=$1 name=$2
+    shift 2
+    (cd "$PYCACHE" && env PATH="$venv/bin:/usr/bin:/bin" \
+        "$venv/bin/python" -m pytest "$@" -q -p no:cacheprovider -rs) 2>&1 | tee "$LOG/$name.log"
+}
 rm -rf "$PYCACHE/venv-test"
 python3 -m venv "$PYCACHE/venv-test"
 "$PYCACHE/venv-test/bin/python" -m pip install -q dist/vramroom-*.whl pytest
-# From outside the source tree, with a PATH that has no cargo: what a user has.
-(cd "$PYCACHE" && env PATH="$PYCACHE/venv-test/bin:/usr/bin:/bin" \
-    "$PYCACHE/venv-test/bin/python" -m pytest "$ROOT/python/tests" -q -p no:cacheprovider -rs) 2>&1 |
-    tee "$LOG/pytest.log"
+run_pytest "$PYCACHE/venv-test" pytest "$ROOT/python/tests"
 # The tests that need PyTorch (python/tests/test_trace*.py) again, where PyTorch is.
 TORCH_TESTS=$(ls "$ROOT"/python/tests/test_trace*.py 2>/dev/null || true)
+TORCH_RAN=0
 if [ -f "$TORCH_VENV/.pins" ] && [ -n "$TORCH_TESTS" ]; then
     "$TORCH_VENV/bin/python" -m pip install -q --force-reinstall --no-deps dist/vramroom-*.whl
     # shellcheck disable=SC2086
-    (cd "$PYCACHE" && env PATH="$TORCH_VENV/bin:/usr/bin:/bin" \
-        "$TORCH_VENV/bin/python" -m pytest $TORCH_TESTS -q -p no:cacheprovider -rs) 2>&1 |
-        tee "$LOG/pytest-torch.log"
+    run_pytest "$TORCH_VENV" pytest-torch $TORCH_TESTS
+    TORCH_RAN=1
 fi
 
 # What did not run, and why: libtest prints "test NAME ... ignored, REASON".
@@ -94,3 +98,6 @@ if [ "$HAVE_NVRTC" = 1 ]; then
 fi
 grep -h '^SKIPPED' "$LOG"/pytest*.log 2>/dev/null | sed 's/^SKIPPED \[[0-9]*\] //' | sort | uniq -c |
     awk '{n=$1; $1=""; printf "%4d pytest test(s) skipped:%s\n", n, $0}' || true
+if [ "$TORCH_RAN" = 1 ]; then
+    echo "     (the pytest files that need PyTorch ran again in the PyTorch venv)"
+fi

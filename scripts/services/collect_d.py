@@ -23,8 +23,10 @@ process (nothing carries over but the numbers named here):
 2. ramp 1, 2, 3: `vramroom http --ramp-until-oom --predicted-from gentle/results.json`
    over the default ramp's steps from 2 to 64 (`--stages`, step_s each), each on a fresh
    service (its probe's ring fixed small: the ramps use no trace), stopping at the first OOM (a 507 naming a CUDA OOM, or the probe's
-   OOM counter rising). In the order ramp 1, the what-if ramp, ramp 2, ramp 3, so a short
-   budget keeps the most telling steps.
+   OOM counter rising). In the order ramp 1, the what-if ramp, the size cap, ramp 2, ramp 3,
+   so a short budget keeps the most telling steps. Where five ramps one after another do
+   not fit the budget (generate()'s long requests), they run in up to three lanes side by
+   side, each ramp still on a fresh service of its own (rec["lanes"] says which).
 3. what-if: the service restarted under the other config (expandable_segments:True, or for
    the service that sets it itself, expandable_segments:False, the default) and ramped
    once: observed first OOM against the gentle run's prediction for that config.
@@ -360,6 +362,7 @@ class Pipeline:
         self.other = DEFAULT_CONF if self.own == EXPANDABLE else EXPANDABLE
         self.step_min = FAKE_SCALE["STEP_MIN"] if fake else STEP_MIN
         self.step_max = FAKE_SCALE["STEP_MAX"] if fake else STEP_MAX
+        self.lock = threading.Lock()  # the lanes share rec
 
     def left(self):
         return SERVICE_BUDGET_S - (time.time() - self.t0)
@@ -507,26 +510,53 @@ class Pipeline:
         self.gentle()
         self.save()
         pred = self.rec.get("predicted_first_oom")
-        order = [("ramp1", None), ("whatif", self.other), ("ramp2", None), ("ramp3", None)]
         est = 7 * self.rec["step_s"] + 20.0  # a ramp to the 7th step, with its service start
-        for tag, conf in order:
-            if self.left() < est:
-                self.rec["skipped"].append("%s: %.0fs left, a ramp took %.0fs" % (tag, self.left(), est))
-                continue
-            try:
-                if conf is None:
-                    r = self.ramp(tag, predicted=pred)
-                    self.rec["ramps"].append(r)
-                else:
-                    p2 = (self.rec.get("predicted_by_config") or {}).get(conf)
-                    r = self.ramp(tag, conf=conf, predicted=p2)
-                    self.rec["what_if_ramp"] = r
-                est = max(est * 0.5, r["s"] + 5)
-            except Exception as e:
-                self.rec["skipped"].append("%s: %s: %s" % (tag, type(e).__name__, e))
-            self.summarise()
-            self.save()
-        self.cap_ramp(est)
+        # Five ramps (three, the what-if, the size cap) one after another do not fit the
+        # budget where requests are long (generate()): they run in lanes, each ramp on its
+        # own service process as before, so the GPU and the cores are shared. Memory is
+        # per process (each has its own cap), so a ramp's first OOM does not depend on the
+        # lanes beside it; only latencies do, and a step is held until its requests overlap.
+        n_lanes = max(1, min(3, math.ceil(5 * est / max(1.0, 0.8 * (self.left() - 10)))))
+        order = [("ramp1", None), ("whatif", self.other), ("cap", "cap"), ("ramp2", None),
+                 ("ramp3", None)]
+        lanes = [order[i::n_lanes] for i in range(n_lanes)]
+        self.rec["lanes"] = [[t for t, _ in lane] for lane in lanes]
+        box = {"est": est}
+
+        def lane(steps):
+            for tag, conf in steps:
+                if tag == "cap":
+                    self.cap_ramp(box["est"])
+                    continue
+                if self.left() < box["est"]:
+                    with self.lock:
+                        self.rec["skipped"].append("%s: %.0fs left, a ramp took %.0fs" % (
+                            tag, self.left(), box["est"]))
+                    continue
+                try:
+                    if conf is None:
+                        r = self.ramp(tag, predicted=pred)
+                        with self.lock:
+                            self.rec["ramps"].append(r)
+                            self.rec["ramps"].sort(key=lambda x: x["tag"])
+                    else:
+                        p2 = (self.rec.get("predicted_by_config") or {}).get(conf)
+                        r = self.ramp(tag, conf=conf, predicted=p2)
+                        with self.lock:
+                            self.rec["what_if_ramp"] = r
+                    box["est"] = max(box["est"] * 0.5, r["s"] + 5)
+                except Exception as e:
+                    with self.lock:
+                        self.rec["skipped"].append("%s: %s: %s" % (tag, type(e).__name__, e))
+                with self.lock:
+                    self.summarise()
+                    self.save()
+
+        ts = [threading.Thread(target=lane, args=(steps,), daemon=True) for steps in lanes]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
         self.summarise()
         self.rec["done"] = True
         self.rec["pipeline_s"] = round(time.time() - self.t0, 1)
@@ -543,7 +573,8 @@ class Pipeline:
                 "unit %s, max %s" % (unit, size) if cap else "none")}
             return
         if self.left() < est:
-            self.rec["skipped"].append("cap: %.0fs left" % self.left())
+            with self.lock:
+                self.rec["skipped"].append("cap: %.0fs left" % self.left())
             return
         step = self.rec["step_s"]
         st = ",".join("%d:%.1fs" % (c, step) for c in [c for c in STEPS if c < target] + [target])
@@ -552,9 +583,11 @@ class Pipeline:
             r["template"] = tmpl
             r["cap"] = {"unit": unit, "max_size": size, "target": target}
             r["verified"] = r.get("first_oom") is None and (r.get("highest_step") or 0) >= target
-            self.rec["cap_ramp"] = r
+            with self.lock:
+                self.rec["cap_ramp"] = r
         except Exception as e:
-            self.rec["skipped"].append("cap: %s: %s" % (type(e).__name__, e))
+            with self.lock:
+                self.rec["skipped"].append("cap: %s: %s" % (type(e).__name__, e))
 
     def summarise(self):
         firsts = [r.get("first_oom") for r in self.rec["ramps"]]

@@ -48,6 +48,50 @@ def _conv_table(name):
     return {}
 
 
+def _conv_events(name):
+    """The measured per-shape conv table (scripts/trace_corpus/conv/measure.py on a GPU of the
+    architecture): key -> {batch: tokens}, tokens in the CUDA op's order: ["o", size] the next
+    output, ["t", size] a transient, ["f", i] the free of the i-th transient."""
+    if not name:
+        return {}
+    p = os.path.join(_HERE, name)
+    if not os.path.exists(p):
+        return {}
+    with open(p) as f:
+        d = json.load(f)
+    t = {}
+    for e in d["entries"]:
+        key = (e["pass"], tuple(e["input"]), tuple(e["weight"]), bool(e["bias"]),
+               tuple(e["stride"]), tuple(e["padding"]), tuple(e["dilation"]),
+               bool(e["transposed"]), tuple(e["output_padding"]), int(e["groups"]), e["dtype"])
+        t[key] = sorted((int(n), toks) for n, toks in e["by_batch"].items())
+    return t
+
+
+def _shape_of(toks):
+    return [k if k != "f" else (k, v) for k, v in toks]
+
+
+def tokens_at(points, n):
+    """The events at batch n from the measured batches: exact where measured; between two
+    with the same events, each size on the line through them (a cuDNN algorithm's
+    workspace is affine in the batch); past the largest, its transients scaled by n."""
+    below = [p for p in points if p[0] <= n]
+    above = [p for p in points if p[0] >= n]
+    if below and below[-1][0] == n:
+        return below[-1][1]
+    if below and above:
+        (n0, t0), (n1, t1) = below[-1], above[0]
+        if _shape_of(t0) == _shape_of(t1):
+            return [[k, v if k == "f" else int(round(v + (n - n0) / (n1 - n0) * (w - v)))]
+                    for (k, v), (_, w) in zip(t0, t1)]
+        # the algorithm changes between the two: the nearer one's events, scaled
+        n0, t0 = (below[-1] if n - n0 <= n1 - n else above[0])
+    else:
+        n0, t0 = below[-1] if below else above[0]
+    return [[k, v if k == "f" else int(round(v * n / n0))] for k, v in t0]
+
+
 class Hidden:
     def __init__(self, gpu, rec):
         import torch
@@ -55,6 +99,7 @@ class Hidden:
         self.rec = rec
         self.row = load_table()["archs"][gpu.arch]
         self.conv = _conv_table(self.row.get("conv_workspace_table"))
+        self.conv_ev = _conv_events(self.row.get("conv_events_table"))
         self.handles = set()
         self.lt_done = False
         a = torch.ops.aten
@@ -71,7 +116,7 @@ class Hidden:
         self.conv_fwd = {a.convolution.default}
         self.conv_bwd = {a.convolution_backward.default}
         self.stats = {"cublas_handles": 0, "cublaslt": 0, "conv_workspaces": 0,
-                      "conv_unmeasured": 0}
+                      "conv_unmeasured": 0, "conv_measured": 0}
 
     # -- cuBLAS ---------------------------------------------------------------------------
     def matmul_after(self, func, args):
@@ -126,6 +171,41 @@ class Hidden:
         if pointwise:
             return int(round(min(n * wb, r["backward_weight_pointwise_cap"] * big)))
         return int(round(r["backward_weight"] * big))
+
+    def conv_tokens(self, pas, x, w, bias, stride, padding, dilation, transposed, output_padding,
+                    groups):
+        """The measured events of this conv at x's batch, or None when its shape (or
+        dtype) was not measured on this architecture."""
+        if not self.conv_ev or x.dim() < 3:
+            return None
+        key = (pas, tuple(x.shape[1:]), tuple(w.shape), bool(bias), tuple(stride),
+               tuple(padding), tuple(dilation), bool(transposed), tuple(output_padding),
+               int(groups), str(x.dtype).replace("torch.", ""))
+        pts = self.conv_ev.get(key)
+        if not pts:
+            return None
+        self.stats["conv_measured"] += 1
+        return tokens_at(pts, x.shape[0])
+
+    def replay_tokens(self, toks, outs, frames):
+        """Replays measured events: outs (the fake op's cuda outputs, in the op's order)
+        take the "o" places; transients are allocated and freed where measured. False
+        (and nothing done) when the outputs do not match the measurement's."""
+        rec = self.rec
+        if sum(1 for k, _ in toks if k == "o") != len(outs):
+            return False
+        st = rec.current_stream_ident()
+        it, temps = iter(outs), []
+        for k, v in toks:
+            if k == "o":
+                rec.see_storage(next(it).untyped_storage(), frames)
+            elif k == "t":
+                temps.append((rec.alloc(v, stream=st, frames=frames), v) if v > 0 else None)
+            else:
+                t = temps[v]
+                if t is not None:
+                    rec.free(t[0], t[1], st)
+        return True
 
     def conv_args(self, args, kwargs):
         # convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)

@@ -152,6 +152,13 @@ def _mode_class():
             if func in hid.conv_bwd:
                 self._conv_backward(args, out)
                 return out
+            if func in hid.conv_fwd and isinstance(out, FakeTensor) and out.device.type == "cuda":
+                # convolution(input, weight, bias, stride, padding, dilation, transposed,
+                #             output_padding, groups)
+                x, w = args[0], args[1]
+                toks = hid.conv_tokens("forward", x, w, args[2] is not None, *args[3:9])
+                if toks is not None and hid.replay_tokens(toks, [out], rec._frames()):
+                    return out
             ts = leaves(out, [])
             fr = None
             for t in ts:
@@ -205,6 +212,16 @@ def _mode_class():
             groups = args[9]
             gi, gw, gb = out
             fr = rec._frames()
+            mask = args[10]
+            pas = ("backward" if mask[0] and mask[1] else "backward_weight_only" if mask[1]
+                   else "backward_input_only")
+            # bias_sizes: [0] without a bias (autograd's convention), [C] with one
+            has_bias = args[3] is not None and list(args[3]) != [0]
+            toks = hid.conv_tokens(pas, x, w, has_bias, stride, padding, dilation,
+                                   transposed, args[8], groups)
+            outs = [t for t in (gi, gw, gb) if t is not None and t.device.type == "cuda"]
+            if toks is not None and hid.replay_tokens(toks, outs, fr):
+                return
             cud = x.device.type == "cuda" and hid.uses_cudnn(x, transposed, w, groups)
             shape = lambda t: list(t.shape)
             if gi is not None:

@@ -7,7 +7,8 @@ CONVS.json: the conv configs (harvest.py: every aten.convolution of torchvision'
 batch, on the GPU under PyTorch's defaults (cudnn.benchmark off, TF32 on for cuDNN):
 - forward: aten.convolution;
 - backward: aten.convolution_backward with output_mask (True, True, bias), and for a stem
-  (input channels <= 4) also (False, True, bias), as autograd calls them.
+  (input channels <= 4) also (False, True, bias), else (True, False, False) (frozen
+  weights), as autograd calls them.
 The caching allocator's history records each call between two markers (an odd-sized
 allocation before, its free after); the events between them are the op's: its outputs
 (allocations not freed inside) and its transients (allocated and freed inside), in order.
@@ -111,11 +112,13 @@ def main():
                     go = torch.randn_like(y)
                     del y
                     masks = [("backward", [True, True, c["bias"]])]
-                    if c["input"][0] <= 4:
+                    if c["input"][0] <= 4:  # a stem: its input needs no grad
                         masks.append(("backward_weight_only", [False, True, c["bias"]]))
+                    else:  # frozen weights (fine-tuning a head on a fixed backbone)
+                        masks.append(("backward_input_only", [True, False, False]))
                     for pas, mask in masks:
                         m = torch.empty(MARK, dtype=torch.uint8, device=dev)
-                        r = aten.convolution_backward(go, x, w, [b.shape[0]] if b is not None else None,
+                        r = aten.convolution_backward(go, x, w, [b.shape[0]] if b is not None else [0],
                                                       *args, mask)
                         torch.cuda.synchronize()
                         del m

@@ -260,3 +260,28 @@ def test_the_package_is_the_call(tmp_path):
     assert p.returncode == 0, p.stderr
     out = json.loads((tmp_path / "out.json").read_text())
     assert out == {"peak": 4 * MIB, "module": True}
+
+
+def test_transformers_takes_its_cuda_path_not_its_tracing_one(tmp_path):
+    # transformers treats a FakeTensor as graph tracing and then always builds the 4-d
+    # causal mask (masking_utils.sdpa_mask); a CUDA run with an all-ones mask skips it and
+    # passes is_causal to SDPA. The trace must follow the CUDA run.
+    pytest.importorskip("transformers", reason="needs transformers")
+    out = run_traced("""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import import_utils
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    m = LlamaForCausalLM(cfg).cuda()
+    ids = torch.randint(0, 128, (2, 32), device="cuda")
+    assert not import_utils.is_fake_tensor(ids)
+    m(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.sum().backward()
+    """, tmp_path)
+    # (the all-ones check and the bool cast are the CUDA run's too; the mask's builders
+    # run only when the mask is built)
+    masks = [fr for fr in out["frames"]
+             if any(f[2] in ("and_mask", "or_mask") or f[2].endswith("_mask_function") for f in fr)]
+    assert not masks, masks[:3]
+    from transformers.utils import import_utils
+
+    assert import_utils.is_fake_tensor.__name__ == "is_fake_tensor"

@@ -141,6 +141,9 @@ class Trace:
         from .evidence import Collector  # evidence for the diagnosis (evidence.py)
 
         self._ev = Collector(rec).install()
+        from .libs import LibraryPatches  # libraries that branch on fake tensors (libs.py)
+
+        self._libs = LibraryPatches().install()
         return self
 
     def _set(self, obj, name, value):
@@ -156,6 +159,7 @@ class Trace:
             import gc
 
             self._ev.uninstall()
+            self._libs.uninstall()
             # Frees that Python's cycle collector would find: not the program's peak, but
             # keep the events of this region whole before closing it.
             self._rec.close()

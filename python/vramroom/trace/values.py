@@ -137,7 +137,17 @@ class Values:
                 return K
             return x / y
 
+        def same(a, kw):
+            # cat/stack of tensors that all hold one known value (generate() extends its
+            # attention mask with new_ones every step)
+            ts = a[0] if a else ()
+            vs = [g(t) for t in ts]
+            if not vs or K in vs or any(v != vs[0] for v in vs):
+                return K
+            return vs[0]
+
         r = {
+            "cat": same, "stack": same,
             "full": val(1), "full_like": val(1), "new_full": val(2), "scalar_tensor": val(0),
             "zeros": lambda a, kw: 0, "zeros_like": lambda a, kw: 0, "new_zeros": lambda a, kw: 0,
             "ones": lambda a, kw: 1, "ones_like": lambda a, kw: 1, "new_ones": lambda a, kw: 1,

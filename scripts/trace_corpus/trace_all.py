@@ -31,6 +31,11 @@ def run(prog, a):
     cmd = [sys.executable, "-c", code]
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    # The child runs in PROGRAMS: a relative PYTHONPATH entry (PYTHONPATH=python) would
+    # miss there and an installed vramroom would be traced instead of the checkout's.
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(os.path.dirname(os.path.dirname(HERE)), "python")]
+        + [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     t0 = time.time()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=PROGRAMS, timeout=a.timeout)

@@ -285,3 +285,19 @@ def test_transformers_takes_its_cuda_path_not_its_tracing_one(tmp_path):
     from transformers.utils import import_utils
 
     assert import_utils.is_fake_tensor.__name__ == "is_fake_tensor"
+
+
+def test_inference_mode_runs_the_kernels_no_grad_runs(tmp_path):
+    # Under inference_mode autograd's keys are off and composite ops (conv2d, linear) reach
+    # the tracer whole; their parts are the CUDA kernels, with their workspaces.
+    body = """
+    c = torch.nn.Conv2d(3, 8, 3).cuda()
+    l = torch.nn.Linear(8, 4).cuda()
+    x = torch.randn(2, 3, 16, 16, device="cuda")
+    with torch.%s():
+        z = l(c(x).mean((2, 3)))
+    """
+    ng = run_traced(body % "no_grad", tmp_path)
+    im = run_traced(body % "inference_mode", tmp_path)
+    assert allocs(im["events"]) == allocs(ng["events"])
+    assert [s for s, _ in allocs(im["events"])].count(CUBLAS) == 1

@@ -63,6 +63,19 @@ def _mode_class():
                 leaves(o, acc)
         return acc
 
+    composite_cache = {}
+
+    def _composite(func):
+        c = composite_cache.get(func)
+        if c is None:
+            try:
+                c = torch._C._dispatch_has_kernel_for_dispatch_key(
+                    func.name(), "CompositeImplicitAutograd")
+            except Exception:  # noqa: BLE001 - an op the dispatcher does not know by name
+                c = False
+            composite_cache[func] = c
+        return c
+
     class RecordingFakeMode(FakeTensorMode):
         def __init__(self, rec, hidden):
             super().__init__(allow_non_fake_inputs=True)
@@ -119,7 +132,12 @@ def _mode_class():
                 rec.accumulations += 1
             # Only the outermost op allocates: what a fake kernel runs inside (a
             # decomposition for an op with no meta kernel) is one CUDA kernel on the GPU.
-            self._depth += 1
+            # A CompositeImplicitAutograd op (conv2d, linear, ...) is no kernel: it reaches
+            # this mode only where autograd's keys are off (inference_mode), and its parts
+            # are the kernels CUDA runs, so it does not count as the outermost op.
+            composite = not self._depth and _composite(func)
+            if not composite:
+                self._depth += 1
             try:
                 out = super().dispatch(func, types, args, kwargs)
             except fake_errors as e:
@@ -130,8 +148,12 @@ def _mode_class():
                 }.get(type(e).__name__, type(e).__name__)
                 raise UnsupportedOp(func, why) from None
             finally:
-                self._depth -= 1
+                if not composite:
+                    self._depth -= 1
             if self._depth or not rec.active:
+                return out
+            if composite:
+                self._vals.after(func, args, kwargs, out)
                 return out
             self._vals.after(func, args, kwargs, out)
             hid = self._vh

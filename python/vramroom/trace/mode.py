@@ -153,7 +153,15 @@ def _mode_class():
             if self._depth or not rec.active:
                 return out
             if composite:
+                # its parts recorded themselves; outputs the fake kernel made without
+                # dispatching parts (a meta implementation) are recorded here
                 self._vals.after(func, args, kwargs, out)
+                fr = None
+                for t in leaves(out, []):
+                    if t.device.type == "cuda" and t.untyped_storage()._cdata not in rec.live:
+                        if fr is None:
+                            fr = rec._frames()
+                        rec.see_storage(t.untyped_storage(), fr)
                 return out
             self._vals.after(func, args, kwargs, out)
             hid = self._vh

@@ -67,6 +67,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--budget", type=float, default=150)
     ap.add_argument("--batches", default="1,2,4,8,16,32,64")
+    ap.add_argument("--skip", type=int, default=0, help="start at this config (a second call)")
     ap.add_argument("--max-bytes", type=float, default=3e9, help="skip a call whose input is bigger")
     a = ap.parse_args()
     t0 = time.time()
@@ -87,6 +88,8 @@ def main():
 
     aten = torch.ops.aten
     for ci, c in enumerate(convs):
+        if ci < a.skip:
+            continue
         if time.time() - t0 > a.budget:
             doc["stopped_at"] = ci
             break

@@ -42,6 +42,26 @@ def rows_of(path):
     return out
 
 
+def sweep_line(path):
+    """compare.py's capacity rows: the real run under a capacity limit, OOM or not, against
+    the traced snapshot replayed at exactly that limit."""
+    caps = []
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("kind") == "capacity" and r.get("agree") is not None:
+                caps.append(r)
+    if not caps:
+        return ""
+    bad = sorted("%s at %.0f MiB (real %s, traced %s)" % (
+        r["program"], r["capacity_bytes"] / MIB, "OOM" if r["real_oom"] else "ok",
+        "OOM" if r["traced_oom"] else "ok") for r in caps if not r["agree"])
+    return (" Capacity sweep (each program at 0.8, 0.95, 1.0, 1.0 + 2 MiB and 1.1 x its real "
+            "peak reserved): the traced prediction gives the real run's answer, OOM or not, in "
+            "%d of %d runs%s." % (len(caps) - len(bad), len(caps),
+                                   ("; not in " + ", ".join(bad)) if bad else ""))
+
+
 def err(t, r):
     return None if t is None or not r else (t - r) / r
 
@@ -67,7 +87,7 @@ def table(path):
     dev = next((r["device"] for r in rows if r.get("device")), "?")
     L.append("From `%s` (real runs on %s): %d of %d traced program × config rows within 1%% "
              "allocated and 2%% reserved; %d rows refused by the tracer (an op it names)."
-             % (path, dev, ok, n, len(rows) - n))
+             % (path, dev, ok, n, len(rows) - n) + sweep_line(os.path.join(ROOT, path)))
     L.append("")
     L.append("| program | config | real alloc MiB | traced alloc MiB | err | real reserved MiB | traced reserved MiB | err | within |")
     L.append("|---|---|---|---|---|---|---|---|---|")

@@ -301,3 +301,19 @@ def test_inference_mode_runs_the_kernels_no_grad_runs(tmp_path):
     im = run_traced(body % "inference_mode", tmp_path)
     assert allocs(im["events"]) == allocs(ng["events"])
     assert [s for s, _ in allocs(im["events"])].count(CUBLAS) == 1
+
+
+def test_layer_norm_copies_a_non_contiguous_input_as_cuda_does(tmp_path):
+    # layer_norm_cuda runs on input.expect_contiguous(): a transposed input is copied before
+    # the output (and freed when the op returns); a contiguous one is not.
+    out = run_traced("""
+    ln = torch.nn.LayerNorm(64).cuda()
+    x = torch.randn(32, 8, 64, device="cuda")
+    a = ln(x)
+    b = ln(x.transpose(0, 1))
+    """, tmp_path)
+    sizes = [s for s, _ in allocs(out["events"])]
+    n = 32 * 8 * 64 * 4
+    # x, then a (output, mean, rstd), then b: the copy, the output, mean, rstd
+    i = sizes.index(n, sizes.index(n) + 1)  # a's output
+    assert sizes[i + 3:i + 5] == [n, n], sizes

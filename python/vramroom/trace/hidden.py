@@ -113,10 +113,33 @@ class Hidden:
             for o in op.overloads():
                 self.matmul.add(getattr(op, o))
         self.lt_ops = {a.addmm.default, a.addmm.out, a._addmm_activation.default}
+        # layer_norm_cuda: X = input.expect_contiguous() before Y, mean, rstd;
+        # layer_norm_backward_cuda: X before dX, dgamma, dbeta, then dY.contiguous() at the
+        # kernel call (the order seen in real snapshots, e.g. ViT's batch_first attention
+        # leaves the residual stream transposed)
+        self.contig = {a.native_layer_norm.default: ([0], []),
+                       a.native_layer_norm_backward.default: ([1], [0])}
         self.conv_fwd = {a.convolution.default}
         self.conv_bwd = {a.convolution_backward.default}
         self.stats = {"cublas_handles": 0, "cublaslt": 0, "conv_workspaces": 0,
                       "conv_unmeasured": 0, "conv_measured": 0}
+
+    # -- inputs a CUDA kernel makes contiguous ------------------------------------------
+    def contiguous_copies(self, func, args):
+        """The copies a CUDA kernel makes of its non-contiguous inputs (`expect_contiguous()`
+        inside the kernel, invisible to its meta twin): ([sizes before the outputs], [sizes
+        after]), all freed when the op returns; None when there is none."""
+        spec = self.contig.get(func)
+        if spec is None:
+            return None
+        out = ([], [])
+        for side, idxs in enumerate(spec):
+            for i in idxs:
+                t = args[i] if i < len(args) else None
+                if t is not None and hasattr(t, "is_contiguous") and t.device.type == "cuda" \
+                        and not t.is_contiguous() and t.numel():
+                    out[side].append(t.numel() * t.element_size())
+        return out if out[0] or out[1] else None
 
     # -- cuBLAS ---------------------------------------------------------------------------
     def matmul_after(self, func, args):

@@ -191,11 +191,20 @@ def _mode_class():
                     return out
             ts = leaves(out, [])
             fr = None
+            copies = hid.contiguous_copies(func, args)
+            if copies:
+                fr = rec._frames()
+                st = rec.current_stream_ident()
+                made = [(rec.alloc(n, stream=st, frames=fr), n) for n in copies[0]]
             for t in ts:
                 if t.device.type == "cuda":
                     if fr is None:
                         fr = rec._frames()
                     rec.see_storage(t.untyped_storage(), fr)
+            if copies:
+                made += [(rec.alloc(n, stream=st, frames=fr), n) for n in copies[1]]
+                for a, n in made:
+                    rec.free(a, n, st)
             if func._schema.is_mutable and fr is None:
                 # in place on an input whose storage may have been resized (resize_, set_)
                 for a in args:

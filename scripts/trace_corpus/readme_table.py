@@ -101,7 +101,8 @@ def hidden(path):
          "| arch | cuBLAS workspace per (thread, stream) | cuBLASLt | cuDNN attention fwd | SDPA tries cuDNN first | conv workspaces | CUDA context (outside the allocator) | source |",
          "|---|---|---|---|---|---|---|---|"]
     for arch, a in t["archs"].items():
-        conv = ("measured table `%s`, else ratios" % a["conv_workspace_table"]) if a.get("conv_workspace_table") else "ratios"
+        tables = [t for t in (a.get("conv_events_table"), a.get("conv_workspace_table")) if t]
+        conv = ("measured: %s; else ratios" % ", then ".join("`%s`" % t for t in tables)) if tables else "ratios"
         L.append("| %s | %d B | %d B | %d B | %s | %s | %d MiB | %s |" % (
             arch, a["cublas_handle_workspace"], a["cublaslt_workspace"], a["cudnn_attention_fwd_workspace"],
             "yes" if a["sdpa_cudnn_first"] else "no", conv, a["cuda_context_bytes"] >> 20,

@@ -317,3 +317,19 @@ def test_layer_norm_copies_a_non_contiguous_input_as_cuda_does(tmp_path):
     # x, then a (output, mean, rstd), then b: the copy, the output, mean, rstd
     i = sizes.index(n, sizes.index(n) + 1)  # a's output
     assert sizes[i + 3:i + 5] == [n, n], sizes
+
+
+def test_small_cpu_tensors_keep_their_values(tmp_path):
+    # A model whose shape comes from CPU tensor arithmetic (torchvision's RegNet computes its
+    # block widths with torch.arange/round/tolist): the values are the host's, not placeholders.
+    out = run_traced("""
+    widths = (torch.arange(4) * 16 + 32).tolist()
+    assert widths == [32, 48, 64, 80], widths
+    idx = torch.randperm(10).tolist()
+    assert sorted(idx) == list(range(10)), idx
+    layers = [torch.nn.Linear(w, w).cuda() for w in widths]
+    """, tmp_path)
+    sizes = [s for s, _ in allocs(out["events"])]
+    for w in (32, 48, 64, 80):
+        assert w * w * 4 in sizes, (w, sizes)
+    assert not out["warnings"], out["warnings"]

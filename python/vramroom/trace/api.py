@@ -136,6 +136,12 @@ class Trace:
         new = make_sdpa(orig, rec, hid.row, lambda t: isinstance(t, FakeTensor))
         self._set(F, "scaled_dot_product_attention", new)
         self._set(torch, "compile", _refuse_compile)
+        # fake mode's constant propagation, for the small CPU tensors mode.py keeps real
+        import torch._subclasses.fake_tensor as fake_tensor_module
+
+        from .mode import CPU_CONSTANT_LIMIT
+
+        self._set(fake_tensor_module, "CONSTANT_NUMEL_LIMIT", CPU_CONSTANT_LIMIT)
         self._mode = make_mode(rec, hid)
         self._mode.__enter__()
         from .evidence import Collector  # evidence for the diagnosis (evidence.py)

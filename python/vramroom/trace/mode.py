@@ -4,6 +4,9 @@ between them. See capture.py for the design note."""
 
 import threading
 
+# Small CPU tensors (elements) whose values the trace keeps and propagates (see dispatch).
+CPU_CONSTANT_LIMIT = 1 << 16
+
 _FakeMode = None
 
 
@@ -64,6 +67,11 @@ def _mode_class():
         return acc
 
     composite_cache = {}
+
+    def _flat(args, kwargs):
+        import torch.utils._pytree as pytree
+
+        return pytree.tree_leaves((args, kwargs))
 
     def _composite(func):
         c = composite_cache.get(func)
@@ -151,6 +159,22 @@ def _mode_class():
                 if not composite:
                     self._depth -= 1
             if self._depth or not rec.active:
+                return out
+            if isinstance(out, FakeTensor) and out.device.type == "cpu" and \
+                    out.numel() <= CPU_CONSTANT_LIMIT and out.constant is None and \
+                    not any(isinstance(a, torch.Tensor) for a in _flat(args, kwargs)):
+                # A small CPU tensor made from nothing (arange, zeros, tensor(...)): the
+                # host has its values for free, and programs compute with them (a model's
+                # layer widths, a sampler's indices) before anything reaches the GPU. Made
+                # for real, kept as the fake's constant, they propagate through the ops
+                # that follow (fake mode's constant propagation, its limit raised to the
+                # same size for the trace) and .item()/.tolist() read them.
+                from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+                with unset_fake_temporarily():
+                    real = func(*args, **kwargs)
+                if isinstance(real, torch.Tensor) and real.device.type == "cpu":
+                    return self.fake_tensor_converter.from_real_tensor(self, real, make_constant=True)
                 return out
             if composite:
                 # its parts recorded themselves; outputs the fake kernel made without

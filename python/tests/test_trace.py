@@ -333,3 +333,16 @@ def test_small_cpu_tensors_keep_their_values(tmp_path):
     for w in (32, 48, 64, 80):
         assert w * w * 4 in sizes, (w, sizes)
     assert not out["warnings"], out["warnings"]
+
+
+def test_sdpa_with_a_learned_mask_takes_the_math_path(tmp_path):
+    # T5's relative position bias is a mask that needs grad: no fused kernel takes it.
+    out = run_traced("""
+    import torch.nn.functional as F
+    q = torch.randn(2, 4, 64, 32, device="cuda", requires_grad=True)
+    bias = torch.zeros(1, 4, 64, 64, device="cuda", requires_grad=True)
+    F.scaled_dot_product_attention(q, q, q, attn_mask=bias).sum().backward()
+    with torch.no_grad():
+        F.scaled_dot_product_attention(q, q, q, attn_mask=bias)
+    """, tmp_path)
+    assert out["hidden"]["sdpa"] == {"math": 1, "efficient": 1}, out["hidden"]

@@ -31,6 +31,10 @@ def choose(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, row):
     gqa = Hq != Hkv
     if gqa and not enable_gqa:
         return "math"
+    if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
+        # a learned mask (T5's relative position bias): PyTorch 2.11 on the H100 ran the
+        # math path (its [B, H, T, S] scores in the real snapshot), no fused kernel
+        return "math"
     if low:
         dropout_ok = (dropout_p * 16.0) % 1.0 == 0.0
         if row.get("sdpa_cudnn_first") and b.cudnn_sdp_enabled() and S > 1 and dims_ok(8) \

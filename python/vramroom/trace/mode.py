@@ -76,9 +76,13 @@ def _mode_class():
     def _composite(func):
         c = composite_cache.get(func)
         if c is None:
+            # composite only: an op with a CUDA kernel of its own (silu_backward has a math
+            # fallback too) runs that kernel
+            has = torch._C._dispatch_has_kernel_for_dispatch_key
             try:
-                c = torch._C._dispatch_has_kernel_for_dispatch_key(
-                    func.name(), "CompositeImplicitAutograd")
+                n = func.name()
+                c = has(n, "CompositeImplicitAutograd") and not has(n, "CUDA") and \
+                    not has(n, "CompositeExplicitAutograd")
             except Exception:  # noqa: BLE001 - an op the dispatcher does not know by name
                 c = False
             composite_cache[func] = c

@@ -16,6 +16,9 @@ use std::process::ExitCode;
 use anyhow::{anyhow, Context};
 use clap::Args;
 use vramroom_alloc::size::{human_bytes, parse_size};
+// The figures and the JSON shape are vramroom-trace's: the Python API serializes a diff with
+// the same function, so `vramroom.diff()` and `diff --json` have one vocabulary.
+use vramroom_trace::diff::{report_json, Figures, Side, Verdict};
 
 use crate::error::UserError;
 use crate::table::print_rows;
@@ -156,9 +159,6 @@ fn parse_threshold(s: &str) -> Result<Threshold, String> {
     })
 }
 
-/// One side's figures, by metric name; a metric the input lacks is absent.
-type Figures = Vec<(&'static str, f64)>;
-
 fn get(f: &Figures, m: &str) -> Option<f64> {
     f.iter().find(|(k, _)| *k == m).map(|(_, v)| *v)
 }
@@ -226,16 +226,6 @@ fn results_figures(path: &Path) -> Result<Figures, UserError> {
     Ok(f)
 }
 
-fn snapshot_figures(d: &vramroom_trace::diff::Facts) -> Figures {
-    vec![
-        ("peak_allocated", d.peak_allocated_bytes as f64),
-        ("peak_reserved", d.peak_reserved_bytes as f64),
-        ("fragmentation", d.fragmentation),
-        ("oom_count", d.num_ooms as f64),
-        ("device_allocs", d.device_allocations as f64),
-    ]
-}
-
 fn show(unit: Unit, x: f64) -> String {
     match unit {
         Unit::Bytes => {
@@ -247,12 +237,6 @@ fn show(unit: Unit, x: f64) -> String {
         Unit::Ms => format!("{x:.2} ms"),
         Unit::PerSecond => format!("{x:.1}/s"),
     }
-}
-
-struct Verdict {
-    expr: String,
-    actual: Option<f64>,
-    passed: bool,
 }
 
 fn evaluate(t: &Threshold, base: &Figures, new: &Figures) -> Verdict {
@@ -309,33 +293,29 @@ pub fn diff(a: DiffArgs) -> Result<ExitCode, UserError> {
         };
         let d = vramroom_trace::diff::diff(&read(&a.base)?, &read(&a.new)?)
             .context("cannot replay the snapshots")?;
-        (snapshot_figures(&d.base), snapshot_figures(&d.new), Some(d))
+        (d.base.figures(), d.new.figures(), Some(d))
     };
     let verdicts: Vec<Verdict> = thresholds
         .iter()
         .map(|t| evaluate(t, &base, &new))
         .collect();
     if a.json {
-        let figs = |f: &Figures| {
-            serde_json::Value::Object(
-                f.iter()
-                    .map(|(k, v)| (k.to_string(), (*v).into()))
-                    .collect(),
-            )
+        let (bp, np) = (a.base.display().to_string(), a.new.display().to_string());
+        let j = match &snap_diff {
+            Some(d) => d.to_json(Some(&bp), Some(&np), &verdicts, a.top),
+            None => report_json(
+                Side {
+                    path: Some(&bp),
+                    figures: &base,
+                },
+                Side {
+                    path: Some(&np),
+                    figures: &new,
+                },
+                &verdicts,
+                None,
+            ),
         };
-        let mut j = serde_json::json!({
-            "base": { "path": a.base.display().to_string(), "figures": figs(&base) },
-            "new": { "path": a.new.display().to_string(), "figures": figs(&new) },
-            "thresholds": verdicts.iter().map(|v| serde_json::json!({
-                "expr": v.expr, "actual": v.actual, "passed": v.passed,
-            })).collect::<Vec<_>>(),
-        });
-        if let Some(d) = &snap_diff {
-            j["has_stacks"] = (d.base.has_stacks || d.new.has_stacks).into();
-            j["top_sites"] =
-                serde_json::to_value(d.top_sites.iter().take(a.top).collect::<Vec<_>>())
-                    .unwrap_or_default();
-        }
         println!("{}", serde_json::to_string_pretty(&j).unwrap_or_default());
     } else {
         println!("base: {}\nnew:  {}\n", a.base.display(), a.new.display());

@@ -239,6 +239,21 @@ fn show(unit: Unit, x: f64) -> String {
     }
 }
 
+/// A verdict's measured value in the terms the threshold was written in: a relative change
+/// as a rounded signed percentage (`+17.4%` against `+5%`, never the raw fraction
+/// 0.1736806947227789), a change as a signed amount of the metric's unit, an absolute value
+/// in that unit.
+fn show_actual(t: &Threshold, x: f64) -> String {
+    let sign = if x < 0.0 { "-" } else { "+" };
+    match t.limit {
+        Limit::Relative(_) if x.is_infinite() => format!("{sign}∞% (from 0)"),
+        Limit::Relative(_) => format!("{:+.1}%", 100.0 * x),
+        Limit::Change(_) if t.unit == Unit::Ratio => format!("{:+.1} pts", 100.0 * x),
+        Limit::Change(_) => format!("{sign}{}", show(t.unit, x.abs())),
+        Limit::Absolute(_) => show(t.unit, x),
+    }
+}
+
 fn evaluate(t: &Threshold, base: &Figures, new: &Figures) -> Verdict {
     let (b, n) = (get(base, t.metric), get(new, t.metric));
     let actual = match t.limit {
@@ -365,13 +380,13 @@ pub fn diff(a: DiffArgs) -> Result<ExitCode, UserError> {
         }
         if !verdicts.is_empty() {
             println!();
-            for v in &verdicts {
+            for (t, v) in thresholds.iter().zip(&verdicts) {
                 println!(
                     "{} {} (actual {})",
                     if v.passed { "✓" } else { "✗" },
                     v.expr,
                     v.actual
-                        .map(|x| format!("{x}"))
+                        .map(|x| show_actual(t, x))
                         .unwrap_or_else(|| "not measured".into())
                 );
             }
@@ -423,6 +438,19 @@ mod tests {
         ] {
             assert!(parse_threshold(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn actual_values_print_as_their_threshold_reads() {
+        let a = |s: &str, x: f64| show_actual(&parse_threshold(s).unwrap(), x);
+        assert_eq!(a("peak_reserved<+5%", 0.1736806947227789), "+17.4%");
+        assert_eq!(a("p99<-10%", -0.25), "-25.0%");
+        assert_eq!(a("oom_count<+1000%", f64::INFINITY), "+∞% (from 0)");
+        assert_eq!(a("peak_allocated<=+100MiB", 64.0 * 1048576.0), "+64.00 MiB");
+        assert_eq!(a("peak_allocated<=+100MiB", -1048576.0), "-1.00 MiB");
+        assert_eq!(a("fragmentation<20%", 0.1736806947227789), "17.4%");
+        assert_eq!(a("fragmentation<+0.05", 0.0126), "+1.3 pts");
+        assert_eq!(a("peak_reserved<6GiB", 1073741824.0), "1.00 GiB");
     }
 
     #[test]

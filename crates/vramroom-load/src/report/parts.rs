@@ -8,7 +8,7 @@
 
 use std::fmt::Write as _;
 
-use super::format::{fmt_bytes, fmt_signed_bytes, fmt_value};
+use super::format::{fmt_bytes, fmt_measured, fmt_signed_bytes, fmt_value};
 use crate::results::*;
 
 /// HTML-escapes text for element content and attribute values.
@@ -249,8 +249,8 @@ pub(crate) fn thresholds_section(h: &mut String, r: &RunResult) {
             "<tr><td><code>{}</code></td><td class=\"num\">{} {}</td><td class=\"num\">{}</td><td class=\"{}\">{}</td></tr>",
             esc(&t.expr),
             esc(&t.op),
-            esc(&fmt_value(t.limit, &t.unit)),
-            esc(&t.actual.map(|v| fmt_value(v, &t.unit)).unwrap_or_else(|| "not measured".into())),
+            esc(&limit_text(t)),
+            esc(&t.actual.map(|v| measured_text(t, v)).unwrap_or_else(|| "not measured".into())),
             if t.passed { "pass" } else { "fail" },
             if t.passed { "pass" } else { "FAIL" },
         );
@@ -359,6 +359,19 @@ pub(crate) fn finding_lines(o: &mut String, r: &RunResult, savings: bool) {
     }
 }
 
+/// A threshold's limit as the user wrote it (`10%`, `64MiB`); the parsed limit in its unit
+/// only for an expression without one (a results file written by hand).
+fn limit_text(t: &ThresholdResult) -> String {
+    crate::threshold::written_limit(&t.expr)
+        .map(String::from)
+        .unwrap_or_else(|| fmt_value(t.limit, &t.unit))
+}
+
+/// A threshold's measured value, in the terms of its written limit (`17.4%` against `10%`).
+fn measured_text(t: &ThresholdResult, v: f64) -> String {
+    fmt_measured(v, &t.unit, crate::threshold::written_limit(&t.expr))
+}
+
 /// One line per `--threshold`, pass or FAIL and the measured value.
 pub(crate) fn threshold_lines(o: &mut String, r: &RunResult) {
     if r.thresholds.is_empty() {
@@ -372,8 +385,39 @@ pub(crate) fn threshold_lines(o: &mut String, r: &RunResult) {
             t.expr,
             if t.passed { "pass" } else { "FAIL" },
             t.actual
-                .map(|v| fmt_value(v, &t.unit))
+                .map(|v| measured_text(t, v))
                 .unwrap_or_else(|| "nothing".into())
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thresholds_print_as_written() {
+        let mut r = crate::report::testdata::synthetic();
+        r.thresholds = vec![ThresholdResult {
+            expr: "error_rate<10%".into(),
+            metric: "error_rate".into(),
+            op: "<".into(),
+            limit: 0.1,
+            actual: Some(0.1736806947227789),
+            unit: "ratio".into(),
+            passed: false,
+        }];
+        let mut h = String::new();
+        thresholds_section(&mut h, &r);
+        assert!(h.contains("&lt; 10%") && h.contains("17.4%"), "{h}");
+        assert!(!h.contains("0.1736") && !h.contains("0.100"), "{h}");
+        let mut o = String::new();
+        threshold_lines(&mut o, &r);
+        assert!(o.contains("error_rate<10%") && o.contains("17.4%"), "{o}");
+        // Written as a fraction, it reads as one, rounded.
+        r.thresholds[0].expr = "error_rate<0.1".into();
+        let mut o = String::new();
+        threshold_lines(&mut o, &r);
+        assert!(o.contains("(measured 0.174)"), "{o}");
     }
 }

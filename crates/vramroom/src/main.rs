@@ -7,6 +7,7 @@ mod error;
 mod http_cmd;
 mod loadtest_cmd;
 mod predict_cmd;
+mod progress;
 mod replay_cmd;
 mod replay_findings;
 mod replay_ranks;

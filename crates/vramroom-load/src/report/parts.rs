@@ -38,7 +38,9 @@ h3 { font-size:16px; margin:18px 0 6px; }
 .sub { color:var(--muted); margin:0 0 16px; }
 .badges span { display:inline-block; margin:0 6px 6px 0; padding:3px 10px; border-radius:12px; font-size:13px; background:#eef1f6; }
 .badges .ok { background:#e3f4e8; color:var(--ok); } .badges .bad { background:#fde7e7; color:var(--bad); } .badges .warn { background:#fff3dc; color:var(--warn); }
-table { border-collapse:collapse; width:100%; margin:8px 0 12px; font-size:14px; }
+.scroll { overflow-x:auto; max-width:100%; margin:8px 0 12px; }
+table { border-collapse:collapse; width:100%; font-size:14px; }
+td:not(.num) { overflow-wrap:anywhere; }
 th, td { text-align:left; padding:5px 9px; border-bottom:1px solid var(--line); vertical-align:top; }
 th { background:#f1f4f8; font-weight:600; }
 td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; white-space:nowrap; }
@@ -57,6 +59,14 @@ pre { background:#f4f6f9; padding:8px 10px; border-radius:4px; overflow-x:auto; 
 details { margin:6px 0; } summary { cursor:pointer; color:var(--muted); }
 footer { margin-top:40px; color:var(--muted); font-size:12px; }
 "#;
+
+/// Every `<table>` of a page in a `<div class="scroll">`: a table wider than the page (a
+/// what-if row's long config, many columns on a narrow window) scrolls inside its box
+/// instead of running past the page. Done once on the finished page so no table is missed.
+pub(crate) fn scroll_tables(page: &str) -> String {
+    page.replace("<table", "<div class=\"scroll\"><table")
+        .replace("</table>", "</table></div>")
+}
 
 pub(crate) fn figure(h: &mut String, id: &str, svg: &str, caption: &str) {
     let _ = writeln!(
@@ -394,6 +404,18 @@ pub(crate) fn threshold_lines(o: &mut String, r: &RunResult) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_table_is_in_a_scroll_box() {
+        let page = crate::report::render_html(&crate::report::testdata::synthetic());
+        let http = crate::report::render_html(&crate::report::testdata::synthetic_http(true));
+        for p in [&page, &http] {
+            let tables = p.matches("<table").count();
+            assert!(tables > 3);
+            assert_eq!(p.matches("<div class=\"scroll\"><table").count(), tables);
+            assert_eq!(p.matches("</table></div>").count(), tables);
+        }
+    }
 
     #[test]
     fn thresholds_print_as_written() {

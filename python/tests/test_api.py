@@ -1,12 +1,15 @@
 """`import vramroom`: the Python API against the CLI, on the reference traces."""
 
 import json
+import os
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 import vramroom
-from conftest import run
+from conftest import REPO, run
 
 MIB2 = 2 << 20
 
@@ -108,7 +111,51 @@ def test_predict_out_of_memory_raises_memory_error():
 
 def test_diff_of_a_trace_with_itself_is_even(traces):
     d = vramroom.diff(traces[0], traces[0])
-    assert d["base"]["peak_reserved_bytes"] == d["new"]["peak_reserved_bytes"] > 0
+    assert d["base"]["figures"]["peak_reserved"] == d["new"]["figures"]["peak_reserved"] > 0
+    assert d["thresholds"] == []
+    # Bytes have no path; the figures are the same.
+    b = vramroom.diff(traces[0].read_bytes(), traces[0])
+    assert b["base"]["path"] is None and b["base"]["figures"] == d["base"]["figures"]
+
+
+def _diff_cli():
+    """The vramroom binary to compare with: $VRAMROOM_BIN, the installed one, the build's."""
+    env = os.environ.get("VRAMROOM_BIN")
+    for p in ([env] if env else []) + [str(Path(sys.executable).parent / "vramroom"),
+                                      str(REPO / "target" / "release" / "vramroom"),
+                                      shutil.which("vramroom") or ""]:
+        if p and os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    return None
+
+
+def _keys(v, prefix=""):
+    """Every key path of a JSON object, lists by their first element."""
+    out = set()
+    if isinstance(v, dict):
+        for k, x in v.items():
+            out.add(prefix + k)
+            out |= _keys(x, prefix + k + ".")
+    elif isinstance(v, list) and v:
+        out |= _keys(v[0], prefix + "[].")
+    return out
+
+
+def test_diff_has_the_keys_of_the_cli_json(traces):
+    cli = _diff_cli()
+    if cli is None:
+        pytest.skip("no vramroom binary (VRAMROOM_BIN, beside this Python, target/release, PATH)")
+    stacks = REPO / "fixtures" / "snapshots"
+    pairs = [(traces[0], traces[-1])]
+    # With stacks, so top_sites has elements whose keys are compared too.
+    if (stacks / "graph_release__default.pickle").exists():
+        pairs.append((stacks / "graph_release__default.pickle",
+                      stacks / "oom_recover__default.pickle"))
+    for b, n in pairs:
+        want = json.loads(run([cli, "diff", str(b), str(n), "--json"]).stdout)
+        got = vramroom.diff(str(b), str(n))
+        assert _keys(got) == _keys(want)
+        assert got == want
 
 
 def test_bad_input_raises_clear_errors(tmp_path, traces):

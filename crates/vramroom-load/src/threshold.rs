@@ -155,6 +155,14 @@ pub fn split_op(t: &str) -> Option<(usize, Op, usize)> {
         .min_by_key(|(p, _, len)| (*p, usize::MAX - len))
 }
 
+/// The limit as the user wrote it: the text after the operator (`10%`, `0.1`, `64MiB`, k6's
+/// `300`). Reports print this, not the parsed number: a percentage parses to a fraction such
+/// as 0.1 that the user never typed. `None` when `expr` has no operator or no value.
+pub fn written_limit(expr: &str) -> Option<&str> {
+    let (pos, _, len) = split_op(expr)?;
+    Some(expr[pos + len..].trim()).filter(|v| !v.is_empty())
+}
+
 impl Op {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -413,6 +421,21 @@ mod tests {
         }
         let e = "p(95)<300".parse::<Threshold>().unwrap_err().to_string();
         assert!(e.contains("p(99)"), "{e}");
+    }
+
+    #[test]
+    fn the_written_limit_is_kept() {
+        for (expr, want) in [
+            ("error_rate<10%", "10%"),
+            ("error_rate < 0.1", "0.1"),
+            ("peak_reserved<=64MiB", "64MiB"),
+            ("http_req_duration: p(95)<300", "300"),
+            ("peak_reserved<+5%", "+5%"),
+        ] {
+            assert_eq!(written_limit(expr), Some(want), "{expr}");
+        }
+        assert_eq!(written_limit("p99"), None);
+        assert_eq!(written_limit("p99<"), None);
     }
 
     #[test]

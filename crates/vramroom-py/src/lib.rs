@@ -420,16 +420,30 @@ fn predict(
     to_py(py, &v)
 }
 
-/// diff(base, new) -> dict
+/// diff(base, new, top=10) -> dict
 ///
-/// Two snapshots compared, as `vramroom diff --json`: each side's peaks, fragmentation and
-/// allocation sites (when the snapshots carry stacks), and the sites that changed most.
+/// Two snapshots compared, as `vramroom diff --json` (one serialization, vramroom-trace's
+/// `report_json`, so the keys are the same): `base` and `new` with their `path` (None for
+/// bytes) and `figures` (peak_allocated, peak_reserved, fragmentation, oom_count,
+/// device_allocs), `thresholds` (empty: gates are the CLI's), `has_stacks`, and the `top`
+/// allocation sites whose bytes at the peak changed most (`top_sites`).
 #[pyfunction]
-fn diff(py: Python<'_>, base: &Bound<'_, PyAny>, new: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+#[pyo3(signature = (base, new, top = 10))]
+fn diff(
+    py: Python<'_>,
+    base: &Bound<'_, PyAny>,
+    new: &Bound<'_, PyAny>,
+    top: usize,
+) -> PyResult<Py<PyAny>> {
     let (b, n) = (trace_arg(base)?, trace_arg(new)?);
     let v = py.detach(|| -> PyResult<serde_json::Value> {
         let d = vramroom_trace::diff::diff(&load(&b)?, &load(&n)?).map_err(replay_err)?;
-        serde_json::to_value(&d).map_err(|e| PyValueError::new_err(e.to_string()))
+        let path = |t: &Trace| match t {
+            Trace::Path(p) => Some(p.display().to_string()),
+            Trace::Bytes(_) => None,
+        };
+        let (bp, np) = (path(&b), path(&n));
+        Ok(d.to_json(bp.as_deref(), np.as_deref(), &[], top))
     })?;
     to_py(py, &v)
 }

@@ -192,6 +192,107 @@ pub fn diff(base: &Snapshot, new: &Snapshot) -> Result<SnapshotDiff, ReplayError
     })
 }
 
+/// A side's figures by metric name: the names `vramroom diff --threshold` takes
+/// (peak_allocated, peak_reserved, fragmentation, oom_count, device_allocs for snapshots; a
+/// results JSON adds p50, p99, rps). A metric the input lacks is absent, not 0, so a gate on
+/// it fails as not measured rather than passing on a made-up figure.
+pub type Figures = Vec<(&'static str, f64)>;
+
+impl Facts {
+    /// This side's figures, as a diff reports and gates them.
+    pub fn figures(&self) -> Figures {
+        vec![
+            ("peak_allocated", self.peak_allocated_bytes as f64),
+            ("peak_reserved", self.peak_reserved_bytes as f64),
+            ("fragmentation", self.fragmentation),
+            ("oom_count", self.num_ooms as f64),
+            ("device_allocs", self.device_allocations as f64),
+        ]
+    }
+}
+
+/// One threshold checked: as the user wrote it, NEW's measured value in the threshold's own
+/// terms (absolute, change, or relative change; `None` when a side lacks the metric), and
+/// whether it held.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Verdict {
+    pub expr: String,
+    pub actual: Option<f64>,
+    pub passed: bool,
+}
+
+/// One input of a diff: where it came from (`None` for bytes handed to the API) and its
+/// figures.
+pub struct Side<'a> {
+    pub path: Option<&'a str>,
+    pub figures: &'a Figures,
+}
+
+/// The one JSON shape of a diff, for `vramroom diff --json` and `vramroom.diff()` alike, so
+/// the CLI and the API cannot drift apart: `base` and `new` (`path`, `figures`),
+/// `thresholds` (the verdicts), and for snapshots `has_stacks` and the `top` sites whose
+/// bytes changed most (`top_sites`).
+pub fn report_json(
+    base: Side<'_>,
+    new: Side<'_>,
+    thresholds: &[Verdict],
+    sites: Option<(&SnapshotDiff, usize)>,
+) -> serde_json::Value {
+    let side = |s: &Side<'_>| {
+        let figures: serde_json::Map<String, serde_json::Value> = s
+            .figures
+            .iter()
+            .map(|(k, v)| (k.to_string(), (*v).into()))
+            .collect();
+        serde_json::json!({ "path": s.path, "figures": figures })
+    };
+    let mut j = serde_json::json!({
+        "base": side(&base),
+        "new": side(&new),
+        "thresholds": thresholds,
+    });
+    if let Some((d, top)) = sites {
+        j["has_stacks"] = (d.base.has_stacks || d.new.has_stacks).into();
+        j["top_sites"] = serde_json::Value::Array(
+            d.top_sites
+                .iter()
+                .take(top)
+                .map(|s| {
+                    serde_json::json!({
+                        "site": s.site, "base_bytes": s.base_bytes, "new_bytes": s.new_bytes,
+                    })
+                })
+                .collect(),
+        );
+    }
+    j
+}
+
+impl SnapshotDiff {
+    /// This diff in [`report_json`]'s shape.
+    pub fn to_json(
+        &self,
+        base_path: Option<&str>,
+        new_path: Option<&str>,
+        thresholds: &[Verdict],
+        top: usize,
+    ) -> serde_json::Value {
+        let (b, n) = (self.base.figures(), self.new.figures());
+        report_json(
+            Side {
+                path: base_path,
+                figures: &b,
+            },
+            Side {
+                path: new_path,
+                figures: &n,
+            },
+            thresholds,
+            Some((self, top)),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,5 +306,73 @@ mod tests {
         assert!(is_library("CUDACachingAllocator.cpp"));
         assert!(!is_library("/home/me/train.py"));
         assert!(!is_library("service.py"));
+    }
+
+    fn keys(v: &serde_json::Value) -> Vec<String> {
+        let mut k: Vec<String> = v.as_object().expect("object").keys().cloned().collect();
+        k.sort();
+        k
+    }
+
+    #[test]
+    fn one_json_shape_for_the_cli_and_the_api() {
+        // The CLI passes paths and verdicts, the API bytes or paths and none: the keys must
+        // not depend on either, only on whether snapshots (with sites) were compared.
+        let facts = Facts {
+            peak_allocated_bytes: 3,
+            peak_reserved_bytes: 4,
+            fragmentation: 0.25,
+            ..Facts::default()
+        };
+        let d = SnapshotDiff {
+            base: facts.clone(),
+            new: facts,
+            top_sites: vec![SiteDelta {
+                site: "a.py:1 in f".into(),
+                base_bytes: 1,
+                new_bytes: 2,
+            }],
+        };
+        let verdict = Verdict {
+            expr: "peak_reserved<+5%".into(),
+            actual: Some(0.0),
+            passed: true,
+        };
+        let cli = d.to_json(Some("b.pickle"), Some("n.pickle"), &[verdict], 10);
+        let api = d.to_json(None, None, &[], 10);
+        let top = ["base", "has_stacks", "new", "thresholds", "top_sites"];
+        assert_eq!(keys(&cli), top);
+        assert_eq!(keys(&api), top);
+        for side in ["base", "new"] {
+            assert_eq!(keys(&cli[side]), ["figures", "path"]);
+            assert_eq!(keys(&cli[side]), keys(&api[side]));
+            assert_eq!(
+                keys(&cli[side]["figures"]),
+                [
+                    "device_allocs",
+                    "fragmentation",
+                    "oom_count",
+                    "peak_allocated",
+                    "peak_reserved"
+                ]
+            );
+            assert_eq!(keys(&cli[side]["figures"]), keys(&api[side]["figures"]));
+        }
+        assert_eq!(keys(&cli["thresholds"][0]), ["actual", "expr", "passed"]);
+        assert_eq!(
+            keys(&cli["top_sites"][0]),
+            ["base_bytes", "new_bytes", "site"]
+        );
+        assert_eq!(api["base"]["path"], serde_json::Value::Null);
+        // The figures are the metric names the thresholds take.
+        assert_eq!(cli["new"]["figures"]["peak_reserved"], 4.0);
+        // Results JSON (no snapshots): the same sides, no sites.
+        let f = vec![("p99", 1.5)];
+        let side = || Side {
+            path: Some("r.json"),
+            figures: &f,
+        };
+        let r = report_json(side(), side(), &[], None);
+        assert_eq!(keys(&r), ["base", "new", "thresholds"]);
     }
 }

@@ -122,12 +122,14 @@ pub fn bench_models(a: BenchModelsArgs) -> Result<ExitCode, UserError> {
     );
     let pb = indicatif::ProgressBar::new(cases.len() as u64);
     pb.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} {pos}/{len} {wide_msg}")
+        indicatif::ProgressStyle::with_template("{spinner} {pos}/{len} {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
     );
     let mut failed = 0;
     for c in &cases {
-        pb.set_message(c.name());
+        // `{spinner} {pos}/{len} `: the counts are at most len's digits each.
+        let digits = cases.len().to_string().len();
+        pb.set_message(crate::progress::fitted(&c.name(), 2 * digits + 4));
         rt.backend.profile().enable(a.profile);
         let r: Result<BenchResult, _> = run_case(&rt, c, a.warmup, a.iters).map(|mut r| {
             if !a.no_predict && c.mode != vramroom_tensor::bench::BenchMode::InferGraph {

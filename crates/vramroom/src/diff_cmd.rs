@@ -16,6 +16,9 @@ use std::process::ExitCode;
 use anyhow::{anyhow, Context};
 use clap::Args;
 use vramroom_alloc::size::{human_bytes, parse_size};
+// The figures and the JSON shape are vramroom-trace's: the Python API serializes a diff with
+// the same function, so `vramroom.diff()` and `diff --json` have one vocabulary.
+use vramroom_trace::diff::{report_json, Figures, Side, Verdict};
 
 use crate::error::UserError;
 use crate::table::print_rows;
@@ -156,9 +159,6 @@ fn parse_threshold(s: &str) -> Result<Threshold, String> {
     })
 }
 
-/// One side's figures, by metric name; a metric the input lacks is absent.
-type Figures = Vec<(&'static str, f64)>;
-
 fn get(f: &Figures, m: &str) -> Option<f64> {
     f.iter().find(|(k, _)| *k == m).map(|(_, v)| *v)
 }
@@ -226,16 +226,6 @@ fn results_figures(path: &Path) -> Result<Figures, UserError> {
     Ok(f)
 }
 
-fn snapshot_figures(d: &vramroom_trace::diff::Facts) -> Figures {
-    vec![
-        ("peak_allocated", d.peak_allocated_bytes as f64),
-        ("peak_reserved", d.peak_reserved_bytes as f64),
-        ("fragmentation", d.fragmentation),
-        ("oom_count", d.num_ooms as f64),
-        ("device_allocs", d.device_allocations as f64),
-    ]
-}
-
 fn show(unit: Unit, x: f64) -> String {
     match unit {
         Unit::Bytes => {
@@ -249,10 +239,19 @@ fn show(unit: Unit, x: f64) -> String {
     }
 }
 
-struct Verdict {
-    expr: String,
-    actual: Option<f64>,
-    passed: bool,
+/// A verdict's measured value in the terms the threshold was written in: a relative change
+/// as a rounded signed percentage (`+17.4%` against `+5%`, never the raw fraction
+/// 0.1736806947227789), a change as a signed amount of the metric's unit, an absolute value
+/// in that unit.
+fn show_actual(t: &Threshold, x: f64) -> String {
+    let sign = if x < 0.0 { "-" } else { "+" };
+    match t.limit {
+        Limit::Relative(_) if x.is_infinite() => format!("{sign}∞% (from 0)"),
+        Limit::Relative(_) => format!("{:+.1}%", 100.0 * x),
+        Limit::Change(_) if t.unit == Unit::Ratio => format!("{:+.1} pts", 100.0 * x),
+        Limit::Change(_) => format!("{sign}{}", show(t.unit, x.abs())),
+        Limit::Absolute(_) => show(t.unit, x),
+    }
 }
 
 fn evaluate(t: &Threshold, base: &Figures, new: &Figures) -> Verdict {
@@ -309,33 +308,29 @@ pub fn diff(a: DiffArgs) -> Result<ExitCode, UserError> {
         };
         let d = vramroom_trace::diff::diff(&read(&a.base)?, &read(&a.new)?)
             .context("cannot replay the snapshots")?;
-        (snapshot_figures(&d.base), snapshot_figures(&d.new), Some(d))
+        (d.base.figures(), d.new.figures(), Some(d))
     };
     let verdicts: Vec<Verdict> = thresholds
         .iter()
         .map(|t| evaluate(t, &base, &new))
         .collect();
     if a.json {
-        let figs = |f: &Figures| {
-            serde_json::Value::Object(
-                f.iter()
-                    .map(|(k, v)| (k.to_string(), (*v).into()))
-                    .collect(),
-            )
+        let (bp, np) = (a.base.display().to_string(), a.new.display().to_string());
+        let j = match &snap_diff {
+            Some(d) => d.to_json(Some(&bp), Some(&np), &verdicts, a.top),
+            None => report_json(
+                Side {
+                    path: Some(&bp),
+                    figures: &base,
+                },
+                Side {
+                    path: Some(&np),
+                    figures: &new,
+                },
+                &verdicts,
+                None,
+            ),
         };
-        let mut j = serde_json::json!({
-            "base": { "path": a.base.display().to_string(), "figures": figs(&base) },
-            "new": { "path": a.new.display().to_string(), "figures": figs(&new) },
-            "thresholds": verdicts.iter().map(|v| serde_json::json!({
-                "expr": v.expr, "actual": v.actual, "passed": v.passed,
-            })).collect::<Vec<_>>(),
-        });
-        if let Some(d) = &snap_diff {
-            j["has_stacks"] = (d.base.has_stacks || d.new.has_stacks).into();
-            j["top_sites"] =
-                serde_json::to_value(d.top_sites.iter().take(a.top).collect::<Vec<_>>())
-                    .unwrap_or_default();
-        }
         println!("{}", serde_json::to_string_pretty(&j).unwrap_or_default());
     } else {
         println!("base: {}\nnew:  {}\n", a.base.display(), a.new.display());
@@ -385,13 +380,13 @@ pub fn diff(a: DiffArgs) -> Result<ExitCode, UserError> {
         }
         if !verdicts.is_empty() {
             println!();
-            for v in &verdicts {
+            for (t, v) in thresholds.iter().zip(&verdicts) {
                 println!(
                     "{} {} (actual {})",
                     if v.passed { "✓" } else { "✗" },
                     v.expr,
                     v.actual
-                        .map(|x| format!("{x}"))
+                        .map(|x| show_actual(t, x))
                         .unwrap_or_else(|| "not measured".into())
                 );
             }
@@ -443,6 +438,19 @@ mod tests {
         ] {
             assert!(parse_threshold(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn actual_values_print_as_their_threshold_reads() {
+        let a = |s: &str, x: f64| show_actual(&parse_threshold(s).unwrap(), x);
+        assert_eq!(a("peak_reserved<+5%", 0.1736806947227789), "+17.4%");
+        assert_eq!(a("p99<-10%", -0.25), "-25.0%");
+        assert_eq!(a("oom_count<+1000%", f64::INFINITY), "+∞% (from 0)");
+        assert_eq!(a("peak_allocated<=+100MiB", 64.0 * 1048576.0), "+64.00 MiB");
+        assert_eq!(a("peak_allocated<=+100MiB", -1048576.0), "-1.00 MiB");
+        assert_eq!(a("fragmentation<20%", 0.1736806947227789), "17.4%");
+        assert_eq!(a("fragmentation<+0.05", 0.0126), "+1.3 pts");
+        assert_eq!(a("peak_reserved<6GiB", 1073741824.0), "1.00 GiB");
     }
 
     #[test]

@@ -397,7 +397,10 @@ pub fn http(a: HttpArgs) -> Result<ExitCode, UserError> {
     let pb = progress_bar(a.quiet);
     let result = vramroom_load::http::run(&cfg, stop.clone(), |p| {
         pb.set_position(position(p));
-        pb.set_message(progress_message(p));
+        pb.set_message(crate::progress::fitted(
+            &progress_message(p),
+            crate::progress::RUN_PREFIX_COLS,
+        ));
     });
     pb.finish_and_clear();
     let mut r = result.map_err(|e| {

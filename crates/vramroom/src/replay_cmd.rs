@@ -224,12 +224,8 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
             new
         });
     }
-    let bar = (a.min_capacity && !a.json).then(|| {
-        let pb = indicatif::ProgressBar::new_spinner();
-        pb.set_message("searching for the minimum capacity");
-        pb.enable_steady_tick(std::time::Duration::from_millis(120));
-        pb
-    });
+    let bar = (a.min_capacity && !a.json)
+        .then(|| crate::progress::spinner("searching for the minimum capacity"));
     let mut results: Vec<(String, ReplayResult)> = Vec::new();
     let want_snapshot = a.snapshot_out.is_some() || a.rmm_out.is_some();
     for (i, conf) in configs.iter().enumerate() {
@@ -243,7 +239,10 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
         let mut r = run_replay(&snap, &opts)?;
         if a.min_capacity {
             if let Some(pb) = &bar {
-                pb.set_message(format!("minimum capacity under {}", cell(&label(conf))));
+                pb.set_message(crate::progress::fitted(
+                    &format!("minimum capacity under {}", cell(&label(conf))),
+                    crate::progress::SPINNER_PREFIX_COLS,
+                ));
             }
             r.min_capacity_bytes = Some(min_capacity(&snap, &opts)?);
         }
@@ -497,10 +496,7 @@ pub fn bench_alloc(a: BenchAllocArgs) -> Result<ExitCode, UserError> {
     };
     let opts = bench::BenchOptions::new(a.quick);
     let pb = (!a.json).then(|| {
-        let pb = indicatif::ProgressBar::new_spinner();
-        pb.set_message("timing malloc+free pairs (Vramroom, then the system allocator)");
-        pb.enable_steady_tick(std::time::Duration::from_millis(120));
-        pb
+        crate::progress::spinner("timing malloc+free pairs (Vramroom, then the system allocator)")
     });
     // An H200-sized simulated device: the 4096-block mixed set holds about 33 GB.
     let mut ours = bench::run_alloc_bench(

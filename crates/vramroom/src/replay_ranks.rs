@@ -147,12 +147,8 @@ pub fn run(
     } else {
         a.configs.into_iter().map(|(l, c)| (l, Some(c))).collect()
     };
-    let bar = (a.min_capacity && !a.json).then(|| {
-        let pb = indicatif::ProgressBar::new_spinner();
-        pb.set_message("searching for each rank's minimum capacity");
-        pb.enable_steady_tick(std::time::Duration::from_millis(120));
-        pb
-    });
+    let bar = (a.min_capacity && !a.json)
+        .then(|| crate::progress::spinner("searching for each rank's minimum capacity"));
     let mut tables = Vec::new();
     for (label, config) in configs {
         let opts = RankOptions {

@@ -73,6 +73,8 @@ pub fn stop_on_ctrl_c() -> Arc<AtomicBool> {
     stop
 }
 
+/// The run's bar; its messages are fitted to the terminal by the caller
+/// (`progress::fitted(.., RUN_PREFIX_COLS)`, which this template's prefix is measured for).
 pub fn progress_bar(quiet: bool) -> indicatif::ProgressBar {
     if quiet {
         return indicatif::ProgressBar::hidden();
@@ -80,7 +82,7 @@ pub fn progress_bar(quiet: bool) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::new(1000);
     pb.set_style(
         indicatif::ProgressStyle::with_template(
-            "{spinner:.green} [{elapsed:>4}] {bar:24.cyan/blue} {wide_msg}",
+            "{spinner:.green} [{elapsed:>4}] {bar:24.cyan/blue} {msg}",
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
         .progress_chars("=> "),

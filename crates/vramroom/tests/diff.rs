@@ -45,6 +45,8 @@ fn a_snapshot_against_itself_changes_nothing() {
         out.contains("peak_reserved") && out.contains("+0.00%"),
         "{out}"
     );
+    // The threshold as written, the actual change rounded in its terms (not a raw fraction).
+    assert!(out.contains("✓ peak_reserved<=+0% (actual +0.0%)"), "{out}");
     // No stacks in these recordings: the diff says so instead of inventing sites.
     assert!(out.contains("no allocation sites"), "{out}");
     let (code, _, err) = run(&[t, t, "--threshold", "peak_reserved<-1%"]);

@@ -2,6 +2,12 @@
 //! console errors; its DOM holds every plot as an SVG; a screenshot of it has the page's
 //! size and is not blank, and shows the plots' colours.
 //!
+//! At each of [`WIDTHS`], a copy of the report with a small script appended (the report
+//! itself needs none) writes the laid-out page's facts into the DOM, which `--dump-dom`
+//! hands back: no table runs past the page (each scrolls inside its box), and the OOM
+//! marker of the memory timeline sits at its bytes on the plot's own scale (reserved +
+//! request, above the capacity line), read from the SVG the browser parsed.
+//!
 //! Skips (with the reason printed) only when no Chromium is installed; `.ci/run` installs
 //! Debian's `chromium`. Set `VRAMROOM_KEEP_SCREENSHOT=1` to keep the screenshot and the
 //! report (the test prints where).
@@ -12,11 +18,13 @@ use std::time::{Duration, Instant};
 
 use super::html::PLOT_IDS;
 use super::http::HTTP_PLOT_IDS;
+use super::plots::oom_markers;
 use super::testdata::{synthetic, synthetic_http};
 use super::write_html;
 use crate::results::RunResult;
 
-const W: u32 = 1280;
+/// The window widths checked: a laptop's and a desktop's.
+const WIDTHS: [u32; 2] = [1280, 1920];
 
 fn find_chromium() -> Option<PathBuf> {
     if let Ok(p) = std::env::var("VRAMROOM_CHROMIUM") {
@@ -119,8 +127,9 @@ fn http_report_opens_in_headless_chromium_with_every_plot() {
     in_chromium("http", &synthetic_http(true), &HTTP_PLOT_IDS, 2600);
 }
 
-/// Opens `r`'s report in Chromium and checks its DOM (`ids` are its plots), console and a
-/// `W`×`H` screenshot.
+/// Opens `r`'s report in Chromium and checks its DOM (`ids` are its plots, the memory
+/// timeline first), its layout at each width of [`WIDTHS`], its console and a `W`×`H`
+/// screenshot at each.
 #[allow(non_snake_case)]
 fn in_chromium(name: &str, r: &RunResult, ids: &[&str], H: u32) {
     let Some(bin) = find_chromium() else {
@@ -166,11 +175,147 @@ fn in_chromium(name: &str, r: &RunResult, ids: &[&str], H: u32) {
         "the report must need no script"
     );
 
-    // 2. A screenshot, with the page's console on stderr.
-    let shot = dir.join("screenshot.png");
-    let profile2 = dir.join("profile-shot");
+    for W in WIDTHS {
+        layout_at(&bin, &dir, r, ids[0], W, limit);
+        screenshot_at(&bin, &dir, &url, W, H, limit);
+    }
+    if std::env::var_os("VRAMROOM_KEEP_SCREENSHOT").is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// What the injected script reports: the page's widths, each table's box, and in the memory
+/// timeline's SVG (user units) the capacity line's dashes, the OOM crosses and the plot area
+/// (the stage bands span it from 0 to the axis top).
+const LAYOUT_SCRIPT: &str = r#"<script>
+(function () {
+  var main = document.querySelector('main').getBoundingClientRect();
+  var f = { inner: window.innerWidth, page: document.documentElement.scrollWidth,
+            main_right: main.right, tables: [], cap_ys: [], crosses: [], band: null };
+  document.querySelectorAll('table').forEach(function (t) {
+    var box = t.parentElement;
+    var b = box.getBoundingClientRect();
+    f.tables.push([box.className === 'scroll' ? 1 : 0, b.left, b.right]);
+  });
+  var fig = document.getElementById('PLOT_ID');
+  var red = function (e) { return (e.getAttribute('stroke') || '').toUpperCase() === '#D62728'; };
+  fig.querySelectorAll('polyline').forEach(function (p) {
+    if (!red(p)) return;
+    var ys = p.getAttribute('points').trim().split(/\s+/).map(function (xy) { return +xy.split(',')[1]; });
+    if (ys.length > 1 && ys.every(function (y) { return y === ys[0]; })) f.cap_ys.push(ys[0]);
+  });
+  var seen = [];
+  fig.querySelectorAll('line').forEach(function (l) {
+    if (!red(l)) return;
+    var n = function (a) { return +l.getAttribute(a); };
+    // A cross is two such lines about one centre: one entry per centre.
+    var c = [(n('x1') + n('x2')) / 2, (n('y1') + n('y2')) / 2];
+    if (Math.abs(n('x2') - n('x1')) === 12 && Math.abs(n('y2') - n('y1')) === 12 &&
+        seen.indexOf(c.join()) < 0) { seen.push(c.join()); f.crosses.push(c[1]); }
+  });
+  fig.querySelectorAll('rect').forEach(function (r) {
+    if ((r.getAttribute('fill') || '').toUpperCase() !== '#F0F4FA' || f.band) return;
+    f.band = [+r.getAttribute('y'), +r.getAttribute('y') + +r.getAttribute('height')];
+  });
+  var pre = document.createElement('pre');
+  pre.id = 'layout-facts';
+  pre.textContent = JSON.stringify(f);
+  document.body.appendChild(pre);
+})();
+</script>"#;
+
+/// The page laid out `w` pixels wide: no table past the page, the OOM markers at their bytes.
+fn layout_at(bin: &Path, dir: &Path, r: &RunResult, timeline_id: &str, w: u32, limit: Duration) {
+    let page = super::render_html(r).replace(
+        "</body>",
+        &format!("{}</body>", LAYOUT_SCRIPT.replace("PLOT_ID", timeline_id)),
+    );
+    let file = dir.join(format!("layout-{w}.html"));
+    std::fs::write(&file, page).unwrap();
     let out = chromium(
-        &bin,
+        bin,
+        &dir.join(format!("profile-layout-{w}")),
+        &[format!("--window-size={w},900"), "--dump-dom".into()],
+        &format!("file://{}", file.display()),
+        limit,
+    );
+    assert_eq!(
+        out.code,
+        Some(0),
+        "chromium --dump-dom failed: {}",
+        out.stderr
+    );
+    let at = out
+        .stdout
+        .find("<pre id=\"layout-facts\">")
+        .unwrap_or_else(|| panic!("the layout script did not run at {w}px: {}", out.stderr));
+    let rest = &out.stdout[at..];
+    let json = &rest[rest.find('>').unwrap() + 1..rest.find("</pre>").expect("pre closes")];
+    let f: serde_json::Value = serde_json::from_str(json).expect("layout facts are JSON");
+    let num = |v: &serde_json::Value| v.as_f64().expect("a number");
+    println!("layout at {w}px: {f}");
+    assert_eq!(num(&f["inner"]), w as f64);
+    // The page itself never scrolls sideways.
+    assert!(
+        num(&f["page"]) <= w as f64,
+        "the page is wider than {w}px: {f}"
+    );
+    let tables = f["tables"].as_array().expect("tables");
+    assert!(!tables.is_empty());
+    for t in tables {
+        assert_eq!(num(&t[0]), 1.0, "a table outside a scroll box at {w}px");
+        assert!(
+            num(&t[2]) <= num(&f["main_right"]) + 0.5,
+            "a table runs past the page at {w}px: {t} (page ends at {})",
+            f["main_right"]
+        );
+    }
+    // The OOM markers on the plot's scale: bytes / capacity = their heights above the
+    // axis over the capacity line's.
+    let markers = oom_markers(r);
+    if markers.is_empty() || r.capacity_bytes == 0 {
+        return;
+    }
+    let cap_ys: Vec<f64> = f["cap_ys"]
+        .as_array()
+        .expect("cap_ys")
+        .iter()
+        .map(num)
+        .collect();
+    let cap_y = *cap_ys
+        .iter()
+        .max_by_key(|y| cap_ys.iter().filter(|z| z == y).count())
+        .expect("the capacity line is drawn");
+    let bottom = num(&f["band"][1]);
+    let crosses: Vec<f64> = f["crosses"]
+        .as_array()
+        .expect("crosses")
+        .iter()
+        .map(num)
+        .collect();
+    assert_eq!(crosses.len(), markers.len(), "one cross per OOM: {f}");
+    for ((_, bytes), y) in markers.iter().zip(&crosses) {
+        assert!(
+            *y < cap_y,
+            "an OOM cross at y={y} is below the capacity line at {cap_y}"
+        );
+        let drawn = (bottom - y) / (bottom - cap_y);
+        let want = *bytes as f64 / r.capacity_bytes as f64;
+        assert!(
+            (drawn - want).abs() < 0.02,
+            "an OOM cross at {drawn:.3} x the capacity, its bytes are {want:.3} x"
+        );
+    }
+}
+
+/// A `W`×`H` screenshot, with the page's console on stderr: not blank, the plots' colours.
+#[allow(non_snake_case)]
+fn screenshot_at(bin: &Path, dir: &Path, url: &str, W: u32, H: u32, limit: Duration) {
+    // 2. A screenshot, with the page's console on stderr.
+    let shot = dir.join(format!("screenshot-{W}.png"));
+    let profile2 = dir.join(format!("profile-shot-{W}"));
+    let out = chromium(
+        bin,
         &profile2,
         &[
             "--enable-logging=stderr".into(),
@@ -178,7 +323,7 @@ fn in_chromium(name: &str, r: &RunResult, ids: &[&str], H: u32) {
             format!("--window-size={W},{H}"),
             format!("--screenshot={}", shot.display()),
         ],
-        &url,
+        url,
         limit,
     );
     assert_eq!(
@@ -256,7 +401,4 @@ fn in_chromium(name: &str, r: &RunResult, ids: &[&str], H: u32) {
         blue > 500 && orange > 500 && red > 200,
         "plot colours missing"
     );
-    if !keep {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
 }

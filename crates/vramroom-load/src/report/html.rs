@@ -46,7 +46,8 @@ pub(super) fn render_run_html(r: &RunResult) -> String {
          inactive_split (free bytes inside split segments) and device used, sampled every \
          period and at every new peak; with NVML, the bytes the process holds on the device \
          and the context + library overhead (process used − reserved: the CUDA context and \
-         library workspaces); each stage is a band, OOMs are red crosses.",
+         library workspaces); each stage is a band, OOMs are red crosses at the bytes that broke the capacity \
+         (reserved + the request that failed).",
     );
     memory_sources_section(&mut h, r);
     figure(

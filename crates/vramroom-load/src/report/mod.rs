@@ -31,10 +31,11 @@ pub use parts::esc;
 /// The self-contained HTML report: the HTTP run's page for a run with an `http` part, the
 /// load test's page otherwise.
 pub fn render_html(r: &RunResult) -> String {
-    match r.http.as_ref() {
+    let page = match r.http.as_ref() {
         Some(hr) => http::render_http_html(r, hr),
         None => html::render_run_html(r),
-    }
+    };
+    parts::scroll_tables(&page)
 }
 
 /// The terminal summary, chosen as [`render_html`] chooses the page.

@@ -8,7 +8,7 @@
 
 use std::fmt::Write as _;
 
-use super::format::{fmt_bytes, fmt_signed_bytes, fmt_value};
+use super::format::{fmt_bytes, fmt_measured, fmt_signed_bytes, fmt_value};
 use crate::results::*;
 
 /// HTML-escapes text for element content and attribute values.
@@ -38,7 +38,9 @@ h3 { font-size:16px; margin:18px 0 6px; }
 .sub { color:var(--muted); margin:0 0 16px; }
 .badges span { display:inline-block; margin:0 6px 6px 0; padding:3px 10px; border-radius:12px; font-size:13px; background:#eef1f6; }
 .badges .ok { background:#e3f4e8; color:var(--ok); } .badges .bad { background:#fde7e7; color:var(--bad); } .badges .warn { background:#fff3dc; color:var(--warn); }
-table { border-collapse:collapse; width:100%; margin:8px 0 12px; font-size:14px; }
+.scroll { overflow-x:auto; max-width:100%; margin:8px 0 12px; }
+table { border-collapse:collapse; width:100%; font-size:14px; }
+td:not(.num) { overflow-wrap:anywhere; }
 th, td { text-align:left; padding:5px 9px; border-bottom:1px solid var(--line); vertical-align:top; }
 th { background:#f1f4f8; font-weight:600; }
 td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; white-space:nowrap; }
@@ -57,6 +59,14 @@ pre { background:#f4f6f9; padding:8px 10px; border-radius:4px; overflow-x:auto; 
 details { margin:6px 0; } summary { cursor:pointer; color:var(--muted); }
 footer { margin-top:40px; color:var(--muted); font-size:12px; }
 "#;
+
+/// Every `<table>` of a page in a `<div class="scroll">`: a table wider than the page (a
+/// what-if row's long config, many columns on a narrow window) scrolls inside its box
+/// instead of running past the page. Done once on the finished page so no table is missed.
+pub(crate) fn scroll_tables(page: &str) -> String {
+    page.replace("<table", "<div class=\"scroll\"><table")
+        .replace("</table>", "</table></div>")
+}
 
 pub(crate) fn figure(h: &mut String, id: &str, svg: &str, caption: &str) {
     let _ = writeln!(
@@ -249,8 +259,8 @@ pub(crate) fn thresholds_section(h: &mut String, r: &RunResult) {
             "<tr><td><code>{}</code></td><td class=\"num\">{} {}</td><td class=\"num\">{}</td><td class=\"{}\">{}</td></tr>",
             esc(&t.expr),
             esc(&t.op),
-            esc(&fmt_value(t.limit, &t.unit)),
-            esc(&t.actual.map(|v| fmt_value(v, &t.unit)).unwrap_or_else(|| "not measured".into())),
+            esc(&limit_text(t)),
+            esc(&t.actual.map(|v| measured_text(t, v)).unwrap_or_else(|| "not measured".into())),
             if t.passed { "pass" } else { "fail" },
             if t.passed { "pass" } else { "FAIL" },
         );
@@ -359,6 +369,19 @@ pub(crate) fn finding_lines(o: &mut String, r: &RunResult, savings: bool) {
     }
 }
 
+/// A threshold's limit as the user wrote it (`10%`, `64MiB`); the parsed limit in its unit
+/// only for an expression without one (a results file written by hand).
+fn limit_text(t: &ThresholdResult) -> String {
+    crate::threshold::written_limit(&t.expr)
+        .map(String::from)
+        .unwrap_or_else(|| fmt_value(t.limit, &t.unit))
+}
+
+/// A threshold's measured value, in the terms of its written limit (`17.4%` against `10%`).
+fn measured_text(t: &ThresholdResult, v: f64) -> String {
+    fmt_measured(v, &t.unit, crate::threshold::written_limit(&t.expr))
+}
+
 /// One line per `--threshold`, pass or FAIL and the measured value.
 pub(crate) fn threshold_lines(o: &mut String, r: &RunResult) {
     if r.thresholds.is_empty() {
@@ -372,8 +395,51 @@ pub(crate) fn threshold_lines(o: &mut String, r: &RunResult) {
             t.expr,
             if t.passed { "pass" } else { "FAIL" },
             t.actual
-                .map(|v| fmt_value(v, &t.unit))
+                .map(|v| measured_text(t, v))
                 .unwrap_or_else(|| "nothing".into())
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_table_is_in_a_scroll_box() {
+        let page = crate::report::render_html(&crate::report::testdata::synthetic());
+        let http = crate::report::render_html(&crate::report::testdata::synthetic_http(true));
+        for p in [&page, &http] {
+            let tables = p.matches("<table").count();
+            assert!(tables > 3);
+            assert_eq!(p.matches("<div class=\"scroll\"><table").count(), tables);
+            assert_eq!(p.matches("</table></div>").count(), tables);
+        }
+    }
+
+    #[test]
+    fn thresholds_print_as_written() {
+        let mut r = crate::report::testdata::synthetic();
+        r.thresholds = vec![ThresholdResult {
+            expr: "error_rate<10%".into(),
+            metric: "error_rate".into(),
+            op: "<".into(),
+            limit: 0.1,
+            actual: Some(0.1736806947227789),
+            unit: "ratio".into(),
+            passed: false,
+        }];
+        let mut h = String::new();
+        thresholds_section(&mut h, &r);
+        assert!(h.contains("&lt; 10%") && h.contains("17.4%"), "{h}");
+        assert!(!h.contains("0.1736") && !h.contains("0.100"), "{h}");
+        let mut o = String::new();
+        threshold_lines(&mut o, &r);
+        assert!(o.contains("error_rate<10%") && o.contains("17.4%"), "{o}");
+        // Written as a fraction, it reads as one, rounded.
+        r.thresholds[0].expr = "error_rate<0.1".into();
+        let mut o = String::new();
+        threshold_lines(&mut o, &r);
+        assert!(o.contains("(measured 0.174)"), "{o}");
     }
 }

@@ -224,15 +224,16 @@ pub fn timeline_svg(r: &RunResult) -> String {
     let has_device = samples.iter().any(|s| s.device_used_bytes.is_some());
     let has_process = samples.iter().any(|s| s.process_used_bytes.is_some());
     let has_overhead = samples.iter().any(|s| s.overhead_bytes.is_some());
-    let data_max = samples
+    let data_max = oom_markers(r)
         .iter()
-        .map(|s| {
+        .map(|m| m.1)
+        .chain(samples.iter().map(|s| {
             s.reserved_bytes
                 .max(s.allocated_bytes)
                 .max(s.active_bytes)
                 .max(s.device_used_bytes.unwrap_or(0))
                 .max(s.process_used_bytes.unwrap_or(0))
-        })
+        }))
         .max()
         .unwrap_or(0)
         .max(r.peaks.reserved_bytes);
@@ -408,18 +409,10 @@ pub fn timeline_svg(r: &RunResult) -> String {
                 .label("capacity")
                 .legend(legend_line(C_CAP));
         }
-        let ooms: Vec<(f64, f64)> = if r.ooms.is_empty() {
-            r.timeline
-                .iter()
-                .filter(|s| s.kind == SampleKind::Oom)
-                .map(|s| (s.t_s, sc.v(s.allocated_bytes)))
-                .collect()
-        } else {
-            r.ooms
-                .iter()
-                .map(|o| (o.t_s, sc.v(o.allocated_bytes)))
-                .collect()
-        };
+        let ooms: Vec<(f64, f64)> = oom_markers(r)
+            .into_iter()
+            .map(|(t, b)| (t, sc.v(b)))
+            .collect();
         if !ooms.is_empty() {
             chart
                 .draw_series(
@@ -433,6 +426,31 @@ pub fn timeline_svg(r: &RunResult) -> String {
         draw_legend(&mut chart, SeriesLabelPosition::UpperRight, 18)?;
         Ok(())
     })
+}
+
+/// Each OOM's marker: its time and the bytes it is drawn at, the memory the allocator would
+/// have held had the failing malloc succeeded (reserved + requested). That is the number
+/// that crossed the capacity, so the marker sits on or above the capacity line; drawn at the
+/// allocated bytes it sat below the line it had broken. Without the requested size (an OOM
+/// only the timeline saw) it is the reserved bytes at the OOM.
+pub(crate) fn oom_markers(r: &RunResult) -> Vec<(f64, u64)> {
+    if r.ooms.is_empty() {
+        r.timeline
+            .iter()
+            .filter(|s| s.kind == SampleKind::Oom)
+            .map(|s| (s.t_s, s.reserved_bytes))
+            .collect()
+    } else {
+        r.ooms
+            .iter()
+            .map(|o| {
+                let b = o
+                    .reserved_bytes
+                    .saturating_add(o.requested_bytes.unwrap_or(0));
+                (o.t_s, b)
+            })
+            .collect()
+    }
 }
 
 /// Latency percentiles (p50, p90, p99, p99.9) against concurrency, or against the request
@@ -1171,5 +1189,25 @@ mod tests {
         assert!(d.len() <= 1100);
         assert!(d.iter().any(|s| s.allocated_bytes == 1 << 40));
         assert!(d.windows(2).all(|w| w[0].t_s <= w[1].t_s));
+    }
+
+    #[test]
+    fn oom_markers_sit_at_the_bytes_that_broke_the_capacity() {
+        let mut r = synthetic();
+        let o = &r.ooms[0];
+        assert!(
+            o.allocated_bytes < r.capacity_bytes,
+            "the case the old marker got wrong"
+        );
+        let m = oom_markers(&r);
+        assert_eq!(
+            m,
+            vec![(o.t_s, o.reserved_bytes + o.requested_bytes.unwrap())]
+        );
+        assert!(m[0].1 >= r.capacity_bytes);
+        // Only the timeline saw it: the reserved bytes then.
+        r.ooms.clear();
+        let m = oom_markers(&r);
+        assert!(!m.is_empty() && m.iter().all(|(_, b)| *b == 100 << 20));
     }
 }

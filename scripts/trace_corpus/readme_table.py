@@ -56,10 +56,13 @@ def sweep_line(path):
     bad = sorted("%s at %.0f MiB (real %s, traced %s)" % (
         r["program"], r["capacity_bytes"] / MIB, "OOM" if r["real_oom"] else "ok",
         "OOM" if r["traced_oom"] else "ok") for r in caps if not r["agree"])
+    own = sum(1 for r in caps if not r["agree"] and r.get("replay_real_agree") is False)
     return (" Capacity sweep (each program at 0.8, 0.95, 1.0, 1.0 + 2 MiB and 1.1 x its real "
             "peak reserved): the traced prediction gives the real run's answer, OOM or not, in "
-            "%d of %d runs%s." % (len(caps) - len(bad), len(caps),
-                                   ("; not in " + ", ".join(bad)) if bad else ""))
+            "%d of %d runs%s%s." % (
+                len(caps) - len(bad), len(caps), ("; not in " + ", ".join(bad)) if bad else "",
+                (" (in %d of these the real snapshot, replayed at that capacity, misses too: the "
+                 "allocator's behaviour at the limit, not the trace)" % own) if own else ""))
 
 
 def err(t, r):

@@ -1,6 +1,12 @@
 """The FakeTensorMode that records: each aten op's new cuda storages become allocations, in
 the order PyTorch's CUDA kernels allocate them, with the library workspaces of hidden.py
-between them. See capture.py for the design note."""
+between them. See capture.py for the design note.
+
+Two rules decide what counts as one CUDA kernel: only the outermost op allocates (a fake
+kernel's decomposition is one kernel on the GPU), except an op that is composite only (no CUDA
+kernel of its own: conv2d, linear under inference_mode), whose parts are the kernels. Small CPU
+tensors made from nothing keep their real values (the host computes them for free, and model
+code branches on them), so CPU-side arithmetic is exact; cuda tensors never hold data."""
 
 import threading
 

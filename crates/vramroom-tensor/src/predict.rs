@@ -27,6 +27,7 @@ use crate::nn::{Init, Module};
 use crate::ops;
 use crate::optim::{Adam, Optimizer, Sgd};
 use crate::tensor::Tensor;
+pub use crate::vocab::{AccumPattern, OptimKind};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModelKind {
@@ -40,20 +41,6 @@ pub enum ModelKind {
 pub enum Mode {
     Infer,
     Train,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OptimKind {
-    Sgd,
-    AdamW,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AccumPattern {
-    /// `(loss / N).backward()` every micro-step: the graph of one micro-step at a time.
-    Each,
-    /// `total = total + loss / N` then one `total.backward()`: N graphs alive at once.
-    Sum,
 }
 
 /// MLP workload shape: `[1024] -> 4096 -> 4096 -> [1000]`.

@@ -138,15 +138,9 @@ fn zoo_options(sc: &Scenario, dev: &PredictDevice, size: usize) -> Result<zoo::P
             ..
         } => {
             o.mode = zoo::Mode::Train;
-            o.optimizer = match optimizer {
-                OptimKind::Sgd => zoo::OptimKind::Sgd,
-                OptimKind::AdamW => zoo::OptimKind::AdamW,
-            };
+            o.optimizer = *optimizer;
             o.accum = *accum_steps;
-            o.accum_pattern = match sc.effective_pattern() {
-                Some(AccumPattern::Sum) => zoo::AccumPattern::Sum,
-                _ => zoo::AccumPattern::Each,
-            };
+            o.accum_pattern = sc.effective_pattern().unwrap_or(AccumPattern::Each);
         }
         Mode::Generate { .. } => return Err(unsupported("generate on a zoo model")),
     }

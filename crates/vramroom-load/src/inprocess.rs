@@ -378,7 +378,7 @@ fn aggregate(
             let p = stage_peaks.get(i).copied().unwrap_or_default();
             StageResult {
                 index: i,
-                concurrency: st.concurrency,
+                concurrency: st.workers(),
                 start_s: *s0,
                 end_s: *s1,
                 requests: req,

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use hdrhistogram::Histogram;
 
 use crate::http::config::HttpConfig;
-use crate::http::load::Load;
+use crate::http::load::StageLoad;
 use crate::http::record::{self, StageAcc, Totals};
 use crate::memsource::MemoryReading;
 use crate::results::*;
@@ -84,8 +84,8 @@ impl Aggregate<'_> {
             kind,
             stage,
             // Closed: the stage's workers while the load ran; open: requests in flight.
-            concurrency: match self.cfg.stages.get(stage).map(|s| s.load) {
-                Some(Load::Closed(c)) if t > 0.0 && t <= self.wall_s => c,
+            concurrency: match self.cfg.stages.get(stage).map(|s| s.target) {
+                Some(StageLoad::Workers(c)) if t > 0.0 && t <= self.wall_s => c,
                 _ => in_flight,
             },
             allocated_bytes: r.allocated.unwrap_or(0),
@@ -158,15 +158,15 @@ impl Aggregate<'_> {
             } else {
                 acc.ok.as_ref()
             };
-            let load = cfg.stages[i].load;
+            let load = cfg.stages[i].target;
             let peak_flight = self.peak_in_flight.get(i).copied().unwrap_or(0);
             let mem = in_stage(i);
             let req = summary(acc);
             stages.push(StageResult {
                 index: i,
                 concurrency: match load {
-                    Load::Closed(c) => c,
-                    Load::Open(_) => peak_flight,
+                    StageLoad::Workers(c) => c,
+                    StageLoad::Rate(_) => peak_flight,
                 },
                 start_s: s0,
                 end_s: s1,
@@ -176,19 +176,19 @@ impl Aggregate<'_> {
                 peak_allocated_bytes: mem.iter().map(|m| m.allocated_bytes).max().unwrap_or(0),
                 peak_reserved_bytes: mem.iter().map(|m| m.reserved_bytes).max().unwrap_or(0),
                 workers_started: match load {
-                    Load::Closed(c) => c,
-                    Load::Open(_) => peak_flight,
+                    StageLoad::Workers(c) => c,
+                    StageLoad::Rate(_) => peak_flight,
                 },
             });
             http_stages.push(HttpStageResult {
                 index: i,
                 concurrency: match load {
-                    Load::Closed(c) => Some(c),
-                    Load::Open(_) => None,
+                    StageLoad::Workers(c) => Some(c),
+                    StageLoad::Rate(_) => None,
                 },
                 rate_per_s: match load {
-                    Load::Open(r) => Some(r),
-                    Load::Closed(_) => None,
+                    StageLoad::Rate(r) => Some(r),
+                    StageLoad::Workers(_) => None,
                 },
                 peak_in_flight: peak_flight,
                 shed: acc.shed_n,
@@ -220,9 +220,9 @@ impl Aggregate<'_> {
         // Levels: workers (closed) or rates (open), stages at one level merged.
         let mut by_concurrency = Vec::new();
         let mut by_rate = Vec::new();
-        let levels = crate::aggregate::levels(&stages, |st| match cfg.stages[st.index].load {
-            Load::Closed(c) => c as f64,
-            Load::Open(r) => r,
+        let levels = crate::aggregate::levels(&stages, |st| match cfg.stages[st.index].target {
+            StageLoad::Workers(c) => c as f64,
+            StageLoad::Rate(r) => r,
         });
         for l in levels {
             let mut req = RequestSummary::default();
@@ -324,10 +324,10 @@ impl Aggregate<'_> {
             .stages
             .iter()
             .map(|s| {
-                let l = match s.load {
-                    Load::Closed(1) => "1 worker".to_string(),
-                    Load::Closed(c) => format!("{c} workers"),
-                    Load::Open(r) => format!("{r}/s"),
+                let l = match s.target {
+                    StageLoad::Workers(1) => "1 worker".to_string(),
+                    StageLoad::Workers(c) => format!("{c} workers"),
+                    StageLoad::Rate(r) => format!("{r}/s"),
                 };
                 match s.duration {
                     Some(d) => format!("{l} for {:.3}s", d.as_secs_f64()).replace(".000s", "s"),
@@ -358,9 +358,9 @@ impl Aggregate<'_> {
                 .stages
                 .iter()
                 .map(|s| StageSpecInfo {
-                    concurrency: match s.load {
-                        Load::Closed(c) => c,
-                        Load::Open(_) => 0,
+                    concurrency: match s.target {
+                        StageLoad::Workers(c) => c,
+                        StageLoad::Rate(_) => 0,
                     },
                     duration_s: s.duration.map(|d| d.as_secs_f64()),
                 })

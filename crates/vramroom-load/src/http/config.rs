@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::error::{LoadError, Result};
 use crate::http::body::BodySpec;
-use crate::http::load::{Arrival, HttpStage, Load};
+use crate::http::load::{Arrival, Stage, StageLoad};
 use crate::http::prometheus::{Selector, Target as MetricTarget};
 use crate::memsource::{MemorySource, NvmlDevice};
 use crate::threshold::Threshold;
@@ -26,7 +26,7 @@ pub struct HttpConfig {
     pub headers: Vec<String>,
     pub body: BodySpec,
     /// At least one; only the last may have no duration (it runs until `-n`).
-    pub stages: Vec<HttpStage>,
+    pub stages: Vec<Stage>,
     /// `-n`: no request beyond this many is sent.
     pub max_requests: Option<u64>,
     pub arrival: Arrival,
@@ -72,10 +72,10 @@ impl HttpConfig {
             method: None,
             headers: Vec::new(),
             body: BodySpec::default(),
-            stages: vec![HttpStage {
-                load: Load::Closed(10),
-                duration: Some(Duration::from_secs(10)),
-            }],
+            stages: vec![Stage::held(
+                StageLoad::Workers(10),
+                Some(Duration::from_secs(10)),
+            )],
             max_requests: None,
             arrival: Arrival::Constant,
             max_connections: crate::http::load::DEFAULT_MAX_CONNECTIONS,
@@ -102,7 +102,10 @@ impl HttpConfig {
     }
 
     pub(crate) fn is_open(&self) -> bool {
-        matches!(self.stages.first().map(|s| s.load), Some(Load::Open(_)))
+        matches!(
+            self.stages.first().map(|s| s.target),
+            Some(StageLoad::Rate(_))
+        )
     }
 
     /// Checks what can be checked without the network.
@@ -112,20 +115,26 @@ impl HttpConfig {
         }
         let open = self.is_open();
         for (i, s) in self.stages.iter().enumerate() {
-            match s.load {
-                Load::Closed(0) => {
+            match s.target {
+                StageLoad::Workers(0) => {
                     return Err(LoadError::Config("concurrency must be at least 1".into()))
                 }
-                Load::Open(r) if !(r.is_finite() && r > 0.0) => {
+                StageLoad::Rate(r) if !(r.is_finite() && r > 0.0) => {
                     return Err(LoadError::Config("the rate must be more than 0".into()))
                 }
-                Load::Open(_) if !open => {
+                StageLoad::Rate(_) if !open => {
                     return Err(LoadError::Config("stages mix workers and rates".into()))
                 }
-                Load::Closed(_) if open => {
+                StageLoad::Workers(_) if open => {
                     return Err(LoadError::Config("stages mix workers and rates".into()))
                 }
                 _ => {}
+            }
+            if s.requests_per_worker.is_some() {
+                return Err(LoadError::Config(
+                    "requests per worker are loadtest's; an HTTP stage ends by its duration or -n"
+                        .into(),
+                ));
             }
             if s.duration.is_none() && (i + 1 < self.stages.len() || self.max_requests.is_none()) {
                 return Err(LoadError::Config(

@@ -37,7 +37,7 @@ use crate::error::{LoadError, Result};
 use crate::http::aggregate::{Aggregate, StageRun, Tick};
 use crate::http::client;
 use crate::http::config::HttpConfig;
-use crate::http::load::Load;
+use crate::http::load::StageLoad;
 use crate::http::predict::{device_capacities, DeviceCapacity};
 use crate::http::prepare::{scrape_timeout, Prepared};
 use crate::http::record::Recorder;
@@ -62,8 +62,8 @@ enum StepEnd {
 /// time every request it sent has finished or timed out. A step none of whose requests got
 /// an answer ends the ramp: no higher load could show an OOM either. Other runs keep their
 /// stages to the clock.
-fn ramp_step_end(cfg: &HttpConfig, ctx: &Ctx, i: usize, load: Load, end_at: f64) -> StepEnd {
-    let Load::Closed(workers) = load else {
+fn ramp_step_end(cfg: &HttpConfig, ctx: &Ctx, i: usize, load: StageLoad, end_at: f64) -> StepEnd {
+    let StageLoad::Workers(workers) = load else {
         return StepEnd::Next;
     };
     if !cfg.stop_at_first_oom {
@@ -186,9 +186,9 @@ pub(crate) async fn drive(
         let plan: Vec<(f64, Option<f64>)> = cfg
             .stages
             .iter()
-            .map(|s| match s.load {
-                Load::Open(r) => (r, s.duration.map(|d| d.as_secs_f64())),
-                Load::Closed(_) => (0.0, None),
+            .map(|s| match s.target {
+                StageLoad::Rate(r) => (r, s.duration.map(|d| d.as_secs_f64())),
+                StageLoad::Workers(_) => (0.0, None),
             })
             .collect();
         tokio::spawn(dispatcher(ctx.clone(), plan, cfg.arrival, cfg.seed));
@@ -209,7 +209,7 @@ pub(crate) async fn drive(
     'stages: for (i, st) in cfg.stages.iter().enumerate() {
         ctx.stage.store(i, Ordering::Relaxed);
         let stage_start = ctx.t();
-        if let Load::Closed(c) = st.load {
+        if let StageLoad::Workers(c) = st.target {
             while spawned < c {
                 ctx.live_workers.fetch_add(1, Ordering::Relaxed);
                 let w = closed_worker(ctx.clone(), spawned);
@@ -222,7 +222,7 @@ pub(crate) async fn drive(
             ctx.workers_target.store(c, Ordering::Relaxed);
             ctx.notify.notify_waiters();
         }
-        debug!(stage = i, ?st.load, "stage start");
+        debug!(stage = i, ?st.target, "stage start");
         let end_at = st.duration.map(|d| boundary + d.as_secs_f64());
         loop {
             let now = ctx.t();
@@ -233,13 +233,13 @@ pub(crate) async fn drive(
                 let l = *latest.lock();
                 prog.elapsed_s = ctx.t();
                 prog.stage = i;
-                prog.concurrency = match st.load {
-                    Load::Closed(c) => c,
-                    Load::Open(_) => ctx.in_flight.load(Ordering::Relaxed),
+                prog.concurrency = match st.target {
+                    StageLoad::Workers(c) => c,
+                    StageLoad::Rate(_) => ctx.in_flight.load(Ordering::Relaxed),
                 };
-                prog.rate_per_s = match st.load {
-                    Load::Open(r) => Some(r),
-                    Load::Closed(_) => None,
+                prog.rate_per_s = match st.target {
+                    StageLoad::Rate(r) => Some(r),
+                    StageLoad::Workers(_) => None,
                 };
                 prog.in_flight = ctx.in_flight.load(Ordering::Relaxed);
                 prog.requests_done = ctx.finished.load(Ordering::Relaxed);
@@ -290,7 +290,7 @@ pub(crate) async fn drive(
                 }
             }
             if end_at.is_some_and(|e| ctx.t() >= e) {
-                match ramp_step_end(cfg, &ctx, i, st.load, end_at.unwrap_or(0.0)) {
+                match ramp_step_end(cfg, &ctx, i, st.target, end_at.unwrap_or(0.0)) {
                     StepEnd::Hold => {}
                     StepEnd::Next => break,
                     StepEnd::Saturated => {

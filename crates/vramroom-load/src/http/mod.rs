@@ -31,12 +31,12 @@
 //! ```no_run
 //! use std::sync::{atomic::AtomicBool, Arc};
 //! use std::time::Duration;
-//! use vramroom_load::http::{load::{HttpStage, Load}, HttpConfig};
+//! use vramroom_load::http::{load::{Stage, StageLoad}, HttpConfig};
 //!
 //! let mut cfg = HttpConfig::new("http://127.0.0.1:8000/generate");
 //! cfg.stages = vec![
-//!     HttpStage { load: Load::Closed(4), duration: Some(Duration::from_secs(10)) },
-//!     HttpStage { load: Load::Closed(16), duration: Some(Duration::from_secs(20)) },
+//!     Stage::held(StageLoad::Workers(4), Some(Duration::from_secs(10))),
+//!     Stage::held(StageLoad::Workers(16), Some(Duration::from_secs(20))),
 //! ];
 //! cfg.metrics_url = Some("http://127.0.0.1:8000/metrics".into());
 //! let r = vramroom_load::http::run(&cfg, Arc::new(AtomicBool::new(false)), |_| {})?;

@@ -1,11 +1,14 @@
-//! The training vocabulary shared by the zoo's prediction and vramroom-workload: which
-//! optimizer, and how gradient accumulation calls `backward()`.
+//! The workload vocabulary shared by the zoo's prediction and vramroom-workload: the mode
+//! (inference, training, generation), which optimizer, and how gradient accumulation calls
+//! `backward()`.
 //!
 //! Design note: data flows tensor → workload, so a word both say is defined here, at the
 //! lower crate, once; vramroom-workload re-exports these and the zoo's `predict` takes
 //! them as they are, with no translation between two copies that could drift.
 
 use std::str::FromStr;
+
+use crate::models::hf::CacheImpl;
 
 /// A word the vocabulary does not know; the message names the ones it does.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -51,4 +54,22 @@ impl FromStr for AccumPattern {
             ))),
         }
     }
+}
+
+/// What a request does with the model.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Mode {
+    /// A forward (under `no_grad` unless grad is asked for).
+    Inference,
+    /// `accum_steps` micro-steps of forward, loss / N and backward, then the optimizer step.
+    Training {
+        optimizer: OptimKind,
+        accum_steps: usize,
+        /// `Sum` is the `sum_losses` mistake (vramroom-workload's `Mistakes::sum_losses`
+        /// forces it too).
+        pattern: AccumPattern,
+    },
+    /// `model.generate(ids, max_new_tokens=new_tokens)`: a prefill of the drawn prompt
+    /// length, then one decode step per new token on the KV cache (Hugging Face decoders).
+    Generate { new_tokens: usize, cache: CacheImpl },
 }

@@ -37,7 +37,7 @@ use vramroom_tensor::DType;
 
 use crate::error::{Result, WorkloadError};
 pub use crate::model::HfModelSpec;
-pub use vramroom_tensor::vocab::{AccumPattern, OptimKind};
+pub use vramroom_tensor::vocab::{AccumPattern, Mode, OptimKind};
 
 /// The model a scenario runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -264,23 +264,6 @@ impl FromStr for InputDist {
             _ => Err(bad(&format!("unknown distribution {kind:?}"))),
         }
     }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum Mode {
-    Inference,
-    Training {
-        optimizer: OptimKind,
-        accum_steps: usize,
-        /// `Sum` is the `sum_losses` mistake; [`Mistakes::sum_losses`] forces it too.
-        pattern: AccumPattern,
-    },
-    /// `model.generate(ids, max_new_tokens=new_tokens)`: a prefill of the drawn prompt
-    /// length, then one decode step per new token on the KV cache (Hugging Face decoders).
-    Generate {
-        new_tokens: usize,
-        cache: CacheImpl,
-    },
 }
 
 /// A workload: model, batch, input sizes, mode and planted mistakes.

@@ -205,7 +205,7 @@ impl Driver for InProcess<'_> {
                     prog.allocated_bytes = st.allocated_bytes.all().current.max(0) as u64;
                     prog.reserved_bytes = st.reserved_bytes.all().current.max(0) as u64;
                     prog.peak_allocated_bytes = st.allocated_bytes.all().peak.max(0) as u64;
-                    progress(&prog);
+                    progress(prog);
                 })
             });
             sampler_stop.store(true, Ordering::Relaxed);

@@ -43,7 +43,7 @@ fn r50(batch: usize, grad: bool) -> PredictOptions {
     PredictOptions {
         model: ModelKind::ResNet50,
         batch,
-        mode: Mode::Infer,
+        mode: Mode::Inference,
         grad,
         ..Default::default()
     }
@@ -195,10 +195,11 @@ fn accumulation_claim() -> Claim {
         above_input(&PredictOptions {
             model: ModelKind::ResNet50,
             batch: 32,
-            mode: Mode::Train,
-            optimizer: OptimKind::Sgd,
-            accum: n,
-            accum_pattern: p,
+            mode: Mode::Training {
+                optimizer: OptimKind::Sgd,
+                accum_steps: n,
+                pattern: p,
+            },
             ..Default::default()
         })
     };

@@ -14,34 +14,9 @@ use crate::error::{LoadError, Result};
 use crate::results::*;
 use crate::threshold::Threshold;
 use vramroom_workload::device::{DeviceChoice, MAX_WORKERS};
+pub use vramroom_workload::stages::Stage;
 use vramroom_workload::stages::{StageLoad, MAX_STAGES};
 use vramroom_workload::Scenario;
-
-/// One stage: `concurrency` workers until `duration` passes or, when set, until
-/// `requests_per_worker × concurrency` requests have completed, whichever comes first.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Stage {
-    pub concurrency: usize,
-    pub duration: Option<Duration>,
-    pub requests_per_worker: Option<u64>,
-}
-
-impl Stage {
-    pub fn timed(concurrency: usize, duration: Duration) -> Stage {
-        Stage {
-            concurrency,
-            duration: Some(duration),
-            requests_per_worker: None,
-        }
-    }
-    pub fn counted(concurrency: usize, requests_per_worker: u64) -> Stage {
-        Stage {
-            concurrency,
-            duration: None,
-            requests_per_worker: Some(requests_per_worker),
-        }
-    }
-}
 
 /// How the concurrency rises in `--ramp-until-oom`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +37,7 @@ pub enum LoadPlan {
     RampUntilOom {
         start: usize,
         step: RampStep,
-        /// Each ramp stage's length (its `concurrency` field is ignored).
+        /// Each ramp stage's length (its `target` is ignored).
         stage: Stage,
         max_concurrency: usize,
         time_limit: Duration,
@@ -143,8 +118,8 @@ pub fn parse_stages(s: &str) -> Result<Vec<Stage>> {
     vramroom_workload::parse_stages(s, MAX_WORKERS)?
         .into_iter()
         .enumerate()
-        .map(|(i, st)| match st.load {
-            StageLoad::Workers(n) => Ok(Stage::timed(n, st.duration)),
+        .map(|(i, st)| match st.target {
+            StageLoad::Workers(_) => Ok(st),
             StageLoad::Rate(_) => Err(LoadError::Stages {
                 input: s.to_string(),
                 msg: format!(
@@ -208,10 +183,10 @@ impl LoadConfig {
                     )));
                 }
                 for s in v {
-                    if s.concurrency == 0 {
+                    if s.workers() == 0 {
                         return Err(LoadError::Config("concurrency must be at least 1".into()));
                     }
-                    check_workers("concurrency", s.concurrency)?;
+                    check_workers("concurrency", s.workers())?;
                     check_stage(s)?;
                 }
             }
@@ -252,7 +227,7 @@ impl LoadConfig {
 
     pub(crate) fn load_info(&self) -> LoadInfo {
         let si = |s: &Stage| StageSpecInfo {
-            concurrency: s.concurrency,
+            concurrency: s.workers(),
             duration_s: s.duration.map(|d| d.as_secs_f64()),
         };
         let (mode, stages, max_requests, time_limit_s) = match &self.plan {

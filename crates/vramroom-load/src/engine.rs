@@ -33,6 +33,7 @@ use crate::error::{LoadError, Result};
 use crate::results::*;
 use crate::timeline::{category_bytes, Outcome, Phase, RequestRecord};
 use vramroom_workload::device::RunDevice;
+use vramroom_workload::stages::StageLoad;
 use vramroom_workload::{Scenario, WorkerState, Workload};
 
 fn error_kind(e: &TensorError) -> &'static str {
@@ -226,11 +227,7 @@ pub(crate) fn drive(
                         if index > 0 {
                             break;
                         }
-                        Stage {
-                            concurrency: *concurrency,
-                            duration: None,
-                            requests_per_worker: None,
-                        }
+                        Stage::held(StageLoad::Workers(*concurrency), None)
                     }
                     LoadPlan::RampUntilOom {
                         stage,
@@ -241,24 +238,18 @@ pub(crate) fn drive(
                             break;
                         }
                         Stage {
-                            concurrency: ramp_c,
+                            target: StageLoad::Workers(ramp_c),
                             ..*stage
                         }
                     }
                 };
                 phase.stage.store(index, Ordering::Relaxed);
-                phase
-                    .concurrency
-                    .store(stage.concurrency, Ordering::Relaxed);
+                phase.concurrency.store(stage.workers(), Ordering::Relaxed);
                 let stage_start = t();
                 let done_at_start = ctl.completed.load(Ordering::Relaxed)
                     + ctl.ooms.load(Ordering::Relaxed)
                     + ctl.errors.load(Ordering::Relaxed);
-                debug!(
-                    stage = index,
-                    concurrency = stage.concurrency,
-                    "stage start"
-                );
+                debug!(stage = index, concurrency = stage.workers(), "stage start");
                 let stage_end = match plan {
                     // a ramp stage lasts its full length, wherever it starts
                     LoadPlan::RampUntilOom { .. } => stage.duration.map(|d| Instant::now() + d),
@@ -268,19 +259,19 @@ pub(crate) fn drive(
                     }),
                 };
                 if let Some(clock) = dev.clock.as_ref() {
-                    clock.gate(stage.concurrency);
+                    clock.gate(stage.workers());
                 }
-                spawn_upto(stage.concurrency, &mut spawned)?;
-                let running = spawned.min(stage.concurrency);
-                if running < stage.concurrency {
+                spawn_upto(stage.workers(), &mut spawned)?;
+                let running = spawned.min(stage.workers());
+                if running < stage.workers() {
                     warn!(
                         stage = index,
                         started = running,
-                        planned = stage.concurrency,
+                        planned = stage.workers(),
                         "the load ended before all workers of the stage could start"
                     );
                 }
-                ctl.target.store(stage.concurrency, Ordering::SeqCst);
+                ctl.target.store(stage.workers(), Ordering::SeqCst);
                 ctl.wake_all();
                 loop {
                     let tick = Duration::from_millis(5);
@@ -296,7 +287,7 @@ pub(crate) fn drive(
                         + ctl.errors.load(Ordering::Relaxed);
                     on_tick(&ControlView {
                         stage: index,
-                        concurrency: stage.concurrency,
+                        concurrency: stage.workers(),
                         completed: finished,
                         ooms: ctl.ooms.load(Ordering::Relaxed),
                         errors: ctl.errors.load(Ordering::Relaxed),
@@ -335,7 +326,7 @@ pub(crate) fn drive(
                         break;
                     }
                     if let Some(r) = stage.requests_per_worker {
-                        if finished - done_at_start >= r * stage.concurrency as u64 {
+                        if finished - done_at_start >= r * stage.workers() as u64 {
                             break;
                         }
                     }

@@ -22,17 +22,22 @@
 //! probes with the engine) → [`diagnose`] (findings and the what-if replay, for in-process
 //! and HTTP runs alike) → [`results`] (the result types and the documented JSON schema) →
 //! [`report`] (terminal, JSON, HTML; a pure function of the result). [`pipeline`] orders
-//! the steps; no step calls back into the one that called it. Beside them: [`timeline`]
+//! the steps once for any [`driver::Driver`]: [`inprocess`] (the engine) and
+//! [`http::run`] (the HTTP client) are the two, and [`aggregate`] is what they share in
+//! turning measurements into a result; no step calls back into the one that called it. Beside them: [`timeline`]
 //! (measurement), [`threshold`], [`claims`], [`http`] (the HTTP load client),
 //! [`memsource`] (memory from outside the allocator: NVML, fakes). Workloads, devices and
 //! stages come from vramroom-workload.
 
+pub mod aggregate;
 pub mod claims;
 pub mod config;
 pub mod diagnose;
+pub mod driver;
 pub mod engine;
 pub mod error;
 pub mod http;
+pub mod inprocess;
 pub mod memsource;
 pub mod pipeline;
 pub mod report;
@@ -44,9 +49,10 @@ pub mod timeline;
 pub use config::{
     parse_stages, LoadConfig, LoadPlan, RampStep, Stage, DEFAULT_CAPACITY, DEFAULT_WHAT_IF,
 };
+pub use driver::{Driver, Evidence};
 pub use error::{LoadError, Result};
 pub use memsource::{FnSource, MemoryReading, MemorySource, NvmlDevice, NvmlSource};
-pub use pipeline::run;
+pub use pipeline::{run, run_driver};
 pub use results::*;
 pub use search::{oom_search, SearchAxis, SearchConfig};
 pub use threshold::{parse_thresholds, Threshold};

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use vramroom_load::http::body::BodySpec;
-use vramroom_load::http::load::{Arrival, HttpStage, Load};
+use vramroom_load::http::load::{Arrival, Stage, StageLoad};
 use vramroom_load::http::server::{Reply, Seen, TestServer};
 use vramroom_load::http::{self, HttpConfig};
 use vramroom_load::{
@@ -22,14 +22,11 @@ fn no_stop() -> Arc<AtomicBool> {
     Arc::new(AtomicBool::new(false))
 }
 
-fn stage(load: Load, secs: f64) -> HttpStage {
-    HttpStage {
-        load,
-        duration: Some(Duration::from_secs_f64(secs)),
-    }
+fn stage(load: StageLoad, secs: f64) -> Stage {
+    Stage::held(load, Some(Duration::from_secs_f64(secs)))
 }
 
-fn cfg(url: &str, stages: Vec<HttpStage>) -> HttpConfig {
+fn cfg(url: &str, stages: Vec<Stage>) -> HttpConfig {
     let mut c = HttpConfig::new(url);
     c.stages = stages;
     c.threads = 2;
@@ -66,7 +63,7 @@ fn slow(delay: Duration) -> TestServer {
 #[test]
 fn closed_model_keeps_its_workers_busy() {
     let s = slow(Duration::from_millis(10));
-    let r = go(&cfg(&s.url("/"), vec![stage(Load::Closed(4), 0.6)]));
+    let r = go(&cfg(&s.url("/"), vec![stage(StageLoad::Workers(4), 0.6)]));
     let h = r.http.as_ref().unwrap();
     assert_eq!(h.model, "closed");
     assert_eq!(s.peak_in_flight(), 4, "4 workers, 4 requests in flight");
@@ -96,7 +93,7 @@ fn closed_model_keeps_its_workers_busy() {
 fn open_model_sends_at_its_rate() {
     for arrival in [Arrival::Constant, Arrival::Poisson] {
         let s = slow(Duration::from_millis(2));
-        let mut c = cfg(&s.url("/"), vec![stage(Load::Open(300.0), 1.0)]);
+        let mut c = cfg(&s.url("/"), vec![stage(StageLoad::Rate(300.0), 1.0)]);
         c.arrival = arrival;
         let r = go(&c);
         let h = r.http.as_ref().unwrap();
@@ -120,7 +117,10 @@ fn stages_change_the_load_at_their_boundaries() {
     let s = slow(Duration::from_millis(20));
     let r = go(&cfg(
         &s.url("/"),
-        vec![stage(Load::Closed(2), 0.4), stage(Load::Closed(6), 0.4)],
+        vec![
+            stage(StageLoad::Workers(2), 0.4),
+            stage(StageLoad::Workers(6), 0.4),
+        ],
     ));
     assert_eq!(r.stages.len(), 2);
     assert_eq!(r.stages[0].concurrency, 2);
@@ -135,7 +135,10 @@ fn stages_change_the_load_at_their_boundaries() {
     let s = slow(Duration::from_millis(1));
     let r = go(&cfg(
         &s.url("/"),
-        vec![stage(Load::Open(100.0), 0.5), stage(Load::Open(300.0), 0.5)],
+        vec![
+            stage(StageLoad::Rate(100.0), 0.5),
+            stage(StageLoad::Rate(300.0), 0.5),
+        ],
     ));
     let h = r.http.as_ref().unwrap();
     assert_eq!(h.by_rate.len(), 2);
@@ -148,13 +151,7 @@ fn stages_change_the_load_at_their_boundaries() {
 #[test]
 fn n_stops_after_exactly_n_requests() {
     let s = slow(Duration::from_millis(1));
-    let mut c = cfg(
-        &s.url("/"),
-        vec![HttpStage {
-            load: Load::Closed(4),
-            duration: None,
-        }],
-    );
+    let mut c = cfg(&s.url("/"), vec![Stage::held(StageLoad::Workers(4), None)]);
     c.max_requests = Some(123);
     let r = go(&c);
     assert_eq!(r.requests.total, 123);
@@ -163,16 +160,13 @@ fn n_stops_after_exactly_n_requests() {
 
     let mut c = cfg(
         &s.url("/"),
-        vec![HttpStage {
-            load: Load::Open(1000.0),
-            duration: None,
-        }],
+        vec![Stage::held(StageLoad::Rate(1000.0), None)],
     );
     c.max_requests = Some(77);
     let r = go(&c);
     assert_eq!(r.requests.total, 77);
     // -n with -z: whichever comes first.
-    let mut c = cfg(&s.url("/"), vec![stage(Load::Closed(2), 0.3)]);
+    let mut c = cfg(&s.url("/"), vec![stage(StageLoad::Workers(2), 0.3)]);
     c.max_requests = Some(1_000_000);
     let r = go(&c);
     assert!(r.wall_s < 1.0 && r.requests.total < 1_000_000);
@@ -200,7 +194,7 @@ fn stalling() -> TestServer {
 #[test]
 fn open_model_latency_includes_the_stall_for_requests_that_waited_to_be_sent() {
     let s = stalling();
-    let mut c = cfg(&s.url("/"), vec![stage(Load::Open(200.0), 1.0)]);
+    let mut c = cfg(&s.url("/"), vec![stage(StageLoad::Rate(200.0), 1.0)]);
     // Two connections: during the stall the schedule's requests wait for a connection,
     // so they are sent late; measured from the send they look fast.
     c.max_connections = 2;
@@ -224,7 +218,7 @@ fn open_model_latency_includes_the_stall_for_requests_that_waited_to_be_sent() {
 #[test]
 fn closed_model_correction_counts_the_requests_a_stall_hid() {
     let s = stalling();
-    let r = go(&cfg(&s.url("/"), vec![stage(Load::Closed(2), 1.0)]));
+    let r = go(&cfg(&s.url("/"), vec![stage(StageLoad::Workers(2), 1.0)]));
     let h = r.http.as_ref().unwrap();
     assert_eq!(h.latency_correction, "expected_interval");
     // Raw: two 300 ms answers among hundreds of ~1 ms ones.
@@ -253,13 +247,7 @@ fn shed_503_are_counted_apart_from_errors() {
         }),
     )
     .unwrap();
-    let mut c = cfg(
-        &s.url("/"),
-        vec![HttpStage {
-            load: Load::Closed(1),
-            duration: None,
-        }],
-    );
+    let mut c = cfg(&s.url("/"), vec![Stage::held(StageLoad::Workers(1), None)]);
     c.max_requests = Some(200);
     c.thresholds = parse_thresholds(&["shed_rate<0.3", "error_rate<0.3", "shed==50"]).unwrap();
     let r = go(&c);
@@ -298,7 +286,10 @@ fn every_answer_the_same_4xx_stops_early_with_a_hint() {
     // A GET against a POST endpoint: 405 every time. The run stops after the refusals
     // agree, long before its 20 s, and says what to change.
     let s = TestServer::start(2, Arc::new(|_: &Seen| Reply::status(405))).unwrap();
-    let c = cfg(&s.url("/v1/infer"), vec![stage(Load::Closed(4), 20.0)]);
+    let c = cfg(
+        &s.url("/v1/infer"),
+        vec![stage(StageLoad::Workers(4), 20.0)],
+    );
     let t = Instant::now();
     let r = go(&c);
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
@@ -325,10 +316,7 @@ fn bodies_reach_the_server_as_specified() {
     };
     let mut c = cfg(
         &s.url("/v1"),
-        vec![HttpStage {
-            load: Load::Closed(2),
-            duration: None,
-        }],
+        vec![Stage::held(StageLoad::Workers(2), None)],
     );
     c.max_requests = Some(300);
     c.body = BodySpec {
@@ -396,7 +384,10 @@ fn prometheus_and_nvml_memory_join_the_load_on_one_timeline() {
     let s = service_with_metrics(ooms.clone());
     let mut c = cfg(
         &s.url("/infer"),
-        vec![stage(Load::Closed(2), 0.4), stage(Load::Closed(8), 0.4)],
+        vec![
+            stage(StageLoad::Workers(2), 0.4),
+            stage(StageLoad::Workers(8), 0.4),
+        ],
     );
     c.metrics_url = Some(s.url("/metrics"));
     c.metrics_interval = Duration::from_millis(50);
@@ -459,7 +450,7 @@ fn prometheus_and_nvml_memory_join_the_load_on_one_timeline() {
 fn service_ooms_are_reported() {
     let ooms = Arc::new(AtomicU64::new(3));
     let s = service_with_metrics(ooms.clone());
-    let mut c = cfg(&s.url("/infer"), vec![stage(Load::Closed(2), 0.5)]);
+    let mut c = cfg(&s.url("/infer"), vec![stage(StageLoad::Workers(2), 0.5)]);
     c.metrics_url = Some(s.url("/metrics"));
     c.metrics_interval = Duration::from_millis(40);
     c.thresholds = parse_thresholds(&["oom_count==0"]).unwrap();
@@ -482,7 +473,7 @@ fn service_ooms_are_reported() {
 #[test]
 fn a_stop_flag_ends_the_run_with_what_was_measured() {
     let s = slow(Duration::from_millis(2));
-    let c = cfg(&s.url("/"), vec![stage(Load::Closed(2), 20.0)]);
+    let c = cfg(&s.url("/"), vec![stage(StageLoad::Workers(2), 20.0)]);
     let stop = no_stop();
     let t = Instant::now();
     let stopper = {
@@ -508,7 +499,7 @@ fn bad_targets_are_errors_before_anything_runs() {
     };
     let dead = format!("http://127.0.0.1:{port}/");
     let e = http::run(
-        &cfg(&dead, vec![stage(Load::Closed(1), 0.2)]),
+        &cfg(&dead, vec![stage(StageLoad::Workers(1), 0.2)]),
         no_stop(),
         |_| {},
     )
@@ -517,7 +508,7 @@ fn bad_targets_are_errors_before_anything_runs() {
     assert!(e.to_string().contains("connection refused"), "{e}");
 
     let s = slow(Duration::ZERO);
-    let mut c = cfg(&s.url("/"), vec![stage(Load::Closed(1), 0.2)]);
+    let mut c = cfg(&s.url("/"), vec![stage(StageLoad::Workers(1), 0.2)]);
     c.metrics_url = Some(dead.clone() + "metrics");
     let e = http::run(&c, no_stop(), |_| {}).unwrap_err();
     assert!(e.to_string().contains("--metrics-url"), "{e}");
@@ -533,7 +524,7 @@ fn bad_targets_are_errors_before_anything_runs() {
         "http://no-such-host.invalid/",
     ] {
         let e = http::run(
-            &cfg(url, vec![stage(Load::Closed(1), 0.2)]),
+            &cfg(url, vec![stage(StageLoad::Workers(1), 0.2)]),
             no_stop(),
             |_| {},
         )
@@ -545,7 +536,7 @@ fn bad_targets_are_errors_before_anything_runs() {
 #[test]
 fn nvml_is_absent_here_and_said_so_once() {
     let s = slow(Duration::ZERO);
-    let mut c = cfg(&s.url("/"), vec![stage(Load::Closed(1), 0.2)]);
+    let mut c = cfg(&s.url("/"), vec![stage(StageLoad::Workers(1), 0.2)]);
     c.nvml = Some(vramroom_load::NvmlDevice::Index(0));
     let r = go(&c);
     match r.memory_sources.first() {
@@ -565,11 +556,8 @@ fn n_ends_a_last_stage_smaller_than_an_earlier_one() {
     let mut c = cfg(
         &s.url("/"),
         vec![
-            stage(Load::Closed(4), 0.2),
-            HttpStage {
-                load: Load::Closed(1),
-                duration: None,
-            },
+            stage(StageLoad::Workers(4), 0.2),
+            Stage::held(StageLoad::Workers(1), None),
         ],
     );
     c.max_requests = Some(120);

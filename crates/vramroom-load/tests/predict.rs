@@ -18,7 +18,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use vramroom_load::http::load::{HttpStage, Load};
+use vramroom_load::http::load::{Stage, StageLoad};
 use vramroom_load::http::predict::{PredictOptions, DEFAULT_RAMP};
 use vramroom_load::http::server::{Reply, Seen, TestServer};
 use vramroom_load::http::{self, HttpConfig};
@@ -88,7 +88,7 @@ impl Fake {
         Some(Fake { child, port, probe })
     }
 
-    fn cfg(&self, stages: Vec<HttpStage>) -> HttpConfig {
+    fn cfg(&self, stages: Vec<Stage>) -> HttpConfig {
         let mut c = HttpConfig::new(format!("http://127.0.0.1:{}/infer", self.port));
         c.stages = stages;
         c.method = Some("POST".into());
@@ -122,13 +122,10 @@ fn loopback_ramp(s: &TestServer, step: Duration) -> HttpConfig {
     c
 }
 
-fn ramp(step: Duration) -> Vec<HttpStage> {
+fn ramp(step: Duration) -> Vec<Stage> {
     DEFAULT_RAMP[..8]
         .iter()
-        .map(|&c| HttpStage {
-            load: Load::Closed(c as usize),
-            duration: Some(step),
-        })
+        .map(|&c| Stage::held(StageLoad::Workers(c as usize), Some(step)))
         .collect()
 }
 
@@ -136,10 +133,7 @@ fn ramp(step: Duration) -> Vec<HttpStage> {
 fn predict_from_a_gentle_run_then_the_ramp_confirms_it() {
     let Some(svc) = Fake::start() else { return };
     // Gentle: one request at a time, 30 requests.
-    let mut c = svc.cfg(vec![HttpStage {
-        load: Load::Closed(1),
-        duration: None,
-    }]);
+    let mut c = svc.cfg(vec![Stage::held(StageLoad::Workers(1), None)]);
     c.max_requests = Some(30);
     c.predict = Some(PredictOptions {
         target_concurrency: Some(8),

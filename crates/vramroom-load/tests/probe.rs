@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use hyper::Method;
 use vramroom_load::http::client;
-use vramroom_load::http::load::{HttpStage, Load};
+use vramroom_load::http::load::{Stage, StageLoad};
 use vramroom_load::http::prometheus::{self, MetricMap};
 use vramroom_load::http::server::{Reply, Seen, TestServer};
 use vramroom_load::http::{self, HttpConfig};
@@ -267,10 +267,10 @@ fn vramroom_http_picks_up_the_probe() {
     svc.cmd("free 2");
     let target = TestServer::start(1, Arc::new(|_: &Seen| Reply::ok("ok"))).unwrap();
     let mut c = HttpConfig::new(target.url("/"));
-    c.stages = vec![HttpStage {
-        load: Load::Closed(2),
-        duration: Some(Duration::from_millis(400)),
-    }];
+    c.stages = vec![Stage::held(
+        StageLoad::Workers(2),
+        Some(Duration::from_millis(400)),
+    )];
     c.threads = 2;
     c.metrics_url = Some(svc.url("/metrics"));
     c.metrics_interval = Duration::from_millis(50);

@@ -1,6 +1,6 @@
 //! Gradient accumulation: backward every micro-step against summing the losses and one
 //! backward (ResNet-50, micro-batch 32, SGD momentum).
-use vramroom_tensor::predict::{predict, AccumPattern, Mode, ModelKind, PredictOptions};
+use vramroom_tensor::predict::{predict, AccumPattern, Mode, ModelKind, OptimKind, PredictOptions};
 
 fn main() -> vramroom_tensor::Result<()> {
     for n in [1, 4, 8] {
@@ -9,9 +9,11 @@ fn main() -> vramroom_tensor::Result<()> {
             let p = predict(&PredictOptions {
                 model: ModelKind::ResNet50,
                 batch: 32,
-                mode: Mode::Train,
-                accum: n,
-                accum_pattern: pattern,
+                mode: Mode::Training {
+                    optimizer: OptimKind::Sgd,
+                    accum_steps: n,
+                    pattern: pattern,
+                },
                 ..Default::default()
             })?;
             row.push(p.peak_over_input_bytes as f64 / 1048576.0);

@@ -1,11 +1,15 @@
 //! Printing PyTorch's `memory_summary()` table after a ResNet-18 training step.
-use vramroom_tensor::predict::{predict, Mode, ModelKind, PredictOptions};
+use vramroom_tensor::predict::{predict, AccumPattern, Mode, ModelKind, OptimKind, PredictOptions};
 
 fn main() -> vramroom_tensor::Result<()> {
     let p = predict(&PredictOptions {
         model: ModelKind::ResNet18,
         batch: 16,
-        mode: Mode::Train,
+        mode: Mode::Training {
+            optimizer: OptimKind::Sgd,
+            accum_steps: 1,
+            pattern: AccumPattern::Each,
+        },
         ..Default::default()
     })?;
     println!("{}", p.summary);

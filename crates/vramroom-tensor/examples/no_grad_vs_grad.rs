@@ -8,7 +8,7 @@ fn main() -> vramroom_tensor::Result<()> {
             let p = predict(&PredictOptions {
                 model: ModelKind::ResNet50,
                 batch: bs,
-                mode: Mode::Infer,
+                mode: Mode::Inference,
                 grad,
                 ..Default::default()
             })?;

@@ -85,6 +85,7 @@ pub mod predict;
 pub mod safetensors;
 pub mod storage;
 pub mod tensor;
+pub mod vocab;
 pub mod workspace;
 
 pub use autograd::{enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled};

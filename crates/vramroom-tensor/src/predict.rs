@@ -1,5 +1,7 @@
 //! The zoo's prediction engine (`vramroom predict` reaches it through vramroom-workload's
-//! `predict`, which owns the user-facing vocabulary): run a model workload on the meta device and report its memory — the peak
+//! `predict`, which parses the user's words; the words themselves, [`Mode`], [`OptimKind`]
+//! and [`AccumPattern`], are [`crate::vocab`]'s, one definition for both crates): run a
+//! model workload on the meta device and report its memory — the peak
 //! allocated and reserved, the peak above what existed before the forward, the category
 //! breakdown at the peak, and the allocator's `memory_stats` / `memory_summary`.
 //!
@@ -27,6 +29,7 @@ use crate::nn::{Init, Module};
 use crate::ops;
 use crate::optim::{Adam, Optimizer, Sgd};
 use crate::tensor::Tensor;
+pub use crate::vocab::{AccumPattern, Mode, OptimKind};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModelKind {
@@ -34,26 +37,6 @@ pub enum ModelKind {
     ResNet18,
     Gpt2,
     Mlp,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    Infer,
-    Train,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OptimKind {
-    Sgd,
-    AdamW,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AccumPattern {
-    /// `(loss / N).backward()` every micro-step: the graph of one micro-step at a time.
-    Each,
-    /// `total = total + loss / N` then one `total.backward()`: N graphs alive at once.
-    Sum,
 }
 
 /// MLP workload shape: `[1024] -> 4096 -> 4096 -> [1000]`.
@@ -65,13 +48,11 @@ pub struct PredictOptions {
     pub batch: usize,
     /// GPT-2 sequence length (ignored by the other models).
     pub seq: usize,
+    /// Inference, or training with its optimizer, micro-steps and accumulation pattern
+    /// (generation is not a zoo prediction).
     pub mode: Mode,
-    /// Infer only: forward with grad on (activations kept) instead of `no_grad`.
+    /// Inference only: forward with grad on (activations kept) instead of `no_grad`.
     pub grad: bool,
-    pub optimizer: OptimKind,
-    /// Micro-steps per optimizer step.
-    pub accum: usize,
-    pub accum_pattern: AccumPattern,
     /// Optimizer steps to run (the second step is where SGD/Adam state already exists).
     pub steps: usize,
     pub dtype: DType,
@@ -100,11 +81,8 @@ impl Default for PredictOptions {
             model: ModelKind::ResNet50,
             batch: 1,
             seq: 1024,
-            mode: Mode::Infer,
+            mode: Mode::Inference,
             grad: false,
-            optimizer: OptimKind::Sgd,
-            accum: 1,
-            accum_pattern: AccumPattern::Each,
             steps: 1,
             dtype: DType::F32,
             alloc_conf: AllocatorConfig::default(),
@@ -174,8 +152,10 @@ fn validate(o: &PredictOptions) -> Result<()> {
     if o.batch == 0 {
         return bad("batch must be at least 1");
     }
-    if o.accum == 0 {
-        return bad("accum must be at least 1");
+    match o.mode {
+        Mode::Training { accum_steps: 0, .. } => return bad("accum must be at least 1"),
+        Mode::Generate { .. } => return bad("generate is not a zoo prediction"),
+        _ => {}
     }
     if o.capacity == 0 {
         return bad("capacity must be more than 0 bytes");
@@ -229,7 +209,11 @@ pub fn run(o: &PredictOptions, dev: &Device) -> Result<Prediction> {
         }
     };
     match o.mode {
-        Mode::Infer => {
+        Mode::Generate { .. } => Err(TensorError::invalid(
+            "predict",
+            "generate is not a zoo prediction".to_string(),
+        )),
+        Mode::Inference => {
             net.train(false);
             if o.warm {
                 dev.init_blas_handle(BlasThread::Forward)?;
@@ -247,10 +231,14 @@ pub fn run(o: &PredictOptions, dev: &Device) -> Result<Prediction> {
             }
             Ok(measure(dev, base))
         }
-        Mode::Train => {
+        Mode::Training {
+            optimizer,
+            accum_steps,
+            pattern,
+        } => {
             net.train(true);
             let params = net.module().parameters();
-            let mut opt: Box<dyn Optimizer> = match o.optimizer {
+            let mut opt: Box<dyn Optimizer> = match optimizer {
                 OptimKind::Sgd => Box::new(Sgd::new(params, 0.1, 0.9, 0.0)?),
                 OptimKind::AdamW => Box::new(Adam::adamw(params, 1e-3, 0.01)?),
             };
@@ -260,18 +248,18 @@ pub fn run(o: &PredictOptions, dev: &Device) -> Result<Prediction> {
             }
             let base = dev.memory_allocated();
             dev.reset_peak_memory_stats();
-            let n = o.accum as f64;
+            let n = accum_steps as f64;
             for _ in 0..o.steps.max(1) {
-                match o.accum_pattern {
+                match pattern {
                     AccumPattern::Each => {
-                        for _ in 0..o.accum {
+                        for _ in 0..accum_steps {
                             let loss = net.loss(&x, &target)?.div_scalar(n)?;
                             loss.backward()?;
                         }
                     }
                     AccumPattern::Sum => {
                         let mut total: Option<Tensor> = None;
-                        for _ in 0..o.accum {
+                        for _ in 0..accum_steps {
                             let loss = net.loss(&x, &target)?.div_scalar(n)?;
                             total = Some(match total {
                                 Some(t) => t.add(&loss)?,

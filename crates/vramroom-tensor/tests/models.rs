@@ -270,7 +270,7 @@ fn predict_resnet50_infer_matches_pytorch() {
         (32, false, 318.5),
         (64, false, 637.0),
     ] {
-        let p = predict(&r50(bs, Mode::Infer, grad)).unwrap();
+        let p = predict(&r50(bs, Mode::Inference, grad)).unwrap();
         let got = p.peak_over_input_bytes as f64 / MIB;
         eprintln!("resnet50 bs{bs} grad={grad}: {got:.2} MiB (PyTorch {want})");
         assert!(
@@ -286,10 +286,11 @@ fn accum(n: usize, pattern: AccumPattern) -> PredictOptions {
     PredictOptions {
         model: ModelKind::ResNet50,
         batch: 32,
-        mode: Mode::Train,
-        optimizer: OptimKind::Sgd,
-        accum: n,
-        accum_pattern: pattern,
+        mode: Mode::Training {
+            optimizer: OptimKind::Sgd,
+            accum_steps: n,
+            pattern,
+        },
         ..Default::default()
     }
 }
@@ -326,15 +327,15 @@ fn predict_accumulation_table() {
 
 #[test]
 fn predict_rejects_bad_input() {
-    assert!(predict(&r50(0, Mode::Infer, false)).is_err());
-    let mut o = r50(1, Mode::Infer, false);
+    assert!(predict(&r50(0, Mode::Inference, false)).is_err());
+    let mut o = r50(1, Mode::Inference, false);
     o.capacity = 0;
     assert!(predict(&o).is_err());
 }
 
 #[test]
 fn max_batch_finds_the_largest_fit() {
-    let mut o = r50(1, Mode::Infer, false);
+    let mut o = r50(1, Mode::Inference, false);
     o.capacity = 2 << 30;
     let (b, p) = max_batch(&o, 4096).unwrap().unwrap();
     assert!(p.peak_reserved_bytes <= o.capacity);
@@ -350,8 +351,11 @@ fn predict_gpt2_train_under_one_second() {
         model: ModelKind::Gpt2,
         batch: 32,
         seq: 1024,
-        mode: Mode::Train,
-        optimizer: OptimKind::AdamW,
+        mode: Mode::Training {
+            optimizer: OptimKind::AdamW,
+            accum_steps: 1,
+            pattern: AccumPattern::Each,
+        },
         ..Default::default()
     };
     let t = std::time::Instant::now();

@@ -120,12 +120,16 @@ impl WorkloadFlags {
             (None, None) => s.dtype,
         };
         let optimizer = match (&self.optimizer, &hf) {
-            (Some(o), _) => o.parse::<OptimKind>()?,
+            (Some(o), _) => o
+                .parse::<OptimKind>()
+                .map_err(|e| WorkloadError::Scenario(e.to_string()))?,
             (None, Some(_)) => OptimKind::AdamW,
             (None, None) => OptimKind::Sgd,
         };
         let pattern = match &self.accum_pattern {
-            Some(p) => p.parse::<AccumPattern>()?,
+            Some(p) => p
+                .parse::<AccumPattern>()
+                .map_err(|e| WorkloadError::Scenario(e.to_string()))?,
             None => AccumPattern::Each,
         };
         let accum = self.accum.unwrap_or(1);

@@ -41,5 +41,5 @@ pub use spec::{
     parse_dtype, AccumPattern, InputDist, Mistakes, Mode, ModelSpec, OptimKind, Scenario,
     ScenarioInfo, MODEL_NAMES,
 };
-pub use stages::{parse_duration, parse_rate, parse_stages, StageLoad, StageSpec, MAX_STAGES};
+pub use stages::{parse_duration, parse_rate, parse_stages, Stage, StageLoad, MAX_STAGES};
 pub use step::{WorkerState, Workload};

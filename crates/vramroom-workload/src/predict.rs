@@ -129,7 +129,7 @@ fn zoo_options(sc: &Scenario, dev: &PredictDevice, size: usize) -> Result<zoo::P
     }
     match &sc.mode {
         Mode::Inference => {
-            o.mode = zoo::Mode::Infer;
+            o.mode = Mode::Inference;
             o.grad = sc.mistakes.grad_at_inference;
         }
         Mode::Training {
@@ -137,15 +137,10 @@ fn zoo_options(sc: &Scenario, dev: &PredictDevice, size: usize) -> Result<zoo::P
             accum_steps,
             ..
         } => {
-            o.mode = zoo::Mode::Train;
-            o.optimizer = match optimizer {
-                OptimKind::Sgd => zoo::OptimKind::Sgd,
-                OptimKind::AdamW => zoo::OptimKind::AdamW,
-            };
-            o.accum = *accum_steps;
-            o.accum_pattern = match sc.effective_pattern() {
-                Some(AccumPattern::Sum) => zoo::AccumPattern::Sum,
-                _ => zoo::AccumPattern::Each,
+            o.mode = Mode::Training {
+                optimizer: *optimizer,
+                accum_steps: *accum_steps,
+                pattern: sc.effective_pattern().unwrap_or(AccumPattern::Each),
             };
         }
         Mode::Generate { .. } => return Err(unsupported("generate on a zoo model")),

@@ -37,6 +37,7 @@ use vramroom_tensor::DType;
 
 use crate::error::{Result, WorkloadError};
 pub use crate::model::HfModelSpec;
+pub use vramroom_tensor::vocab::{AccumPattern, Mode, OptimKind};
 
 /// The model a scenario runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -263,63 +264,6 @@ impl FromStr for InputDist {
             _ => Err(bad(&format!("unknown distribution {kind:?}"))),
         }
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OptimKind {
-    Sgd,
-    AdamW,
-}
-
-impl FromStr for OptimKind {
-    type Err = WorkloadError;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "sgd" => Ok(OptimKind::Sgd),
-            "adamw" => Ok(OptimKind::AdamW),
-            o => Err(WorkloadError::Scenario(format!(
-                "unknown optimizer {o:?} (expected sgd, adamw)"
-            ))),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AccumPattern {
-    /// `(loss / N).backward()` every micro-step.
-    Each,
-    /// Sum the losses, one backward: the planted mistake.
-    Sum,
-}
-
-impl FromStr for AccumPattern {
-    type Err = WorkloadError;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "each" => Ok(AccumPattern::Each),
-            "sum" => Ok(AccumPattern::Sum),
-            o => Err(WorkloadError::Scenario(format!(
-                "unknown accumulation pattern {o:?} (expected each, sum)"
-            ))),
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum Mode {
-    Inference,
-    Training {
-        optimizer: OptimKind,
-        accum_steps: usize,
-        /// `Sum` is the `sum_losses` mistake; [`Mistakes::sum_losses`] forces it too.
-        pattern: AccumPattern,
-    },
-    /// `model.generate(ids, max_new_tokens=new_tokens)`: a prefill of the drawn prompt
-    /// length, then one decode step per new token on the KV cache (Hugging Face decoders).
-    Generate {
-        new_tokens: usize,
-        cache: CacheImpl,
-    },
 }
 
 /// A workload: model, batch, input sizes, mode and planted mistakes.

@@ -35,11 +35,48 @@ pub enum StageLoad {
     Rate(f64),
 }
 
-/// One parsed stage: a load held for a duration.
+/// One stage, k6's `stages` entry: a target load held for a duration. The one stage type
+/// of `loadtest` (workers only) and `http` (workers or a rate).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StageSpec {
-    pub load: StageLoad,
-    pub duration: Duration,
+pub struct Stage {
+    /// k6's `target`: workers (closed model) or requests per second (open model).
+    pub target: StageLoad,
+    /// `None`: until a count ends it (`http -n`, or `requests_per_worker`); the parser
+    /// always sets it.
+    pub duration: Option<Duration>,
+    /// In-process only: the stage also ends once `requests_per_worker × workers` requests
+    /// have completed, whichever comes first.
+    pub requests_per_worker: Option<u64>,
+}
+
+impl Stage {
+    /// `target` for `duration` (`None`: until a count ends it).
+    pub fn held(target: StageLoad, duration: Option<Duration>) -> Stage {
+        Stage {
+            target,
+            duration,
+            requests_per_worker: None,
+        }
+    }
+    /// `workers` for `duration`.
+    pub fn timed(workers: usize, duration: Duration) -> Stage {
+        Stage::held(StageLoad::Workers(workers), Some(duration))
+    }
+    /// `workers` until each has completed `requests_per_worker` requests.
+    pub fn counted(workers: usize, requests_per_worker: u64) -> Stage {
+        Stage {
+            target: StageLoad::Workers(workers),
+            duration: None,
+            requests_per_worker: Some(requests_per_worker),
+        }
+    }
+    /// The workers of a closed-model stage; 0 for a rate.
+    pub fn workers(&self) -> usize {
+        match self.target {
+            StageLoad::Workers(n) => n,
+            StageLoad::Rate(_) => 0,
+        }
+    }
 }
 
 /// Parses a duration: `10s`, `500ms`, `2m`, `1m30s`, `1.5s`, or a bare number of seconds.
@@ -130,7 +167,7 @@ fn is_rate(s: &str) -> bool {
 
 /// k6-style stages `LOAD:DURATION,...`: `4:10s,16:20s` (workers) or `100/s:10s,400/s:20s`
 /// (rates), at most `max_workers` workers a stage and [`MAX_STAGES`] stages.
-pub fn parse_stages(s: &str, max_workers: usize) -> Result<Vec<StageSpec>> {
+pub fn parse_stages(s: &str, max_workers: usize) -> Result<Vec<Stage>> {
     let err = |msg: String| WorkloadError::Stages {
         // the message quotes the input: a long one is cut, so the error stays one line
         // a person can read
@@ -191,11 +228,11 @@ pub fn parse_stages(s: &str, max_workers: usize) -> Result<Vec<StageSpec>> {
             StageLoad::Workers(workers)
         };
         let duration = parse_duration(d).map_err(|m| err(format!("stage {}: {m}", i + 1)))?;
-        out.push(StageSpec { load, duration });
+        out.push(Stage::held(load, Some(duration)));
     }
     let rates = out
         .iter()
-        .filter(|s| matches!(s.load, StageLoad::Rate(_)))
+        .filter(|s| matches!(s.target, StageLoad::Rate(_)))
         .count();
     if rates != 0 && rates != out.len() {
         return Err(err(
@@ -216,7 +253,7 @@ fn is_k6_stage(part: &str) -> bool {
 }
 
 /// k6's ramping stages, as held steps (see the design note).
-fn parse_ramps(s: &str, max_workers: usize) -> std::result::Result<Vec<StageSpec>, String> {
+fn parse_ramps(s: &str, max_workers: usize) -> std::result::Result<Vec<Stage>, String> {
     let mut targets = Vec::new();
     for (i, part) in s.split(',').enumerate() {
         let (d, t) = part.trim().split_once(':').unwrap_or((part, ""));
@@ -288,7 +325,7 @@ fn parse_ramps(s: &str, max_workers: usize) -> std::result::Result<Vec<StageSpec
             } else {
                 step
             };
-            out.push(StageSpec { load, duration: d });
+            out.push(Stage::held(load, Some(d)));
         }
         from = to;
     }
@@ -308,12 +345,12 @@ mod tests {
     #[test]
     fn stages_of_both_models() {
         let s = parse_stages("4:10s, 16:500ms", 64).unwrap();
-        assert_eq!(s[0].load, StageLoad::Workers(4));
-        assert_eq!(s[1].duration, Duration::from_millis(500));
+        assert_eq!(s[0].target, StageLoad::Workers(4));
+        assert_eq!(s[1].duration, Some(Duration::from_millis(500)));
         let s = parse_stages("100/s:2s,6000/m:1s,50rps:1s", 64).unwrap();
-        assert_eq!(s[0].load, StageLoad::Rate(100.0));
-        assert_eq!(s[1].load, StageLoad::Rate(100.0));
-        assert_eq!(s[2].load, StageLoad::Rate(50.0));
+        assert_eq!(s[0].target, StageLoad::Rate(100.0));
+        assert_eq!(s[1].target, StageLoad::Rate(100.0));
+        assert_eq!(s[2].target, StageLoad::Rate(50.0));
         for bad in [
             "",
             "4",
@@ -335,22 +372,19 @@ mod tests {
         // 0 -> 10 workers over 10s: ten 1 s steps, 1..=10 workers.
         let s = parse_stages("10s:10", 64).unwrap();
         assert_eq!(s.len(), 10);
-        let w: Vec<_> = s.iter().map(|x| x.load).collect();
+        let w: Vec<_> = s.iter().map(|x| x.target).collect();
         assert_eq!(w.first(), Some(&StageLoad::Workers(1)));
         assert_eq!(w.last(), Some(&StageLoad::Workers(10)));
-        assert!(s.iter().all(|x| x.duration == Duration::from_secs(1)));
+        assert!(s.iter().all(|x| x.duration == Some(Duration::from_secs(1))));
         // A plateau is one held stage; a ramp down ends above 0; durations add up.
         let s = parse_stages("30s:4, 1m:4, 20s:0", 64).unwrap();
-        let total: Duration = s.iter().map(|x| x.duration).sum();
+        let total: Duration = s.iter().filter_map(|x| x.duration).sum();
         assert_eq!(total, Duration::from_secs(110));
-        assert!(s.contains(&StageSpec {
-            load: StageLoad::Workers(4),
-            duration: Duration::from_secs(60)
-        }));
-        assert_eq!(s.last().unwrap().load, StageLoad::Workers(1));
+        assert!(s.contains(&Stage::timed(4, Duration::from_secs(60))));
+        assert_eq!(s.last().unwrap().target, StageLoad::Workers(1));
         let mut prev = 0;
         for x in &s[..4] {
-            let StageLoad::Workers(n) = x.load else {
+            let StageLoad::Workers(n) = x.target else {
                 panic!()
             };
             assert!(n >= prev, "a ramp up never goes down");
@@ -359,8 +393,8 @@ mod tests {
         // Rates ramp in RAMP_STEPS steps, each at its interval's middle.
         let s = parse_stages("10s:100/s", 64).unwrap();
         assert_eq!(s.len(), RAMP_STEPS);
-        assert_eq!(s[0].load, StageLoad::Rate(5.0));
-        assert_eq!(s[RAMP_STEPS - 1].load, StageLoad::Rate(95.0));
+        assert_eq!(s[0].target, StageLoad::Rate(5.0));
+        assert_eq!(s[RAMP_STEPS - 1].target, StageLoad::Rate(95.0));
         // The old form is unchanged, and the forms do not mix.
         assert_eq!(parse_stages("4:10s", 64).unwrap().len(), 1);
         for bad in [

@@ -20,7 +20,7 @@ use clap::Args;
 use vramroom_alloc::size::human_bytes;
 use vramroom_load::http::body::BodySpec;
 use vramroom_load::http::load::{
-    parse_http_stages, parse_rate, Arrival, HttpStage, Load, DEFAULT_MAX_CONNECTIONS,
+    parse_http_stages, parse_rate, Arrival, Stage, StageLoad, DEFAULT_MAX_CONNECTIONS,
     MAX_CONCURRENCY,
 };
 use vramroom_load::http::peer as peer_client;
@@ -191,7 +191,7 @@ pub struct HttpArgs {
     quiet: bool,
 }
 
-fn stages(a: &HttpArgs) -> Result<(Vec<HttpStage>, bool), UserError> {
+fn stages(a: &HttpArgs) -> Result<(Vec<Stage>, bool), UserError> {
     if a.concurrency == Some(0) {
         return Err(anyhow!("-c must be at least 1").into());
     }
@@ -211,10 +211,7 @@ fn stages(a: &HttpArgs) -> Result<(Vec<HttpStage>, bool), UserError> {
         let d = duration("--step-duration", &a.step_duration)?;
         let v = DEFAULT_RAMP
             .iter()
-            .map(|&c| HttpStage {
-                load: Load::Closed(c as usize),
-                duration: Some(d),
-            })
+            .map(|&c| Stage::held(StageLoad::Workers(c as usize), Some(d)))
             .collect();
         return Ok((v, false));
     }
@@ -223,7 +220,7 @@ fn stages(a: &HttpArgs) -> Result<(Vec<HttpStage>, bool), UserError> {
             return Err(anyhow!("--stages sets its own durations: drop -z").into());
         }
         let v = parse_http_stages(s).map_err(le)?;
-        let open = matches!(v[0].load, Load::Open(_));
+        let open = matches!(v[0].target, StageLoad::Rate(_));
         return Ok((v, open));
     }
     let d = match (&a.duration, a.requests) {
@@ -234,11 +231,11 @@ fn stages(a: &HttpArgs) -> Result<(Vec<HttpStage>, bool), UserError> {
     };
     let (load, open) = match &a.rate {
         Some(q) => (
-            Load::Open(parse_rate(q).map_err(|m| anyhow!("bad -q {q:?}: {m}"))?),
+            StageLoad::Rate(parse_rate(q).map_err(|m| anyhow!("bad -q {q:?}: {m}"))?),
             true,
         ),
         None => (
-            Load::Closed(a.concurrency.unwrap_or(if a.predict {
+            StageLoad::Workers(a.concurrency.unwrap_or(if a.predict {
                 PREDICT_CONCURRENCY
             } else {
                 DEFAULT_CONCURRENCY
@@ -246,7 +243,7 @@ fn stages(a: &HttpArgs) -> Result<(Vec<HttpStage>, bool), UserError> {
             false,
         ),
     };
-    Ok((vec![HttpStage { load, duration: d }], open))
+    Ok((vec![Stage::held(load, d)], open))
 }
 
 /// Everything the user typed, checked, as the engine's config. No file is touched and
@@ -504,10 +501,7 @@ pub fn bench_http(a: BenchHttpArgs) -> Result<ExitCode, UserError> {
         (None, None) => unreachable!("a server is started when no --url is given"),
     };
     let mut cfg = HttpConfig::new(url.clone());
-    cfg.stages = vec![HttpStage {
-        load: Load::Closed(a.concurrency),
-        duration: Some(d),
-    }];
+    cfg.stages = vec![Stage::held(StageLoad::Workers(a.concurrency), Some(d))];
     cfg.threads = threads;
     cfg.probe = false;
     cfg.what_if.clear();
@@ -633,13 +627,13 @@ mod tests {
     #[test]
     fn flags_map_to_the_config() {
         let c = cfg(&[]).unwrap();
-        assert_eq!(c.stages[0].load, Load::Closed(DEFAULT_CONCURRENCY));
+        assert_eq!(c.stages[0].target, StageLoad::Workers(DEFAULT_CONCURRENCY));
         assert_eq!(c.stages[0].duration, Some(Duration::from_secs(10)));
         let c = cfg(&["-c", "4", "-n", "100"]).unwrap();
         assert_eq!(c.stages[0].duration, None);
         assert_eq!(c.max_requests, Some(100));
         let c = cfg(&["-q", "250", "-c", "32", "--arrival", "poisson", "-z", "2s"]).unwrap();
-        assert_eq!(c.stages[0].load, Load::Open(250.0));
+        assert_eq!(c.stages[0].target, StageLoad::Rate(250.0));
         assert_eq!(c.max_connections, 32);
         assert_eq!(c.arrival, Arrival::Poisson);
         let c = cfg(&["--stages", "100/s:1s,200/s:1s", "-n", "50"]).unwrap();
@@ -664,7 +658,7 @@ mod tests {
         assert!(cfg(&["--no-nvml"]).unwrap().nvml.is_none());
         // --predict: a gentle default load, and the prediction asked for.
         let c = cfg(&["--predict", "--metrics-url", "http://127.0.0.1:9/metrics"]).unwrap();
-        assert_eq!(c.stages[0].load, Load::Closed(PREDICT_CONCURRENCY));
+        assert_eq!(c.stages[0].target, StageLoad::Workers(PREDICT_CONCURRENCY));
         assert_eq!(
             c.stages[0].duration,
             Some(Duration::from_secs(PREDICT_SECONDS))
@@ -674,7 +668,10 @@ mod tests {
         let c = cfg(&["--ramp-until-oom", "--step-duration", "2s"]).unwrap();
         assert!(c.stop_at_first_oom);
         assert_eq!(c.stages.len(), DEFAULT_RAMP.len());
-        assert_eq!(c.stages[3].load, Load::Closed(DEFAULT_RAMP[3] as usize));
+        assert_eq!(
+            c.stages[3].target,
+            StageLoad::Workers(DEFAULT_RAMP[3] as usize)
+        );
         assert_eq!(c.stages[3].duration, Some(Duration::from_secs(2)));
         let c = cfg(&["--ramp-until-oom", "--stages", "1:1s,5:1s"]).unwrap();
         assert_eq!(c.stages.len(), 2);

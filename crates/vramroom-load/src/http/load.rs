@@ -23,32 +23,15 @@
 //! boundaries are fixed times from the start of the run, so the open schedule of each stage
 //! starts exactly at its boundary.
 
-use std::time::Duration;
-
 use crate::error::{LoadError, Result};
 use crate::http::body::Rng;
-use vramroom_workload::stages::{parse_stages, StageLoad};
+use vramroom_workload::stages::parse_stages;
+pub use vramroom_workload::stages::{Stage, StageLoad};
 
 /// Connections the open model may open when `-c` does not say.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 /// Most workers or connections.
 pub const MAX_CONCURRENCY: usize = 16_384;
-
-/// The load of one stage.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Load {
-    /// Workers.
-    Closed(usize),
-    /// Requests per second.
-    Open(f64),
-}
-
-/// One stage: a load for a time (`None`: until `-n` requests, or Ctrl-C).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct HttpStage {
-    pub load: Load,
-    pub duration: Option<Duration>,
-}
 
 /// Inter-arrival times of the open model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,17 +66,8 @@ pub use vramroom_workload::stages::{parse_rate, MAX_RATE};
 
 /// k6-style stages: `4:10s,16:20s` (workers) or `100/s:10s,400/s:20s` (rates), on
 /// vramroom-workload's parser (one syntax and one set of messages for every command).
-pub fn parse_http_stages(s: &str) -> Result<Vec<HttpStage>> {
-    Ok(parse_stages(s, MAX_CONCURRENCY)?
-        .into_iter()
-        .map(|st| HttpStage {
-            load: match st.load {
-                StageLoad::Workers(n) => Load::Closed(n),
-                StageLoad::Rate(r) => Load::Open(r),
-            },
-            duration: Some(st.duration),
-        })
-        .collect())
+pub fn parse_http_stages(s: &str) -> Result<Vec<Stage>> {
+    Ok(parse_stages(s, MAX_CONCURRENCY)?)
 }
 
 /// The open model's schedule: gaps between intended send times.
@@ -123,16 +97,17 @@ impl Schedule {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn stages_of_both_models() {
         let s = parse_http_stages("4:10s, 16:500ms").unwrap();
-        assert_eq!(s[0].load, Load::Closed(4));
+        assert_eq!(s[0].target, StageLoad::Workers(4));
         assert_eq!(s[1].duration, Some(Duration::from_millis(500)));
         let s = parse_http_stages("100/s:2s,6000/m:1s,50rps:1s").unwrap();
-        assert_eq!(s[0].load, Load::Open(100.0));
-        assert_eq!(s[1].load, Load::Open(100.0));
-        assert_eq!(s[2].load, Load::Open(50.0));
+        assert_eq!(s[0].target, StageLoad::Rate(100.0));
+        assert_eq!(s[1].target, StageLoad::Rate(100.0));
+        assert_eq!(s[2].target, StageLoad::Rate(50.0));
         for bad in [
             "",
             "4",

@@ -16,7 +16,13 @@
 //! - [`predict`]: `--predict` (the OOM concurrency per device and config, size caps,
 //!   per-request attribution) and `--ramp-until-oom`'s comparison with it.
 //! - [`probe`]: snapshots from `python/vramroom/probe.py`, replays, findings.
-//! - [`mod@run`]: [`HttpConfig`] and [`run()`](run::run), the whole run.
+//! - [`config`]: [`HttpConfig`], and what of it is checked without the network.
+//! - [`mod@run`]: the HTTP [`Driver`](crate::driver::Driver) and [`run()`](run::run), the
+//!   whole run through the shared pipeline; the replays and prediction after it.
+//! - [`prepare`]: the config checked against the world before the clock starts.
+//! - [`controller`]: the stages, the memory sampler, the probe's snapshots.
+//! - [`workers`]: one request; the closed model's load threads, the open dispatcher.
+//! - [`aggregate`]: histograms and readings into the [`RunResult`](crate::results::RunResult).
 //! - [`watch`]: `vramroom watch`: several endpoints (ranks) on one timeline, no load.
 //! - [`server`]: a small loopback server for tests and `vramroom bench http`.
 //! - [`peer`]: `vramroom bench http`'s peer client (wrk, oha), run and read.
@@ -25,12 +31,12 @@
 //! ```no_run
 //! use std::sync::{atomic::AtomicBool, Arc};
 //! use std::time::Duration;
-//! use vramroom_load::http::{load::{HttpStage, Load}, HttpConfig};
+//! use vramroom_load::http::{load::{Stage, StageLoad}, HttpConfig};
 //!
 //! let mut cfg = HttpConfig::new("http://127.0.0.1:8000/generate");
 //! cfg.stages = vec![
-//!     HttpStage { load: Load::Closed(4), duration: Some(Duration::from_secs(10)) },
-//!     HttpStage { load: Load::Closed(16), duration: Some(Duration::from_secs(20)) },
+//!     Stage::held(StageLoad::Workers(4), Some(Duration::from_secs(10))),
+//!     Stage::held(StageLoad::Workers(16), Some(Duration::from_secs(20))),
 //! ];
 //! cfg.metrics_url = Some("http://127.0.0.1:8000/metrics".into());
 //! let r = vramroom_load::http::run(&cfg, Arc::new(AtomicBool::new(false)), |_| {})?;
@@ -38,13 +44,17 @@
 //! # Ok::<(), vramroom_load::LoadError>(())
 //! ```
 
+pub mod aggregate;
 pub mod body;
 pub mod client;
+pub mod config;
+pub mod controller;
 pub mod limits;
 pub mod listener;
 pub mod load;
 pub mod peer;
 pub mod predict;
+pub mod prepare;
 pub mod probe;
 pub mod prometheus;
 pub mod record;
@@ -53,5 +63,7 @@ pub mod run;
 pub mod sample;
 pub mod server;
 pub mod watch;
+pub mod workers;
 
-pub use run::{run, HttpConfig};
+pub use config::HttpConfig;
+pub use run::{run, HttpDriver};

@@ -1,5 +1,6 @@
-"""vramroom.trace.hidden's measured conv events: lookup by batch (exact, interpolated, scaled).
-Pure Python: the table logic needs no torch."""
+"""vramroom.trace's tables of what CUDA allocates unseen: hidden.py's measured conv events
+(lookup by batch: exact, interpolated, scaled) and reduce.py's reduction staging. Pure
+Python: the table logic needs no torch."""
 
 from vramroom.trace.hidden import tokens_at
 
@@ -26,3 +27,16 @@ def test_where_the_algorithm_changes_the_nearer_batch_is_scaled():
 
 def test_past_the_largest_batch_the_largest_scales():
     assert tokens_at(PTS, 16) == [["o", 1600], ["t", 2000], ["t", 14], ["f", 1], ["f", 0]]
+
+
+# Reduce.cuh's global staging: the buffers and semaphores real H100 snapshots show after a
+# bias gradient's sum over M rows into N outputs (adam_capturable: M=1024; BERT: M=4096).
+def test_reduction_staging_matches_the_h100_snapshots():
+    from vramroom.trace.reduce import outer_staging
+
+    assert outer_staging(1024, 2048, 4, 132, 2048) == (16777216, 64)
+    assert outer_staging(1024, 8192, 4, 132, 2048) == (67108864, 256)
+    assert outer_staging(4096, 512, 4, 132, 2048) == (16777216, 16)
+    assert outer_staging(4096, 2048, 4, 132, 2048) == (67108864, 64)
+    # few rows: the blocks reduce alone, nothing staged
+    assert outer_staging(32, 2048, 4, 132, 2048) is None

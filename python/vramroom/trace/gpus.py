@@ -25,6 +25,11 @@ class Gpu:
     def capability(self):
         return (self.major, self.minor)
 
+    @property
+    def max_threads_per_sm(self):
+        # cudaDevAttrMaxThreadsPerMultiProcessor: 1536 on sm86/sm89, 2048 on sm80/sm90
+        return 1536 if (self.major, self.minor) in ((8, 6), (8, 7), (8, 9)) else 2048
+
 
 GPUS = {
     "h100": Gpu("h100", "NVIDIA H100 80GB HBM3", 85024899072, 9, 0, 132, "sm90"),

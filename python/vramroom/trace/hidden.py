@@ -97,6 +97,7 @@ class Hidden:
         import torch
 
         self.rec = rec
+        self.gpu = gpu
         self.row = load_table()["archs"][gpu.arch]
         self.conv = _conv_table(self.row.get("conv_workspace_table"))
         self.conv_ev = _conv_events(self.row.get("conv_events_table"))
@@ -117,12 +118,30 @@ class Hidden:
         # layer_norm_backward_cuda: X before dX, dgamma, dbeta, then dY.contiguous() at the
         # kernel call (the order seen in real snapshots, e.g. ViT's batch_first attention
         # leaves the residual stream transposed)
+        self.reductions = {a.sum.dim_IntList, a.mean.dim}
         self.contig = {a.native_layer_norm.default: ([0], []),
                        a.native_layer_norm_backward.default: ([1], [0])}
         self.conv_fwd = {a.convolution.default}
         self.conv_bwd = {a.convolution_backward.default}
         self.stats = {"cublas_handles": 0, "cublaslt": 0, "conv_workspaces": 0,
                       "conv_unmeasured": 0, "conv_measured": 0}
+
+    # -- reductions' global staging (reduce.py) -----------------------------------------
+    def reduce_staging(self, func, args):
+        """(buffer, semaphores) bytes a sum/mean over dims takes while it runs, or None."""
+        if func not in self.reductions or not args:
+            return None
+        from .reduce import staging
+
+        x = args[0]
+        if not hasattr(x, "device") or x.device.type != "cuda":
+            return None
+        dims = args[1] if len(args) > 1 else None
+        if dims is None or (isinstance(dims, (list, tuple)) and not dims):
+            return None  # a full reduction: a few bytes, not modelled
+        if isinstance(dims, int):
+            dims = [dims]
+        return staging(func, x, list(dims), self.gpu)
 
     # -- inputs a CUDA kernel makes contiguous ------------------------------------------
     def contiguous_copies(self, func, args):

@@ -239,6 +239,16 @@ def _mode_class():
                 made += [(rec.alloc(n, stream=st, frames=fr), n) for n in copies[1]]
                 for a, n in made:
                     rec.free(a, n, st)
+            staged = hid.reduce_staging(func, args)
+            if staged:
+                # Reduce.cuh's buffer and semaphores, after the output; semaphores go first
+                if fr is None:
+                    fr = rec._frames()
+                st = rec.current_stream_ident()
+                buf = rec.alloc(staged[0], stream=st, frames=fr)
+                sem = rec.alloc(staged[1], stream=st, frames=fr)
+                rec.free(sem, staged[1], st)
+                rec.free(buf, staged[0], st)
             if func._schema.is_mutable and fr is None:
                 # in place on an input whose storage may have been resized (resize_, set_)
                 for a in args:

@@ -346,3 +346,21 @@ def test_sdpa_with_a_learned_mask_takes_the_math_path(tmp_path):
         F.scaled_dot_product_attention(q, q, q, attn_mask=bias)
     """, tmp_path)
     assert out["hidden"]["sdpa"] == {"math": 1, "efficient": 1}, out["hidden"]
+
+
+def test_dropout_allocates_its_mask_first_and_linear_adds_its_bias_in_place(tmp_path):
+    # native_dropout's CUDA kernel allocates the bool mask before the output; at::linear on a
+    # non-contiguous 3-d input with a bias runs matmul then add_ (in place) on the GPU, an
+    # out-of-place add only for tensor subclasses such as fake tensors.
+    out = run_traced("""
+    x = torch.randn(64, 32, 128, device="cuda", requires_grad=True)
+    y = torch.nn.functional.dropout(x, 0.1, training=True)
+    lin = torch.nn.Linear(128, 256).cuda()
+    z = lin(x.transpose(0, 1))
+    """, tmp_path)
+    sizes = [s for s, _ in allocs(out["events"])]
+    n = 64 * 32 * 128
+    i = sizes.index(n * 4)  # x
+    assert sizes[i + 1:i + 3] == [n, n * 4], sizes  # mask (bool), then the output
+    # the linear: its copy of the transposed input, then one output; no second output
+    assert sizes.count(64 * 32 * 256 * 4) == 1, sizes

@@ -135,6 +135,7 @@ class Trace:
         orig = F.scaled_dot_product_attention
         new = make_sdpa(orig, rec, hid.row, lambda t: isinstance(t, FakeTensor))
         self._set(F, "scaled_dot_product_attention", new)
+        self._set(F, "linear", _make_linear(F.linear, lambda t: isinstance(t, FakeTensor)))
         self._set(torch, "compile", _refuse_compile)
         # fake mode's constant propagation, for the small CPU tensors mode.py keeps real
         import torch._subclasses.fake_tensor as fake_tensor_module
@@ -243,6 +244,29 @@ class Trace:
 def evidence_path(snapshot_path):
     """The evidence written beside a snapshot: `s.pickle` -> `s.evidence.json`."""
     return os.path.splitext(snapshot_path)[0] + ".evidence.json"
+
+
+def _make_linear(orig, is_fake):
+    """F.linear as CUDA runs it on a non-contiguous input with a bias (MultiheadAttention's
+    batch_first transposes): at::linear takes matmul, then adds the bias in place, except
+    for tensor subclasses, which get an out-of-place add (composite compliance). Under the
+    tracer every tensor is a subclass, so the fake run would allocate a second output that
+    the GPU never does."""
+    import torch
+
+    def linear(input, weight, bias=None):
+        if bias is None or not is_fake(input) or input.device.type != "cuda" \
+                or input.dim() <= 2 or input.is_contiguous():
+            return orig(input, weight, bias)
+        if torch.is_autocast_enabled("cuda"):
+            dt = torch.get_autocast_dtype("cuda")
+            input, weight, bias = input.to(dt), weight.to(dt), bias.to(dt)
+            with torch.autocast("cuda", enabled=False):
+                out = torch.matmul(input, weight.t())
+                return out.add_(bias)
+        return torch.matmul(input, weight.t()).add_(bias)
+
+    return linear
 
 
 def _refuse_compile(*a, **k):

@@ -119,6 +119,9 @@ class Hidden:
         # kernel call (the order seen in real snapshots, e.g. ViT's batch_first attention
         # leaves the residual stream transposed)
         self.reductions = {a.sum.dim_IntList, a.mean.dim}
+        # outputs a CUDA kernel allocates in another order than it returns them:
+        # native_dropout's mask before its output (real snapshots: BERT, nn.Transformer)
+        self.output_order = {a.native_dropout.default: (1, 0)}
         self.contig = {a.native_layer_norm.default: ([0], []),
                        a.native_layer_norm_backward.default: ([1], [0])}
         self.conv_fwd = {a.convolution.default}

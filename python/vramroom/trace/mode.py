@@ -224,6 +224,8 @@ def _mode_class():
                 if toks is not None and hid.replay_tokens(toks, [out], rec._frames()):
                     return out
             ts = leaves(out, [])
+            if func in hid.output_order and len(ts) == len(hid.output_order[func]):
+                ts = [ts[i] for i in hid.output_order[func]]
             fr = None
             copies = hid.contiguous_copies(func, args)
             if copies:

@@ -129,6 +129,23 @@ class Hidden:
         self.stats = {"cublas_handles": 0, "cublaslt": 0, "conv_workspaces": 0,
                       "conv_unmeasured": 0, "conv_measured": 0}
 
+    def around_outputs(self, func, args, n_outputs):
+        """The op's hidden allocations around its n cuda outputs as event tokens (see
+        replay_tokens), or None: the copies of non-contiguous inputs (before the outputs,
+        after them, all freed in the order made), then Reduce.cuh's staging buffer and
+        semaphores (semaphores freed first)."""
+        copies = self.contiguous_copies(func, args)
+        staged = self.reduce_staging(func, args)
+        if not copies and not staged:
+            return None
+        pre, post = copies or ([], [])
+        toks = [["t", n] for n in pre] + [["o", 0]] * n_outputs + [["t", n] for n in post]
+        toks += [["f", i] for i in range(len(pre) + len(post))]
+        if staged:
+            k = len(pre) + len(post)
+            toks += [["t", staged[0]], ["t", staged[1]], ["f", k + 1], ["f", k]]
+        return toks
+
     # -- reductions' global staging (reduce.py) -----------------------------------------
     def reduce_staging(self, func, args):
         """(buffer, semaphores) bytes a sum/mean over dims takes while it runs, or None."""

@@ -227,30 +227,18 @@ def _mode_class():
             if func in hid.output_order and len(ts) == len(hid.output_order[func]):
                 ts = [ts[i] for i in hid.output_order[func]]
             fr = None
-            copies = hid.contiguous_copies(func, args)
-            if copies:
+            cuda_outs = [t for t in ts if t.device.type == "cuda"]
+            # what the CUDA kernel allocates around its outputs (input copies, reduction
+            # staging), in hidden.py's event tokens
+            toks = hid.around_outputs(func, args, len(cuda_outs))
+            if toks:
                 fr = rec._frames()
-                st = rec.current_stream_ident()
-                made = [(rec.alloc(n, stream=st, frames=fr), n) for n in copies[0]]
-            for t in ts:
-                if t.device.type == "cuda":
+                hid.replay_tokens(toks, cuda_outs, fr)
+            else:
+                for t in cuda_outs:
                     if fr is None:
                         fr = rec._frames()
                     rec.see_storage(t.untyped_storage(), fr)
-            if copies:
-                made += [(rec.alloc(n, stream=st, frames=fr), n) for n in copies[1]]
-                for a, n in made:
-                    rec.free(a, n, st)
-            staged = hid.reduce_staging(func, args)
-            if staged:
-                # Reduce.cuh's buffer and semaphores, after the output; semaphores go first
-                if fr is None:
-                    fr = rec._frames()
-                st = rec.current_stream_ident()
-                buf = rec.alloc(staged[0], stream=st, frames=fr)
-                sem = rec.alloc(staged[1], stream=st, frames=fr)
-                rec.free(sem, staged[1], st)
-                rec.free(buf, staged[0], st)
             if func._schema.is_mutable and fr is None:
                 # in place on an input whose storage may have been resized (resize_, set_)
                 for a in args:

@@ -161,7 +161,7 @@ class Hidden:
             return None  # a full reduction: a few bytes, not modelled
         if isinstance(dims, int):
             dims = [dims]
-        return staging(func, x, list(dims), self.gpu)
+        return staging(x, list(dims), self.gpu)
 
     # -- inputs a CUDA kernel makes contiguous ------------------------------------------
     def contiguous_copies(self, func, args):

@@ -62,7 +62,7 @@ def outer_staging(M, N, arg_size, sms, threads_per_sm):
     return arg_size * N * ctas * bw * vec, 4 * grid_x
 
 
-def staging(func_name, x, dims, gpu):
+def staging(x, dims, gpu):
     """The staging of aten.sum/mean over `dims` of fake cuda tensor `x` on `gpu`, or None."""
     import torch
 

@@ -48,6 +48,13 @@ concurrency at which the service runs out of memory (`vramroom http --predict`):
     # FastAPI / async code: `with probe.request(...)` inside a sync endpoint (it runs on
     # one thread); tags are per thread, so async code awaiting between GPU calls mixes them.
 
+Each tag also names its thread (`thread=K`, K counted from 1 in the order threads first tag a
+request) and, when the work runs on a thread other than the handler's while a handler waits
+(a batcher or worker thread, as `probe.request` inside a queue consumer), `worker=1`. From a
+gentle run alone, one thread per request and one worker thread serving every request look the
+same in memory; these two fields tell them apart (`vramroom http --predict` does not stack
+requests that one worker thread runs one after another).
+
 Endpoints:
 
     GET  /metrics       Prometheus text (format 0.0.4):
@@ -172,6 +179,10 @@ class Probe:
         self.last_oom_file = None
         self.history_error = None
         self._count_lock = threading.Lock()
+        # Threads inside a handler-level request (track_handler, wsgi) right now, and a small
+        # number per thread that ever tagged a request (tags stay short and stable).
+        self._handler_threads = {}
+        self._thread_ids = {}
         os.makedirs(snapshot_dir, exist_ok=True)
         probe = self
 
@@ -528,6 +539,30 @@ class Probe:
         is counted. Nests: the outer tag comes back at exit."""
         return _Request(self, id, items, tokens, bytes)
 
+    def _handler_request(self, bytes_):
+        """A request entered by the server-side wrappers (one per HTTP request)."""
+        return _Request(self, None, None, None, bytes_, handler=True)
+
+    def _thread_tag(self, handler):
+        """(thread number, worker) for a request entered now on this thread."""
+        tid = threading.get_ident()
+        with self._count_lock:
+            k = self._thread_ids.setdefault(tid, len(self._thread_ids) + 1)
+            others = sum(n for t, n in self._handler_threads.items() if t != tid)
+            worker = not handler and self._handler_threads.get(tid, 0) == 0 and others > 0
+            if handler:
+                self._handler_threads[tid] = self._handler_threads.get(tid, 0) + 1
+        return k, worker
+
+    def _handler_done(self):
+        tid = threading.get_ident()
+        with self._count_lock:
+            n = self._handler_threads.get(tid, 0) - 1
+            if n > 0:
+                self._handler_threads[tid] = n
+            else:
+                self._handler_threads.pop(tid, None)
+
     def track_handler(self, handler_cls):
         """A subclass of an http.server handler whose do_* methods each run as one request."""
         probe = self
@@ -537,7 +572,7 @@ class Probe:
                 def wrap(fn):
                     def run(handler, *a, **kw):
                         n = handler.headers.get("Content-Length") if handler.headers else None
-                        with probe.request(bytes=int(n) if n and n.isdigit() else None):
+                        with probe._handler_request(int(n) if n and n.isdigit() else None):
                             return fn(handler, *a, **kw)
                     return run
                 methods[name] = wrap(getattr(handler_cls, name))
@@ -550,7 +585,7 @@ class Probe:
 
         def wrapped(environ, start_response):
             n = environ.get("CONTENT_LENGTH") or ""
-            with probe.request(bytes=int(n) if n.isdigit() else None):
+            with probe._handler_request(int(n) if n.isdigit() else None):
                 return app(environ, start_response)
 
         return wrapped
@@ -614,8 +649,9 @@ class _Request:
     _ids = 0
     _ids_lock = threading.Lock()
 
-    def __init__(self, probe, id, items, tokens, bytes_):
+    def __init__(self, probe, id, items, tokens, bytes_, handler=False):
         self.probe = probe
+        self.handler = handler
         if id is None:
             with _Request._ids_lock:
                 _Request._ids += 1
@@ -624,10 +660,14 @@ class _Request:
         for k, v in (("items", items), ("tokens", tokens), ("bytes", bytes_)):
             if v is not None:
                 parts.append("%s=%d" % (k, int(v)))
+        self.parts = parts
         self.tag = ";".join(parts)
         self.prev = None
 
     def __enter__(self):
+        # The thread is the one that enters, which may differ from the one that made this.
+        k, worker = self.probe._thread_tag(self.handler)
+        self.tag = ";".join(self.parts + ["thread=%d" % k] + (["worker=1"] if worker else []))
         torch = _torch()
         mem = torch.cuda.memory
         get = getattr(mem, "_get_memory_metadata", None)
@@ -651,6 +691,8 @@ class _Request:
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        if self.handler:
+            self.probe._handler_done()
         torch = _torch()
         setter = getattr(torch.cuda.memory, "_set_memory_metadata", None)
         if setter is not None:

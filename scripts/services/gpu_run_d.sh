@@ -14,7 +14,8 @@
 # OUT: where results land (the device tool sets it; DRY defaults to /tmp/gpu_run_d_dry).
 # Results, written as they land: $OUT/HEADER, $OUT/run_d.jsonl (one line per service, rewritten
 # after every step), $OUT/summary.txt, $OUT/results.tgz (per service and step: results.json,
-# record.json), $OUT/logs.tgz (service logs). Snapshots and reports stay in /tmp.
+# record.json), $OUT/logs.tgz (service logs), $OUT/gentle.tar.xz (the gentle runs' probe
+# snapshots, frames stripped, with their results.json: see pack_gentle.py). Reports stay in /tmp.
 # Wall time: pre-flight under a minute (torch's import); collect_d.py stops starting steps at
 # 440 s per service (a step in flight is interrupted: each pipeline ends by ~475 s) and writes
 # everything by 490 s; it is killed at 505 s; the tarballs follow: under 9 minutes in all.
@@ -82,5 +83,7 @@ fi
  tar czf "$OUT/results.tgz" -T /tmp/run_d_results.list 2>/dev/null
  find . -name '*.log' | sort > /tmp/run_d_logs.list
  tar czf "$OUT/logs.tgz" -T /tmp/run_d_logs.list 2>/dev/null)
+# The gentle runs' probe snapshots, frames stripped: predictions can be recomputed from them.
+python3 $HERE/pack_gentle.py "$WORK" "$OUT/gentle.tar.xz" || echo "pack_gentle failed"
 ls -la "$OUT"
 echo "done in $(( $(date +%s) - T0 )) s"

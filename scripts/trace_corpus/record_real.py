@@ -63,6 +63,25 @@ def list_programs():
 
 
 # --------------------------------------------------------------------------- child
+def _fake_process_group():
+    """RECORD_FAKE_PG=1 (with torchrun's RANK and WORLD_SIZE): the script's own
+    init_process_group becomes PyTorch's fake group, so one real GPU runs one rank of an
+    N-rank job with that rank's real shapes (sharded parameters, buckets, all-gather outputs)
+    on the real caching allocator. Collectives return at once and move no data; everything
+    else (DDP's C++ reducer, FSDP2, the device mesh) is PyTorch's own. ranks_real.py uses it."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    orig = c10d.init_process_group
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+    def init_process_group(*a, **k):
+        return orig("fake", store=FakeStore(), rank=rank, world_size=world)
+
+    dist.init_process_group = c10d.init_process_group = init_process_group
+
+
 def run_one(a):
     if a.alloc_conf is not None:
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = a.alloc_conf
@@ -70,6 +89,8 @@ def run_one(a):
 
     import torch
 
+    if os.environ.get("RECORD_FAKE_PG"):
+        _fake_process_group()
     path = os.path.join(PROGRAMS, a.one + ".py")
     if not os.path.exists(path):
         path = a.one if a.one.endswith(".py") else a.one + ".py"

@@ -25,7 +25,7 @@ process (nothing carries over but the numbers named here):
    service (its probe's ring fixed small: the ramps use no trace), stopping at the first OOM (a 507 naming a CUDA OOM, or the probe's
    OOM counter rising). In the order ramp 1, the what-if ramp, the size cap, ramp 2, ramp 3,
    so a short budget keeps the most telling steps. Where five ramps one after another do
-   not fit the budget (generate()'s long requests), they run in up to three lanes side by
+   not fit the budget (generate()'s long requests), they run in up to five lanes (RUN_D_MAX_LANES) side by
    side, each ramp still on a fresh service of its own (rec["lanes"] says which).
 3. what-if: the service restarted under the other config (expandable_segments:True, or for
    the service that sets it itself, expandable_segments:False, the default) and ramped
@@ -207,6 +207,9 @@ CAL_GIB = 6.0
 RAMP_MAX_ENTRIES = 20000
 CAP_MIN_GIB, CAP_MAX_GIB = 1.0, 4.0
 STEP_MIN, STEP_MAX = 5.0, 15.0
+# Ramps side by side at most (each its own service process and cap): five lets all five of
+# a generate() service's ramps run at once when one after another would not fit.
+MAX_LANES = int(os.environ.get("RUN_D_MAX_LANES", "5"))
 # RUN_D_BUDGET_S / RUN_D_DEADLINE_S shrink them to rehearse the skips and interruptions.
 # A step in flight at the budget is interrupted within ~35 s: every pipeline ends by ~475 s
 # (under 8 minutes); the collection writes everything at DEADLINE_S whatever still runs.
@@ -343,12 +346,23 @@ def step_index(c):
     return len(STEPS)
 
 
-def verdict(pred, obs):
-    """(steps apart, within one step) of a prediction and an observed first OOM."""
-    if pred is None or obs is None:
+def verdict(pred, obs, top=None):
+    """(steps apart, within one step) of a prediction and an observed first OOM. `None` on
+    either side is "no OOM": predicted for any load (a service whose one worker thread runs
+    every request), or observed up to the ramp's highest step `top`, so the first OOM, if
+    any, is at a later step. No OOM predicted agrees with a ramp that reached the default
+    ramp's top without one; a predicted OOM agrees with such a ramp when it lies at or above
+    the top step (the first OOM is at least one step later)."""
+    if obs is not None:
+        if pred is None:
+            return None, False
+        apart = step_index(pred) - step_index(obs)
+        return apart, abs(apart) <= 1
+    if top is None:
         return None, None
-    apart = step_index(pred) - step_index(obs)
-    return apart, abs(apart) <= 1
+    if pred is None:
+        return (0, True) if top >= RAMP[-1] else (None, None)
+    return None, step_index(pred) >= step_index(top)
 
 
 class Pipeline:
@@ -496,9 +510,9 @@ class Pipeline:
                   "last_ok": obs.get("last_ok_concurrency"), "service_ooms": ooms,
                   "highest_step": max((s["c"] or 0 for s in stages_), default=None),
                   "stages": stages_})
-        if predicted is not None or conf is not None:
+        if tag.startswith("ramp") or conf is not None:
             r["predicted"] = predicted
-            r["steps_apart"], r["within_one_step"] = verdict(predicted, first)
+            r["steps_apart"], r["within_one_step"] = verdict(predicted, first, r["highest_step"])
         return r
 
     def run(self):
@@ -516,7 +530,7 @@ class Pipeline:
         # own service process as before, so the GPU and the cores are shared. Memory is
         # per process (each has its own cap), so a ramp's first OOM does not depend on the
         # lanes beside it; only latencies do, and a step is held until its requests overlap.
-        n_lanes = max(1, min(3, math.ceil(5 * est / max(1.0, 0.8 * (self.left() - 10)))))
+        n_lanes = max(1, min(MAX_LANES, math.ceil(5 * est / max(1.0, 0.8 * (self.left() - 10)))))
         order = [("ramp1", None), ("whatif", self.other), ("cap", "cap"), ("ramp2", None),
                  ("ramp3", None)]
         lanes = [order[i::n_lanes] for i in range(n_lanes)]
@@ -600,7 +614,10 @@ class Pipeline:
         self.rec["within_one_step_all"] = (all(v) if v and None not in v else None)
         self.rec["within_one_step_count"] = "%d/%d" % (sum(1 for x in v if x), len(v))
         mn = self.rec["observed_min"]
-        self.rec["gentle_quarter_ok"] = (mn is not None and 4 * 1 <= mn)
+        top = max((r.get("highest_step") or 0 for r in self.rec["ramps"]), default=0)
+        # the gentle run's one request at a time is at most a quarter of the first OOM
+        # (or of the highest step a ramp reached without one)
+        self.rec["gentle_quarter_ok"] = (4 * 1 <= mn) if mn is not None else (4 * 1 <= top)
 
 
 def main():

@@ -138,6 +138,7 @@ fn predict_from_a_gentle_run_then_the_ramp_confirms_it() {
     c.predict = Some(PredictOptions {
         target_concurrency: Some(8),
         seeds: 3,
+        ..Default::default()
     });
     let g = http::run(&c, no_stop(), |_| {}).unwrap();
     assert_eq!(g.requests.ok, 30);

@@ -17,6 +17,18 @@
 //! Which requests meet is chance, so each concurrency is run with several seeds (which
 //! requests each worker draws), and it counts as out of memory when at least half of them are.
 //! Monotone in N in practice; the search doubles, then bisects.
+//!
+//! A service whose one worker thread runs every request while the handlers wait (a batcher:
+//! the probe tags its batches `worker=1` with the thread's number) does not stack requests
+//! in memory, whatever the load: only concurrency 1 is replayed (`Workload::one_worker`).
+//!
+//! Lockstep is the default because it matched the GPU: on the nine services of device runs 13
+//! and 16 it is within one ramp step of every observed first OOM but one (GPT-2 scoring under
+//! its own `expandable_segments:True`, predicted 9, observed 24). Two other interleavings
+//! (`Interleave`) were measured on run 16's saved traces (`repredict` example): GIL-like
+//! 5 ms slices and lockstep from staggered starts each get that service right and put four
+//! or five others two or more steps high (two models: 77 and 47 against 16 observed), so they
+//! stay options, not the default.
 
 use std::cmp::Reverse;
 use std::collections::HashMap;
@@ -47,33 +59,57 @@ impl RequestSize {
 }
 
 /// A request tag parsed from `user_metadata`.
-pub fn parse_tag(meta: &str) -> Option<(String, RequestSize)> {
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tag {
+    pub id: String,
+    pub size: RequestSize,
+    /// The probe's number for the thread that ran the request (`thread=K`).
+    pub thread: Option<u32>,
+    /// Run on a worker thread while a handler waited (`worker=1`): a batcher's batch.
+    pub worker: bool,
+}
+
+/// A request tag parsed from `user_metadata` (unknown fields are skipped: older and newer
+/// probes both parse).
+pub fn parse_tag(meta: &str) -> Option<Tag> {
     let rest = meta.strip_prefix(TAG_PREFIX)?;
     let mut parts = rest.split(';');
     let id = parts.next()?.to_string();
     if id.is_empty() {
         return None;
     }
-    let mut size = RequestSize::default();
+    let mut t = Tag {
+        id,
+        ..Tag::default()
+    };
     for p in parts {
         let Some((k, v)) = p.split_once('=') else {
             continue;
         };
         let v = v.trim().parse::<u64>().ok();
         match k.trim() {
-            "items" => size.items = v,
-            "tokens" => size.tokens = v,
-            "bytes" => size.bytes = v,
+            "items" => t.size.items = v,
+            "tokens" => t.size.tokens = v,
+            "bytes" => t.size.bytes = v,
+            "thread" => t.thread = v.and_then(|x| u32::try_from(x).ok()),
+            "worker" => t.worker = v == Some(1),
             _ => {}
         }
     }
-    Some((id, size))
+    Some(t)
 }
 
 #[derive(Clone, Copy, Debug)]
 enum Op {
     Alloc { size: u64, stream: u64, key: u32 },
     Free { key: u32 },
+}
+
+/// An op and when it came, in microseconds from its request's first entry.
+#[derive(Clone, Copy, Debug)]
+struct TimedOp {
+    op: Op,
+    t: i64,
 }
 
 /// One request's allocations and frees, timed from its first entry.
@@ -84,7 +120,10 @@ pub struct Request {
     pub duration_us: i64,
     /// Its own highest live bytes (requested sizes).
     pub peak_bytes: u64,
-    ops: Vec<Op>,
+    /// The probe's thread number, and whether a worker thread ran it (see `Tag`).
+    pub thread: Option<u32>,
+    pub worker: bool,
+    ops: Vec<TimedOp>,
 }
 
 /// A trace cut into the base (replayed as recorded) and its requests.
@@ -95,6 +134,17 @@ pub struct Workload {
     pub requests: Vec<Request>,
     /// Requests were told apart by the probe's tags (else by memory given back).
     pub tagged: bool,
+}
+
+impl Workload {
+    /// The thread, when one worker thread ran every request while handlers waited (a
+    /// batcher): requests in flight then queue for it instead of stacking in memory.
+    pub fn one_worker(&self) -> Option<u32> {
+        let mut it = self.requests.iter().filter(|r| !r.ops.is_empty());
+        let first = it.next()?;
+        let t = first.thread.filter(|_| first.worker)?;
+        it.all(|r| r.worker && r.thread == Some(t)).then_some(t)
+    }
 }
 
 /// Cut device trace `trace` into requests.
@@ -112,19 +162,23 @@ pub fn split_requests(trace: &[TraceEntry]) -> Workload {
 struct Building {
     id: String,
     size: RequestSize,
+    thread: Option<u32>,
+    worker: bool,
     start: i64,
     end: i64,
     live: u64,
     peak: u64,
-    ops: Vec<Op>,
+    ops: Vec<TimedOp>,
     next_key: u32,
 }
 
 impl Building {
-    fn new(id: String, size: RequestSize, start: i64) -> Self {
+    fn new(tag: Tag, start: i64) -> Self {
         Building {
-            id,
-            size,
+            id: tag.id,
+            size: tag.size,
+            thread: tag.thread,
+            worker: tag.worker,
             start,
             end: start,
             live: 0,
@@ -136,10 +190,13 @@ impl Building {
     fn alloc(&mut self, e: &TraceEntry) -> u32 {
         let key = self.next_key;
         self.next_key += 1;
-        self.ops.push(Op::Alloc {
-            size: e.size,
-            stream: e.stream,
-            key,
+        self.ops.push(TimedOp {
+            op: Op::Alloc {
+                size: e.size,
+                stream: e.stream,
+                key,
+            },
+            t: e.time_us - self.start,
         });
         self.live += e.size;
         self.peak = self.peak.max(self.live);
@@ -147,7 +204,10 @@ impl Building {
         key
     }
     fn free(&mut self, e: &TraceEntry, key: u32, size: u64) {
-        self.ops.push(Op::Free { key });
+        self.ops.push(TimedOp {
+            op: Op::Free { key },
+            t: e.time_us - self.start,
+        });
         self.live = self.live.saturating_sub(size);
         self.end = self.end.max(e.time_us);
     }
@@ -157,6 +217,8 @@ impl Building {
             size: self.size,
             duration_us: (self.end - self.start).max(1),
             peak_bytes: self.peak,
+            thread: self.thread,
+            worker: self.worker,
             ops: self.ops,
         }
     }
@@ -171,12 +233,12 @@ fn split_tagged(trace: &[TraceEntry]) -> Workload {
     for (i, e) in trace.iter().enumerate() {
         match e.action {
             TraceAction::Alloc => {
-                let Some((id, size)) = parse_tag(&e.user_metadata) else {
+                let Some(tag) = parse_tag(&e.user_metadata) else {
                     continue;
                 };
                 base_end.get_or_insert(i);
-                let r = *by_id.entry(id.clone()).or_insert_with(|| {
-                    reqs.push(Building::new(id, size, e.time_us));
+                let r = *by_id.entry(tag.id.clone()).or_insert_with(|| {
+                    reqs.push(Building::new(tag, e.time_us));
                     reqs.len() - 1
                 });
                 let key = reqs[r].alloc(e);
@@ -232,8 +294,11 @@ fn split_untagged(trace: &[TraceEntry]) -> Workload {
         match e.action {
             TraceAction::Alloc => {
                 if new_req || reqs.is_empty() {
-                    let id = format!("{}", reqs.len() + 1);
-                    reqs.push(Building::new(id, RequestSize::default(), e.time_us));
+                    let tag = Tag {
+                        id: format!("{}", reqs.len() + 1),
+                        ..Tag::default()
+                    };
+                    reqs.push(Building::new(tag, e.time_us));
                 }
                 let r = reqs.len() - 1;
                 let key = reqs[r].alloc(e);
@@ -267,6 +332,21 @@ pub struct LoadWhatIf {
     pub max_concurrency: u32,
     /// Only requests whose main size is at most this (for the caps search).
     pub size_cap: Option<u64>,
+    /// How the workers' ops interleave (see `run_once`).
+    pub interleave: Interleave,
+}
+
+/// How concurrent requests' allocations interleave in the replay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Interleave {
+    /// One allocation or free per worker per turn: every request at the same point at once.
+    Lockstep,
+    /// Each worker runs this many microseconds of its recorded timeline per turn (Python's
+    /// GIL hands the interpreter to another thread every switch interval, 5 ms by default).
+    Slices { us: i64 },
+    /// Lockstep, but each worker starts after a random wait of up to one average request:
+    /// requests arrive at independent times, so their phases do not line up.
+    Staggered,
 }
 
 impl Default for LoadWhatIf {
@@ -279,6 +359,7 @@ impl Default for LoadWhatIf {
             seeds: 5,
             max_concurrency: 4096,
             size_cap: None,
+            interleave: Interleave::Lockstep,
         }
     }
 }
@@ -309,6 +390,9 @@ pub struct LoadPrediction {
     pub safe: u32,
     pub points: Vec<ConcurrencyPoint>,
     pub requests_sampled_from: usize,
+    /// One worker thread ran every request (`Workload::one_worker`): only concurrency 1 was
+    /// replayed, since more in flight queue for that thread rather than stack in memory.
+    pub one_worker: Option<u32>,
 }
 
 use vramroom_alloc::rng::Rng;
@@ -350,19 +434,34 @@ fn run_once(
         reqs: Vec<usize>,
         /// (request position, op index)
         at: (usize, usize),
+        /// Turns to sit out before the first op.
+        wait: usize,
     }
+    let mean_ops = pool.iter().map(|&r| w.requests[r].ops.len()).sum::<usize>() / pool.len().max(1);
     let mut workers: Vec<Worker> = (0..n)
         .map(|_| Worker {
             reqs: (0..opts.requests_per_worker)
                 .map(|_| pool[rng.below(pool.len())])
                 .collect(),
             at: (0, 0),
+            wait: 0,
         })
         .collect();
-    // Round robin, one op per worker per turn: at the load where memory runs out, the GPU
-    // is the bottleneck, every thread's launches wait on the one stream's queue, and the
-    // threads advance in step, each a kernel at a time; allocations and frees follow the
-    // launches. A stage starts all its workers together, so they start in step too.
+    if opts.interleave == Interleave::Staggered {
+        for wk in &mut workers {
+            wk.wait = rng.below(mean_ops.max(1));
+        }
+    }
+    // Round robin. Lockstep: one op per worker per turn: at the load where memory runs out,
+    // the GPU is the bottleneck, every thread's launches wait on the one stream's queue, and
+    // the threads advance in step, each a kernel at a time; allocations and frees follow the
+    // launches. Slices: a worker runs on until its slice of recorded time is spent or its
+    // request ends (the response goes out), as threads under the GIL do. A stage starts all
+    // its workers together, so they start in step too.
+    let slice = match opts.interleave {
+        Interleave::Lockstep | Interleave::Staggered => None,
+        Interleave::Slices { us } => Some(us.max(0)),
+    };
     let mut ptrs: HashMap<(u32, usize, u32), u64> = HashMap::new();
     let mut oom = false;
     let mut active: Vec<u32> = (0..n).collect();
@@ -370,34 +469,50 @@ fn run_once(
         let mut still = Vec::with_capacity(active.len());
         for &k in &active {
             let wk = &mut workers[k as usize];
-            let (ri, oi) = wk.at;
-            let Some(req) = wk.reqs.get(ri).map(|&r| &w.requests[r]) else {
+            if wk.wait > 0 {
+                wk.wait -= 1;
+                still.push(k);
                 continue;
-            };
-            match req.ops[oi] {
-                Op::Alloc { size, stream, key } => match s.alloc.malloc(size, stream) {
-                    Ok(a) => {
-                        ptrs.insert((k, ri, key), a.ptr);
-                    }
-                    Err(AllocError::OutOfMemory(_)) => {
-                        oom = true;
-                        break 'turns;
-                    }
-                    Err(e) => return Err(ReplayError::Invalid(e.to_string()).into()),
-                },
-                Op::Free { key } => {
-                    if let Some(p) = ptrs.remove(&(k, ri, key)) {
-                        s.alloc
-                            .free(p)
-                            .map_err(|e| ReplayError::Invalid(e.to_string()))?;
+            }
+            let mut turn_start: Option<i64> = None;
+            loop {
+                let (ri, oi) = wk.at;
+                let Some(req) = wk.reqs.get(ri).map(|&r| &w.requests[r]) else {
+                    break;
+                };
+                let TimedOp { op, t } = req.ops[oi];
+                match (slice, turn_start) {
+                    (None, Some(_)) => break,
+                    (Some(us), Some(t0)) if t - t0 > us => break,
+                    _ => {}
+                }
+                turn_start.get_or_insert(t);
+                match op {
+                    Op::Alloc { size, stream, key } => match s.alloc.malloc(size, stream) {
+                        Ok(a) => {
+                            ptrs.insert((k, ri, key), a.ptr);
+                        }
+                        Err(AllocError::OutOfMemory(_)) => {
+                            oom = true;
+                            break 'turns;
+                        }
+                        Err(e) => return Err(ReplayError::Invalid(e.to_string()).into()),
+                    },
+                    Op::Free { key } => {
+                        if let Some(p) = ptrs.remove(&(k, ri, key)) {
+                            s.alloc
+                                .free(p)
+                                .map_err(|e| ReplayError::Invalid(e.to_string()))?;
+                        }
                     }
                 }
+                if oi + 1 < req.ops.len() {
+                    wk.at = (ri, oi + 1);
+                } else {
+                    wk.at = (ri + 1, 0);
+                    break;
+                }
             }
-            wk.at = if oi + 1 < req.ops.len() {
-                (ri, oi + 1)
-            } else {
-                (ri + 1, 0)
-            };
             if wk.at.0 < wk.reqs.len() {
                 still.push(k);
             }
@@ -481,6 +596,18 @@ pub fn predict_concurrency(
 ) -> Result<LoadPrediction, LoadWhatIfError> {
     let plan = ReplayPlan::new(snapshot, device, &own_config(snapshot))?;
     let pool = request_pool(w, opts)?;
+    if let Some(t) = w.one_worker() {
+        let p = point_at(snapshot, &plan, w, &pool, 1, opts)?;
+        let oom = p.ooms();
+        return Ok(LoadPrediction {
+            alloc_conf: opts.config.last_conf.clone(),
+            first_oom: oom.then_some(1),
+            safe: if oom { 0 } else { opts.max_concurrency.max(1) },
+            points: vec![p],
+            requests_sampled_from: pool.len(),
+            one_worker: Some(t),
+        });
+    }
     let mut points: Vec<ConcurrencyPoint> = Vec::new();
     let at = |n: u32, points: &mut Vec<ConcurrencyPoint>| -> Result<bool, LoadWhatIfError> {
         if let Some(p) = points.iter().find(|p| p.concurrency == n) {
@@ -521,6 +648,7 @@ pub fn predict_concurrency(
         safe: lo,
         points,
         requests_sampled_from: pool.len(),
+        one_worker: None,
     })
 }
 
@@ -624,14 +752,52 @@ mod tests {
 
     #[test]
     fn tags_parse() {
-        let (id, s) = parse_tag("vramroom:req=42;items=8;tokens=512").unwrap();
-        assert_eq!(id, "42");
-        assert_eq!(s.items, Some(8));
-        assert_eq!(s.tokens, Some(512));
-        assert_eq!(s.main(), Some((512, "tokens")));
+        let t = parse_tag("vramroom:req=42;items=8;tokens=512").unwrap();
+        assert_eq!(t.id, "42");
+        assert_eq!(t.size.items, Some(8));
+        assert_eq!(t.size.tokens, Some(512));
+        assert_eq!(t.size.main(), Some((512, "tokens")));
+        assert_eq!((t.thread, t.worker), (None, false));
         assert!(parse_tag("other").is_none());
         assert!(parse_tag("vramroom:req=").is_none());
-        let (_, s) = parse_tag("vramroom:req=a;bytes=x;items=3").unwrap();
-        assert_eq!((s.bytes, s.items), (None, Some(3)));
+        let t = parse_tag("vramroom:req=a;bytes=x;items=3;thread=2;worker=1").unwrap();
+        assert_eq!((t.size.bytes, t.size.items), (None, Some(3)));
+        assert_eq!((t.thread, t.worker), (Some(2), true));
+    }
+
+    fn req(thread: Option<u32>, worker: bool) -> Request {
+        Request {
+            id: "r".into(),
+            size: RequestSize::default(),
+            duration_us: 1,
+            peak_bytes: 512,
+            thread,
+            worker,
+            ops: vec![TimedOp {
+                op: Op::Alloc {
+                    size: 512,
+                    stream: 0,
+                    key: 0,
+                },
+                t: 0,
+            }],
+        }
+    }
+
+    #[test]
+    fn one_worker_only_when_every_request_ran_on_the_same_worker_thread() {
+        let w = |requests| Workload {
+            base_end: 0,
+            requests,
+            tagged: true,
+        };
+        let batcher = w(vec![req(Some(2), true), req(Some(2), true)]);
+        assert_eq!(batcher.one_worker(), Some(2));
+        // two worker threads: a pool, whose requests can stack
+        assert_eq!(w(vec![req(Some(2), true), req(Some(3), true)]).one_worker(), None);
+        // handler threads (a thread per request, or one keep-alive connection)
+        assert_eq!(w(vec![req(Some(1), false), req(Some(1), false)]).one_worker(), None);
+        // an older probe's tags say nothing of threads
+        assert_eq!(w(vec![req(None, false)]).one_worker(), None);
     }
 }

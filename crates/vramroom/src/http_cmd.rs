@@ -316,6 +316,7 @@ fn config(a: &HttpArgs) -> Result<HttpConfig, UserError> {
         c.predict = Some(PredictOptions {
             target_concurrency: a.target_concurrency,
             seeds: a.predict_seeds,
+            ..Default::default()
         });
     }
     c.stop_at_first_oom = a.ramp_until_oom;

@@ -21,8 +21,8 @@ use std::collections::BTreeMap;
 use tracing::warn;
 use vramroom_alloc::{AllocatorConfig, Snapshot};
 use vramroom_trace::concurrency::{
-    attribution, predict_concurrency, size_cap_for, split_requests, LoadWhatIf, RequestSize,
-    Workload,
+    attribution, predict_concurrency, size_cap_for, split_requests, Interleave, LoadWhatIf,
+    RequestSize, Workload,
 };
 
 use crate::http::prometheus::{Exposition, PROBE_CAPACITY_METRIC, PROBE_FRACTION_METRIC};
@@ -35,12 +35,51 @@ pub struct PredictOptions {
     pub target_concurrency: Option<u32>,
     /// Seeds per concurrency (which recorded requests meet).
     pub seeds: u64,
+    /// How concurrent requests interleave in the replay.
+    pub interleave: Option<Interleave>,
 }
 
 pub use crate::results::prediction::{
     ConfigPrediction, DeviceCapacity, DevicePrediction, Observed, RequestAttribution, RequestPoint,
     ServicePrediction, SizeCap,
 };
+
+/// What a prediction means when one worker thread ran every request (a batcher).
+fn one_worker_note(
+    d: usize,
+    thread: u32,
+    w: &Workload,
+    limit: u64,
+    configs: &[ConfigPrediction],
+) -> String {
+    let mut n = format!(
+        "device {d}: every request ran on one worker thread (the probe's thread {thread}) while \
+         its handler waited: a batcher or a single worker. Requests in flight queue for it \
+         instead of stacking in memory, so no concurrency runs out; memory grows with the \
+         batch the worker takes, which a gentle run cannot see"
+    );
+    let a = attribution(w);
+    let reserved_1 = configs.first().and_then(|c| c.points.first()).map(|p| p.1);
+    let largest = w.requests.iter().map(|r| r.peak_bytes).max().unwrap_or(0);
+    if let (Some(unit), Some(slope), Some(icpt), Some(r1)) =
+        (a.unit, a.bytes_per_unit, a.intercept_bytes, reserved_1)
+    {
+        // What the largest recorded request did not use is the base; a batch fits while
+        // base + its own peak (the fit) stays under the limit.
+        let base = r1.saturating_sub(largest) as f64;
+        if slope > 0.0 {
+            let most = ((limit as f64 - base - icpt) / slope).floor();
+            if most > 0.0 {
+                n.push_str(&format!(
+                    ": at {:.0} bytes per {} (fit over {} requests), a batch above about {:.0} {} \
+                     would not fit",
+                    slope, unit, a.requests, most, unit
+                ));
+            }
+        }
+    }
+    n
+}
 
 /// Per-device capacity, fraction and total from a probe scrape (devices in order).
 pub fn device_capacities(e: &Exposition) -> Vec<DeviceCapacity> {
@@ -132,9 +171,11 @@ pub fn predict(
             memory_limit: Some(limit),
             seeds: opts.seeds.max(1),
             max_concurrency: 1024,
+            interleave: opts.interleave.unwrap_or(Interleave::Lockstep),
             ..Default::default()
         };
         let mut configs = Vec::new();
+        let mut one_worker = None;
         for c in &confs {
             let config = match AllocatorConfig::parse(c) {
                 Ok(x) => x,
@@ -149,6 +190,7 @@ pub fn predict(
             };
             match predict_concurrency(snap, d, &w, &o) {
                 Ok(p) => configs.push(ConfigPrediction {
+                    one_worker: p.one_worker.inspect(|t| one_worker = Some(*t)).is_some(),
                     alloc_conf: c.clone(),
                     first_oom_concurrency: p.first_oom,
                     safe_concurrency: p.safe,
@@ -176,6 +218,9 @@ pub fn predict(
             .unwrap_or(((gentle_concurrency as u32) * 2).max(2));
         let own_config = AllocatorConfig::parse(own_conf).unwrap_or_default();
         out.notes.push(rests_on(d, w.requests.len()));
+        if let Some(t) = one_worker {
+            out.notes.push(one_worker_note(d, t, &w, limit, &configs));
+        }
         // The cap is stated in the unit that explains the requests' cost, or not at all.
         let (basis, note) = cost_basis(&w);
         if let Some(n) = note {

@@ -376,6 +376,7 @@ mod tests {
                     safe_concurrency: 7,
                     max_concurrency_tried: 8,
                     points: vec![(1, 100 << 20, 0.0), (8, 1 << 30, 0.8)],
+                    one_worker: false,
                 }],
                 size_cap: Some(SizeCap {
                     target_concurrency: 4,

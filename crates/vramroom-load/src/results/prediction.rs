@@ -30,6 +30,11 @@ pub struct ConfigPrediction {
     pub max_concurrency_tried: u32,
     /// (concurrency, peak reserved bytes, share of seeds that ran out) for each tried.
     pub points: Vec<(u32, u64, f64)>,
+    /// One worker thread ran every request: only concurrency 1 was replayed (in-flight
+    /// requests queue for that thread), and `max_concurrency_tried` is the model's answer
+    /// for any load.
+    #[serde(default)]
+    pub one_worker: bool,
 }
 
 /// The cap on one request's input size that keeps `target` concurrent requests safe.

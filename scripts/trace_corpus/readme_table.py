@@ -8,7 +8,11 @@ The hidden allocations' table sits between `<!-- hidden-table: PATH -->` and
 the README quotes what the code applies. Each accuracy table sits between
 `<!-- trace-table: PATH -->` and `<!-- /trace-table -->`, PATH the results file it is made from (relative to the repository root): the rows of
 scripts/trace_corpus/compare.py (the corpus recorded for this tracer, `results.jsonl`) or of
-compare_existing.py (the project's older H200 recordings). The pass mark is the issue's:
+compare_existing.py (the project's older H200 recordings). The ranks table sits between
+`<!-- ranks-table: A.jsonl,B.jsonl -->` and `<!-- /ranks-table -->`: ranks_compare.py's rows
+(each rank traced on fake CUDA against the same rank run on one real GPU), a later file's
+row replacing an earlier one's for the same program, world size and rank when it ran. The
+pass mark is the issue's:
 peak allocated within 1% and peak reserved within 2% of the real GPU run. --check exits 3
 (a skip, with the reason) when a marker's file is not there.
 """
@@ -18,7 +22,8 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MARK = re.compile(r"<!-- (trace-table|hidden-table): (\S+) -->\n(.*?)<!-- /\1 -->\n", re.S)
+MARK = re.compile(r"<!-- (trace-table|hidden-table|ranks-table): (\S+) -->\n(.*?)<!-- /\1 -->\n",
+                  re.S)
 MIB = 1 << 20
 
 
@@ -120,15 +125,41 @@ def fm(b):
     return "–" if b is None else "%.1f" % (b / MIB)
 
 
+def ranks(paths):
+    """The per-rank table from ranks_compare.py's files, and its count line."""
+    by = {}
+    for path in paths.split(","):
+        with open(os.path.join(ROOT, path)) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        for r in rows:
+            k = (r["program"], r["world_size"], r["rank"])
+            if k not in by or not r.get("real_error"):
+                by[k] = r
+    L = ["| program | world size | rank | real peak allocated MiB | traced | real peak reserved MiB | traced | within 1%/2% |",
+         "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for k in sorted(by):
+        r = by[k]
+        L.append("| %s | %d | %d | %s | %s | %s | %s | %s |" % (
+            k[0], k[1], k[2], fm(r.get("real_peak_allocated")), fm(r.get("traced_peak_allocated")),
+            fm(r.get("real_peak_reserved")), fm(r.get("traced_peak_reserved")),
+            {True: "yes", False: "**no**", None: "not run"}[r.get("pass")]))
+    ok = [r for r in by.values() if r.get("pass") is not None]
+    L.append("")
+    L.append("%d of %d ranks within 1%% on peak allocated and 2%% on peak reserved." % (
+        sum(1 for r in ok if r["pass"]), len(ok)))
+    return "\n".join(L) + "\n"
+
+
 def render(text):
     missing = []
 
     def sub(m):
         kind, path = m.group(1), m.group(2)
-        if not os.path.exists(os.path.join(ROOT, path)):
-            missing.append(path)
+        gone = [p for p in path.split(",") if not os.path.exists(os.path.join(ROOT, p))]
+        if gone:
+            missing.extend(gone)
             return m.group(0)
-        body = table(path) if kind == "trace-table" else hidden(path)
+        body = {"trace-table": table, "hidden-table": hidden, "ranks-table": ranks}[kind](path)
         return "<!-- %s: %s -->\n%s<!-- /%s -->\n" % (kind, path, body, kind)
 
     return MARK.sub(sub, text), missing

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Builds the vramroom wheel (and sdist) into dist/: the CLI binary and libvramroom_torch.so,
-# copied into python/vramroom/, then the PyO3 extension and the wheel (maturin).
+# copied into python/vramroom/, then the PyO3 extension and the wheel (maturin). The sdist
+# carries the whole workspace and the in-tree build backend (build_backend/), which does the
+# same first steps with the host's cargo when the sdist is built; scripts/check_sdist.sh
+# checks it here (`scripts/check_sdist.sh dist/vramroom-*.tar.gz --full` builds it).
 #
 # Usage: scripts/build_wheel.sh [--native] [MATURIN]
 #   MATURIN: the maturin command (default: maturin).
@@ -82,4 +85,5 @@ fi
 echo "build_wheel.sh: binaries need glibc 2.$NEED; wheel tag ${MATURIN_ARGS[*]}"
 CARGO_TARGET_DIR=$TARGET "$MATURIN" build --release "${MATURIN_ARGS[@]}" -o dist
 CARGO_TARGET_DIR=$TARGET "$MATURIN" sdist -o dist
+scripts/check_sdist.sh dist/vramroom-*.tar.gz
 ls -l dist/

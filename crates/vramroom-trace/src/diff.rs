@@ -49,7 +49,8 @@ pub struct SiteDelta {
 pub struct SnapshotDiff {
     pub base: Facts,
     pub new: Facts,
-    /// Sites whose bytes at the peak changed most, by absolute change.
+    /// Every site on either side, the largest absolute change first. All of them: how many
+    /// to show is the caller's `top` ([`report_json`], `diff --top`), not a cap here.
     pub top_sites: Vec<SiteDelta>,
 }
 
@@ -184,7 +185,6 @@ pub fn diff(base: &Snapshot, new: &Snapshot) -> Result<SnapshotDiff, ReplayError
         let dy = y.new_bytes.abs_diff(y.base_bytes);
         dy.cmp(&dx).then(x.site.cmp(&y.site))
     });
-    top.truncate(10);
     Ok(SnapshotDiff {
         base: b,
         new: n,
@@ -306,6 +306,52 @@ mod tests {
         assert!(is_library("CUDACachingAllocator.cpp"));
         assert!(!is_library("/home/me/train.py"));
         assert!(!is_library("service.py"));
+    }
+
+    /// A snapshot whose peak holds one allocation from each of `n` user sites, site `i`
+    /// (`train.py:i`) with `(i + 1) * mult` bytes.
+    fn sites_snapshot(n: u64, mult: u64) -> Snapshot {
+        use vramroom_alloc::{Frame, TraceEntry};
+        let trace = (0..n)
+            .map(|i| TraceEntry {
+                action: TraceAction::Alloc,
+                addr: 0x1000_0000 * (i + 1),
+                size: (i + 1) * mult,
+                stream: 0,
+                time_us: i as i64,
+                compile_context: "N/A".into(),
+                user_metadata: "".into(),
+                frames: Some(
+                    vec![Frame {
+                        name: "step".into(),
+                        filename: "train.py".into(),
+                        line: i,
+                    }]
+                    .into(),
+                ),
+            })
+            .collect();
+        Snapshot {
+            device_traces: vec![trace],
+            ..Snapshot::default()
+        }
+    }
+
+    #[test]
+    fn every_site_is_kept_and_top_picks_how_many_are_shown() {
+        // 25 sites that all change: `--top 20` must list 20, not a fixed 10.
+        let d = diff(&sites_snapshot(25, 512), &sites_snapshot(25, 1024)).unwrap();
+        assert_eq!(d.top_sites.len(), 25);
+        // Largest change first: site 24 grew most.
+        assert_eq!(d.top_sites[0].site, "train.py:24 in step");
+        for top in [3, 10, 20, 25, 100] {
+            let j = d.to_json(None, None, &[], top);
+            assert_eq!(
+                j["top_sites"].as_array().unwrap().len(),
+                top.min(25),
+                "{top}"
+            );
+        }
     }
 
     fn keys(v: &serde_json::Value) -> Vec<String> {

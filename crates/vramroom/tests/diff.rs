@@ -136,3 +136,63 @@ fn results_json_are_compared_by_their_peaks_and_latency() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A snapshot (written to `path`) whose peak holds one allocation from each of `n` user
+/// sites, `train.py:i` with `(i + 1) * mult` bytes.
+fn write_sites_snapshot(path: &std::path::Path, n: u64, mult: u64) {
+    use vramroom_trace::{Frame, Snapshot, TraceAction, TraceEntry};
+    let trace = (0..n)
+        .map(|i| TraceEntry {
+            action: TraceAction::Alloc,
+            addr: 0x1000_0000 * (i + 1),
+            size: (i + 1) * mult,
+            stream: 0,
+            time_us: i as i64,
+            compile_context: "N/A".into(),
+            user_metadata: "".into(),
+            frames: Some(
+                vec![Frame {
+                    name: "step".into(),
+                    filename: "train.py".into(),
+                    line: i,
+                }]
+                .into(),
+            ),
+        })
+        .collect();
+    let s = Snapshot {
+        device_traces: vec![trace],
+        ..Snapshot::default()
+    };
+    vramroom_trace::write_snapshot_file(&s, path).expect("write snapshot");
+}
+
+#[test]
+fn top_above_ten_lists_that_many_sites() {
+    let dir = std::env::temp_dir().join(format!("vramroom-diff-top-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (b, n) = (dir.join("base.pickle"), dir.join("new.pickle"));
+    write_sites_snapshot(&b, 25, 512);
+    write_sites_snapshot(&n, 25, 1024);
+    let (b, n) = (b.to_str().unwrap(), n.to_str().unwrap());
+    // The default stays 10; --top N gives N rows up to the 25 sites there are, in the JSON
+    // and in the table alike.
+    for (top, want) in [
+        (None, 10),
+        (Some("3"), 3),
+        (Some("20"), 20),
+        (Some("40"), 25),
+    ] {
+        let mut args = vec![b, n];
+        if let Some(t) = top {
+            args.extend(["--top", t]);
+        }
+        let v = json(&args);
+        assert_eq!(v["top_sites"].as_array().unwrap().len(), want, "{top:?}");
+        let (code, out, err) = run(&args);
+        assert_eq!(code, 0, "{err}");
+        let rows = out.lines().filter(|l| l.contains("train.py:")).count();
+        assert_eq!(rows, want, "{top:?}: {out}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

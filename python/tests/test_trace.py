@@ -161,6 +161,28 @@ def test_unmodellable_ops_are_named(tmp_path):
     assert p.returncode == 2 and "torch.compile" in p.stderr
 
 
+def test_rnn_and_fft_are_refused_by_name_and_the_module_comes_back():
+    import torch
+    import torch.nn.modules.rnn as rnn
+
+    import vramroom
+    from vramroom.trace.capture import UnsupportedOp
+
+    vf = rnn._VF
+    for body, op in ((lambda: torch.nn.LSTM(8, 16).cuda()(torch.randn(4, 2, 8, device="cuda")),
+                      "aten.lstm"),
+                     (lambda: torch.fft.rfft(torch.randn(4, 64, device="cuda")), "_fft_r2c")):
+        with pytest.raises(UnsupportedOp) as e:
+            with vramroom.trace(gpu="h100"):
+                body()
+        assert op in str(e.value) and "not modelled" in str(e.value)
+    assert rnn._VF is vf
+    # off the trace, and on the CPU inside one, an LSTM runs as before
+    assert torch.nn.LSTM(4, 4)(torch.randn(2, 3, 4))[0].shape == (2, 3, 4)
+    with vramroom.trace(gpu="h100"):
+        assert torch.nn.LSTM(4, 4)(torch.randn(2, 3, 4))[0].shape == (2, 3, 4)
+
+
 def test_bad_input_exits_2(tmp_path):
     p = subprocess.run([sys.executable, "-m", "vramroom.trace", "--gpu", "v100", "--", "x.py"],
                        capture_output=True, text=True, env=_env(), timeout=600)

@@ -151,6 +151,9 @@ class Trace:
         from .libs import LibraryPatches  # libraries that branch on fake tensors (libs.py)
 
         self._libs = LibraryPatches().install()
+        from .refuse import RnnRefusal  # ops refused by name (refuse.py)
+
+        RnnRefusal.install()
         return self
 
     def _set(self, obj, name, value):
@@ -167,6 +170,9 @@ class Trace:
 
             self._ev.uninstall()
             self._libs.uninstall()
+            from .refuse import RnnRefusal
+
+            RnnRefusal.uninstall()
             # Frees that Python's cycle collector would find: not the program's peak, but
             # keep the events of this region whole before closing it.
             self._rec.close()

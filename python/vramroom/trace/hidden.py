@@ -295,7 +295,8 @@ def _ceil(a, m):
 def sdpa_backward_scratch(rec, func_name, args):
     """The fused attention backwards' kernel scratch, after the gradients (the meta twin's
     ops/attention.rs backward: measured for the memory-efficient kernel in f32 on GPT-2 and
-    BERT; flash and cuDNN from their sources, an estimate)."""
+    BERT and for cuDNN in bf16 on Llama GQA and DistilBERT; flash from its sources, an
+    estimate)."""
     q, k, v = args[1], args[2], args[3]
     B, Hq, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
@@ -328,4 +329,10 @@ def sdpa_backward_scratch(rec, func_name, args):
             scratch += [alloc(B * Hq * S * D * q.element_size()), alloc(B * Hq * S * Dv * q.element_size())]
         free(*scratch)
     else:
-        free(alloc(256))
+        # cuDNN's SDPA backward workspace, measured on the H100 (device runs 14 and 18:
+        # Llama GQA and DistilBERT in bf16): the f32 dQ accumulator and softmax sums, plus,
+        # with grouped heads, dK and dV over all query heads before they are summed
+        n = B * Hq * T * (4 * D + 4) + 256
+        if Hq != Hkv:
+            n += B * Hq * S * (D + Dv) * q.element_size()
+        free(alloc(n))

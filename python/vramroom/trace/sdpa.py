@@ -36,7 +36,9 @@ def choose(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, row):
         # math path (its [B, H, T, S] scores in the real snapshot), no fused kernel
         return "math"
     if low:
-        dropout_ok = (dropout_p * 16.0) % 1.0 == 0.0
+        # PyTorch's check_cudnn_deterministic: dropout keeps cuDNN out only under
+        # deterministic algorithms (device run 18: DistilBERT's dropout 0.1 ran on cuDNN)
+        dropout_ok = not (dropout_p > 0.0 and torch.are_deterministic_algorithms_enabled())
         if row.get("sdpa_cudnn_first") and b.cudnn_sdp_enabled() and S > 1 and dims_ok(8) \
                 and D <= 256 and Dv <= 256 and dropout_ok:
             return "cudnn"

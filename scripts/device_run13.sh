@@ -16,12 +16,7 @@ C=$(cat devcarry/COMMIT 2>/dev/null || echo '?')
 OUT=${OUT:-/tmp/run13}
 CORP=/tmp/corp
 rm -rf "$CORP"; mkdir -p "$OUT/svc" "$CORP"
-{
-  echo "device run 13 at commit $C"
-  nvidia-smi -L 2>/dev/null
-  python3 -c "import torch, torchvision, transformers; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'transformers', transformers.__version__, 'cudnn', torch.backends.cudnn.version())"
-  echo "cores $(nproc)"; date -u
-} > "$CORP/HEADER" 2>&1
+bash scripts/device_header.sh "13" > "$CORP/HEADER" 2>&1
 (OUT=$OUT/svc COMMIT=$C VRAMROOM=devcarry/vramroom RUN_D_BUDGET_S=400 RUN_D_DEADLINE_S=450 \
    bash scripts/services/gpu_run_d.sh > /tmp/svc.log 2>&1) & S=$!
 (cd scripts/trace_corpus && timeout 300 python3 conv/measure.py conv/convs.json \

@@ -15,12 +15,7 @@ export PYTHONUNBUFFERED=1
 C=$(cat devcarry/COMMIT 2>/dev/null || echo '?')
 OUT=${OUT:-/tmp/run18}
 mkdir -p "$OUT"
-{
-  echo "device run 18 at commit $C"
-  nvidia-smi -L 2>/dev/null
-  python3 -c "import torch, torchvision, transformers; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'transformers', transformers.__version__, 'cudnn', torch.backends.cudnn.version())"
-  echo "cores $(nproc)"; date -u
-} > "$OUT/HEADER" 2>&1
+bash scripts/device_header.sh "18" > "$OUT/HEADER" 2>&1
 PROGS=ho_mha_encoder_train,ho_unet_decoder_sgd,ho_recsys_embbag_amp,ho_gather_scatter_einsum,ho_hf_distilbert_cls,ho_tv_swin_infer
 (cd scripts/trace_corpus && timeout 380 python3 conv/measure.py conv/convs_res.json \
    "$OUT/conv_res_events.json" --skip 1585 --budget 330 > "$OUT/conv.log" 2>&1) & M=$!

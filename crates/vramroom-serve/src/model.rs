@@ -38,11 +38,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use vramroom_tensor::models::hf::{self, CacheImpl, ForwardArgs, GenerateOptions};
+use vramroom_tensor::models::ZooNet;
 use vramroom_tensor::{
     category_scope, no_grad, ops, DType, Device, MemoryCategory, Tensor, TensorError,
 };
-use vramroom_workload::ModelSpec;
 use vramroom_workload::Net;
+use vramroom_workload::{ModelSpec, ZooModel};
 
 use crate::error::ApiError;
 
@@ -100,7 +101,7 @@ impl Family {
     }
     pub fn of_with(spec: &ModelSpec, gen: Generation) -> Family {
         match spec {
-            ModelSpec::Gpt2(c) => Family::Lm {
+            ModelSpec::Zoo(ZooModel::Gpt2(c)) => Family::Lm {
                 vocab: c.vocab_size,
                 n_positions: c.n_positions,
                 pad: true,
@@ -117,10 +118,9 @@ impl Family {
                 },
                 pad: !gen.generates(),
             },
-            ModelSpec::ResNet18 { classes } | ModelSpec::ResNet50 { classes } => {
-                Family::Image { classes: *classes }
-            }
-            ModelSpec::Mlp { sizes } => Family::Mlp {
+            ModelSpec::Zoo(ZooModel::ResNet18 { classes })
+            | ModelSpec::Zoo(ZooModel::ResNet50 { classes }) => Family::Image { classes: *classes },
+            ModelSpec::Zoo(ZooModel::Mlp { sizes }) => Family::Mlp {
                 features: sizes.first().copied().unwrap_or(1),
                 outputs: sizes.last().copied().unwrap_or(1),
             },
@@ -401,7 +401,7 @@ impl ServedModel {
         let _g = no_grad();
         let (x, last) = self.batch_tensor(key, n, inputs)?;
         match &self.net {
-            Net::Gpt2(m) => {
+            Net::Zoo(ZooNet::Gpt2(m)) => {
                 let t = x.shape().get(1).copied().unwrap_or(0);
                 let dev = x.device();
                 let pos = {

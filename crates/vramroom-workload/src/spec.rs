@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use vramroom_alloc::rng::splitmix64;
 use vramroom_tensor::models::hf::CacheImpl;
 use vramroom_tensor::models::Gpt2Config;
+pub use vramroom_tensor::models::ZooModel;
 use vramroom_tensor::DType;
 
 use crate::error::{Result, WorkloadError};
@@ -42,17 +43,8 @@ pub use vramroom_tensor::vocab::{AccumPattern, Mode, OptimKind};
 /// The model a scenario runs.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ModelSpec {
-    /// `nn.Sequential(Linear, ReLU, ..., Linear)` with these sizes `[in, hidden..., out]`.
-    Mlp {
-        sizes: Vec<usize>,
-    },
-    ResNet18 {
-        classes: usize,
-    },
-    ResNet50 {
-        classes: usize,
-    },
-    Gpt2(Gpt2Config),
+    /// A zoo model, in vramroom-tensor's one vocabulary of them.
+    Zoo(ZooModel),
     /// A Hugging Face model from its `config.json` (`--model PATH`).
     Hf(HfModelSpec),
 }
@@ -85,10 +77,16 @@ impl ModelSpec {
     }
     pub fn name(&self) -> String {
         match self {
-            ModelSpec::Mlp { sizes } if *sizes == [1024, 4096, 4096, 1000] => "mlp".into(),
-            ModelSpec::Mlp { sizes } if *sizes == [256, 1024, 1024, 10] => "mlp-small".into(),
-            ModelSpec::Mlp { sizes } if *sizes == [64, 128, 128, 10] => "mlp-tiny".into(),
-            ModelSpec::Mlp { sizes } => format!(
+            ModelSpec::Zoo(ZooModel::Mlp { sizes }) if *sizes == [1024, 4096, 4096, 1000] => {
+                "mlp".into()
+            }
+            ModelSpec::Zoo(ZooModel::Mlp { sizes }) if *sizes == [256, 1024, 1024, 10] => {
+                "mlp-small".into()
+            }
+            ModelSpec::Zoo(ZooModel::Mlp { sizes }) if *sizes == [64, 128, 128, 10] => {
+                "mlp-tiny".into()
+            }
+            ModelSpec::Zoo(ZooModel::Mlp { sizes }) => format!(
                 "mlp[{}]",
                 sizes
                     .iter()
@@ -96,21 +94,24 @@ impl ModelSpec {
                     .collect::<Vec<_>>()
                     .join("-")
             ),
-            ModelSpec::ResNet18 { .. } => "resnet18".into(),
-            ModelSpec::ResNet50 { .. } => "resnet50".into(),
-            ModelSpec::Gpt2(c) if *c == Gpt2Config::gpt2() => "gpt2".into(),
-            ModelSpec::Gpt2(c) if *c == Gpt2Config::tiny() => "gpt2-tiny".into(),
-            ModelSpec::Gpt2(c) if *c == Self::gpt2_small_config() => "gpt2-small".into(),
-            ModelSpec::Gpt2(c) => format!("gpt2[{}x{}]", c.n_layer, c.n_embd),
+            ModelSpec::Zoo(ZooModel::ResNet18 { .. }) => "resnet18".into(),
+            ModelSpec::Zoo(ZooModel::ResNet50 { .. }) => "resnet50".into(),
+            ModelSpec::Zoo(ZooModel::Gpt2(c)) if *c == Gpt2Config::gpt2() => "gpt2".into(),
+            ModelSpec::Zoo(ZooModel::Gpt2(c)) if *c == Gpt2Config::tiny() => "gpt2-tiny".into(),
+            ModelSpec::Zoo(ZooModel::Gpt2(c)) if *c == Self::gpt2_small_config() => {
+                "gpt2-small".into()
+            }
+            ModelSpec::Zoo(ZooModel::Gpt2(c)) => format!("gpt2[{}x{}]", c.n_layer, c.n_embd),
             ModelSpec::Hf(h) => h.name(),
         }
     }
     /// What the drawn input size means for this model.
     pub fn size_dim(&self) -> &'static str {
         match self {
-            ModelSpec::Mlp { .. } => "rows",
-            ModelSpec::ResNet18 { .. } | ModelSpec::ResNet50 { .. } => "image_side",
-            ModelSpec::Gpt2(_) | ModelSpec::Hf(_) => "seq_len",
+            ModelSpec::Zoo(ZooModel::Mlp { .. }) => "rows",
+            ModelSpec::Zoo(ZooModel::ResNet18 { .. })
+            | ModelSpec::Zoo(ZooModel::ResNet50 { .. }) => "image_side",
+            ModelSpec::Zoo(ZooModel::Gpt2(_)) | ModelSpec::Hf(_) => "seq_len",
         }
     }
     /// A Hugging Face decoder (gpt2, llama, mistral, qwen2 from a config): the models
@@ -124,20 +125,20 @@ impl FromStr for ModelSpec {
     type Err = WorkloadError;
     fn from_str(s: &str) -> Result<Self> {
         Ok(match s.trim().to_ascii_lowercase().as_str() {
-            "mlp" => ModelSpec::Mlp {
+            "mlp" => ModelSpec::Zoo(ZooModel::Mlp {
                 sizes: vec![1024, 4096, 4096, 1000],
-            },
-            "mlp-small" => ModelSpec::Mlp {
+            }),
+            "mlp-small" => ModelSpec::Zoo(ZooModel::Mlp {
                 sizes: vec![256, 1024, 1024, 10],
-            },
-            "mlp-tiny" => ModelSpec::Mlp {
+            }),
+            "mlp-tiny" => ModelSpec::Zoo(ZooModel::Mlp {
                 sizes: vec![64, 128, 128, 10],
-            },
-            "resnet18" => ModelSpec::ResNet18 { classes: 1000 },
-            "resnet50" => ModelSpec::ResNet50 { classes: 1000 },
-            "gpt2" => ModelSpec::Gpt2(Gpt2Config::gpt2()),
-            "gpt2-small" => ModelSpec::Gpt2(ModelSpec::gpt2_small_config()),
-            "gpt2-tiny" => ModelSpec::Gpt2(Gpt2Config::tiny()),
+            }),
+            "resnet18" => ModelSpec::Zoo(ZooModel::ResNet18 { classes: 1000 }),
+            "resnet50" => ModelSpec::Zoo(ZooModel::ResNet50 { classes: 1000 }),
+            "gpt2" => ModelSpec::Zoo(ZooModel::Gpt2(Gpt2Config::gpt2())),
+            "gpt2-small" => ModelSpec::Zoo(ZooModel::Gpt2(ModelSpec::gpt2_small_config())),
+            "gpt2-tiny" => ModelSpec::Zoo(ZooModel::Gpt2(Gpt2Config::tiny())),
             other => {
                 // Not a zoo name: a Hugging Face config.json, or a folder holding one.
                 let path = Path::new(s.trim());
@@ -291,7 +292,7 @@ impl Default for Scenario {
     fn default() -> Self {
         Scenario {
             name: "default".into(),
-            model: ModelSpec::Gpt2(ModelSpec::gpt2_small_config()),
+            model: ModelSpec::Zoo(ZooModel::Gpt2(ModelSpec::gpt2_small_config())),
             batch: 4,
             input: InputDist::Uniform { lo: 16, hi: 128 },
             mode: Mode::Inference,
@@ -370,7 +371,8 @@ impl Scenario {
         // into a small tensor further down (an image is rows x 3 x side x side).
         let side = self.input.max();
         let elems = match self.model {
-            ModelSpec::ResNet18 { .. } | ModelSpec::ResNet50 { .. } => {
+            ModelSpec::Zoo(ZooModel::ResNet18 { .. })
+            | ModelSpec::Zoo(ZooModel::ResNet50 { .. }) => {
                 side.checked_mul(side).and_then(|x| x.checked_mul(3))
             }
             _ => Some(side),
@@ -405,12 +407,12 @@ impl Scenario {
             }
         }
         match &self.model {
-            ModelSpec::Mlp { sizes } => {
+            ModelSpec::Zoo(ZooModel::Mlp { sizes }) => {
                 if sizes.len() < 2 || sizes.contains(&0) {
                     return bad(format!("mlp sizes {sizes:?}: need at least two, none 0"));
                 }
             }
-            ModelSpec::Gpt2(c) => {
+            ModelSpec::Zoo(ZooModel::Gpt2(c)) => {
                 if self.input.max() > c.n_positions {
                     return bad(format!(
                         "sequence length up to {} exceeds the model's n_positions {}",
@@ -428,7 +430,8 @@ impl Scenario {
                 };
                 h.validate(need, self.is_generate(), self.mistakes.named_temporaries)?
             }
-            ModelSpec::ResNet18 { .. } | ModelSpec::ResNet50 { .. } => {
+            ModelSpec::Zoo(ZooModel::ResNet18 { .. })
+            | ModelSpec::Zoo(ZooModel::ResNet50 { .. }) => {
                 if self.input.min() < 32 {
                     return bad(format!(
                         "image side {} is too small for a ResNet (need at least 32)",

@@ -309,14 +309,33 @@ impl Driver for InProcess<'_> {
 /// recommends the one that does best when it beats the run's own (more safe load, or the
 /// same with less peak reserved there), else says the run's config is already the best.
 /// Every search is deterministic for a seed and none reads the run's own measurements, so
-/// two runs with one seed print the same verdict.
+/// two runs with one seed print the same verdict. The searches are independent meta runs,
+/// so they run side by side, one thread each (the load is over and its cores are free);
+/// the best is then chosen in the configs' order, as one after another would.
 fn verdict(
     cfg: &LoadConfig,
     conf: &vramroom_alloc::AllocatorConfig,
     sc: &crate::search::SearchConfig,
     stop: &AtomicBool,
 ) -> Option<OomSearch> {
-    let mut s = match oom_search(&cfg.scenario, cfg.capacity, conf, sc, stop) {
+    let others: Vec<(&String, vramroom_alloc::AllocatorConfig)> = cfg
+        .what_if
+        .iter()
+        .filter(|c| **c != cfg.alloc_conf)
+        .filter_map(|c| Some((c, vramroom_alloc::AllocatorConfig::parse(c).ok()?)))
+        .collect();
+    let (own, found) = std::thread::scope(|scope| {
+        let handles: Vec<_> = others
+            .iter()
+            .map(|(_, rc)| {
+                scope.spawn(move || oom_search(&cfg.scenario, cfg.capacity, rc, sc, stop))
+            })
+            .collect();
+        let own = oom_search(&cfg.scenario, cfg.capacity, conf, sc, stop);
+        let found: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
+        (own, found)
+    });
+    let mut s = match own {
         Ok(s) => s,
         Err(e) => {
             warn!(error = %e, "OOM search failed");
@@ -325,17 +344,15 @@ fn verdict(
     };
     s.alloc_conf = cfg.alloc_conf.clone();
     let mut best: Option<(String, OomSearch)> = None;
-    for c in cfg.what_if.iter().filter(|c| **c != cfg.alloc_conf) {
-        let Ok(rc) = vramroom_alloc::AllocatorConfig::parse(c) else {
-            continue;
-        };
-        match oom_search(&cfg.scenario, cfg.capacity, &rc, sc, stop) {
-            Ok(r) => {
+    for ((c, _), r) in others.iter().zip(found) {
+        match r {
+            Ok(Ok(r)) => {
                 if best.as_ref().is_none_or(|(_, b)| b.is_beaten_by(&r)) {
-                    best = Some((c.clone(), r));
+                    best = Some(((*c).clone(), r));
                 }
             }
-            Err(e) => warn!(conf = %c, error = %e, "OOM search under a what-if config failed"),
+            Ok(Err(e)) => warn!(conf = %c, error = %e, "OOM search under a what-if config failed"),
+            Err(_) => warn!(conf = %c, "OOM search under a what-if config panicked"),
         }
     }
     if let Some((c, r)) = best {

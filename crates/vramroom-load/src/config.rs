@@ -78,7 +78,7 @@ pub struct LoadConfig {
 pub use vramroom_workload::device::DEFAULT_CAPACITY;
 
 /// The run log's default bound: 8M requests, 128 MiB, about a minute of the busiest meta
-/// run (gpt2-small at 32 workers makes some 135,000 requests a second).
+/// run (zoo-gpt-small at 32 workers makes some 135,000 requests a second).
 pub const DEFAULT_WHAT_IF_LOG_ENTRIES: usize = 8_000_000;
 
 /// The default what-if configs.

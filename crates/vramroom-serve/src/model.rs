@@ -1125,7 +1125,7 @@ mod tests {
 
     fn lm() -> ServedModel {
         let d = RunDevice::cpu(1 << 30, &AllocatorConfig::default()).device;
-        ServedModel::load(&"gpt2-tiny".parse().unwrap(), &d).unwrap()
+        ServedModel::load(&"zoo-gpt-tiny".parse().unwrap(), &d).unwrap()
     }
 
     fn json_value() -> impl Strategy<Value = Value> {
@@ -1179,8 +1179,8 @@ mod tests {
     fn predictions_equal_the_measured_peaks() {
         let conf = AllocatorConfig::default();
         for (model, key, n) in [
-            ("gpt2-tiny", BatchKey::Tokens { len: 16 }, 3),
-            ("gpt2-small", BatchKey::Tokens { len: 64 }, 2),
+            ("zoo-gpt-tiny", BatchKey::Tokens { len: 16 }, 3),
+            ("zoo-gpt-small", BatchKey::Tokens { len: 64 }, 2),
             ("mlp-small", BatchKey::Rows, 5),
             ("resnet18", BatchKey::Image { h: 32, w: 40 }, 2),
         ] {

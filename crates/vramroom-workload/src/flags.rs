@@ -265,7 +265,7 @@ mod tests {
 
     #[test]
     fn generate_needs_a_decoder_and_fits_the_positions() {
-        let mut f = flags("gpt2-small");
+        let mut f = flags("zoo-gpt-small");
         f.mode = Some("generate".into());
         let e = f.scenario().unwrap_err().to_string();
         assert!(e.contains("Hugging Face decoder"), "{e}");
@@ -282,13 +282,13 @@ mod tests {
 
     #[test]
     fn switches_are_refused_where_they_mean_nothing() {
-        let mut f = flags("gpt2-small");
+        let mut f = flags("zoo-gpt-small");
         f.use_cache = Some(false);
         assert!(f.scenario().is_err());
-        let mut f = flags("gpt2-small");
+        let mut f = flags("zoo-gpt-small");
         f.new_tokens = Some(4);
         assert!(f.scenario().is_err());
-        let mut f = flags("gpt2-small");
+        let mut f = flags("zoo-gpt-small");
         f.accum = Some(4);
         assert!(f.scenario().is_err());
     }

@@ -56,7 +56,9 @@ impl Net {
                         hf::BertHead::Base
                     },
                 };
-                let loaded = hf::load(&h.path, dev, &opts).map_err(hf_tensor_error)?;
+                let loaded =
+                    hf::load_config(h.config.clone(), h.weights_dir().as_deref(), dev, &opts)
+                        .map_err(hf_tensor_error)?;
                 if let Some(n) = &loaded.note {
                     tracing::info!("{n}");
                 }

@@ -209,7 +209,8 @@ pub fn predict(sc: &Scenario, dev: &PredictDevice) -> Result<Prediction> {
                 capacity: dev.capacity,
                 alloc_conf: dev.alloc_conf.clone(),
             };
-            let r = hf::predict(&h.path, &w, &o).map_err(|e| hf_error(&h.path, e))?;
+            let r =
+                hf::predict_config(h.config.clone(), &w, &o).map_err(|e| hf_error(&h.path, e))?;
             Ok(Prediction {
                 size,
                 batch: sc.batch,

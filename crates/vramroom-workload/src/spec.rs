@@ -49,22 +49,33 @@ pub enum ModelSpec {
     Hf(HfModelSpec),
 }
 
-/// Names accepted by [`ModelSpec::from_str`].
-pub const MODEL_NAMES: [&str; 8] = [
+/// Names accepted by [`ModelSpec::from_str`]. A name means one model: `gpt2` is
+/// transformers' `GPT2LMHeadModel` (its built-in config, [`crate::model::BUILTIN`]); the
+/// zoo's own hand-written GPT, which keeps less than transformers' forward does, is
+/// `zoo-gpt`.
+pub const MODEL_NAMES: [&str; 9] = [
     "mlp",
     "mlp-small",
     "mlp-tiny",
     "resnet18",
     "resnet50",
     "gpt2",
-    "gpt2-small",
-    "gpt2-tiny",
+    "zoo-gpt",
+    "zoo-gpt-small",
+    "zoo-gpt-tiny",
+];
+
+/// Names the zoo's GPT went by, and what they are now: typed, they are an error that says
+/// so, not another model under the old name.
+const RENAMED: [(&str, &str); 2] = [
+    ("gpt2-small", "zoo-gpt-small"),
+    ("gpt2-tiny", "zoo-gpt-tiny"),
 ];
 
 impl ModelSpec {
-    /// A 4-layer GPT-2 of width 128: big enough to show variable-length behaviour, small
-    /// enough for real compute on two cores.
-    pub fn gpt2_small_config() -> Gpt2Config {
+    /// `zoo-gpt-small`: the zoo's GPT, 4 layers of width 128: big enough to show
+    /// variable-length behaviour, small enough for real compute on two cores.
+    pub fn zoo_gpt_small_config() -> Gpt2Config {
         Gpt2Config {
             n_layer: 4,
             n_head: 4,
@@ -96,12 +107,14 @@ impl ModelSpec {
             ),
             ModelSpec::Zoo(ZooModel::ResNet18 { .. }) => "resnet18".into(),
             ModelSpec::Zoo(ZooModel::ResNet50 { .. }) => "resnet50".into(),
-            ModelSpec::Zoo(ZooModel::Gpt2(c)) if *c == Gpt2Config::gpt2() => "gpt2".into(),
-            ModelSpec::Zoo(ZooModel::Gpt2(c)) if *c == Gpt2Config::tiny() => "gpt2-tiny".into(),
-            ModelSpec::Zoo(ZooModel::Gpt2(c)) if *c == Self::gpt2_small_config() => {
-                "gpt2-small".into()
+            ModelSpec::Zoo(ZooModel::Gpt2(c)) if *c == Gpt2Config::gpt2() => "zoo-gpt".into(),
+            ModelSpec::Zoo(ZooModel::Gpt2(c)) if *c == Gpt2Config::tiny() => "zoo-gpt-tiny".into(),
+            ModelSpec::Zoo(ZooModel::Gpt2(c)) if *c == Self::zoo_gpt_small_config() => {
+                "zoo-gpt-small".into()
             }
-            ModelSpec::Zoo(ZooModel::Gpt2(c)) => format!("gpt2[{}x{}]", c.n_layer, c.n_embd),
+            ModelSpec::Zoo(ZooModel::Gpt2(c)) => {
+                format!("zoo-gpt[{}x{}]", c.n_layer, c.n_embd)
+            }
             ModelSpec::Hf(h) => h.name(),
         }
     }
@@ -136,10 +149,19 @@ impl FromStr for ModelSpec {
             }),
             "resnet18" => ModelSpec::Zoo(ZooModel::ResNet18 { classes: 1000 }),
             "resnet50" => ModelSpec::Zoo(ZooModel::ResNet50 { classes: 1000 }),
-            "gpt2" => ModelSpec::Zoo(ZooModel::Gpt2(Gpt2Config::gpt2())),
-            "gpt2-small" => ModelSpec::Zoo(ZooModel::Gpt2(ModelSpec::gpt2_small_config())),
-            "gpt2-tiny" => ModelSpec::Zoo(ZooModel::Gpt2(Gpt2Config::tiny())),
+            "zoo-gpt" => ModelSpec::Zoo(ZooModel::Gpt2(Gpt2Config::gpt2())),
+            "zoo-gpt-small" => ModelSpec::Zoo(ZooModel::Gpt2(ModelSpec::zoo_gpt_small_config())),
+            "zoo-gpt-tiny" => ModelSpec::Zoo(ZooModel::Gpt2(Gpt2Config::tiny())),
             other => {
+                if let Some(h) = HfModelSpec::builtin(other) {
+                    return Ok(ModelSpec::Hf(h?));
+                }
+                if let Some((_, now)) = RENAMED.iter().find(|(old, _)| *old == other) {
+                    return Err(WorkloadError::Scenario(format!(
+                        "model {other:?} is now {now:?}: the zoo's own GPT, named for what it \
+                         is; `gpt2` is transformers' GPT-2 (GPT2LMHeadModel)"
+                    )));
+                }
                 // Not a zoo name: a Hugging Face config.json, or a folder holding one.
                 let path = Path::new(s.trim());
                 if path.exists() {
@@ -292,7 +314,7 @@ impl Default for Scenario {
     fn default() -> Self {
         Scenario {
             name: "default".into(),
-            model: ModelSpec::Zoo(ZooModel::Gpt2(ModelSpec::gpt2_small_config())),
+            model: ModelSpec::Zoo(ZooModel::Gpt2(ModelSpec::zoo_gpt_small_config())),
             batch: 4,
             input: InputDist::Uniform { lo: 16, hi: 128 },
             mode: Mode::Inference,
@@ -573,7 +595,7 @@ pub struct ScenarioInfo {
     pub name: String,
     /// `"inference"`, `"training"` or `"generate"`.
     pub kind: String,
-    /// `"mlp"`, `"resnet18"`, `"resnet50"`, `"gpt2"`, `"gpt2-tiny"`, ...
+    /// `"mlp"`, `"resnet18"`, `"resnet50"`, `"gpt2"`, `"zoo-gpt-tiny"`, ...
     pub model: String,
     /// Samples per request (per micro-batch in training).
     pub batch: usize,
@@ -608,4 +630,43 @@ pub struct Mistakes {
     /// Named temporaries (`h = l1(x); out = l2(h)`) instead of chained calls. A myth test:
     /// it is expected to make *no* difference.
     pub named_temporaries: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vramroom_tensor::models::hf::Family;
+
+    /// A name means one model: `gpt2` is transformers' GPT-2 from its built-in config (the
+    /// same model as `fixtures/hf/gpt2`), the zoo's own GPT is `zoo-gpt*`, and the names it
+    /// went by are an error that says what they are now.
+    #[test]
+    fn gpt2_is_transformers_gpt2_and_the_zoo_gpt_is_named_for_what_it_is() {
+        let m: ModelSpec = "gpt2".parse().unwrap();
+        let ModelSpec::Hf(h) = &m else {
+            panic!("gpt2 is not transformers' model: {m:?}")
+        };
+        assert!(h.builtin);
+        assert_eq!(h.config.family, Family::Gpt2);
+        let fixture = HfModelSpec::open(Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fixtures/hf/gpt2"
+        )))
+        .unwrap();
+        assert_eq!(h.config, fixture.config);
+        assert_eq!(m.name(), "gpt2");
+        assert!(!h.has_weights());
+        for name in ["zoo-gpt", "zoo-gpt-small", "zoo-gpt-tiny"] {
+            let z: ModelSpec = name.parse().unwrap();
+            assert!(matches!(z, ModelSpec::Zoo(ZooModel::Gpt2(_))), "{name}");
+            assert_eq!(z.name(), name);
+        }
+        for (old, now) in RENAMED {
+            let e = old.parse::<ModelSpec>().unwrap_err().to_string();
+            assert!(e.contains(now) && e.contains("transformers"), "{e}");
+        }
+        for name in MODEL_NAMES {
+            assert!(name.parse::<ModelSpec>().is_ok(), "{name}");
+        }
+    }
 }

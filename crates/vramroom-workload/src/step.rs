@@ -367,7 +367,7 @@ mod tests {
     fn unknown_model_is_a_clear_error() {
         let e = "resnet9000".parse::<ModelSpec>().unwrap_err().to_string();
         assert!(
-            e.contains("unknown model") && e.contains("gpt2-tiny"),
+            e.contains("unknown model") && e.contains("zoo-gpt-tiny"),
             "{e}"
         );
     }

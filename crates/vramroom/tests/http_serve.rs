@@ -34,7 +34,7 @@ impl Serve {
             .args([
                 "serve",
                 "--model",
-                "gpt2-small",
+                "zoo-gpt-small",
                 "--port",
                 "0",
                 "--workers",

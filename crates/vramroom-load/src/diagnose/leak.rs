@@ -50,7 +50,7 @@ pub(super) fn leak(r: &RunResult, rules: &Rules) -> Option<Finding> {
     let drift = (slope * steady_s).max(0.0);
     // A leak is memory that stays: the floor's drift corroborates one, but a floor that
     // rose under load and is gone at rest is the load's own (queues, an OOM storm's
-    // retries), not a leak. Measured: an over-capacity run (gpt2-small, -c 32, 128 MiB)
+    // retries), not a leak. Measured: an over-capacity run (zoo-gpt-small, -c 32, 128 MiB)
     // drifted 41 MiB/s at R² 0.63 with 0 B left at rest, in one run of several.
     let drifts = drift >= floor as f64 && r2 >= 0.6 && retained as f64 >= 0.5 * drift;
     // A falling floor is never a leak (measured: resnet18 --grad-on read "the floor rises

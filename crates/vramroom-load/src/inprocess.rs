@@ -221,7 +221,7 @@ impl Driver for InProcess<'_> {
         });
         // One last sample after the load: what stays allocated and cached at rest.
         let ext = ext_source.sample();
-        timeline.sample_now_with(&dev.probe.stats(), &dev.device, used(&dev), ext.as_ref());
+        timeline.sample_at_rest(&dev.probe.stats(), &dev.device, used(&dev), ext.as_ref());
         dev.probe.remove_observer(obs_id);
         if let Some(id) = log_id {
             dev.probe.remove_observer(id);

@@ -61,7 +61,7 @@ fn the_price_of_a_request_holds_its_kv_cache_for_prompt_and_new_tokens() {
 
 #[test]
 fn served_generate_answers_the_new_tokens() {
-    let s = spec("zoo-gpt-tiny");
+    let s = spec("gpt2-tiny");
     let d = open_device(ServeDevice::Cpu, 1 << 30, &AllocatorConfig::default()).unwrap();
     let gen = Generation {
         new_tokens: 5,

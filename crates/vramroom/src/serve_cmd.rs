@@ -78,7 +78,8 @@ pub struct ServeArgs {
     #[arg(long = "max-queue", default_value_t = 128)]
     max_queue: usize,
     /// Latency target of admitted requests: auto (1.5x the predicted unloaded latency of
-    /// each request), off, or a duration. Requests predicted to miss it get 503.
+    /// each request plus the measured compute of one full batch, the batch it may wait
+    /// behind), off, or a duration. Requests predicted to miss it get 503.
     #[arg(
         long = "max-latency",
         default_value = "auto",

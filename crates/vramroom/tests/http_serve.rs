@@ -145,14 +145,12 @@ fn get(url: &str) -> String {
     let rest = url.strip_prefix("http://").expect("an http:// URL");
     let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
     let mut s = std::net::TcpStream::connect(host).expect("connect to serve");
-    write!(
-        s,
-        "GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n"
-    )
-    .unwrap();
+    write!(s, "GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
-    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
 }
 
 fn u(v: &serde_json::Value) -> u64 {

@@ -30,8 +30,12 @@
 //!   its target is answered 503 rather than served late, and a batch only grows while every
 //!   member still finishes in time. `--max-queue` caps the number of waiting requests outright.
 //!
-//!   The promise, then: an admitted request is answered within 1.5 × its unloaded latency
-//!   plus the measured service time of one full batch. The batch term is the calibration to
+//!   The promise, then: an admitted request is admitted and dispatched only while it is
+//!   predicted to be answered within 1.5 × its unloaded latency plus the measured service
+//!   time of one full batch; a batch's compute cannot be preempted, so one that runs slower
+//!   than the fit (a noisy neighbour, the load generator on the same cores) can finish late
+//!   by up to one more batch. Admitted latency is therefore within 1.5 × the unloaded
+//!   latency plus two full batches, and aims at one. The batch term is the calibration to
 //!   the model's own speed: a request that arrives while a batch runs must wait for it, so
 //!   a target of 1.5 × its own latency alone shed nearly everything a few clients sent to a
 //!   model served at CPU speed (measured: 99.95% of `-c 4` shed with 503, memory at 3% of

@@ -92,14 +92,14 @@ def test_predict_matches_the_cli(cli):
     c = json.loads(run([cli, "predict", "--model", "mlp", "--batch", "4", "--json"]).stdout)
     assert api == c
     # The flags' vocabulary, in keyword form: a distribution, training, a planted mistake.
-    api = vramroom.predict("gpt2-tiny", batch=2, seq="uniform:8..32", mode="train",
+    api = vramroom.predict("zoo-gpt-tiny", batch=2, seq="uniform:8..32", mode="train",
                            optimizer="adamw", grad=False, alloc_conf="expandable_segments:True")
-    c = json.loads(run([cli, "predict", "--model", "gpt2-tiny", "--batch", "2", "--seq",
+    c = json.loads(run([cli, "predict", "--model", "zoo-gpt-tiny", "--batch", "2", "--seq",
                         "uniform:8..32", "--mode", "train", "--optimizer", "adamw",
                         "--alloc-conf", "expandable_segments:True", "--json"]).stdout)
     assert api == c and api["size"] == 32
-    assert vramroom.predict("gpt2-tiny", seq=16, grad=True) == json.loads(run(
-        [cli, "predict", "--model", "gpt2-tiny", "--seq", "16", "--grad-on", "--json"]).stdout)
+    assert vramroom.predict("zoo-gpt-tiny", seq=16, grad=True) == json.loads(run(
+        [cli, "predict", "--model", "zoo-gpt-tiny", "--seq", "16", "--grad-on", "--json"]).stdout)
     assert api["peak_allocated_bytes"] > 0
     assert vramroom.predict("mlp", batch=8)["peak_allocated_bytes"] > api["peak_allocated_bytes"]
 

@@ -7,7 +7,7 @@
 #   DEVICE=cuda:0 CAPACITY=2GiB bash scripts/serve-replicas/run.sh   # one GPU, same code
 #   DEVICE=cuda:0,cuda:1 CAPACITY=2GiB bash scripts/serve-replicas/run.sh   # two GPUs
 #
-# Env: DEVICE, MODEL (gpt2-tiny), CAPACITY (8MiB), MARGIN (7880KiB: room for a few
+# Env: DEVICE, MODEL (zoo-gpt-tiny), CAPACITY (8MiB), MARGIN (7880KiB: room for a few
 # requests), C1 (24: a load one replica sheds at, see the -c C1 line of a DEVICE=cpu run;
 # the second run is 4x it), DURATION (10s), OUT (out/serve-replicas/<device>), VRAMROOM (the binary;
 # default target/release/vramroom, or $CARGO_TARGET_DIR/release/vramroom).

@@ -10,7 +10,7 @@ fn main() -> Result<()> {
     let a: Vec<String> = std::env::args().skip(1).collect();
     let get = |i: usize, d: &str| a.get(i).cloned().unwrap_or_else(|| d.to_string());
     let mut sc = Scenario {
-        model: get(0, "gpt2-small").parse()?,
+        model: get(0, "zoo-gpt-small").parse()?,
         input: get(1, "uniform:16..128").parse()?,
         batch: get(2, "4").parse().unwrap_or(4),
         ..Default::default()

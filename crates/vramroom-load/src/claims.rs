@@ -11,8 +11,9 @@
 use std::sync::Arc;
 
 use vramroom_alloc::{AllocatorConfig, CachingAllocator, SimDevice};
+use vramroom_tensor::models::ZooModel;
 use vramroom_tensor::nn::{Init, Linear};
-use vramroom_tensor::predict::{predict, AccumPattern, Mode, ModelKind, OptimKind, PredictOptions};
+use vramroom_tensor::predict::{predict, AccumPattern, Mode, OptimKind, PredictOptions};
 use vramroom_tensor::{no_grad, DType, Device, Tensor, TensorError};
 
 use crate::results::{ClaimNumber, ClaimVerdict, ClaimsResult, SCHEMA_VERSION};
@@ -41,7 +42,7 @@ fn matches(nums: &[ClaimNumber]) -> bool {
 
 fn r50(batch: usize, grad: bool) -> PredictOptions {
     PredictOptions {
-        model: ModelKind::ResNet50,
+        model: ZooModel::resnet50(),
         batch,
         mode: Mode::Inference,
         grad,
@@ -193,7 +194,7 @@ fn accumulation_claim() -> Claim {
     ];
     let run = |n: usize, p: AccumPattern| -> Result<f64, TensorError> {
         above_input(&PredictOptions {
-            model: ModelKind::ResNet50,
+            model: ZooModel::resnet50(),
             batch: 32,
             mode: Mode::Training {
                 optimizer: OptimKind::Sgd,
@@ -435,7 +436,7 @@ pub fn concurrency_vs_pytorch() -> ClaimVerdict {
 
     let run = |grad: bool, c: usize| -> crate::error::Result<(f64, f64)> {
         let mut sc = Scenario::inference(
-            vramroom_workload::ModelSpec::ResNet50 { classes: 1000 },
+            vramroom_workload::ModelSpec::Zoo(ZooModel::ResNet50 { classes: 1000 }),
             8,
             InputDist::Fixed(224),
         );

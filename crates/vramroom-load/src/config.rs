@@ -78,7 +78,7 @@ pub struct LoadConfig {
 pub use vramroom_workload::device::DEFAULT_CAPACITY;
 
 /// The run log's default bound: 8M requests, 128 MiB, about a minute of the busiest meta
-/// run (gpt2-small at 32 workers makes some 135,000 requests a second).
+/// run (zoo-gpt-small at 32 workers makes some 135,000 requests a second).
 pub const DEFAULT_WHAT_IF_LOG_ENTRIES: usize = 8_000_000;
 
 /// The default what-if configs.
@@ -95,10 +95,14 @@ impl Default for LoadConfig {
             device: DeviceChoice::Cpu,
             capacity: DEFAULT_CAPACITY,
             alloc_conf: String::new(),
+            // 8 s of load: with the what-if replay and the OOM search after it, the default
+            // run of every zoo model ends within 15 s on two cores (it was 25 s of load and
+            // 26–35 s in all). The longest stage is still 3 s of 20 ms samples, enough
+            // floors for the leak rule's fit.
             plan: LoadPlan::Stages(vec![
-                Stage::timed(1, Duration::from_secs(5)),
-                Stage::timed(4, Duration::from_secs(10)),
-                Stage::timed(8, Duration::from_secs(10)),
+                Stage::timed(1, Duration::from_secs(2)),
+                Stage::timed(4, Duration::from_secs(3)),
+                Stage::timed(8, Duration::from_secs(3)),
             ]),
             sample_period: Duration::from_millis(20),
             search: Some(SearchConfig::default()),

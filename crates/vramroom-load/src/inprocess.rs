@@ -4,9 +4,10 @@
 //! Design note: this is the [`Driver`] of `vramroom loadtest`. `prepare` builds the device
 //! and the workload before the clock starts (a model that alone does not fit is an error,
 //! not a run); `drive` runs the engine ([`crate::engine`]) with a sampler thread beside it
-//! and aggregates its per-request records; `search` is the what-if replay of the run's own
-//! allocator log and the OOM search on the meta twin, both skipped after Ctrl-C. Progress
-//! names each phase (setup, load, what_if, search, diagnose, done).
+//! and groups its per-request records by stage (the pipeline folds them); the evidence is
+//! the allocator's own log of the whole run and its snapshots; `search` is the what-if
+//! replay of that log and the OOM search on the meta twin, both skipped after Ctrl-C.
+//! Progress names each phase (setup, load, what_if, search, diagnose, done).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,10 +19,10 @@ use tracing::{info, warn};
 
 use vramroom_alloc::{AllocatorConfig, HistoryMode};
 
-use crate::aggregate::{latency as lat, levels, summarize};
+use crate::aggregate::{latency_histogram, summarize};
 use crate::config::{LoadConfig, LoadPlan};
 use crate::diagnose::RunLog;
-use crate::driver::{Driver, Evidence};
+use crate::driver::{Diagnosis, Driver, Evidence, Measured, StageMeasure};
 use crate::engine::{drive, LoadOutcome};
 use crate::error::{LoadError, Result};
 use crate::results::*;
@@ -42,6 +43,10 @@ pub struct InProcess<'a> {
     cancelled: bool,
     run_log: Option<RunLog>,
     device: Option<RunDevice>,
+    /// The outside memory source's tally, once the load has run.
+    sources: Vec<MemorySourceInfo>,
+    snapshot: Option<vramroom_alloc::Snapshot>,
+    oom_snapshot: Option<vramroom_alloc::Snapshot>,
 }
 
 /// The device and the workload, built before the clock starts.
@@ -62,6 +67,9 @@ impl<'a> InProcess<'a> {
             cancelled: false,
             run_log: None,
             device: None,
+            sources: Vec::new(),
+            snapshot: None,
+            oom_snapshot: None,
         }
     }
 
@@ -124,7 +132,7 @@ impl Driver for InProcess<'_> {
         &mut self,
         stop: &Arc<AtomicBool>,
         progress: &mut dyn FnMut(&Progress),
-    ) -> Result<RunResult> {
+    ) -> Result<Measured> {
         let cfg = self.cfg;
         let Ready {
             dev,
@@ -213,32 +221,45 @@ impl Driver for InProcess<'_> {
         });
         // One last sample after the load: what stays allocated and cached at rest.
         let ext = ext_source.sample();
-        timeline.sample_now_with(&dev.probe.stats(), &dev.device, used(&dev), ext.as_ref());
+        timeline.sample_at_rest(&dev.probe.stats(), &dev.device, used(&dev), ext.as_ref());
         dev.probe.remove_observer(obs_id);
         if let Some(id) = log_id {
             dev.probe.remove_observer(id);
         }
-        let outcome = outcome?;
+        let mut outcome = outcome?;
 
         let stats = dev.probe.stats();
-        let snapshot = dev.probe.snapshot();
-        let mut result = aggregate(cfg, &dev, baseline, &timeline, outcome, &stats);
-        result.memory_sources = ext_source.info().into_iter().collect();
-        result.final_memory_stats = stats.memory_stats();
-        result.final_memory_summary = dev.probe.memory_summary();
-        result.snapshot = Some(snapshot);
+        self.snapshot = Some(dev.probe.snapshot());
+        self.oom_snapshot = outcome.oom_snapshot.take();
+        let mut measured = measure(cfg, &dev, baseline, &timeline, outcome, &stats);
+        self.sources = ext_source.info().into_iter().collect();
+        measured.result.final_memory_stats = stats.memory_stats();
+        measured.result.final_memory_summary = dev.probe.memory_summary();
         self.cancelled = stop.load(Ordering::Relaxed);
         // Release the run's memory before the search builds its own devices.
         workload.release();
         drop(workload);
         // The device outlives the load, as it did when the pipeline was one function.
         self.device = Some(dev);
-        Ok(result)
+        Ok(measured)
+    }
+
+    fn memory_sources(&self) -> Vec<MemorySourceInfo> {
+        self.sources.clone()
+    }
+
+    fn evidence(&mut self) -> Evidence {
+        Evidence {
+            run_log: self.run_log.take(),
+            snapshot: self.snapshot.take(),
+            oom_snapshot: self.oom_snapshot.take(),
+        }
     }
 
     fn search(
         &mut self,
         result: &mut RunResult,
+        run_log: Option<&RunLog>,
         stop: &AtomicBool,
         progress: &mut dyn FnMut(&Progress),
     ) {
@@ -248,13 +269,14 @@ impl Driver for InProcess<'_> {
         let cfg = self.cfg;
         self.phase("what_if", progress);
         let (rows, check) =
-            crate::diagnose::what_if(result, self.run_log.as_ref(), &cfg.alloc_conf, &cfg.what_if);
+            crate::diagnose::what_if(result, run_log, &cfg.alloc_conf, &cfg.what_if);
         result.what_if = rows;
         result.what_if_check = check;
         if !result.what_if_check.agrees && !result.what_if.is_empty() {
             warn!(note = %result.what_if_check.note, "what-if disagrees with the run");
         }
-        if let Some(l) = &self.run_log {
+        // The log is the run's whole history: free it before the search builds devices.
+        if let Some(l) = run_log {
             l.clear();
         }
         if let Some(sc) = &cfg.search {
@@ -263,12 +285,12 @@ impl Driver for InProcess<'_> {
         }
     }
 
-    fn evidence(&mut self, progress: &mut dyn FnMut(&Progress)) -> Evidence<'_> {
+    fn diagnosis(&mut self, progress: &mut dyn FnMut(&Progress)) -> Diagnosis<'_> {
         if !self.cfg.diagnose {
-            return Evidence::None;
+            return Diagnosis::None;
         }
         self.phase("diagnose", progress);
-        Evidence::Workload {
+        Diagnosis::Workload {
             scenario: &self.cfg.scenario,
             conf: &self.conf,
         }
@@ -287,14 +309,33 @@ impl Driver for InProcess<'_> {
 /// recommends the one that does best when it beats the run's own (more safe load, or the
 /// same with less peak reserved there), else says the run's config is already the best.
 /// Every search is deterministic for a seed and none reads the run's own measurements, so
-/// two runs with one seed print the same verdict.
+/// two runs with one seed print the same verdict. The searches are independent meta runs,
+/// so they run side by side, one thread each (the load is over and its cores are free);
+/// the best is then chosen in the configs' order, as one after another would.
 fn verdict(
     cfg: &LoadConfig,
     conf: &vramroom_alloc::AllocatorConfig,
     sc: &crate::search::SearchConfig,
     stop: &AtomicBool,
 ) -> Option<OomSearch> {
-    let mut s = match oom_search(&cfg.scenario, cfg.capacity, conf, sc, stop) {
+    let others: Vec<(&String, vramroom_alloc::AllocatorConfig)> = cfg
+        .what_if
+        .iter()
+        .filter(|c| **c != cfg.alloc_conf)
+        .filter_map(|c| Some((c, vramroom_alloc::AllocatorConfig::parse(c).ok()?)))
+        .collect();
+    let (own, found) = std::thread::scope(|scope| {
+        let handles: Vec<_> = others
+            .iter()
+            .map(|(_, rc)| {
+                scope.spawn(move || oom_search(&cfg.scenario, cfg.capacity, rc, sc, stop))
+            })
+            .collect();
+        let own = oom_search(&cfg.scenario, cfg.capacity, conf, sc, stop);
+        let found: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
+        (own, found)
+    });
+    let mut s = match own {
         Ok(s) => s,
         Err(e) => {
             warn!(error = %e, "OOM search failed");
@@ -303,17 +344,15 @@ fn verdict(
     };
     s.alloc_conf = cfg.alloc_conf.clone();
     let mut best: Option<(String, OomSearch)> = None;
-    for c in cfg.what_if.iter().filter(|c| **c != cfg.alloc_conf) {
-        let Ok(rc) = vramroom_alloc::AllocatorConfig::parse(c) else {
-            continue;
-        };
-        match oom_search(&cfg.scenario, cfg.capacity, &rc, sc, stop) {
-            Ok(r) => {
+    for ((c, _), r) in others.iter().zip(found) {
+        match r {
+            Ok(Ok(r)) => {
                 if best.as_ref().is_none_or(|(_, b)| b.is_beaten_by(&r)) {
-                    best = Some((c.clone(), r));
+                    best = Some(((*c).clone(), r));
                 }
             }
-            Err(e) => warn!(conf = %c, error = %e, "OOM search under a what-if config failed"),
+            Ok(Err(e)) => warn!(conf = %c, error = %e, "OOM search under a what-if config failed"),
+            Err(_) => warn!(conf = %c, "OOM search under a what-if config panicked"),
         }
     }
     if let Some((c, r)) = best {
@@ -338,19 +377,20 @@ fn planned_seconds(plan: &LoadPlan) -> Option<f64> {
     }
 }
 
-fn aggregate(
+/// The run's records grouped by stage, and the rest of the result only this driver can
+/// fill (the allocator's peaks and counters, the timeline, the OOMs).
+fn measure(
     cfg: &LoadConfig,
     dev: &RunDevice,
     baseline: u64,
     timeline: &Timeline,
     out: LoadOutcome,
     stats: &vramroom_alloc::DeviceStats,
-) -> RunResult {
+) -> Measured {
     let all: Vec<&RequestRecord> = out.records.iter().collect();
-    let requests = summarize(&all);
     let stage_peaks = timeline.stage_peaks.lock().clone();
     let mut errors = ErrorCounts {
-        oom: requests.oom,
+        oom: summarize(&all).oom,
         by_kind: BTreeMap::new(),
     };
     for r in &out.records {
@@ -358,51 +398,41 @@ fn aggregate(
             *errors.by_kind.entry(k.to_string()).or_default() += 1;
         }
     }
-    // Records grouped by stage and by concurrency in one pass each: a plan of thousands of
-    // short stages must cost time linear in records + stages, not their product.
+    // Records grouped by stage in one pass: a plan of thousands of short stages must cost
+    // time linear in records + stages, not their product.
     let mut by_stage: Vec<Vec<&RequestRecord>> = vec![Vec::new(); out.stages_run.len()];
-    let mut by_level: BTreeMap<usize, Vec<&RequestRecord>> = BTreeMap::new();
     for r in &out.records {
         if let Some(v) = by_stage.get_mut(r.stage) {
             v.push(r);
         }
-        by_level.entry(r.concurrency).or_default().push(r);
     }
-    let stages: Vec<StageResult> = out
+    let stages: Vec<StageMeasure> = out
         .stages_run
         .iter()
         .zip(&by_stage)
         .enumerate()
         .map(|(i, ((st, s0, s1, started), recs))| {
-            let req = summarize(recs);
             let p = stage_peaks.get(i).copied().unwrap_or_default();
-            StageResult {
+            StageMeasure {
                 index: i,
+                load: st.workers() as f64,
                 concurrency: st.workers(),
+                workers_started: *started,
                 start_s: *s0,
                 end_s: *s1,
-                requests: req,
-                latency: lat(recs),
-                throughput: Throughput::of(&req, s1 - s0),
+                requests: summarize(recs),
+                latency: latency_histogram(recs),
+                shed: 0,
                 peak_allocated_bytes: p.allocated,
                 peak_reserved_bytes: p.reserved,
-                workers_started: *started,
             }
-        })
-        .collect();
-    let empty: Vec<&RequestRecord> = Vec::new();
-    let by_concurrency = levels(&stages, |s| s.concurrency as f64)
-        .iter()
-        .map(|l| {
-            let recs = by_level.get(&(l.key as usize)).unwrap_or(&empty);
-            l.concurrency_result(summarize(recs), lat(recs), baseline)
         })
         .collect();
     let peak_t = timeline.peak.lock().1;
     // One read: two `lock()`s in one expression would hold the first guard while taking
     // the second, and parking_lot's mutex is not reentrant.
     let frag = *timeline.fragmented.lock();
-    let peaks = Peaks {
+    let mut peaks = Peaks {
         allocated_bytes: stats.allocated_bytes.all().peak.max(0) as u64,
         reserved_bytes: stats.reserved_bytes.all().peak.max(0) as u64,
         active_bytes: stats.active_bytes.all().peak.max(0) as u64,
@@ -416,9 +446,8 @@ fn aggregate(
         ..Default::default()
     };
     let timeline_samples = timeline.sorted_samples();
-    let mut peaks = peaks;
     crate::memsource::fill_peaks(&mut peaks, &timeline_samples);
-    RunResult {
+    let result = RunResult {
         schema_version: SCHEMA_VERSION,
         vramroom_version: env!("CARGO_PKG_VERSION").into(),
         scenario: cfg.scenario.info(),
@@ -429,12 +458,13 @@ fn aggregate(
         wall_s: out.wall_s,
         stop_reason: out.stop_reason,
         baseline_bytes: baseline,
-        requests,
-        latency: lat(&all),
-        throughput: Throughput::of(&requests, out.wall_s),
+        // Folded from the stages by the pipeline.
+        requests: RequestSummary::default(),
+        latency: LatencyStats::default(),
+        throughput: Throughput::default(),
         errors,
-        stages,
-        by_concurrency,
+        stages: Vec::new(),
+        by_concurrency: Vec::new(),
         timeline: timeline_samples,
         peaks,
         ooms: out.oom_records,
@@ -446,9 +476,14 @@ fn aggregate(
         final_memory_stats: BTreeMap::new(),
         final_memory_summary: String::new(),
         snapshot: None,
-        oom_snapshot: out.oom_snapshot,
+        oom_snapshot: None,
         memory_sources: Vec::new(),
         http: None,
+    };
+    Measured {
+        result,
+        stages,
+        open: false,
     }
 }
 

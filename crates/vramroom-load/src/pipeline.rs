@@ -1,10 +1,11 @@
-//! The pipeline of a load test, for any [`Driver`]: prepare → drive → search → diagnose →
-//! thresholds → results.
+//! The pipeline of a load test, for any [`Driver`]: prepare → drive → fold → search →
+//! diagnose → thresholds → results.
 //!
 //! Design note: [`run_driver`] is the one place that orders the steps, for `vramroom
 //! loadtest` (the in-process engine, [`crate::inprocess`]) and `vramroom http` (the HTTP
 //! client, [`crate::http::run`]) alike, and each step only looks down the flow: the driver
-//! makes load and measures it, the search and replays read the driver's own evidence, the
+//! makes load and measures it, the measurements are folded into the result once
+//! ([`crate::aggregate::fold`]), the search and replays read the driver's own evidence, the
 //! diagnosis ([`crate::diagnose`]) reads the finished result, the thresholds read the
 //! result with its findings, and the report ([`crate::report`]) is a pure function of it.
 //! No step calls back into the one that called it.
@@ -13,7 +14,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use crate::config::LoadConfig;
-use crate::driver::{Driver, Evidence};
+use crate::driver::{Diagnosis, Driver};
 use crate::error::Result;
 use crate::inprocess::InProcess;
 use crate::results::*;
@@ -43,19 +44,27 @@ pub fn run_driver(
     mut progress: impl FnMut(&Progress),
 ) -> Result<RunResult> {
     driver.prepare(&mut progress)?;
-    let mut result = driver.drive(&stop, &mut progress)?;
-    driver.search(&mut result, &stop, &mut progress);
-    result.findings = diagnose(&result, driver.evidence(&mut progress), &stop);
+    let measured = driver.drive(&stop, &mut progress)?;
+    let mut result = crate::aggregate::fold(measured);
+    result.memory_sources = driver.memory_sources();
+    let evidence = driver.evidence();
+    result.snapshot = evidence.snapshot;
+    result.oom_snapshot = evidence.oom_snapshot;
+    driver.search(&mut result, evidence.run_log.as_ref(), &stop, &mut progress);
+    drop(evidence.run_log);
+    result.findings = diagnose(&result, driver.diagnosis(&mut progress), &stop);
     result.thresholds = evaluate_thresholds(driver.thresholds(), &result);
     driver.done(&mut progress);
     Ok(result)
 }
 
 /// The one call into the diagnosis.
-fn diagnose(r: &RunResult, evidence: Evidence<'_>, stop: &AtomicBool) -> Vec<Finding> {
-    match evidence {
-        Evidence::Workload { scenario, conf } => crate::diagnose::diagnose(r, scenario, conf, stop),
-        Evidence::Service => crate::diagnose::diagnose_service(r),
-        Evidence::None => Vec::new(),
+fn diagnose(r: &RunResult, diagnosis: Diagnosis<'_>, stop: &AtomicBool) -> Vec<Finding> {
+    match diagnosis {
+        Diagnosis::Workload { scenario, conf } => {
+            crate::diagnose::diagnose(r, scenario, conf, stop)
+        }
+        Diagnosis::Service => crate::diagnose::diagnose_service(r),
+        Diagnosis::None => Vec::new(),
     }
 }

@@ -13,6 +13,13 @@
 //! one peak sample, not a thousand; at most one peak sample per millisecond is kept, and
 //! the exact run-wide peak is kept apart in any case.
 //!
+//! The timeline is capped ([`MAX_SAMPLES`]), and events (peaks, OOMs) may fill only part
+//! of it ([`MAX_EVENT_SAMPLES`]): an OOM storm records a sample per OOM, and without the
+//! split it filled the timeline mid-load, so the sampler's readings after that (the one at
+//! rest above all, which the leak rule reads) were dropped and in-flight memory read as
+//! memory held at rest. The reading at rest after the load ([`Timeline::sample_at_rest`])
+//! is always kept.
+//!
 //! Latency goes into HDR histograms (microseconds, 3 significant digits) built after the
 //! run from the per-request records, so any grouping (stage, concurrency) is exact.
 
@@ -31,6 +38,9 @@ use crate::results::{CategoryBytes, LatencyStats, MemorySample, SampleKind};
 
 /// Hard cap on timeline length, so a long run at a high sample rate stays plottable.
 pub const MAX_SAMPLES: usize = 50_000;
+/// Of which event samples (peaks, OOMs) may take at most this many; the rest is the
+/// sampler's.
+pub const MAX_EVENT_SAMPLES: usize = MAX_SAMPLES * 4 / 5;
 
 pub fn category_bytes(b: &CategoryBreakdown) -> CategoryBytes {
     CategoryBytes {
@@ -84,8 +94,13 @@ impl Timeline {
         self.start.elapsed().as_secs_f64()
     }
     pub fn push(&self, s: MemorySample) {
+        let cap = if s.kind == SampleKind::Periodic {
+            MAX_SAMPLES
+        } else {
+            MAX_EVENT_SAMPLES
+        };
         let mut v = self.samples.lock();
-        if v.len() < MAX_SAMPLES {
+        if v.len() < cap {
             v.push(s);
         }
     }
@@ -102,6 +117,27 @@ impl Timeline {
         used: Option<u64>,
         ext: Option<&MemoryReading>,
     ) {
+        self.push(self.reading(stats, device, used, ext));
+    }
+    /// The periodic sample at rest, after the load: kept even on a full timeline (the leak
+    /// rule reads it; see the module note).
+    pub fn sample_at_rest(
+        &self,
+        stats: &DeviceStats,
+        device: &Device,
+        used: Option<u64>,
+        ext: Option<&MemoryReading>,
+    ) {
+        let s = self.reading(stats, device, used, ext);
+        self.samples.lock().push(s);
+    }
+    fn reading(
+        &self,
+        stats: &DeviceStats,
+        device: &Device,
+        used: Option<u64>,
+        ext: Option<&MemoryReading>,
+    ) -> MemorySample {
         let mut s = sample_from(
             stats,
             self.t(),
@@ -113,7 +149,7 @@ impl Timeline {
         if let Some(e) = ext {
             join_reading(&mut s, e);
         }
-        self.push(s);
+        s
     }
     /// Samples sorted by time (observer and sampler interleave).
     pub fn sorted_samples(&self) -> Vec<MemorySample> {
@@ -346,6 +382,30 @@ pub fn linear_fit(points: &[(f64, f64)]) -> Option<crate::results::LinearFit> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An OOM storm's event samples cannot crowd out the sampler's, and the reading at
+    /// rest is kept even on a full timeline.
+    #[test]
+    fn events_leave_room_for_the_sampler_and_the_reading_at_rest() {
+        let t = Timeline::new(Instant::now(), Arc::new(Phase::default()));
+        let d = Device::meta_caching(1 << 30, Default::default());
+        let sample = |kind| MemorySample {
+            kind,
+            ..t.reading(&DeviceStats::default(), &d, None, None)
+        };
+        for _ in 0..MAX_SAMPLES {
+            t.push(sample(SampleKind::Oom));
+        }
+        assert_eq!(t.samples.lock().len(), MAX_EVENT_SAMPLES);
+        for _ in 0..MAX_SAMPLES {
+            t.push(sample(SampleKind::Periodic));
+        }
+        assert_eq!(t.samples.lock().len(), MAX_SAMPLES);
+        t.sample_at_rest(&DeviceStats::default(), &d, None, None);
+        let v = t.samples.lock();
+        assert_eq!(v.len(), MAX_SAMPLES + 1);
+        assert_eq!(v.last().map(|s| s.kind), Some(SampleKind::Periodic));
+    }
 
     #[test]
     fn fit_recovers_a_line() {

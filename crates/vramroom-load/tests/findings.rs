@@ -112,7 +112,7 @@ fn backward_each_micro_step_is_clean() {
 
 fn variable_gpt2() -> Scenario {
     Scenario::inference(
-        "gpt2-small".parse().unwrap(),
+        "zoo-gpt-small".parse().unwrap(),
         16,
         "uniform:16..128".parse().unwrap(),
     )

@@ -7,16 +7,16 @@ use std::time::Duration;
 
 use vramroom_alloc::AllocatorConfig;
 use vramroom_load::*;
-use vramroom_workload::{DeviceChoice, InputDist, ModelSpec, Scenario};
+use vramroom_workload::{DeviceChoice, InputDist, ModelSpec, Scenario, ZooModel};
 
 fn scenario() -> Scenario {
     // Wide inputs into a small MLP with autograd left on (so the input is saved for
     // backward): each request holds its 8 MiB input for all of its life, like an image
     // service whose inputs dominate, so memory grows by one input per request in flight.
     let mut s = Scenario::inference(
-        ModelSpec::Mlp {
+        ModelSpec::Zoo(ZooModel::Mlp {
             sizes: vec![4096, 64, 10],
-        },
+        }),
         512,
         InputDist::Fixed(512),
     );

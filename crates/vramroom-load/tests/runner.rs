@@ -308,7 +308,7 @@ fn variable_gpt2_on_cpu() {
     });
     c.device = DeviceChoice::Cpu;
     c.scenario = Scenario::inference(
-        "gpt2-tiny".parse().unwrap(),
+        "zoo-gpt-tiny".parse().unwrap(),
         2,
         "uniform:4..32".parse().unwrap(),
     );

@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 
 use vramroom_alloc::AllocatorConfig;
 use vramroom_load::*;
-use vramroom_workload::{AccumPattern, InputDist, ModelSpec, OptimKind, Scenario};
+use vramroom_workload::{AccumPattern, InputDist, ModelSpec, OptimKind, Scenario, ZooModel};
 
 fn search(sc: &Scenario, capacity: u64) -> OomSearch {
     let mut s = oom_search(
@@ -23,7 +23,7 @@ fn search(sc: &Scenario, capacity: u64) -> OomSearch {
 }
 
 fn scenarios() -> Vec<(&'static str, Scenario, u64)> {
-    let mlp = |sizes: Vec<usize>| ModelSpec::Mlp { sizes };
+    let mlp = |sizes: Vec<usize>| ModelSpec::Zoo(ZooModel::Mlp { sizes });
     let mut grad_on = Scenario::inference(mlp(vec![1024, 512, 10]), 64, InputDist::Fixed(64));
     grad_on.mistakes.grad_at_inference = true;
     vec![

@@ -7,7 +7,7 @@
 //!
 //! ```sh
 //! cargo run --release -p vramroom-serve --example loopback_bench -- \
-//!     --model gpt2-tiny --seq 16 --safe 8 --stages 1,8,16,32 --per-client 50 \
+//!     --model zoo-gpt-tiny --seq 16 --safe 8 --stages 1,8,16,32 --per-client 50 \
 //!     [--max-wait 5ms] [--max-latency auto] [--max-batch 8] [--workers 1] [--http-threads 2]
 //! ```
 
@@ -41,7 +41,7 @@ struct Args {
 
 fn args() -> Args {
     let mut a = Args {
-        model: "gpt2-tiny".into(),
+        model: "zoo-gpt-tiny".into(),
         seq: 16,
         safe: 8.0,
         stages: vec![1, 8, 16, 32],

@@ -11,7 +11,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use vramroom_alloc::AllocatorConfig;
-use vramroom_workload::ModelSpec;
+use vramroom_workload::{ModelSpec, ZooModel};
 
 use crate::error::ServeError;
 use crate::scheduler::LatencyTarget;
@@ -271,7 +271,7 @@ pub const DEFAULT_MAX_BODY: usize = 4 << 20;
 impl Default for ServeConfig {
     fn default() -> Self {
         ServeConfig {
-            model: ModelSpec::Gpt2(ModelSpec::gpt2_small_config()),
+            model: ModelSpec::Zoo(ZooModel::Gpt2(ModelSpec::zoo_gpt_small_config())),
             generation: crate::model::Generation::default(),
             devices: DeviceList::from(ServeDevice::Cpu),
             capacity: DEFAULT_CAPACITY,

@@ -38,11 +38,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use vramroom_tensor::models::hf::{self, CacheImpl, ForwardArgs, GenerateOptions};
+use vramroom_tensor::models::ZooNet;
 use vramroom_tensor::{
     category_scope, no_grad, ops, DType, Device, MemoryCategory, Tensor, TensorError,
 };
-use vramroom_workload::ModelSpec;
 use vramroom_workload::Net;
+use vramroom_workload::{ModelSpec, ZooModel};
 
 use crate::error::ApiError;
 
@@ -100,7 +101,7 @@ impl Family {
     }
     pub fn of_with(spec: &ModelSpec, gen: Generation) -> Family {
         match spec {
-            ModelSpec::Gpt2(c) => Family::Lm {
+            ModelSpec::Zoo(ZooModel::Gpt2(c)) => Family::Lm {
                 vocab: c.vocab_size,
                 n_positions: c.n_positions,
                 pad: true,
@@ -117,10 +118,9 @@ impl Family {
                 },
                 pad: !gen.generates(),
             },
-            ModelSpec::ResNet18 { classes } | ModelSpec::ResNet50 { classes } => {
-                Family::Image { classes: *classes }
-            }
-            ModelSpec::Mlp { sizes } => Family::Mlp {
+            ModelSpec::Zoo(ZooModel::ResNet18 { classes })
+            | ModelSpec::Zoo(ZooModel::ResNet50 { classes }) => Family::Image { classes: *classes },
+            ModelSpec::Zoo(ZooModel::Mlp { sizes }) => Family::Mlp {
                 features: sizes.first().copied().unwrap_or(1),
                 outputs: sizes.last().copied().unwrap_or(1),
             },
@@ -401,7 +401,7 @@ impl ServedModel {
         let _g = no_grad();
         let (x, last) = self.batch_tensor(key, n, inputs)?;
         match &self.net {
-            Net::Gpt2(m) => {
+            Net::Zoo(ZooNet::Gpt2(m)) => {
                 let t = x.shape().get(1).copied().unwrap_or(0);
                 let dev = x.device();
                 let pos = {
@@ -1125,7 +1125,7 @@ mod tests {
 
     fn lm() -> ServedModel {
         let d = RunDevice::cpu(1 << 30, &AllocatorConfig::default()).device;
-        ServedModel::load(&"gpt2-tiny".parse().unwrap(), &d).unwrap()
+        ServedModel::load(&"zoo-gpt-tiny".parse().unwrap(), &d).unwrap()
     }
 
     fn json_value() -> impl Strategy<Value = Value> {
@@ -1179,8 +1179,8 @@ mod tests {
     fn predictions_equal_the_measured_peaks() {
         let conf = AllocatorConfig::default();
         for (model, key, n) in [
-            ("gpt2-tiny", BatchKey::Tokens { len: 16 }, 3),
-            ("gpt2-small", BatchKey::Tokens { len: 64 }, 2),
+            ("zoo-gpt-tiny", BatchKey::Tokens { len: 16 }, 3),
+            ("zoo-gpt-small", BatchKey::Tokens { len: 64 }, 2),
             ("mlp-small", BatchKey::Rows, 5),
             ("resnet18", BatchKey::Image { h: 32, w: 40 }, 2),
         ] {

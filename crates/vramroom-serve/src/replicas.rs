@@ -339,7 +339,7 @@ mod tests {
     /// for 2.5 requests of `body` each.
     fn two_held_replicas(body: &[u8]) -> (Replicas, u64, ServeConfig) {
         let mut cfg = ServeConfig {
-            model: "gpt2-tiny".parse().unwrap(),
+            model: "zoo-gpt-tiny".parse().unwrap(),
             capacity: 64 << 20,
             latency: crate::scheduler::LatencyTarget::Off,
             ..ServeConfig::default()

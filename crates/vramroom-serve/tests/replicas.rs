@@ -13,13 +13,13 @@ use vramroom_serve::{start, BatchKey, LatencyTarget, Margin, ServeConfig};
 
 use common::*;
 
-/// gpt2-tiny on `devices`, each with room for 2.5 requests of 30 tokens (memory is what
+/// zoo-gpt-tiny on `devices`, each with room for 2.5 requests of 30 tokens (memory is what
 /// sheds: no latency target).
 fn cfg(devices: &str) -> (ServeConfig, u64) {
-    let (limit, _) = room_for("gpt2-tiny", BatchKey::Tokens { len: 32 }, 2.5);
+    let (limit, _) = room_for("zoo-gpt-tiny", BatchKey::Tokens { len: 32 }, 2.5);
     let capacity = 8 << 20;
     let c = ServeConfig {
-        model: "gpt2-tiny".parse().unwrap(),
+        model: "zoo-gpt-tiny".parse().unwrap(),
         devices: devices.parse().unwrap(),
         addr: "127.0.0.1:0".parse().unwrap(),
         capacity,

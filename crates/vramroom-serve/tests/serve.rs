@@ -84,7 +84,7 @@ fn f32s(v: &Value) -> Vec<f32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lm_answers_equal_the_model_run_directly_whatever_the_padding() {
-    let (h, addr) = serve(cfg("gpt2-tiny")).await;
+    let (h, addr) = serve(cfg("zoo-gpt-tiny")).await;
     // Three lengths in one request: padded to one bucket, each answered at its own end.
     let seqs: Vec<Vec<i64>> = vec![
         vec![3, 14, 15, 9, 2, 6],
@@ -99,13 +99,13 @@ async fn lm_answers_equal_the_model_run_directly_whatever_the_padding() {
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     assert_eq!(v["padded_len"], 16);
-    assert_eq!(v["model"], "gpt2-tiny");
+    assert_eq!(v["model"], "zoo-gpt-tiny");
     assert!(v["queue_ms"].as_f64().unwrap() >= 0.0 && v["compute_ms"].as_f64().unwrap() > 0.0);
     assert!(r.header("x-request-id").is_some());
     let outs = v["outputs"].as_array().unwrap();
     assert_eq!(outs.len(), 3);
     for (s, o) in seqs.iter().zip(outs) {
-        let rows = reference_rows("gpt2-tiny", |d| {
+        let rows = reference_rows("zoo-gpt-tiny", |d| {
             Tensor::from_i64(s, &[1, s.len()], d).unwrap()
         });
         let last = &rows[s.len() - 1];
@@ -198,7 +198,7 @@ fn assert_error(r: &Resp, code: u16, says: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_inputs_get_4xx_and_the_server_keeps_serving() {
-    let mut c = cfg("gpt2-tiny");
+    let mut c = cfg("zoo-gpt-tiny");
     c.max_body = 4096;
     let (h, addr) = serve(c).await;
     let json_ct = [("Content-Type", "application/json")];
@@ -352,7 +352,7 @@ async fn bad_inputs_get_4xx_and_the_server_keeps_serving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_closed_mid_request_wedges_nothing() {
-    let mut c = cfg("gpt2-tiny");
+    let mut c = cfg("zoo-gpt-tiny");
     c.max_wait = Duration::from_secs(3);
     c.latency = LatencyTarget::Off;
     let (h, addr) = serve(c).await;
@@ -426,11 +426,11 @@ async fn a_connection_closed_mid_request_wedges_nothing() {
 async fn admission_sheds_with_503_and_memory_stays_under_capacity() {
     let _s = SERIAL.lock().await;
     let key = BatchKey::Tokens { len: 32 };
-    let (limit, p1) = room_for("gpt2-tiny", key, 2.5);
+    let (limit, p1) = room_for("zoo-gpt-tiny", key, 2.5);
     // The caching allocator reserves 2 MiB segments: the capacity holds them, the margin
     // brings what admitted work may add up to down to 2.5 requests.
     let capacity = 8 << 20;
-    let mut c = cfg("gpt2-tiny");
+    let mut c = cfg("zoo-gpt-tiny");
     c.capacity = capacity;
     c.margin = Margin::Bytes(capacity - limit);
     c.latency = LatencyTarget::Off;
@@ -492,8 +492,8 @@ async fn admission_sheds_with_503_and_memory_stays_under_capacity() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_input_that_can_never_fit_is_422_not_503() {
     let key = BatchKey::Tokens { len: 8 };
-    let (limit, _) = room_for("gpt2-tiny", key, 1.5);
-    let mut c = cfg("gpt2-tiny");
+    let (limit, _) = room_for("zoo-gpt-tiny", key, 1.5);
+    let mut c = cfg("zoo-gpt-tiny");
     c.capacity = 8 << 20;
     c.margin = Margin::Bytes((8 << 20) - limit);
     let (h, addr) = serve(c).await;
@@ -506,7 +506,7 @@ async fn an_input_that_can_never_fit_is_422_not_503() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_form_batches() {
     let _s = SERIAL.lock().await;
-    let mut c = cfg("gpt2-tiny");
+    let mut c = cfg("zoo-gpt-tiny");
     c.max_wait = Duration::from_secs(3);
     c.max_batch = 8;
     c.latency = LatencyTarget::Off;
@@ -625,7 +625,7 @@ fn check_exposition(text: &str) -> BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_follow_the_text_format_and_export_the_agreed_names() {
-    let (h, addr) = serve(cfg("gpt2-tiny")).await;
+    let (h, addr) = serve(cfg("zoo-gpt-tiny")).await;
     good_lm_request(addr).await;
     let r = get(addr, "/metrics").await;
     assert_eq!(r.status, 200);
@@ -702,7 +702,7 @@ async fn metrics_follow_the_text_format_and_export_the_agreed_names() {
     let v = hz.json();
     assert_eq!(
         (v["status"].as_str(), v["model"].as_str()),
-        (Some("ok"), Some("gpt2-tiny"))
+        (Some("ok"), Some("zoo-gpt-tiny"))
     );
     assert_eq!(v["device"], "cpu");
     assert!(v["allocated_bytes"].as_u64().unwrap() > 0);
@@ -711,7 +711,7 @@ async fn metrics_follow_the_text_format_and_export_the_agreed_names() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_drains_queued_requests() {
-    let mut c = cfg("gpt2-tiny");
+    let mut c = cfg("zoo-gpt-tiny");
     c.max_wait = Duration::from_secs(5);
     c.latency = LatencyTarget::Off;
     let (h, addr) = serve(c).await;
@@ -742,7 +742,7 @@ async fn graceful_shutdown_drains_queued_requests() {
 /// once and the drain ends, whatever the drain timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_client_cannot_hold_shutdown() {
-    let mut c = cfg("gpt2-tiny");
+    let mut c = cfg("zoo-gpt-tiny");
     c.drain_timeout = Duration::from_secs(30);
     let (h, addr) = serve(c).await;
     let mut s = TcpStream::connect(addr).await.unwrap();
@@ -766,7 +766,7 @@ async fn a_stuck_client_cannot_hold_shutdown() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_that_times_out_reports_what_was_left() {
     let _s = SERIAL.lock().await;
-    let mut c = cfg("gpt2-small");
+    let mut c = cfg("zoo-gpt-small");
     c.max_wait = Duration::from_secs(5);
     c.max_batch = 1;
     c.latency = LatencyTarget::Off;
@@ -808,7 +808,7 @@ async fn a_drain_that_times_out_reports_what_was_left() {
 async fn admitted_requests_wait_no_longer_than_the_latency_target() {
     let _s = SERIAL.lock().await;
     let target = Duration::from_millis(30);
-    let mut c = cfg("gpt2-small");
+    let mut c = cfg("zoo-gpt-small");
     c.latency = LatencyTarget::Fixed(target);
     c.max_wait = Duration::from_millis(2);
     let (h, addr) = serve(c).await;
@@ -873,7 +873,7 @@ async fn admitted_requests_wait_no_longer_than_the_latency_target() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oom_the_prediction_missed_is_a_503_and_the_server_keeps_serving() {
-    let mut c = cfg("gpt2-tiny");
+    let mut c = cfg("zoo-gpt-tiny");
     c.capacity = 16 << 20;
     c.max_wait = Duration::from_secs(1);
     c.latency = LatencyTarget::Off;

@@ -1,13 +1,14 @@
 //! Gradient accumulation: backward every micro-step against summing the losses and one
 //! backward (ResNet-50, micro-batch 32, SGD momentum).
-use vramroom_tensor::predict::{predict, AccumPattern, Mode, ModelKind, OptimKind, PredictOptions};
+use vramroom_tensor::models::ZooModel;
+use vramroom_tensor::predict::{predict, AccumPattern, Mode, OptimKind, PredictOptions};
 
 fn main() -> vramroom_tensor::Result<()> {
     for n in [1, 4, 8] {
         let mut row = Vec::new();
         for pattern in [AccumPattern::Each, AccumPattern::Sum] {
             let p = predict(&PredictOptions {
-                model: ModelKind::ResNet50,
+                model: ZooModel::resnet50(),
                 batch: 32,
                 mode: Mode::Training {
                     optimizer: OptimKind::Sgd,

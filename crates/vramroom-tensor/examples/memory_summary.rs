@@ -1,9 +1,10 @@
 //! Printing PyTorch's `memory_summary()` table after a ResNet-18 training step.
-use vramroom_tensor::predict::{predict, AccumPattern, Mode, ModelKind, OptimKind, PredictOptions};
+use vramroom_tensor::models::ZooModel;
+use vramroom_tensor::predict::{predict, AccumPattern, Mode, OptimKind, PredictOptions};
 
 fn main() -> vramroom_tensor::Result<()> {
     let p = predict(&PredictOptions {
-        model: ModelKind::ResNet18,
+        model: ZooModel::resnet18(),
         batch: 16,
         mode: Mode::Training {
             optimizer: OptimKind::Sgd,

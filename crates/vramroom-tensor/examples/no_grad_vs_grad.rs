@@ -1,12 +1,13 @@
 //! ResNet-50 forward with grad on against no_grad: memory above the input.
-use vramroom_tensor::predict::{predict, Mode, ModelKind, PredictOptions};
+use vramroom_tensor::models::ZooModel;
+use vramroom_tensor::predict::{predict, Mode, PredictOptions};
 
 fn main() -> vramroom_tensor::Result<()> {
     for bs in [1, 8, 32, 64] {
         let mut row = Vec::new();
         for grad in [true, false] {
             let p = predict(&PredictOptions {
-                model: ModelKind::ResNet50,
+                model: ZooModel::resnet50(),
                 batch: bs,
                 mode: Mode::Inference,
                 grad,

@@ -1,6 +1,8 @@
 //! The zoo's prediction engine (`vramroom predict` reaches it through vramroom-workload's
 //! `predict`, which parses the user's words; the words themselves, [`Mode`], [`OptimKind`]
-//! and [`AccumPattern`], are [`crate::vocab`]'s, one definition for both crates): run a
+//! and [`AccumPattern`], are [`crate::vocab`]'s, and the model is a
+//! [`crate::models::ZooModel`] built as a [`crate::models::ZooNet`], one definition for both
+//! crates): run a
 //! model workload on the meta device and report its memory — the peak
 //! allocated and reserved, the peak above what existed before the forward, the category
 //! breakdown at the peak, and the allocator's `memory_stats` / `memory_summary`.
@@ -23,28 +25,18 @@ use crate::autograd::{no_grad, set_grad_enabled};
 use crate::device::{BlasThread, Device};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::memory::{category_scope, MemoryCategory};
-use crate::models::{Gpt2, Gpt2Config, Mlp, ResNet};
-use crate::nn::{Init, Module};
-use crate::ops;
+use crate::models::ZooModel;
+use crate::nn::Init;
 use crate::optim::{Adam, Optimizer, Sgd};
 use crate::tensor::Tensor;
 pub use crate::vocab::{AccumPattern, Mode, OptimKind};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ModelKind {
-    ResNet50,
-    ResNet18,
-    Gpt2,
-    Mlp,
-}
-
-/// MLP workload shape: `[1024] -> 4096 -> 4096 -> [1000]`.
-pub const MLP_SIZES: [usize; 4] = [1024, 4096, 4096, 1000];
+pub use crate::models::zoo::MLP_SIZES;
 
 #[derive(Debug, Clone)]
 pub struct PredictOptions {
-    pub model: ModelKind,
+    /// The model and its shape (MLP sizes, ResNet classes, GPT config).
+    pub model: ZooModel,
     pub batch: usize,
     /// GPT-2 sequence length (ignored by the other models).
     pub seq: usize,
@@ -59,12 +51,8 @@ pub struct PredictOptions {
     pub alloc_conf: AllocatorConfig,
     /// Simulated device capacity in bytes.
     pub capacity: u64,
-    pub gpt2: Gpt2Config,
-    /// MLP sizes `[in, hidden..., out]`.
-    pub mlp_sizes: Vec<usize>,
-    /// ResNet: image side (square images) and classes.
+    /// ResNet: image side (square images).
     pub image_side: usize,
-    pub classes: usize,
     /// The workload has run before in this process (the default, and how the ground-truth
     /// figures were measured): the cuBLAS handle workspaces it uses already exist and count
     /// in `base_bytes`. `false`: the first iteration of a fresh process, whose first matmul
@@ -78,7 +66,7 @@ pub const UNBOUNDED: u64 = 1 << 44;
 impl Default for PredictOptions {
     fn default() -> Self {
         PredictOptions {
-            model: ModelKind::ResNet50,
+            model: ZooModel::resnet50(),
             batch: 1,
             seq: 1024,
             mode: Mode::Inference,
@@ -87,10 +75,7 @@ impl Default for PredictOptions {
             dtype: DType::F32,
             alloc_conf: AllocatorConfig::default(),
             capacity: UNBOUNDED,
-            gpt2: Gpt2Config::gpt2(),
-            mlp_sizes: MLP_SIZES.to_vec(),
             image_side: 224,
-            classes: 1000,
             warm: true,
         }
     }
@@ -110,43 +95,6 @@ pub struct Prediction {
     pub summary: String,
 }
 
-enum Net {
-    ResNet(ResNet),
-    Gpt2(Gpt2),
-    Mlp(Mlp),
-}
-
-impl Net {
-    fn module(&self) -> &dyn Module {
-        match self {
-            Net::ResNet(m) => m,
-            Net::Gpt2(m) => m,
-            Net::Mlp(m) => m,
-        }
-    }
-    fn train(&mut self, on: bool) {
-        match self {
-            Net::ResNet(m) => m.train(on),
-            Net::Gpt2(m) => m.train(on),
-            Net::Mlp(m) => m.train(on),
-        }
-    }
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self {
-            Net::ResNet(m) => m.forward(x),
-            Net::Gpt2(m) => m.forward(x),
-            Net::Mlp(m) => m.forward(x),
-        }
-    }
-    fn loss(&self, x: &Tensor, target: &Tensor) -> Result<Tensor> {
-        let out = self.forward(x)?;
-        match self {
-            Net::Gpt2(m) => m.loss(&out, target),
-            _ => ops::cross_entropy(&out, target),
-        }
-    }
-}
-
 fn validate(o: &PredictOptions) -> Result<()> {
     let bad = |m: &str| Err(TensorError::invalid("predict", m.to_string()));
     if o.batch == 0 {
@@ -160,11 +108,13 @@ fn validate(o: &PredictOptions) -> Result<()> {
     if o.capacity == 0 {
         return bad("capacity must be more than 0 bytes");
     }
-    if o.model == ModelKind::Gpt2 && (o.seq == 0 || o.seq > o.gpt2.n_positions) {
-        return Err(TensorError::invalid(
-            "predict",
-            format!("seq must be in 1..={}", o.gpt2.n_positions),
-        ));
+    if let ZooModel::Gpt2(c) = &o.model {
+        if o.seq == 0 || o.seq > c.n_positions {
+            return Err(TensorError::invalid(
+                "predict",
+                format!("seq must be in 1..={}", c.n_positions),
+            ));
+        }
     }
     Ok(())
 }
@@ -180,34 +130,12 @@ pub fn predict(o: &PredictOptions) -> Result<Prediction> {
 pub fn run(o: &PredictOptions, dev: &Device) -> Result<Prediction> {
     validate(o)?;
     let init = Init::new(dev, o.dtype);
-    let mut net = match o.model {
-        ModelKind::ResNet50 => Net::ResNet(ResNet::resnet50(&init, o.classes)?),
-        ModelKind::ResNet18 => Net::ResNet(ResNet::resnet18(&init, o.classes)?),
-        ModelKind::Gpt2 => Net::Gpt2(Gpt2::new(&init, o.gpt2)?),
-        ModelKind::Mlp => Net::Mlp(Mlp::new(&init, &o.mlp_sizes)?),
+    let mut net = o.model.build(&init)?;
+    let size = match o.model {
+        ZooModel::Gpt2(_) => o.seq,
+        _ => o.image_side,
     };
-    let (x, target) = {
-        let _c = category_scope(MemoryCategory::Input);
-        let b = o.batch;
-        match o.model {
-            ModelKind::ResNet50 | ModelKind::ResNet18 => (
-                Tensor::zeros(&[b, 3, o.image_side, o.image_side], o.dtype, dev)?,
-                Tensor::zeros(&[b], DType::I64, dev)?,
-            ),
-            ModelKind::Gpt2 => (
-                Tensor::zeros(&[b, o.seq], DType::I64, dev)?,
-                Tensor::zeros(&[b * o.seq], DType::I64, dev)?,
-            ),
-            ModelKind::Mlp => (
-                Tensor::zeros(
-                    &[b, o.mlp_sizes.first().copied().unwrap_or(1)],
-                    o.dtype,
-                    dev,
-                )?,
-                Tensor::zeros(&[b], DType::I64, dev)?,
-            ),
-        }
-    };
+    let (x, target) = o.model.inputs(o.batch, size, o.dtype, dev)?;
     match o.mode {
         Mode::Generate { .. } => Err(TensorError::invalid(
             "predict",
@@ -237,7 +165,7 @@ pub fn run(o: &PredictOptions, dev: &Device) -> Result<Prediction> {
             pattern,
         } => {
             net.train(true);
-            let params = net.module().parameters();
+            let params = net.parameters();
             let mut opt: Box<dyn Optimizer> = match optimizer {
                 OptimKind::Sgd => Box::new(Sgd::new(params, 0.1, 0.9, 0.0)?),
                 OptimKind::AdamW => Box::new(Adam::adamw(params, 1e-3, 0.01)?),
@@ -253,14 +181,14 @@ pub fn run(o: &PredictOptions, dev: &Device) -> Result<Prediction> {
                 match pattern {
                     AccumPattern::Each => {
                         for _ in 0..accum_steps {
-                            let loss = net.loss(&x, &target)?.div_scalar(n)?;
+                            let loss = net.loss(&net.forward(&x)?, &target)?.div_scalar(n)?;
                             loss.backward()?;
                         }
                     }
                     AccumPattern::Sum => {
                         let mut total: Option<Tensor> = None;
                         for _ in 0..accum_steps {
-                            let loss = net.loss(&x, &target)?.div_scalar(n)?;
+                            let loss = net.loss(&net.forward(&x)?, &target)?.div_scalar(n)?;
                             total = Some(match total {
                                 Some(t) => t.add(&loss)?,
                                 None => loss,

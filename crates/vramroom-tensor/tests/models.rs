@@ -2,12 +2,11 @@
 //! measured figures in shared/spec/ground-truth.md.
 
 use vramroom_alloc::AllocatorConfig;
+use vramroom_tensor::models::ZooModel;
 use vramroom_tensor::models::{Gpt2, Gpt2Config, Mlp, ResNet};
 use vramroom_tensor::nn::Init;
 use vramroom_tensor::optim::{Adam, Optimizer, Sgd};
-use vramroom_tensor::predict::{
-    max_batch, predict, AccumPattern, Mode, ModelKind, OptimKind, PredictOptions,
-};
+use vramroom_tensor::predict::{max_batch, predict, AccumPattern, Mode, OptimKind, PredictOptions};
 use vramroom_tensor::{ops, safetensors, DType, Device, MemoryCategory, Module, Tensor};
 
 const MIB: f64 = 1048576.0;
@@ -247,7 +246,7 @@ fn safetensors_round_trip() {
 
 fn r50(batch: usize, mode: Mode, grad: bool) -> PredictOptions {
     PredictOptions {
-        model: ModelKind::ResNet50,
+        model: ZooModel::resnet50(),
         batch,
         mode,
         grad,
@@ -284,7 +283,7 @@ fn predict_resnet50_infer_matches_pytorch() {
 
 fn accum(n: usize, pattern: AccumPattern) -> PredictOptions {
     PredictOptions {
-        model: ModelKind::ResNet50,
+        model: ZooModel::resnet50(),
         batch: 32,
         mode: Mode::Training {
             optimizer: OptimKind::Sgd,
@@ -348,7 +347,7 @@ fn max_batch_finds_the_largest_fit() {
 #[cfg_attr(debug_assertions, ignore = "timing: run with --release")]
 fn predict_gpt2_train_under_one_second() {
     let o = PredictOptions {
-        model: ModelKind::Gpt2,
+        model: ZooModel::gpt2(),
         batch: 32,
         seq: 1024,
         mode: Mode::Training {

@@ -11,7 +11,9 @@
 use vramroom_tensor::models::hf::CacheImpl;
 
 use crate::error::{Result, WorkloadError};
-use crate::spec::{parse_dtype, AccumPattern, InputDist, Mode, ModelSpec, OptimKind, Scenario};
+use crate::spec::{
+    parse_dtype, AccumPattern, InputDist, Mode, ModelSpec, OptimKind, Scenario, ZooModel,
+};
 
 /// New tokens of `--mode generate` when `--new` is not given.
 pub const DEFAULT_NEW_TOKENS: usize = 32;
@@ -60,10 +62,12 @@ pub fn default_input(model: &ModelSpec, default: &InputDist) -> InputDist {
         }
     };
     match model {
-        ModelSpec::Gpt2(c) => positions(c.n_positions),
+        ModelSpec::Zoo(ZooModel::Gpt2(c)) => positions(c.n_positions),
         ModelSpec::Hf(h) => positions(h.config.max_position_embeddings),
-        ModelSpec::ResNet18 { .. } | ModelSpec::ResNet50 { .. } => InputDist::Fixed(224),
-        ModelSpec::Mlp { .. } => InputDist::Fixed(1),
+        ModelSpec::Zoo(ZooModel::ResNet18 { .. }) | ModelSpec::Zoo(ZooModel::ResNet50 { .. }) => {
+            InputDist::Fixed(224)
+        }
+        ModelSpec::Zoo(ZooModel::Mlp { .. }) => InputDist::Fixed(1),
     }
 }
 
@@ -261,7 +265,7 @@ mod tests {
 
     #[test]
     fn generate_needs_a_decoder_and_fits_the_positions() {
-        let mut f = flags("gpt2-small");
+        let mut f = flags("zoo-gpt-small");
         f.mode = Some("generate".into());
         let e = f.scenario().unwrap_err().to_string();
         assert!(e.contains("Hugging Face decoder"), "{e}");
@@ -278,13 +282,13 @@ mod tests {
 
     #[test]
     fn switches_are_refused_where_they_mean_nothing() {
-        let mut f = flags("gpt2-small");
+        let mut f = flags("zoo-gpt-small");
         f.use_cache = Some(false);
         assert!(f.scenario().is_err());
-        let mut f = flags("gpt2-small");
+        let mut f = flags("zoo-gpt-small");
         f.new_tokens = Some(4);
         assert!(f.scenario().is_err());
-        let mut f = flags("gpt2-small");
+        let mut f = flags("zoo-gpt-small");
         f.accum = Some(4);
         assert!(f.scenario().is_err());
     }

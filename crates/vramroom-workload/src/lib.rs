@@ -39,7 +39,7 @@ pub use net::Net;
 pub use predict::{max_batch, predict, PredictDevice, Prediction};
 pub use spec::{
     parse_dtype, AccumPattern, InputDist, Mistakes, Mode, ModelSpec, OptimKind, Scenario,
-    ScenarioInfo, MODEL_NAMES,
+    ScenarioInfo, ZooModel, MODEL_NAMES,
 };
 pub use stages::{parse_duration, parse_rate, parse_stages, Stage, StageLoad, MAX_STAGES};
 pub use step::{WorkerState, Workload};

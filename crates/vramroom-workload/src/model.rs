@@ -7,6 +7,13 @@
 //! `vramroom_tensor::models::hf::load` on the run's device: the meta device needs only the
 //! config; cpu and cuda read the folder's weights, or initialise randomly when it has none,
 //! which [`HfModelSpec::weights_note`] says for the caller to print.
+//!
+//! A model name means one model: the names of transformers' architectures ([`BUILTIN`]:
+//! `gpt2`) are transformers' own, from the config.json that `from_pretrained` reads for
+//! them, embedded here and run through the same path as a user's config (no folder, so no
+//! weights: random as transformers initialises them). The zoo's hand-written GPT is named
+//! for what it is (`zoo-gpt`, see `spec`), not after transformers' GPT-2, whose forward
+//! keeps more (at 8×512, 1086 MiB above the weights against the zoo GPT's 798).
 
 use std::path::{Path, PathBuf};
 
@@ -14,12 +21,21 @@ use vramroom_tensor::models::hf::{HfConfig, HfError};
 
 use crate::error::{Result, WorkloadError};
 
+/// Built-in transformers configs by name: the Hub's `config.json` of each, as
+/// `fixtures/hf/` holds it.
+pub const BUILTIN: [(&str, &str); 1] = [(
+    "gpt2",
+    include_str!("../../../fixtures/hf/gpt2/config.json"),
+)];
+
 /// A Hugging Face model named by its config.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HfModelSpec {
-    /// As the user typed it (a config.json or a folder).
+    /// As the user typed it (a config.json or a folder, or a built-in name).
     pub path: PathBuf,
     pub config: HfConfig,
+    /// A built-in config ([`BUILTIN`]): no folder, no weights.
+    pub builtin: bool,
 }
 
 /// A loader error as the user's mistake: which path, what was wrong.
@@ -41,11 +57,33 @@ impl HfModelSpec {
         Ok(HfModelSpec {
             path: path.to_path_buf(),
             config,
+            builtin: false,
         })
     }
-    /// The path as typed, with the family: `fixtures/hf/gpt2 (gpt2)`.
+    /// The built-in config named `name` ([`BUILTIN`]), if there is one.
+    pub fn builtin(name: &str) -> Option<Result<HfModelSpec>> {
+        let (name, text) = BUILTIN.iter().find(|(n, _)| *n == name)?;
+        Some(
+            HfConfig::from_json(text, name)
+                .map(|config| HfModelSpec {
+                    path: PathBuf::from(name),
+                    config,
+                    builtin: true,
+                })
+                .map_err(|e| hf_error(Path::new(name), e)),
+        )
+    }
+    /// A built-in name as it is (`gpt2`); a path as typed, with the family:
+    /// `fixtures/hf/gpt2 (gpt2)`.
     pub fn name(&self) -> String {
+        if self.builtin {
+            return self.path.display().to_string();
+        }
         format!("{} ({})", self.path.display(), self.config.family.name())
+    }
+    /// The folder whose `*.safetensors` the model loads (none for a built-in config).
+    pub fn weights_dir(&self) -> Option<PathBuf> {
+        (!self.builtin).then(|| self.dir())
     }
     /// The folder the weights would be in.
     pub fn dir(&self) -> PathBuf {
@@ -60,6 +98,9 @@ impl HfModelSpec {
     }
     /// Whether the folder holds `*.safetensors` weights.
     pub fn has_weights(&self) -> bool {
+        if self.builtin {
+            return false;
+        }
         std::fs::read_dir(self.dir())
             .map(|d| {
                 d.flatten()
@@ -71,6 +112,14 @@ impl HfModelSpec {
     /// initialised randomly because the folder has none.
     pub fn weights_note(&self, computes: bool) -> Option<String> {
         (computes && !self.has_weights()).then(|| {
+            if self.builtin {
+                return format!(
+                    "note: {} is transformers' architecture from its built-in config: weights \
+                     initialised randomly (normal, std {})",
+                    self.path.display(),
+                    self.config.initializer_range
+                );
+            }
             format!(
                 "note: no *.safetensors in {}: weights initialised randomly (normal, std {})",
                 self.dir().display(),

@@ -1,12 +1,14 @@
 //! The network builder: a spec's model on a device, and its forward as a user writes it.
 //!
-//! Design note: `Net` is the one place that knows which layers each zoo model has, so the
-//! named-temporaries forward (every intermediate kept in a local, as `h1 = ...; h2 = ...`
-//! keeps them in Python) sits beside the plain one and cannot drift from it.
+//! Design note: a zoo model is vramroom-tensor's [`ZooNet`] (built from the spec's
+//! [`vramroom_tensor::models::ZooModel`], the one vocabulary of zoo models), and this is
+//! the one place that walks its layers, so the named-temporaries forward (every
+//! intermediate kept in a local, as `h1 = ...; h2 = ...` keeps them in Python) sits beside
+//! the plain one and cannot drift from it.
 
 use vramroom_tensor::models::hf::{self, ForwardArgs, HfError, HfModel};
-use vramroom_tensor::models::{Gpt2, Mlp, ResNet};
-use vramroom_tensor::nn::{Init, Module};
+use vramroom_tensor::models::ZooNet;
+use vramroom_tensor::nn::Init;
 use vramroom_tensor::{category_scope, ops, DType, Device, MemoryCategory, Tensor, TensorError};
 
 use crate::spec::ModelSpec;
@@ -22,9 +24,7 @@ pub fn hf_tensor_error(e: HfError) -> TensorError {
 
 /// A model built on a device.
 pub enum Net {
-    Mlp(Mlp),
-    ResNet(ResNet),
-    Gpt2(Gpt2),
+    Zoo(ZooNet),
     Hf(Box<HfModel>),
 }
 
@@ -56,32 +56,27 @@ impl Net {
                         hf::BertHead::Base
                     },
                 };
-                let loaded = hf::load(&h.path, dev, &opts).map_err(hf_tensor_error)?;
+                let loaded =
+                    hf::load_config(h.config.clone(), h.weights_dir().as_deref(), dev, &opts)
+                        .map_err(hf_tensor_error)?;
                 if let Some(n) = &loaded.note {
                     tracing::info!("{n}");
                 }
                 Net::Hf(Box::new(loaded.model))
             }
-            ModelSpec::Mlp { sizes } => Net::Mlp(Mlp::new(&init, sizes)?),
-            ModelSpec::ResNet18 { classes } => Net::ResNet(ResNet::resnet18(&init, *classes)?),
-            ModelSpec::ResNet50 { classes } => Net::ResNet(ResNet::resnet50(&init, *classes)?),
-            ModelSpec::Gpt2(c) => Net::Gpt2(Gpt2::new(&init, *c)?),
+            ModelSpec::Zoo(z) => Net::Zoo(z.build(&init)?),
         })
     }
     /// `model.parameters()`.
     pub fn parameters(&self) -> Vec<Tensor> {
         match self {
-            Net::Mlp(m) => m.parameters(),
-            Net::ResNet(m) => m.parameters(),
-            Net::Gpt2(m) => m.parameters(),
+            Net::Zoo(m) => m.parameters(),
             Net::Hf(m) => m.parameters(),
         }
     }
     pub fn set_train(&mut self, on: bool) {
         match self {
-            Net::Mlp(m) => m.train(on),
-            Net::ResNet(m) => m.train(on),
-            Net::Gpt2(m) => m.train(on),
+            Net::Zoo(m) => m.train(on),
             Net::Hf(m) => m.train(on),
         }
     }
@@ -133,15 +128,13 @@ impl Net {
     pub fn forward(&self, x: &Tensor, named: bool) -> std::result::Result<Tensor, TensorError> {
         if !named {
             return match self {
-                Net::Mlp(m) => m.forward(x),
-                Net::ResNet(m) => m.forward(x),
-                Net::Gpt2(m) => m.forward(x),
+                Net::Zoo(m) => m.forward(x),
                 Net::Hf(_) => Ok(self.hf_forward(x, true, None)?.0),
             };
         }
         let mut locals: Vec<Tensor> = Vec::new();
         let out = match self {
-            Net::Mlp(m) => {
+            Net::Zoo(ZooNet::Mlp(m)) => {
                 let last = m.layers.len().saturating_sub(1);
                 let mut h = x.clone();
                 for (i, l) in m.layers.iter().enumerate() {
@@ -157,7 +150,7 @@ impl Net {
                 }
                 h
             }
-            Net::ResNet(m) => {
+            Net::Zoo(ZooNet::ResNet(m)) => {
                 let mut h = m.conv1.forward(x)?;
                 locals.push(h.clone());
                 h = m.bn1.forward(&h)?;
@@ -175,7 +168,7 @@ impl Net {
                 h = m.avgpool.forward(&h)?.flatten(1, -1)?;
                 m.fc.forward(&h)?
             }
-            Net::Gpt2(m) => {
+            Net::Zoo(ZooNet::Gpt2(m)) => {
                 let t = x.shape().get(1).copied().unwrap_or(0);
                 let pos = {
                     let _c = category_scope(MemoryCategory::Input);
@@ -206,8 +199,8 @@ impl Net {
         target: &Tensor,
     ) -> std::result::Result<Tensor, TensorError> {
         match self {
-            Net::Gpt2(m) => m.loss(out, target),
-            _ => ops::cross_entropy(out, target),
+            Net::Zoo(m) => m.loss(out, target),
+            Net::Hf(_) => ops::cross_entropy(out, target),
         }
     }
 }

@@ -18,7 +18,7 @@ use vramroom_tensor::predict as zoo;
 
 use crate::error::{Result, WorkloadError};
 use crate::model::hf_error;
-use crate::spec::{AccumPattern, Mode, ModelSpec, OptimKind, Scenario};
+use crate::spec::{AccumPattern, Mode, ModelSpec, OptimKind, Scenario, ZooModel};
 
 /// The simulated GPU.
 #[derive(Debug, Clone)]
@@ -98,34 +98,22 @@ fn zoo_options(sc: &Scenario, dev: &PredictDevice, size: usize) -> Result<zoo::P
         steps: dev.steps.unwrap_or(1),
         ..zoo::PredictOptions::default()
     };
-    match &sc.model {
-        ModelSpec::Mlp { sizes } => {
-            o.model = zoo::ModelKind::Mlp;
-            o.mlp_sizes = sizes.clone();
-            // The MLP's drawn size is its rows; a fixed input keeps `batch` rows.
+    let ModelSpec::Zoo(model) = &sc.model else {
+        return Err(WorkloadError::Scenario(
+            "a Hugging Face model has no zoo options".into(),
+        ));
+    };
+    o.model = model.clone();
+    // The drawn size is the model's input dimension (`ModelSpec::size_dim`).
+    match model {
+        // The MLP's drawn size is its rows; a fixed input keeps `batch` rows.
+        ZooModel::Mlp { .. } => {
             if !sc.input.is_fixed() {
                 o.batch = size;
             }
         }
-        ModelSpec::ResNet18 { classes } | ModelSpec::ResNet50 { classes } => {
-            o.model = if matches!(sc.model, ModelSpec::ResNet18 { .. }) {
-                zoo::ModelKind::ResNet18
-            } else {
-                zoo::ModelKind::ResNet50
-            };
-            o.classes = *classes;
-            o.image_side = size;
-        }
-        ModelSpec::Gpt2(c) => {
-            o.model = zoo::ModelKind::Gpt2;
-            o.gpt2 = *c;
-            o.seq = size;
-        }
-        ModelSpec::Hf(_) => {
-            return Err(WorkloadError::Scenario(
-                "a Hugging Face model has no zoo options".into(),
-            ))
-        }
+        ZooModel::ResNet18 { .. } | ZooModel::ResNet50 { .. } => o.image_side = size,
+        ZooModel::Gpt2(_) => o.seq = size,
     }
     match &sc.mode {
         Mode::Inference => {
@@ -221,7 +209,8 @@ pub fn predict(sc: &Scenario, dev: &PredictDevice) -> Result<Prediction> {
                 capacity: dev.capacity,
                 alloc_conf: dev.alloc_conf.clone(),
             };
-            let r = hf::predict(&h.path, &w, &o).map_err(|e| hf_error(&h.path, e))?;
+            let r =
+                hf::predict_config(h.config.clone(), &w, &o).map_err(|e| hf_error(&h.path, e))?;
             Ok(Prediction {
                 size,
                 batch: sc.batch,

@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use vramroom_alloc::rng::splitmix64;
 use vramroom_tensor::models::hf::CacheImpl;
 use vramroom_tensor::models::Gpt2Config;
+pub use vramroom_tensor::models::ZooModel;
 use vramroom_tensor::DType;
 
 use crate::error::{Result, WorkloadError};
@@ -42,37 +43,39 @@ pub use vramroom_tensor::vocab::{AccumPattern, Mode, OptimKind};
 /// The model a scenario runs.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ModelSpec {
-    /// `nn.Sequential(Linear, ReLU, ..., Linear)` with these sizes `[in, hidden..., out]`.
-    Mlp {
-        sizes: Vec<usize>,
-    },
-    ResNet18 {
-        classes: usize,
-    },
-    ResNet50 {
-        classes: usize,
-    },
-    Gpt2(Gpt2Config),
+    /// A zoo model, in vramroom-tensor's one vocabulary of them.
+    Zoo(ZooModel),
     /// A Hugging Face model from its `config.json` (`--model PATH`).
     Hf(HfModelSpec),
 }
 
-/// Names accepted by [`ModelSpec::from_str`].
-pub const MODEL_NAMES: [&str; 8] = [
+/// Names accepted by [`ModelSpec::from_str`]. A name means one model: `gpt2` is
+/// transformers' `GPT2LMHeadModel` (its built-in config, [`crate::model::BUILTIN`]); the
+/// zoo's own hand-written GPT, which keeps less than transformers' forward does, is
+/// `zoo-gpt`.
+pub const MODEL_NAMES: [&str; 9] = [
     "mlp",
     "mlp-small",
     "mlp-tiny",
     "resnet18",
     "resnet50",
     "gpt2",
-    "gpt2-small",
-    "gpt2-tiny",
+    "zoo-gpt",
+    "zoo-gpt-small",
+    "zoo-gpt-tiny",
+];
+
+/// Names the zoo's GPT went by, and what they are now: typed, they are an error that says
+/// so, not another model under the old name.
+const RENAMED: [(&str, &str); 2] = [
+    ("gpt2-small", "zoo-gpt-small"),
+    ("gpt2-tiny", "zoo-gpt-tiny"),
 ];
 
 impl ModelSpec {
-    /// A 4-layer GPT-2 of width 128: big enough to show variable-length behaviour, small
-    /// enough for real compute on two cores.
-    pub fn gpt2_small_config() -> Gpt2Config {
+    /// `zoo-gpt-small`: the zoo's GPT, 4 layers of width 128: big enough to show
+    /// variable-length behaviour, small enough for real compute on two cores.
+    pub fn zoo_gpt_small_config() -> Gpt2Config {
         Gpt2Config {
             n_layer: 4,
             n_head: 4,
@@ -85,10 +88,16 @@ impl ModelSpec {
     }
     pub fn name(&self) -> String {
         match self {
-            ModelSpec::Mlp { sizes } if *sizes == [1024, 4096, 4096, 1000] => "mlp".into(),
-            ModelSpec::Mlp { sizes } if *sizes == [256, 1024, 1024, 10] => "mlp-small".into(),
-            ModelSpec::Mlp { sizes } if *sizes == [64, 128, 128, 10] => "mlp-tiny".into(),
-            ModelSpec::Mlp { sizes } => format!(
+            ModelSpec::Zoo(ZooModel::Mlp { sizes }) if *sizes == [1024, 4096, 4096, 1000] => {
+                "mlp".into()
+            }
+            ModelSpec::Zoo(ZooModel::Mlp { sizes }) if *sizes == [256, 1024, 1024, 10] => {
+                "mlp-small".into()
+            }
+            ModelSpec::Zoo(ZooModel::Mlp { sizes }) if *sizes == [64, 128, 128, 10] => {
+                "mlp-tiny".into()
+            }
+            ModelSpec::Zoo(ZooModel::Mlp { sizes }) => format!(
                 "mlp[{}]",
                 sizes
                     .iter()
@@ -96,21 +105,26 @@ impl ModelSpec {
                     .collect::<Vec<_>>()
                     .join("-")
             ),
-            ModelSpec::ResNet18 { .. } => "resnet18".into(),
-            ModelSpec::ResNet50 { .. } => "resnet50".into(),
-            ModelSpec::Gpt2(c) if *c == Gpt2Config::gpt2() => "gpt2".into(),
-            ModelSpec::Gpt2(c) if *c == Gpt2Config::tiny() => "gpt2-tiny".into(),
-            ModelSpec::Gpt2(c) if *c == Self::gpt2_small_config() => "gpt2-small".into(),
-            ModelSpec::Gpt2(c) => format!("gpt2[{}x{}]", c.n_layer, c.n_embd),
+            ModelSpec::Zoo(ZooModel::ResNet18 { .. }) => "resnet18".into(),
+            ModelSpec::Zoo(ZooModel::ResNet50 { .. }) => "resnet50".into(),
+            ModelSpec::Zoo(ZooModel::Gpt2(c)) if *c == Gpt2Config::gpt2() => "zoo-gpt".into(),
+            ModelSpec::Zoo(ZooModel::Gpt2(c)) if *c == Gpt2Config::tiny() => "zoo-gpt-tiny".into(),
+            ModelSpec::Zoo(ZooModel::Gpt2(c)) if *c == Self::zoo_gpt_small_config() => {
+                "zoo-gpt-small".into()
+            }
+            ModelSpec::Zoo(ZooModel::Gpt2(c)) => {
+                format!("zoo-gpt[{}x{}]", c.n_layer, c.n_embd)
+            }
             ModelSpec::Hf(h) => h.name(),
         }
     }
     /// What the drawn input size means for this model.
     pub fn size_dim(&self) -> &'static str {
         match self {
-            ModelSpec::Mlp { .. } => "rows",
-            ModelSpec::ResNet18 { .. } | ModelSpec::ResNet50 { .. } => "image_side",
-            ModelSpec::Gpt2(_) | ModelSpec::Hf(_) => "seq_len",
+            ModelSpec::Zoo(ZooModel::Mlp { .. }) => "rows",
+            ModelSpec::Zoo(ZooModel::ResNet18 { .. })
+            | ModelSpec::Zoo(ZooModel::ResNet50 { .. }) => "image_side",
+            ModelSpec::Zoo(ZooModel::Gpt2(_)) | ModelSpec::Hf(_) => "seq_len",
         }
     }
     /// A Hugging Face decoder (gpt2, llama, mistral, qwen2 from a config): the models
@@ -124,21 +138,30 @@ impl FromStr for ModelSpec {
     type Err = WorkloadError;
     fn from_str(s: &str) -> Result<Self> {
         Ok(match s.trim().to_ascii_lowercase().as_str() {
-            "mlp" => ModelSpec::Mlp {
+            "mlp" => ModelSpec::Zoo(ZooModel::Mlp {
                 sizes: vec![1024, 4096, 4096, 1000],
-            },
-            "mlp-small" => ModelSpec::Mlp {
+            }),
+            "mlp-small" => ModelSpec::Zoo(ZooModel::Mlp {
                 sizes: vec![256, 1024, 1024, 10],
-            },
-            "mlp-tiny" => ModelSpec::Mlp {
+            }),
+            "mlp-tiny" => ModelSpec::Zoo(ZooModel::Mlp {
                 sizes: vec![64, 128, 128, 10],
-            },
-            "resnet18" => ModelSpec::ResNet18 { classes: 1000 },
-            "resnet50" => ModelSpec::ResNet50 { classes: 1000 },
-            "gpt2" => ModelSpec::Gpt2(Gpt2Config::gpt2()),
-            "gpt2-small" => ModelSpec::Gpt2(ModelSpec::gpt2_small_config()),
-            "gpt2-tiny" => ModelSpec::Gpt2(Gpt2Config::tiny()),
+            }),
+            "resnet18" => ModelSpec::Zoo(ZooModel::ResNet18 { classes: 1000 }),
+            "resnet50" => ModelSpec::Zoo(ZooModel::ResNet50 { classes: 1000 }),
+            "zoo-gpt" => ModelSpec::Zoo(ZooModel::Gpt2(Gpt2Config::gpt2())),
+            "zoo-gpt-small" => ModelSpec::Zoo(ZooModel::Gpt2(ModelSpec::zoo_gpt_small_config())),
+            "zoo-gpt-tiny" => ModelSpec::Zoo(ZooModel::Gpt2(Gpt2Config::tiny())),
             other => {
+                if let Some(h) = HfModelSpec::builtin(other) {
+                    return Ok(ModelSpec::Hf(h?));
+                }
+                if let Some((_, now)) = RENAMED.iter().find(|(old, _)| *old == other) {
+                    return Err(WorkloadError::Scenario(format!(
+                        "model {other:?} is now {now:?}: the zoo's own GPT, named for what it \
+                         is; `gpt2` is transformers' GPT-2 (GPT2LMHeadModel)"
+                    )));
+                }
                 // Not a zoo name: a Hugging Face config.json, or a folder holding one.
                 let path = Path::new(s.trim());
                 if path.exists() {
@@ -291,7 +314,7 @@ impl Default for Scenario {
     fn default() -> Self {
         Scenario {
             name: "default".into(),
-            model: ModelSpec::Gpt2(ModelSpec::gpt2_small_config()),
+            model: ModelSpec::Zoo(ZooModel::Gpt2(ModelSpec::zoo_gpt_small_config())),
             batch: 4,
             input: InputDist::Uniform { lo: 16, hi: 128 },
             mode: Mode::Inference,
@@ -370,7 +393,8 @@ impl Scenario {
         // into a small tensor further down (an image is rows x 3 x side x side).
         let side = self.input.max();
         let elems = match self.model {
-            ModelSpec::ResNet18 { .. } | ModelSpec::ResNet50 { .. } => {
+            ModelSpec::Zoo(ZooModel::ResNet18 { .. })
+            | ModelSpec::Zoo(ZooModel::ResNet50 { .. }) => {
                 side.checked_mul(side).and_then(|x| x.checked_mul(3))
             }
             _ => Some(side),
@@ -405,12 +429,12 @@ impl Scenario {
             }
         }
         match &self.model {
-            ModelSpec::Mlp { sizes } => {
+            ModelSpec::Zoo(ZooModel::Mlp { sizes }) => {
                 if sizes.len() < 2 || sizes.contains(&0) {
                     return bad(format!("mlp sizes {sizes:?}: need at least two, none 0"));
                 }
             }
-            ModelSpec::Gpt2(c) => {
+            ModelSpec::Zoo(ZooModel::Gpt2(c)) => {
                 if self.input.max() > c.n_positions {
                     return bad(format!(
                         "sequence length up to {} exceeds the model's n_positions {}",
@@ -428,7 +452,8 @@ impl Scenario {
                 };
                 h.validate(need, self.is_generate(), self.mistakes.named_temporaries)?
             }
-            ModelSpec::ResNet18 { .. } | ModelSpec::ResNet50 { .. } => {
+            ModelSpec::Zoo(ZooModel::ResNet18 { .. })
+            | ModelSpec::Zoo(ZooModel::ResNet50 { .. }) => {
                 if self.input.min() < 32 {
                     return bad(format!(
                         "image side {} is too small for a ResNet (need at least 32)",
@@ -570,7 +595,7 @@ pub struct ScenarioInfo {
     pub name: String,
     /// `"inference"`, `"training"` or `"generate"`.
     pub kind: String,
-    /// `"mlp"`, `"resnet18"`, `"resnet50"`, `"gpt2"`, `"gpt2-tiny"`, ...
+    /// `"mlp"`, `"resnet18"`, `"resnet50"`, `"gpt2"`, `"zoo-gpt-tiny"`, ...
     pub model: String,
     /// Samples per request (per micro-batch in training).
     pub batch: usize,
@@ -605,4 +630,43 @@ pub struct Mistakes {
     /// Named temporaries (`h = l1(x); out = l2(h)`) instead of chained calls. A myth test:
     /// it is expected to make *no* difference.
     pub named_temporaries: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vramroom_tensor::models::hf::Family;
+
+    /// A name means one model: `gpt2` is transformers' GPT-2 from its built-in config (the
+    /// same model as `fixtures/hf/gpt2`), the zoo's own GPT is `zoo-gpt*`, and the names it
+    /// went by are an error that says what they are now.
+    #[test]
+    fn gpt2_is_transformers_gpt2_and_the_zoo_gpt_is_named_for_what_it_is() {
+        let m: ModelSpec = "gpt2".parse().unwrap();
+        let ModelSpec::Hf(h) = &m else {
+            panic!("gpt2 is not transformers' model: {m:?}")
+        };
+        assert!(h.builtin);
+        assert_eq!(h.config.family, Family::Gpt2);
+        let fixture = HfModelSpec::open(Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fixtures/hf/gpt2"
+        )))
+        .unwrap();
+        assert_eq!(h.config, fixture.config);
+        assert_eq!(m.name(), "gpt2");
+        assert!(!h.has_weights());
+        for name in ["zoo-gpt", "zoo-gpt-small", "zoo-gpt-tiny"] {
+            let z: ModelSpec = name.parse().unwrap();
+            assert!(matches!(z, ModelSpec::Zoo(ZooModel::Gpt2(_))), "{name}");
+            assert_eq!(z.name(), name);
+        }
+        for (old, now) in RENAMED {
+            let e = old.parse::<ModelSpec>().unwrap_err().to_string();
+            assert!(e.contains(now) && e.contains("transformers"), "{e}");
+        }
+        for name in MODEL_NAMES {
+            assert!(name.parse::<ModelSpec>().is_ok(), "{name}");
+        }
+    }
 }

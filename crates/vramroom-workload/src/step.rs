@@ -26,7 +26,7 @@ use vramroom_tensor::{
 
 use crate::error::{Result, WorkloadError};
 use crate::net::Net;
-use crate::spec::{AccumPattern, InputDist, Mode, ModelSpec, OptimKind, Scenario};
+use crate::spec::{AccumPattern, InputDist, Mode, ModelSpec, OptimKind, Scenario, ZooModel};
 
 /// Everything a worker needs that is not shared.
 pub struct WorkerState {
@@ -135,18 +135,19 @@ impl Workload {
         let sc = &self.scenario;
         let _c = category_scope(MemoryCategory::Input);
         match &sc.model {
-            ModelSpec::Mlp { sizes } => {
+            ModelSpec::Zoo(ZooModel::Mlp { sizes }) => {
                 let inp = sizes.first().copied().unwrap_or(1);
                 Ok((
                     Tensor::zeros(&[size, inp], sc.dtype, dev)?,
                     Tensor::zeros(&[size], DType::I64, dev)?,
                 ))
             }
-            ModelSpec::ResNet18 { .. } | ModelSpec::ResNet50 { .. } => Ok((
+            ModelSpec::Zoo(ZooModel::ResNet18 { .. })
+            | ModelSpec::Zoo(ZooModel::ResNet50 { .. }) => Ok((
                 Tensor::zeros(&[rows, 3, size, size], sc.dtype, dev)?,
                 Tensor::zeros(&[rows], DType::I64, dev)?,
             )),
-            ModelSpec::Gpt2(_) => Ok((
+            ModelSpec::Zoo(ZooModel::Gpt2(_)) => Ok((
                 Tensor::zeros(&[rows, size], DType::I64, dev)?,
                 Tensor::zeros(&[rows * size], DType::I64, dev)?,
             )),
@@ -161,7 +162,7 @@ impl Workload {
     /// Samples a request of this size processes.
     fn items(&self, size: usize) -> u64 {
         match self.scenario.model {
-            ModelSpec::Mlp { .. } => size as u64,
+            ModelSpec::Zoo(ZooModel::Mlp { .. }) => size as u64,
             _ => self.scenario.batch as u64,
         }
     }
@@ -171,7 +172,7 @@ impl Workload {
     pub fn size_for(&self, request: u64) -> usize {
         let sc = &self.scenario;
         match (&sc.model, &sc.input) {
-            (ModelSpec::Mlp { .. }, InputDist::Fixed(_)) => sc.batch,
+            (ModelSpec::Zoo(ZooModel::Mlp { .. }), InputDist::Fixed(_)) => sc.batch,
             _ => sc.input.draw(sc.seed, request),
         }
     }
@@ -366,7 +367,7 @@ mod tests {
     fn unknown_model_is_a_clear_error() {
         let e = "resnet9000".parse::<ModelSpec>().unwrap_err().to_string();
         assert!(
-            e.contains("unknown model") && e.contains("gpt2-tiny"),
+            e.contains("unknown model") && e.contains("zoo-gpt-tiny"),
             "{e}"
         );
     }

@@ -28,7 +28,7 @@ use crate::workload_args::WorkloadArgs;
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
     vramroom loadtest                                  # the default scenario on cpu\n  \
-    vramroom loadtest --model gpt2-tiny -c 4 -z 10s --threshold 'peak_reserved<64MiB'\n  \
+    vramroom loadtest --model zoo-gpt-tiny -c 4 -z 10s --threshold 'peak_reserved<64MiB'\n  \
     vramroom loadtest --stages 1:10s,4:20s,16:20s --grad-on\n  \
     vramroom loadtest --device meta --ramp-until-oom --capacity 1GiB\n  \
     vramroom loadtest --mode train --model mlp-small --accum 4 --sum-losses\n  \
@@ -355,7 +355,7 @@ mod tests {
                 ..
             }
         ));
-        let c = cfg(&["--model", "gpt2-tiny", "--grad-on", "--keep-outputs"]).unwrap();
+        let c = cfg(&["--model", "zoo-gpt-tiny", "--grad-on", "--keep-outputs"]).unwrap();
         assert!(c.scenario.mistakes.grad_at_inference && c.scenario.mistakes.keep_outputs);
         assert!(c.scenario.input.max() <= 32);
         let c = cfg(&[

@@ -16,7 +16,8 @@ use crate::workload_args::WorkloadArgs;
 #[derive(Args)]
 #[command(after_help = "Examples:\n  \
     vramroom predict                                   # loadtest's default scenario\n  \
-    vramroom predict --model gpt2 --batch 8 --seq 512 --grad-on\n  \
+    vramroom predict --model gpt2 --batch 8 --seq 512            # transformers' GPT-2\n  \
+    vramroom predict --model zoo-gpt --batch 8 --seq 512 --grad-on\n  \
     vramroom predict --model fixtures/hf/gpt2 --batch 8 --seq 512 --no-cache\n  \
     vramroom predict --model fixtures/hf/llama-small --mode generate --prompt 256 --new 32\n  \
     vramroom predict --model fixtures/hf/gpt2 --mode train --batch 8 --seq 512 --dtype bf16")]

@@ -29,17 +29,18 @@ const EXIT_INTERRUPTED: u8 = 130;
     GET  /metrics    Prometheus text: memory_stats(), admission, batching, latency\n  \
     GET  /healthz    {\"status\": \"ok\", \"model\", \"device\", \"capacity_bytes\", ..., \"replicas\"}\n\n\
     Examples:\n  \
-    vramroom serve --model gpt2-tiny --port 0\n  \
+    vramroom serve --model zoo-gpt-tiny --port 0\n  \
     vramroom serve --model resnet18 --capacity 2GiB --margin 256MiB --max-batch 16\n  \
     vramroom serve --model fixtures/hf/llama-tiny --new 16 --capacity 256MiB\n  \
     vramroom serve --model gpt2 --device cuda:0,cuda:1 --margin 2GiB\n  \
     curl -s localhost:8000/v1/infer -H 'Content-Type: application/json' \\\n      \
     -d '{\"inputs\": [[464, 2068, 1586]]}'")]
 pub struct ServeArgs {
-    /// mlp, mlp-small, mlp-tiny, resnet18, resnet50, gpt2, gpt2-small, gpt2-tiny, or the
+    /// mlp, mlp-small, mlp-tiny, resnet18, resnet50, gpt2 (transformers' GPT2LMHeadModel,
+    /// its built-in config), zoo-gpt, zoo-gpt-small, zoo-gpt-tiny (the zoo's own GPT), or the
     /// path of a Hugging Face decoder's config.json (or of a folder holding one and,
     /// optionally, *.safetensors): gpt2, llama, mistral, qwen2.
-    #[arg(long, default_value = "gpt2-small")]
+    #[arg(long, default_value = "zoo-gpt-small")]
     model: String,
     /// --model PATH: tokens generated per sequence (greedy; the KV cache of prompt + new
     /// tokens is priced at admission). 1: the next token from one forward.
@@ -77,7 +78,8 @@ pub struct ServeArgs {
     #[arg(long = "max-queue", default_value_t = 128)]
     max_queue: usize,
     /// Latency target of admitted requests: auto (1.5x the predicted unloaded latency of
-    /// each request), off, or a duration. Requests predicted to miss it get 503.
+    /// each request plus the measured compute of one full batch, the batch it may wait
+    /// behind), off, or a duration. Requests predicted to miss it get 503.
     #[arg(
         long = "max-latency",
         default_value = "auto",

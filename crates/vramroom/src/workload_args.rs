@@ -6,9 +6,10 @@ use vramroom_workload::WorkloadFlags;
 
 #[derive(Args, Debug, Clone)]
 pub struct WorkloadArgs {
-    /// mlp, mlp-small, mlp-tiny, resnet18, resnet50, gpt2, gpt2-small, gpt2-tiny, or
-    /// the path of a Hugging Face config.json (or of a folder holding one and, optionally,
-    /// *.safetensors): families gpt2, llama, mistral, qwen2, bert. Default: gpt2-small.
+    /// mlp, mlp-small, mlp-tiny, resnet18, resnet50, gpt2 (transformers' GPT2LMHeadModel,
+    /// its built-in config), zoo-gpt, zoo-gpt-small, zoo-gpt-tiny (the zoo's own GPT), or the
+    /// path of a Hugging Face config.json (or of a folder holding one and, optionally,
+    /// *.safetensors): families gpt2, llama, mistral, qwen2, bert. Default: zoo-gpt-small.
     #[arg(long)]
     model: Option<String>,
     /// Samples per request (per micro-batch in training). Default: 4.

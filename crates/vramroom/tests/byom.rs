@@ -121,7 +121,7 @@ fn generate_grows_with_new_tokens_and_has_a_static_option() {
         "{d}"
     );
     // generate is for decoders: BERT and the zoo say so.
-    for model in [fixture("bert-tiny"), "gpt2-small".to_string()] {
+    for model in [fixture("bert-tiny"), "zoo-gpt-small".to_string()] {
         let (code, _, err) = run_in(
             &root(),
             &["predict", "--model", &model, "--mode", "generate"],
@@ -133,18 +133,18 @@ fn generate_grows_with_new_tokens_and_has_a_static_option() {
 
 #[test]
 fn predict_speaks_loadtests_vocabulary() {
-    // No flags: loadtest's default scenario (gpt2-small, batch 4, uniform:16..128).
+    // No flags: loadtest's default scenario (zoo-gpt-small, batch 4, uniform:16..128).
     let d = predict(&[]);
-    assert_eq!(d["scenario"]["model"], "gpt2-small");
+    assert_eq!(d["scenario"]["model"], "zoo-gpt-small");
     assert_eq!(d["size"], 128);
     // A distribution is predicted at its largest draw.
-    let u = predict(&["--model", "gpt2-small", "--seq", "uniform:16..128"]);
-    let f = predict(&["--model", "gpt2-small", "--seq", "128"]);
+    let u = predict(&["--model", "zoo-gpt-small", "--seq", "uniform:16..128"]);
+    let f = predict(&["--model", "zoo-gpt-small", "--seq", "128"]);
     assert_eq!(peak(&u), peak(&f));
     // --grad-on, and the old --grad as a hidden alias.
-    let a = predict(&["--model", "gpt2-tiny", "--grad-on"]);
-    let b = predict(&["--model", "gpt2-tiny", "--grad"]);
-    let c = predict(&["--model", "gpt2-tiny"]);
+    let a = predict(&["--model", "zoo-gpt-tiny", "--grad-on"]);
+    let b = predict(&["--model", "zoo-gpt-tiny", "--grad"]);
+    let c = predict(&["--model", "zoo-gpt-tiny"]);
     assert_eq!(peak(&a), peak(&b));
     assert!(peak(&a) > peak(&c));
     // Human output: the scenario's description, never Rust debug names.
@@ -348,7 +348,7 @@ fn serve_refuses_an_encoder_and_cache_flags_on_the_zoo() {
         vec!["--model".to_string(), fixture("bert-tiny")],
         vec![
             "--model".into(),
-            "gpt2-tiny".into(),
+            "zoo-gpt-tiny".into(),
             "--new".into(),
             "4".into(),
         ],

@@ -193,7 +193,7 @@ fn planted_mistake_flags_reach_the_scenario() {
             "--device",
             "meta",
             "--model",
-            "gpt2-tiny",
+            "zoo-gpt-tiny",
             "-n",
             "6",
             "--grad-on",
@@ -213,7 +213,7 @@ fn planted_mistake_flags_reach_the_scenario() {
     assert_eq!(m["keep_outputs"], true);
     assert_eq!(m["named_temporaries"], true);
     assert_eq!(m["sum_losses"], false);
-    assert_eq!(v["scenario"]["model"], "gpt2-tiny");
+    assert_eq!(v["scenario"]["model"], "zoo-gpt-tiny");
 }
 
 #[cfg(unix)]
@@ -300,7 +300,7 @@ fn claims_agree_only_when_every_row_agrees() {
 
 #[test]
 fn over_capacity_run_blames_demand_and_the_what_if_agrees() {
-    // 32 gpt2-small workers on 128 MiB: about 160 MiB of demand.
+    // 32 zoo-gpt-small workers on 128 MiB: about 160 MiB of demand.
     let d = scratch("over-capacity");
     let (code, out, err) = run_in(
         &d,

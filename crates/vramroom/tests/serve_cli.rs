@@ -25,7 +25,7 @@ fn bad_arguments_exit_2_with_one_line() {
         &["--max-wait", "soon"],
         &["--max-latency", "fast"],
         &["--workers", "0"],
-        &["--model", "gpt2-small", "--capacity", "1MiB"],
+        &["--model", "zoo-gpt-small", "--capacity", "1MiB"],
     ] {
         let out = bin()
             .arg("serve")
@@ -50,14 +50,20 @@ fn http(addr: &str, req: &str) -> String {
 
 #[test]
 fn serves_on_port_0_and_drains_on_sigterm() {
-    let (mut child, url) =
-        common::spawn_serve(&["--model", "gpt2-tiny", "--port", "0", "--max-wait", "1ms"]);
+    let (mut child, url) = common::spawn_serve(&[
+        "--model",
+        "zoo-gpt-tiny",
+        "--port",
+        "0",
+        "--max-wait",
+        "1ms",
+    ]);
     let health = http(
         &url,
         "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     );
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
-    assert!(health.contains("\"model\":\"gpt2-tiny\""), "{health}");
+    assert!(health.contains("\"model\":\"zoo-gpt-tiny\""), "{health}");
     let body = r#"{"inputs": [1, 2, 3]}"#;
     let answer = common::post_infer(&url, body, ANSWER);
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
@@ -224,7 +230,7 @@ fn one_gpu_serves_through_the_replica_code() {
     }
     let (mut child, url) = common::spawn_serve(&[
         "--model",
-        "gpt2-tiny",
+        "zoo-gpt-tiny",
         "--port",
         "0",
         "--device",

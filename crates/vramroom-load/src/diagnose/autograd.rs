@@ -26,7 +26,7 @@ pub(super) fn autograd_in_inference(
     }
     let above = r.peaks.above_base_bytes.max(1) as f64;
     // What it costs: the saved activations' share of the peak above the model (on
-    // gpt2-small most of it), whether or not this run happened to OOM.
+    // zoo-gpt-small most of it), whether or not this run happened to OOM.
     let share = (act as f64 / above).min(1.0);
     Some(Finding {
         id: FindingId::AutogradInInference,

@@ -1,14 +1,15 @@
-//! The HTTP driver's measurements into a [`RunResult`]: per-thread histograms into stages
-//! and levels, memory readings into the timeline, peaks and the service's OOMs.
+//! The HTTP driver's measurements as [`Measured`]: per-thread histograms into one
+//! [`StageMeasure`] per stage, memory readings into the timeline, peaks and the service's
+//! OOMs, and the HTTP side of the result.
 //!
 //! Design note: latency here is histograms, not records (a million answers a second would
-//! not fit as records), corrected for coordinated omission in the closed model; what a level
-//! is comes from the shared [`crate::aggregate`], as `loadtest`'s does.
+//! not fit as records), corrected for coordinated omission in the closed model; the stages
+//! become stage results, levels (concurrencies or rates) and run-wide figures in the
+//! pipeline's one fold ([`crate::aggregate::fold`]), as `loadtest`'s do.
 
 use std::collections::BTreeMap;
 
-use hdrhistogram::Histogram;
-
+use crate::aggregate::{Measured, StageMeasure};
 use crate::http::config::HttpConfig;
 use crate::http::load::StageLoad;
 use crate::http::record::{self, StageAcc, Totals};
@@ -37,7 +38,6 @@ pub(crate) struct Aggregate<'a> {
     pub(crate) service_ooms: Option<u64>,
     pub(crate) first_stats: BTreeMap<String, i64>,
     pub(crate) last_stats: BTreeMap<String, i64>,
-    pub(crate) infos: Vec<MemorySourceInfo>,
     pub(crate) probe: Option<ProbeResult>,
     pub(crate) shed_reasons: BTreeMap<String, u64>,
     pub(crate) retry_after_answers: u64,
@@ -52,17 +52,6 @@ fn summary(s: &StageAcc) -> RequestSummary {
         other_errors: (s.failed_status_n - s.oom_n.min(s.failed_status_n)) + s.errors_total(),
         items: s.ok_n,
         stopped: 0,
-    }
-}
-
-fn merge_into(into: &mut Option<Histogram<u64>>, h: Option<&Histogram<u64>>) {
-    if let Some(h) = h {
-        match into {
-            Some(i) => {
-                let _ = i.add(h);
-            }
-            None => *into = Some(h.clone()),
-        }
     }
 }
 
@@ -99,7 +88,7 @@ impl Aggregate<'_> {
         }
     }
 
-    pub(crate) fn result(self) -> RunResult {
+    pub(crate) fn measured(self) -> Measured {
         let cfg = self.cfg;
         // The timeline.
         let mut timeline = Vec::with_capacity(self.readings.len());
@@ -143,7 +132,6 @@ impl Aggregate<'_> {
         let empty = StageAcc::default();
         let mut stages = Vec::new();
         let mut http_stages = Vec::new();
-        let mut corrected: Vec<Option<Histogram<u64>>> = Vec::new();
         for &(i, s0, s1) in &self.stages_run {
             let acc = self.totals.stages.get(i).unwrap_or(&empty);
             let (lat_h, interval) = match (&acc.ok, self.open) {
@@ -161,24 +149,25 @@ impl Aggregate<'_> {
             let load = cfg.stages[i].target;
             let peak_flight = self.peak_in_flight.get(i).copied().unwrap_or(0);
             let mem = in_stage(i);
-            let req = summary(acc);
-            stages.push(StageResult {
+            let concurrency = match load {
+                StageLoad::Workers(c) => c,
+                StageLoad::Rate(_) => peak_flight,
+            };
+            stages.push(StageMeasure {
                 index: i,
-                concurrency: match load {
-                    StageLoad::Workers(c) => c,
-                    StageLoad::Rate(_) => peak_flight,
+                load: match load {
+                    StageLoad::Workers(c) => c as f64,
+                    StageLoad::Rate(r) => r,
                 },
+                concurrency,
+                workers_started: concurrency,
                 start_s: s0,
                 end_s: s1,
-                requests: req,
-                latency: record::stats(lat_h.as_ref(), acc.ok_n),
-                throughput: Throughput::of(&req, s1 - s0),
+                requests: summary(acc),
+                latency: lat_h,
+                shed: acc.shed_n,
                 peak_allocated_bytes: mem.iter().map(|m| m.allocated_bytes).max().unwrap_or(0),
                 peak_reserved_bytes: mem.iter().map(|m| m.reserved_bytes).max().unwrap_or(0),
-                workers_started: match load {
-                    StageLoad::Workers(c) => c,
-                    StageLoad::Rate(_) => peak_flight,
-                },
             });
             http_stages.push(HttpStageResult {
                 index: i,
@@ -197,55 +186,17 @@ impl Aggregate<'_> {
                 shed_latency: record::stats(acc.shed.as_ref(), acc.shed_n),
                 correction_interval_ms: interval.map(|us| us as f64 / 1000.0),
             });
-            corrected.push(lat_h);
         }
 
-        // Run-wide.
+        // Run-wide answers (the fold sums the stages' requests and latency).
         let mut all = StageAcc::default();
         for s in &self.totals.stages {
             all.merge(s);
         }
-        let mut lat_all: Option<Histogram<u64>> = None;
-        for h in &corrected {
-            merge_into(&mut lat_all, h.as_ref());
-        }
-        let requests = summary(&all);
         let mut by_kind = all.error_map();
         for (code, n) in &all.statuses {
             if *code >= 400 && *code != 503 {
                 by_kind.insert(format!("status_{code}"), *n);
-            }
-        }
-
-        // Levels: workers (closed) or rates (open), stages at one level merged.
-        let mut by_concurrency = Vec::new();
-        let mut by_rate = Vec::new();
-        let levels = crate::aggregate::levels(&stages, |st| match cfg.stages[st.index].target {
-            StageLoad::Workers(c) => c as f64,
-            StageLoad::Rate(r) => r,
-        });
-        for l in levels {
-            let mut req = RequestSummary::default();
-            let mut h: Option<Histogram<u64>> = None;
-            let mut shed = 0;
-            for &k in &l.stages {
-                req.add(&stages[k].requests);
-                merge_into(&mut h, corrected[k].as_ref());
-                shed += http_stages[k].shed;
-            }
-            let latency = record::stats(h.as_ref(), req.ok);
-            if self.open {
-                by_rate.push(RateResult {
-                    rate_per_s: l.key,
-                    requests: req,
-                    shed,
-                    latency,
-                    throughput: Throughput::of(&req, l.secs),
-                    peak_allocated_bytes: l.peak_allocated_bytes,
-                    peak_reserved_bytes: l.peak_reserved_bytes,
-                });
-            } else {
-                by_concurrency.push(l.concurrency_result(req, latency, baseline));
             }
         }
 
@@ -370,7 +321,7 @@ impl Aggregate<'_> {
             sample_period_ms: cfg.metrics_interval.as_secs_f64() * 1e3,
         };
         let service_ooms = self.service_ooms;
-        RunResult {
+        let result = RunResult {
             schema_version: SCHEMA_VERSION,
             vramroom_version: env!("CARGO_PKG_VERSION").into(),
             scenario: ScenarioInfo {
@@ -390,15 +341,16 @@ impl Aggregate<'_> {
             wall_s: self.wall_s,
             stop_reason: self.stop_reason,
             baseline_bytes: baseline,
-            requests,
-            latency: record::stats(lat_all.as_ref(), all.ok_n),
-            throughput: Throughput::of(&summary(&all), self.wall_s),
+            // Folded from the stages by the pipeline.
+            requests: RequestSummary::default(),
+            latency: LatencyStats::default(),
+            throughput: Throughput::default(),
             errors: ErrorCounts {
                 oom: service_ooms.unwrap_or(0).max(all.oom_n),
                 by_kind,
             },
-            stages,
-            by_concurrency,
+            stages: Vec::new(),
+            by_concurrency: Vec::new(),
             timeline,
             peaks,
             ooms,
@@ -411,7 +363,7 @@ impl Aggregate<'_> {
             final_memory_summary: String::new(),
             snapshot: None,
             oom_snapshot: None,
-            memory_sources: self.infos,
+            memory_sources: Vec::new(),
             http: Some(HttpResult {
                 url: cfg.url.clone(),
                 method: self.method.clone(),
@@ -443,7 +395,7 @@ impl Aggregate<'_> {
                 bytes_received: all.bytes_in,
                 connections_opened: self.connections,
                 stages: http_stages,
-                by_rate,
+                by_rate: Vec::new(),
                 status_timeline,
                 memory_series: series,
                 service_ooms,
@@ -454,6 +406,11 @@ impl Aggregate<'_> {
                 retry_after_max_s: self.retry_after_max_s,
                 prediction: None,
             }),
+        };
+        Measured {
+            result,
+            stages,
+            open: self.open,
         }
     }
 }

@@ -90,7 +90,7 @@ pub(crate) async fn drive(
     shards: Option<&Shards>,
     stop: &AtomicBool,
     progress: &mut dyn FnMut(&Progress),
-) -> Result<(RunResult, Vec<DeviceCapacity>)> {
+) -> Result<Driven> {
     let open = cfg.is_open();
     let planned = cfg.planned_s();
     let bucket_s = match planned {
@@ -370,8 +370,8 @@ pub(crate) async fn drive(
     }
 
     let wall_s = load_end;
-    let mut infos = sampler.infos();
-    infos.extend(prep.absent);
+    let mut sources = sampler.infos();
+    sources.extend(prep.absent);
     let agg = Aggregate {
         cfg,
         method: prep.method,
@@ -393,7 +393,6 @@ pub(crate) async fn drive(
         service_ooms,
         first_stats: std::mem::take(&mut sampler.first_stats),
         last_stats: std::mem::take(&mut sampler.last_stats),
-        infos,
         probe,
         shed_reasons: crate::http::sample::rejections_during(
             sampler.first_rejections.as_ref(),
@@ -405,13 +404,27 @@ pub(crate) async fn drive(
             _ => Some(ctx.retry_after_max_s.load(Ordering::Relaxed)),
         },
     };
-    let mut r = agg.result();
-    if let Some(h) = r.http.as_mut() {
+    let mut measured = agg.measured();
+    if let Some(h) = measured.result.http.as_mut() {
         h.stop_hint = stop_hint;
     }
-    r.snapshot = snapshot;
-    r.oom_snapshot = oom_snapshot;
-    Ok((r, caps))
+    Ok(Driven {
+        measured,
+        caps,
+        sources,
+        snapshot,
+        oom_snapshot,
+    })
+}
+
+/// What one HTTP run leaves: its measurements, each device's capacity (for `--predict`),
+/// the memory sources it read, and the probe's snapshots.
+pub(crate) struct Driven {
+    pub(crate) measured: crate::aggregate::Measured,
+    pub(crate) caps: Vec<DeviceCapacity>,
+    pub(crate) sources: Vec<MemorySourceInfo>,
+    pub(crate) snapshot: Option<vramroom_alloc::Snapshot>,
+    pub(crate) oom_snapshot: Option<vramroom_alloc::Snapshot>,
 }
 
 async fn scrape_capacities(url: &str, timeout: Duration) -> Vec<DeviceCapacity> {

@@ -5,7 +5,8 @@
 //! Design note: the steps of a run live in their own files: [`crate::http::prepare`] (the
 //! config against the world, before the clock starts), [`crate::http::controller`] (the
 //! stages, the sampler, the probe's snapshots), [`crate::http::workers`] (where requests
-//! are sent), [`crate::http::aggregate`] (the measurements into a [`RunResult`]). This file
+//! are sent), [`crate::http::aggregate`] (the measurements, one per stage, for the
+//! pipeline's fold). The evidence is the probe's: the service's snapshots. This file
 //! owns the runtimes they run on: one small runtime for the controller (`block_on`), plus
 //! the closed model's load threads, both gone before the replays, the diagnosis and the
 //! thresholds run on the calling thread.
@@ -14,7 +15,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use crate::driver::{Driver, Evidence};
+use crate::diagnose::RunLog;
+use crate::driver::{Diagnosis, Driver, Evidence, Measured};
 use crate::error::{LoadError, Result};
 use crate::http::config::HttpConfig;
 use crate::http::controller::drive;
@@ -45,6 +47,9 @@ pub struct HttpDriver<'a> {
     ready: Option<(tokio::runtime::Runtime, Prepared, Option<Shards>)>,
     /// Each device's capacity, for `--predict`.
     caps: Vec<DeviceCapacity>,
+    sources: Vec<MemorySourceInfo>,
+    /// The probe's snapshots, until the pipeline takes them.
+    evidence: Evidence,
 }
 
 impl<'a> HttpDriver<'a> {
@@ -53,6 +58,8 @@ impl<'a> HttpDriver<'a> {
             cfg,
             ready: None,
             caps: Vec::new(),
+            sources: Vec::new(),
+            evidence: Evidence::default(),
         }
     }
 }
@@ -90,7 +97,7 @@ impl Driver for HttpDriver<'_> {
         &mut self,
         stop: &Arc<AtomicBool>,
         progress: &mut dyn FnMut(&Progress),
-    ) -> Result<RunResult> {
+    ) -> Result<Measured> {
         let (rt, prep, shards) = self
             .ready
             .take()
@@ -101,22 +108,37 @@ impl Driver for HttpDriver<'_> {
             s.stop();
         }
         rt.shutdown_background();
-        let (r, caps) = result?;
-        self.caps = caps;
-        Ok(r)
+        let d = result?;
+        self.caps = d.caps;
+        self.sources = d.sources;
+        self.evidence = Evidence {
+            run_log: None,
+            snapshot: d.snapshot,
+            oom_snapshot: d.oom_snapshot,
+        };
+        Ok(d.measured)
+    }
+
+    fn memory_sources(&self) -> Vec<MemorySourceInfo> {
+        self.sources.clone()
+    }
+
+    fn evidence(&mut self) -> Evidence {
+        std::mem::take(&mut self.evidence)
     }
 
     fn search(
         &mut self,
         result: &mut RunResult,
+        _run_log: Option<&RunLog>,
         _stop: &AtomicBool,
         _progress: &mut dyn FnMut(&Progress),
     ) {
         replay_and_predict(self.cfg, result, &self.caps);
     }
 
-    fn evidence(&mut self, _progress: &mut dyn FnMut(&Progress)) -> Evidence<'_> {
-        Evidence::Service
+    fn diagnosis(&mut self, _progress: &mut dyn FnMut(&Progress)) -> Diagnosis<'_> {
+        Diagnosis::Service
     }
 
     fn thresholds(&self) -> &[Threshold] {

@@ -271,7 +271,7 @@ pub fn synthetic() -> RunResult {
         scenario: ScenarioInfo {
             name: "default".into(),
             kind: "inference".into(),
-            model: "gpt2-small".into(),
+            model: "zoo-gpt-small".into(),
             batch: 4,
             input: "seq_len uniform 16..128 (seed 7)".into(),
             optimizer: None,
@@ -282,7 +282,7 @@ pub fn synthetic() -> RunResult {
                 ..Default::default()
             },
             seed: 7,
-            description: "gpt2-small inference, batch 4, seq_len uniform 16..128 & <b>".into(),
+            description: "zoo-gpt-small inference, batch 4, seq_len uniform 16..128 & <b>".into(),
         },
         load: LoadInfo {
             mode: "stages".into(),

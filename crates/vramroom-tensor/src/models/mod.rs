@@ -7,7 +7,9 @@ pub mod gpt2;
 pub mod hf;
 pub mod mlp;
 pub mod resnet;
+pub mod zoo;
 
 pub use gpt2::{Gpt2, Gpt2Config};
 pub use mlp::Mlp;
 pub use resnet::ResNet;
+pub use zoo::{ZooModel, ZooNet, MLP_SIZES};

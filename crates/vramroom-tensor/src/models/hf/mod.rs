@@ -42,7 +42,7 @@ mod params;
 pub mod scenario;
 mod weights;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::device::Device;
 use crate::dtype::DType;
@@ -57,7 +57,10 @@ pub use error::{HfError, HfResult, SUPPORTED};
 pub use generate::{generate, CacheImpl, GenerateOptions};
 pub use gpt2::Gpt2LmHead;
 pub use llama::LlamaForCausalLm;
-pub use scenario::{predict, run, Optim, PredictOptions, Report, RunOptions, Warmth, Workload};
+pub use scenario::{
+    predict, predict_config, run, run_config, Optim, PredictOptions, Report, RunOptions, Warmth,
+    Workload,
+};
 
 /// How to load a model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,6 +168,27 @@ fn is_float(d: DType) -> bool {
 /// `*.safetensors`) onto `device`.
 pub fn load(path: &Path, device: &Device, opts: &LoadOptions) -> HfResult<Loaded> {
     let cfg = HfConfig::from_path(path)?;
+    load_config(cfg, Some(&folder_of(path)), device, opts)
+}
+
+/// The folder of a model's path: the path itself when it is a folder, else the config's.
+pub fn folder_of(path: &Path) -> PathBuf {
+    if path.is_dir() {
+        path.to_path_buf()
+    } else {
+        path.parent().map(Path::to_path_buf).unwrap_or_default()
+    }
+}
+
+/// Loads the model of a parsed config onto `device`, its weights from `dir`'s
+/// `*.safetensors` when a folder is given (none: initialised as transformers does, as for
+/// a folder without weights; a built-in config has no folder).
+pub fn load_config(
+    cfg: HfConfig,
+    dir: Option<&Path>,
+    device: &Device,
+    opts: &LoadOptions,
+) -> HfResult<Loaded> {
     let dtype = opts.dtype.or(cfg.dtype).unwrap_or(DType::F32);
     if !is_float(dtype) {
         return Err(HfError::Invalid(format!(
@@ -172,21 +196,15 @@ pub fn load(path: &Path, device: &Device, opts: &LoadOptions) -> HfResult<Loaded
         )));
     }
     footprint::check(&cfg, dtype, opts.bert_head, device)?;
-    let dir = if path.is_dir() {
-        path.to_path_buf()
-    } else {
-        path.parent().map(Path::to_path_buf).unwrap_or_default()
-    };
-    let weights = if device.is_meta() {
-        None
-    } else {
-        Some(weights::WeightIndex::open_dir(
+    let weights = match dir {
+        Some(dir) if !device.is_meta() => Some(weights::WeightIndex::open_dir(
             if dir.as_os_str().is_empty() {
                 Path::new(".")
             } else {
-                &dir
+                dir
             },
-        )?)
+        )?),
+        _ => None,
     };
     let tree = match cfg.family {
         Family::Gpt2 => gpt2::tree(&cfg),
@@ -197,7 +215,7 @@ pub fn load(path: &Path, device: &Device, opts: &LoadOptions) -> HfResult<Loaded
     let note = match &weights {
         Some(w) if w.is_empty() => Some(format!(
             "no *.safetensors in {}: weights initialised randomly (normal, std {})",
-            dir.display(),
+            dir.unwrap_or(Path::new(".")).display(),
             cfg.initializer_range
         )),
         Some(_) if !report.missing.is_empty() => Some(format!(

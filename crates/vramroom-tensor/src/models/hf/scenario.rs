@@ -29,7 +29,7 @@ use crate::tensor::Tensor;
 use super::bert::BertHead;
 use super::error::{HfError, HfResult};
 use super::generate::{self, CacheImpl, GenerateOptions};
-use super::{load, ForwardArgs, LoadOptions};
+use super::{folder_of, load_config, ForwardArgs, HfConfig, LoadOptions};
 
 /// The optimizer of a training workload.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -186,6 +186,18 @@ fn check(w: &Workload) -> HfResult<()> {
 
 /// Loads the model of `path` onto `device` and runs `w` there.
 pub fn run(path: &Path, device: &Device, w: &Workload, o: &RunOptions) -> HfResult<Report> {
+    let cfg = HfConfig::from_path(path)?;
+    run_config(cfg, Some(&folder_of(path)), device, w, o)
+}
+
+/// [`run`] on a parsed config, its weights from `dir` when given (see [`load_config`]).
+pub fn run_config(
+    cfg: HfConfig,
+    dir: Option<&Path>,
+    device: &Device,
+    w: &Workload,
+    o: &RunOptions,
+) -> HfResult<Report> {
     check(w)?;
     let train = matches!(w, Workload::Train { .. });
     let opts = LoadOptions {
@@ -196,7 +208,7 @@ pub fn run(path: &Path, device: &Device, w: &Workload, o: &RunOptions) -> HfResu
             BertHead::Base
         },
     };
-    let loaded = load(path, device, &opts)?;
+    let loaded = load_config(cfg, dir, device, &opts)?;
     let mut model = loaded.model;
     let cfg = model.config().clone();
     if matches!(w, Workload::Generate { .. }) && !cfg.family.is_decoder() {
@@ -362,6 +374,12 @@ pub fn run(path: &Path, device: &Device, w: &Workload, o: &RunOptions) -> HfResu
 /// [`run`] on a fresh meta device under PyTorch's caching allocator: what PyTorch 2.11 on
 /// an H200 would report, from the config alone.
 pub fn predict(path: &Path, w: &Workload, o: &PredictOptions) -> HfResult<Report> {
+    let cfg = HfConfig::from_path(path)?;
+    predict_config(cfg, w, o)
+}
+
+/// [`predict`] on a parsed config (the meta device reads no weights).
+pub fn predict_config(cfg: HfConfig, w: &Workload, o: &PredictOptions) -> HfResult<Report> {
     let dev = Device::meta_caching(o.capacity, o.alloc_conf.clone());
-    run(path, &dev, w, &o.run)
+    run_config(cfg, None, &dev, w, &o.run)
 }

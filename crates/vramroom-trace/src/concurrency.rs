@@ -794,9 +794,15 @@ mod tests {
         let batcher = w(vec![req(Some(2), true), req(Some(2), true)]);
         assert_eq!(batcher.one_worker(), Some(2));
         // two worker threads: a pool, whose requests can stack
-        assert_eq!(w(vec![req(Some(2), true), req(Some(3), true)]).one_worker(), None);
+        assert_eq!(
+            w(vec![req(Some(2), true), req(Some(3), true)]).one_worker(),
+            None
+        );
         // handler threads (a thread per request, or one keep-alive connection)
-        assert_eq!(w(vec![req(Some(1), false), req(Some(1), false)]).one_worker(), None);
+        assert_eq!(
+            w(vec![req(Some(1), false), req(Some(1), false)]).one_worker(),
+            None
+        );
         // an older probe's tags say nothing of threads
         assert_eq!(w(vec![req(None, false)]).one_worker(), None);
     }

@@ -297,7 +297,18 @@ pub fn loadtest(a: LoadtestArgs) -> Result<ExitCode, UserError> {
     pb.finish_and_clear();
     let r = result.map_err(|e| {
         discard_out_dir(&created);
-        le(e)
+        let default_card =
+            a.capacity.is_none() && a.device != "cuda" && !a.device.starts_with("cuda:");
+        match e {
+            // The model alone does not fit the default scenario's small simulated card.
+            vramroom_load::LoadError::Workload(w) if w.is_oom() && default_card => {
+                UserError(anyhow!(
+                    "{w} (the default simulated card; give the run one that holds the model, \
+                     e.g. --capacity 2GiB)"
+                ))
+            }
+            e => le(e),
+        }
     })?;
 
     finish(&a.out, a.json, &r)

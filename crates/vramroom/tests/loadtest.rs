@@ -125,6 +125,15 @@ fn out_that_is_a_file_is_a_usage_error() {
 }
 
 #[test]
+fn a_model_bigger_than_the_default_card_is_told_to_give_a_capacity() {
+    let d = scratch("bigmodel");
+    let (code, _out, err) = run_in(&d, &["loadtest", "--model", "gpt2", "--out", "o"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("need 474.70 MiB") && err.contains("--capacity"), "{err}");
+    assert!(files_under(&d).is_empty(), "nothing is written");
+}
+
+#[test]
 fn default_scenario_on_cpu_writes_every_output() {
     // The default scenario, model and device, shortened with -z (the full default runs its
     // three stages; the README's main command is that one).

@@ -129,7 +129,10 @@ fn a_model_bigger_than_the_default_card_is_told_to_give_a_capacity() {
     let d = scratch("bigmodel");
     let (code, _out, err) = run_in(&d, &["loadtest", "--model", "gpt2", "--out", "o"]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("need 474.70 MiB") && err.contains("--capacity"), "{err}");
+    assert!(
+        err.contains("need 474.70 MiB") && err.contains("--capacity"),
+        "{err}"
+    );
     assert!(files_under(&d).is_empty(), "nothing is written");
 }
 

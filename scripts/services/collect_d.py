@@ -351,8 +351,9 @@ def verdict(pred, obs, top=None):
     either side is "no OOM": predicted for any load (a service whose one worker thread runs
     every request), or observed up to the ramp's highest step `top`, so the first OOM, if
     any, is at a later step. No OOM predicted agrees with a ramp that reached the default
-    ramp's top without one; a predicted OOM agrees with such a ramp when it lies at or above
-    the top step (the first OOM is at least one step later)."""
+    ramp's top without one. A predicted OOM two or more steps below a ramp's highest step
+    that saw none is off; nearer, the ramp (cut short, or ended at its top) cannot tell:
+    `None`, not a pass."""
     if obs is not None:
         if pred is None:
             return None, False
@@ -362,7 +363,8 @@ def verdict(pred, obs, top=None):
         return None, None
     if pred is None:
         return (0, True) if top >= RAMP[-1] else (None, None)
-    return None, step_index(pred) >= step_index(top)
+    # the first OOM is at step_index(top) + 1 or later
+    return (None, False) if step_index(pred) < step_index(top) else (None, None)
 
 
 class Pipeline:

@@ -660,8 +660,7 @@ class _Request:
         for k, v in (("items", items), ("tokens", tokens), ("bytes", bytes_)):
             if v is not None:
                 parts.append("%s=%d" % (k, int(v)))
-        self.parts = parts
-        self.tag = ";".join(parts)
+        self.parts = parts  # the tag, less the thread fields __enter__ adds
         self.prev = None
 
     def __enter__(self):

@@ -297,8 +297,8 @@ pub fn loadtest(a: LoadtestArgs) -> Result<ExitCode, UserError> {
     pb.finish_and_clear();
     let r = result.map_err(|e| {
         discard_out_dir(&created);
-        let default_card =
-            a.capacity.is_none() && a.device != "cuda" && !a.device.starts_with("cuda:");
+        // the simulated default card: no --capacity, and not a real device (cuda_defaults)
+        let default_card = a.capacity.is_none() && !matches!(cfg.device, DeviceChoice::Custom(_));
         match e {
             // The model alone does not fit the default scenario's small simulated card.
             vramroom_load::LoadError::Workload(w) if w.is_oom() && default_card => {

@@ -175,7 +175,6 @@ pub fn predict(
             ..Default::default()
         };
         let mut configs = Vec::new();
-        let mut one_worker = None;
         for c in &confs {
             let config = match AllocatorConfig::parse(c) {
                 Ok(x) => x,
@@ -190,7 +189,7 @@ pub fn predict(
             };
             match predict_concurrency(snap, d, &w, &o) {
                 Ok(p) => configs.push(ConfigPrediction {
-                    one_worker: p.one_worker.inspect(|t| one_worker = Some(*t)).is_some(),
+                    one_worker: p.one_worker.is_some(),
                     alloc_conf: c.clone(),
                     first_oom_concurrency: p.first_oom,
                     safe_concurrency: p.safe,
@@ -218,7 +217,7 @@ pub fn predict(
             .unwrap_or(((gentle_concurrency as u32) * 2).max(2));
         let own_config = AllocatorConfig::parse(own_conf).unwrap_or_default();
         out.notes.push(rests_on(d, w.requests.len()));
-        if let Some(t) = one_worker {
+        if let Some(t) = w.one_worker() {
             out.notes.push(one_worker_note(d, t, &w, limit, &configs));
         }
         // The cap is stated in the unit that explains the requests' cost, or not at all.

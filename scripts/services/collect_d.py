@@ -367,6 +367,38 @@ def verdict(pred, obs, top=None):
     return (None, False) if step_index(pred) < step_index(top) else (None, None)
 
 
+def summarise(rec):
+    """A service record's summary of its ramps: the observed first OOMs, their spread, and
+    how many ramps the prediction is within one step of (all: a definite miss outweighs an
+    undecided ramp)."""
+    ramps = rec.get("ramps") or []
+    firsts = [r.get("first_oom") for r in ramps]
+    seen = [f for f in firsts if f is not None]
+    rec["observed_first_ooms"] = firsts
+    rec["observed_min"] = min(seen) if seen else None
+    rec["observed_max"] = max(seen) if seen else None
+    rec["spread_steps"] = (step_index(max(seen)) - step_index(min(seen))) if seen else None
+    v = [r.get("within_one_step") for r in ramps]
+    rec["within_one_step_all"] = (all(v) if v and None not in v else
+                                  (False if False in v else None))
+    rec["within_one_step_count"] = "%d/%d" % (sum(1 for x in v if x), len(v))
+    mn = rec["observed_min"]
+    top = max((r.get("highest_step") or 0 for r in ramps), default=0)
+    # the gentle run's one request at a time is at most a quarter of the first OOM
+    # (or of the highest step a ramp reached without one)
+    rec["gentle_quarter_ok"] = (4 * 1 <= mn) if mn is not None else (4 * 1 <= top)
+
+
+def judge(rec):
+    """Every ramp's verdict again, from its stored prediction and observation, by the rule
+    as it stands (a record keeps the verdicts of the rule it ran under), then the summary."""
+    for r in (rec.get("ramps") or []) + [rec.get("what_if_ramp") or {}]:
+        if "predicted" in r:
+            r["steps_apart"], r["within_one_step"] = verdict(
+                r.get("predicted"), r.get("first_oom"), r.get("highest_step"))
+    summarise(rec)
+
+
 class Pipeline:
     def __init__(self, hr, name, spec, root, fake, rec, flush):
         self.hr, self.name, self.spec, self.fake, self.rec = hr, name, spec, fake, rec
@@ -606,20 +638,7 @@ class Pipeline:
                 self.rec["skipped"].append("cap: %s: %s" % (type(e).__name__, e))
 
     def summarise(self):
-        firsts = [r.get("first_oom") for r in self.rec["ramps"]]
-        seen = [f for f in firsts if f is not None]
-        self.rec["observed_first_ooms"] = firsts
-        self.rec["observed_min"] = min(seen) if seen else None
-        self.rec["observed_max"] = max(seen) if seen else None
-        self.rec["spread_steps"] = (step_index(max(seen)) - step_index(min(seen))) if seen else None
-        v = [r.get("within_one_step") for r in self.rec["ramps"]]
-        self.rec["within_one_step_all"] = (all(v) if v and None not in v else None)
-        self.rec["within_one_step_count"] = "%d/%d" % (sum(1 for x in v if x), len(v))
-        mn = self.rec["observed_min"]
-        top = max((r.get("highest_step") or 0 for r in self.rec["ramps"]), default=0)
-        # the gentle run's one request at a time is at most a quarter of the first OOM
-        # (or of the highest step a ramp reached without one)
-        self.rec["gentle_quarter_ok"] = (4 * 1 <= mn) if mn is not None else (4 * 1 <= top)
+        summarise(self.rec)
 
 
 def main():

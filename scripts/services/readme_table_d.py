@@ -25,6 +25,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import collect_d  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(HERE))
 BEGIN = re.compile(r"<!-- corpus-d-table: (\S+) -->")
 END = "<!-- /corpus-d-table -->"
@@ -53,25 +54,6 @@ def header_facts(results_path):
     return commit, card
 
 
-def rederive(r):
-    """The verdicts again, from the record's predictions and observations, by collect_d's
-    rule as it stands (a record keeps the verdicts of the rule it ran under)."""
-    import collect_d
-
-    for ramp in r.get("ramps") or []:
-        if "predicted" in ramp:
-            ramp["steps_apart"], ramp["within_one_step"] = collect_d.verdict(
-                ramp.get("predicted"), ramp.get("first_oom"), ramp.get("highest_step"))
-    w = r.get("what_if_ramp")
-    if w and "predicted" in w:
-        w["steps_apart"], w["within_one_step"] = collect_d.verdict(
-            w.get("predicted"), w.get("first_oom"), w.get("highest_step"))
-    v = [x.get("within_one_step") for x in r.get("ramps") or []]
-    r["within_one_step_all"] = (all(v) if v and None not in v else
-                                (False if False in v else None))
-    r["within_one_step_count"] = "%d/%d" % (sum(1 for x in v if x), len(v))
-
-
 def table(results_path, rel):
     recs = []
     with open(results_path) as f:
@@ -92,7 +74,7 @@ def table(results_path, rel):
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in recs:
-        rederive(r)
+        collect_d.judge(r)  # verdicts by the rule as it stands
         w = r.get("what_if_ramp") or {}
         cr = r.get("cap_ramp") or {}
         devs = r.get("devices") or [{}]

@@ -63,17 +63,9 @@ def main():
         rec["prediction_notes"] = pred.get("notes") or []
         for r in rec.get("ramps") or []:
             r["predicted"] = first
-            r["steps_apart"], r["within_one_step"] = collect_d.verdict(
-                first, r.get("first_oom"), r.get("highest_step"))
-        w = rec.get("what_if_ramp")
-        if w:
-            p2 = by.get(rec.get("other_config"))
-            w["predicted"] = p2
-            w["steps_apart"], w["within_one_step"] = collect_d.verdict(
-                p2, w.get("first_oom"), w.get("highest_step"))
-        pipe = collect_d.Pipeline.__new__(collect_d.Pipeline)
-        pipe.rec = rec
-        pipe.summarise()
+        if rec.get("what_if_ramp"):
+            rec["what_if_ramp"]["predicted"] = by.get(rec.get("other_config"))
+        collect_d.judge(rec)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "run_d.jsonl"), "w") as f:
         for rec in recs:

@@ -17,18 +17,16 @@ disagree (with a diff), and 3 with a reason when there is nothing to check yet (
 or the results file is absent: before the GPU run). The HEADER beside the results file names
 the commit and the card; the table's caption repeats them.
 """
-import difflib
 import json
 import os
-import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import collect_d  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(HERE))
-BEGIN = re.compile(r"<!-- corpus-d-table: (\S+) -->")
-END = "<!-- /corpus-d-table -->"
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+import readme_blocks  # noqa: E402  (the block engine both README table scripts use)
 SKIP = 3
 
 
@@ -105,51 +103,21 @@ def table(results_path, rel):
     return "\n".join(out)
 
 
-def find_block(text):
-    m = BEGIN.search(text)
-    if not m:
-        return None
-    end = text.find(END, m.end())
-    if end < 0:
-        return None
-    return m, end
-
-
 def main(argv):
     if "--write" in argv or "--check" in argv:
         mode = "--write" if "--write" in argv else "--check"
         i = argv.index(mode)
         readme = argv[i + 1]
         rest = [a for j, a in enumerate(argv) if j not in (i, i + 1)]
-        with open(readme) as f:
-            text = f.read()
-        blk = find_block(text)
-        if blk is None:
-            print("skip: %s has no <!-- corpus-d-table: PATH --> ... %s block" % (readme, END))
-            return SKIP
-        m, end = blk
-        rel = rest[0] if (mode == "--write" and rest) else m.group(1)
-        path = rel if os.path.isabs(rel) else os.path.join(REPO, rel)
-        if not os.path.exists(path):
-            print("skip: the results file %s is absent (the GPU run has not been committed yet)" % rel)
-            return SKIP
-        new = table(path, os.path.relpath(path, REPO) if os.path.isabs(rel) else rel)
-        block = "<!-- corpus-d-table: %s -->\n%s\n" % (
-            os.path.relpath(path, REPO) if os.path.isabs(rel) else rel, new)
-        old = text[m.start():end]
-        if mode == "--write":
-            with open(readme, "w") as f:
-                f.write(text[:m.start()] + block + text[end:])
-            print("wrote the table of %s into %s" % (rel, readme))
-            return 0
-        if old == block:
-            print("ok: %s's table is %s's" % (readme, rel))
-            return 0
-        print("%s's table disagrees with %s; regenerate it with\n  python3 "
-              "scripts/services/readme_table_d.py --write %s\n" % (readme, rel, readme))
-        sys.stdout.writelines(difflib.unified_diff(
-            old.splitlines(True), block.splitlines(True), "README (committed)", "from results"))
-        return 1
+        repoint = None
+        if mode == "--write" and rest:  # RUN_D.jsonl becomes the marker's path
+            rel = rest[0]
+            repoint = {"corpus-d-table": os.path.relpath(rel, REPO) if os.path.isabs(rel) else rel}
+        return readme_blocks.main(
+            mode, readme,
+            {"corpus-d-table": lambda rel: table(os.path.join(REPO, rel), rel) + "\n"},
+            "corpus table", "python3 scripts/services/readme_table_d.py --write %s" % readme,
+            SKIP, repoint)
     if not argv:
         print(__doc__)
         return 2

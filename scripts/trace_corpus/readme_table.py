@@ -18,12 +18,11 @@ peak allocated within 1% and peak reserved within 2% of the real GPU run. --chec
 """
 import json
 import os
-import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MARK = re.compile(r"<!-- (trace-table|hidden-table|ranks-table): (\S+) -->\n(.*?)<!-- /\1 -->\n",
-                  re.S)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import readme_blocks  # noqa: E402  (the block engine both README table scripts use)
 MIB = 1 << 20
 
 
@@ -150,43 +149,12 @@ def ranks(paths):
     return "\n".join(L) + "\n"
 
 
-def render(text):
-    missing = []
-
-    def sub(m):
-        kind, path = m.group(1), m.group(2)
-        gone = [p for p in path.split(",") if not os.path.exists(os.path.join(ROOT, p))]
-        if gone:
-            missing.extend(gone)
-            return m.group(0)
-        body = {"trace-table": table, "hidden-table": hidden, "ranks-table": ranks}[kind](path)
-        return "<!-- %s: %s -->\n%s<!-- /%s -->\n" % (kind, path, body, kind)
-
-    return MARK.sub(sub, text), missing
-
-
 def main():
     if len(sys.argv) != 3 or sys.argv[1] not in ("--write", "--check"):
         sys.exit(__doc__)
-    readme = sys.argv[2]
-    text = open(readme).read()
-    if not MARK.search(text):
-        print("%s has no trace-table marker" % readme)
-        return 1
-    new, missing = render(text)
-    if sys.argv[1] == "--write":
-        open(readme, "w").write(new)
-        print("wrote the tracer tables into %s" % readme)
-        return 0
-    if missing:
-        print("no results file %s" % ", ".join(missing))
-        return 3
-    if new != text:
-        print("README's tracer tables differ from their results files: "
-              "python3 scripts/trace_corpus/readme_table.py --write README.md")
-        return 1
-    print("README's tracer tables match their results files")
-    return 0
+    return readme_blocks.main(
+        sys.argv[1], sys.argv[2], {"trace-table": table, "hidden-table": hidden, "ranks-table": ranks},
+        "tracer tables", "python3 scripts/trace_corpus/readme_table.py --write README.md", 1)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ def _mode_class():
         aten._scaled_dot_product_efficient_attention.default:
             lambda a: [0] + ([1] if a[4] else []),
     }
-    from .refuse import not_modelled_ops
+    from .refuse import not_modelled_ops, on_fake_cuda
 
     not_modelled = not_modelled_ops()  # refused by name (refuse.py)
     fake_errors = (DataDependentOutputException, DynamicOutputShapeException,
@@ -134,8 +134,7 @@ def _mode_class():
                     return 1.0
                 return 1
             why = not_modelled.get(func)
-            if why is not None and any(isinstance(a, FakeTensor) and a.device.type == "cuda"
-                                       for a in _flat(args, kwargs)):
+            if why is not None and on_fake_cuda(args, kwargs):
                 raise UnsupportedOp(func, why)
             if func is pin_memory:
                 # page-locked host memory: not the GPU's, and a fake tensor has no pages

@@ -40,14 +40,13 @@ def not_modelled_ops():
     return out
 
 
-def _fake_cuda(x):
+def on_fake_cuda(args, kwargs):
+    """Whether a call's arguments hold a fake CUDA tensor (the trace's), at any depth."""
+    import torch.utils._pytree as pytree
     from torch._subclasses.fake_tensor import FakeTensor
 
-    if isinstance(x, FakeTensor):
-        return x.device.type == "cuda"
-    if isinstance(x, (list, tuple)):
-        return any(_fake_cuda(y) for y in x)
-    return False
+    return any(isinstance(a, FakeTensor) and a.device.type == "cuda"
+               for a in pytree.tree_leaves((args, kwargs)))
 
 
 class RnnRefusal:
@@ -62,7 +61,7 @@ class RnnRefusal:
             return fn
 
         def refuse_on_cuda(*args, **kwargs):
-            if _fake_cuda(args) or _fake_cuda(tuple(kwargs.values())):
+            if on_fake_cuda(args, kwargs):
                 raise UnsupportedOp(getattr(torch.ops.aten, name), RNN_WHY)
             return fn(*args, **kwargs)
 

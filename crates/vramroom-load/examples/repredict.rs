@@ -1,10 +1,11 @@
-//! `cargo run --release -p vramroom-load --example repredict -- RESULTS_JSON SNAPSHOT [--slices US]`
+//! `cargo run --release -p vramroom-load --example repredict -- RESULTS_JSON SNAPSHOT [--slices US | --lockstep]`
 //!
 //! Recomputes `vramroom http --predict` from a gentle run's files, without the service: its
 //! results.json (for what only the live service knew: each device's capacity and fraction, the
 //! overhead NVML saw, the configs, the target concurrency) and the probe's snapshot of that
 //! run (scripts/services/pack_gentle.py keeps both). Prints the prediction as JSON. `--slices
-//! US` replays concurrent requests in GIL-like slices of US microseconds instead of lockstep.
+//! US` replays concurrent requests in GIL-like slices of US microseconds, `--lockstep` from
+//! aligned starts, instead of the default (staggered).
 use std::collections::BTreeMap;
 
 use serde_json::Value;
@@ -14,15 +15,17 @@ use vramroom_trace::concurrency::Interleave;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a: Vec<String> = std::env::args().collect();
     let (Some(res), Some(snap)) = (a.get(1), a.get(2)) else {
-        return Err("usage: repredict RESULTS_JSON SNAPSHOT [--slices US]".into());
+        return Err("usage: repredict RESULTS_JSON SNAPSHOT [--slices US | --lockstep]".into());
     };
     let interleave = match a.iter().position(|x| x == "--slices") {
         Some(i) => {
             let us = a.get(i + 1).ok_or("--slices needs microseconds")?.parse()?;
             Interleave::Slices { us }
         }
+        None if a.iter().any(|x| x == "--lockstep") => Interleave::Lockstep,
+        None if a.iter().any(|x| x == "--timed") => Interleave::Timed,
         None if a.iter().any(|x| x == "--staggered") => Interleave::Staggered,
-        None => Interleave::Lockstep,
+        None => Interleave::Either,
     };
     let r: Value = serde_json::from_str(&std::fs::read_to_string(res)?)?;
     let pred = &r["http"]["prediction"];

@@ -8,11 +8,18 @@
 //! request helper puts in each entry's `user_metadata`, `vramroom:req=ID;items=N;tokens=N;
 //! bytes=N`, else by the pauses between requests), the trace up to the first request is
 //! replayed exactly (the allocator state the service really had), and then N simulated
-//! workers each run requests drawn from the recorded ones, back to back, in step: one
-//! allocation or free per worker per turn. That is how a saturated GPU paces a service's
-//! threads (see `run_once`), and the load where memory runs out is a saturated one. The
-//! exact allocator decides, under the service's capacity (its memory fraction, or the
-//! device less what the CUDA context and libraries hold), whether and when a request fails.
+//! workers each run requests drawn from the recorded ones, back to back, each starting at a
+//! random point within one average request: requests in flight at a sustained load arrive
+//! at independent times, so their peaks meet by chance, not all at once. Two pacings are run
+//! and the more out of memory counts (`Interleave::Either`): kernel by kernel (one
+//! allocation or free per worker per turn, `Staggered`: a saturated GPU's one queue paces
+//! every thread's launches) and the recorded clock (`Timed`: a handler that waits, on a
+//! sleep or a remote call, holds its memory for the wait). Each worker is a thread of the
+//! server and first allocates what a thread keeps (its cuBLAS handle's workspaces,
+//! `THREAD_WORKSPACES`): N in flight hold N sets, which a gentle run on one connection shows
+//! once. The exact allocator decides, under the service's capacity (its memory fraction, or
+//! the device less what the CUDA context and libraries hold), whether and when a request
+//! fails.
 //!
 //! Which requests meet is chance, so each concurrency is run with several seeds (which
 //! requests each worker draws), and it counts as out of memory when at least half of them are.
@@ -22,13 +29,16 @@
 //! the probe tags its batches `worker=1` with the thread's number) does not stack requests
 //! in memory, whatever the load: only concurrency 1 is replayed (`Workload::one_worker`).
 //!
-//! Lockstep is the default because it matched the GPU: on the nine services of device runs 13
-//! and 16 it is within one ramp step of every observed first OOM but one (GPT-2 scoring under
-//! its own `expandable_segments:True`, predicted 9, observed 24). Two other interleavings
-//! (`Interleave`) were measured on run 16's saved traces (`repredict` example): GIL-like
-//! 5 ms slices and lockstep from staggered starts each get that service right and put four
-//! or five others two or more steps high (two models: 77 and 47 against 16 observed), so they
-//! stay options, not the default.
+//! Why this model: on the nine services of device runs 16 and 17 (their saved gentle traces,
+//! `repredict` example) it is within one ramp step of every observed first OOM (51 ramps)
+//! and of all 17 decided what-if restarts. Lockstep from aligned starts (the default before)
+//! lines every request's peak up at once: GPT-2 scoring, whose peak is one spike of fp32
+//! logits, came out 9 against 24 observed, its replayed peak allocated at 8 in flight twice
+//! the GPU's. GIL-like 5 ms slices put two models at 77 against 16. Without the per-thread
+//! workspaces, staggered was two steps high there (47): 33 MiB a thread is a third of its
+//! cap at 16 threads. Kernel pacing alone misses a handler that holds memory across a wait
+//! (the stub service of tests/predict.rs: 16 against 11); the clock alone puts the
+//! `empty_cache()` service at 35 against 24 to 32.
 
 use std::cmp::Reverse;
 use std::collections::HashMap;
@@ -134,6 +144,10 @@ pub struct Workload {
     pub requests: Vec<Request>,
     /// Requests were told apart by the probe's tags (else by memory given back).
     pub tagged: bool,
+    /// What each thread that serves requests allocates once and keeps (size, stream): its
+    /// cuBLAS handle's workspaces (see `THREAD_WORKSPACES`). Taken out of the first request
+    /// of the trace's first thread; every simulated worker allocates it once.
+    pub thread_state: Vec<(u64, u64)>,
 }
 
 impl Workload {
@@ -146,6 +160,15 @@ impl Workload {
         it.all(|r| r.worker && r.thread == Some(t)).then_some(t)
     }
 }
+
+/// The workspaces PyTorch 2.11 gives each cuBLAS handle through the caching allocator and
+/// keeps (`cuda_hidden.json`'s `cublas_handle_workspace` per architecture: 32 MiB on sm90,
+/// 8 MiB + 128 KiB before it; `cublaslt_workspace`, 1 MiB). Handles are per thread (a
+/// thread-local pool window), so a threaded server holds one set per thread that serves:
+/// N in flight, N sets. A gentle run at one in flight shows one set, inside its first
+/// request; other never-freed allocations of a first request (a model's lazily built cache)
+/// are the process's, not the thread's, so only these sizes count.
+pub const THREAD_WORKSPACES: [u64; 3] = [33_554_432, 8_519_680, 1_048_576];
 
 /// Cut device trace `trace` into requests.
 pub fn split_requests(trace: &[TraceEntry]) -> Workload {
@@ -252,11 +275,69 @@ fn split_tagged(trace: &[TraceEntry]) -> Workload {
             _ => {}
         }
     }
+    let thread_state = take_thread_state(&mut reqs, &owner);
     Workload {
         base_end: base_end.unwrap_or(trace.len()),
         requests: reqs.into_iter().map(Building::done).collect(),
         tagged: true,
+        thread_state,
     }
+}
+
+/// Moves the per-thread workspaces (`THREAD_WORKSPACES` sizes, never freed, allocated in the
+/// first request a thread ran) out of those requests: a worker allocates them once, not
+/// each time it draws that request. Returns the first thread's set.
+fn take_thread_state(
+    reqs: &mut [Building],
+    never_freed: &HashMap<u64, (usize, u32, u64)>,
+) -> Vec<(u64, u64)> {
+    let mut first_of_thread: HashMap<Option<u32>, usize> = HashMap::new();
+    for (i, r) in reqs.iter().enumerate() {
+        first_of_thread.entry(r.thread).or_insert(i);
+    }
+    let firsts: std::collections::HashSet<usize> = first_of_thread.values().copied().collect();
+    let mut taken: HashMap<usize, Vec<u32>> = HashMap::new();
+    for &(r, key, size) in never_freed.values() {
+        if firsts.contains(&r) && THREAD_WORKSPACES.contains(&size) {
+            taken.entry(r).or_default().push(key);
+        }
+    }
+    let mut state = Vec::new();
+    let first = taken.keys().min().copied();
+    for (r, keys) in taken {
+        let b = &mut reqs[r];
+        let mut kept = Vec::with_capacity(b.ops.len());
+        for op in b.ops.drain(..) {
+            match op.op {
+                Op::Alloc { size, stream, key } if keys.contains(&key) => {
+                    if Some(r) == first {
+                        state.push((size, stream));
+                    }
+                }
+                _ => kept.push(op),
+            }
+        }
+        b.ops = kept;
+        b.peak = live_peak(&b.ops);
+    }
+    state
+}
+
+/// The highest live bytes over a request's ops.
+fn live_peak(ops: &[TimedOp]) -> u64 {
+    let mut sizes: HashMap<u32, u64> = HashMap::new();
+    let (mut live, mut peak) = (0u64, 0u64);
+    for o in ops {
+        match o.op {
+            Op::Alloc { size, key, .. } => {
+                sizes.insert(key, size);
+                live += size;
+                peak = peak.max(live);
+            }
+            Op::Free { key } => live = live.saturating_sub(sizes.remove(&key).unwrap_or(0)),
+        }
+    }
+    peak
 }
 
 /// Without tags: the base ends after the last allocation that is never freed. After it,
@@ -316,6 +397,7 @@ fn split_untagged(trace: &[TraceEntry]) -> Workload {
         base_end,
         requests: reqs.into_iter().map(Building::done).collect(),
         tagged: false,
+        thread_state: Vec::new(),
     }
 }
 
@@ -337,7 +419,7 @@ pub struct LoadWhatIf {
 }
 
 /// How concurrent requests' allocations interleave in the replay.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub enum Interleave {
     /// One allocation or free per worker per turn: every request at the same point at once.
     Lockstep,
@@ -347,6 +429,14 @@ pub enum Interleave {
     /// Lockstep, but each worker starts after a random wait of up to one average request:
     /// requests arrive at independent times, so their phases do not line up.
     Staggered,
+    /// The more out of memory of `Staggered` and `Timed` at each concurrency: a service's
+    /// threads are paced by the GPU's queue (kernel by kernel) or by the clock (waits in the
+    /// handler: a sleep, a remote call), and a gentle run cannot tell which.
+    #[default]
+    Either,
+    /// In recorded time: each worker starts at a random moment within one average request
+    /// and runs its requests back to back at their recorded pace, all workers at once.
+    Timed,
 }
 
 impl Default for LoadWhatIf {
@@ -359,7 +449,7 @@ impl Default for LoadWhatIf {
             seeds: 5,
             max_concurrency: 4096,
             size_cap: None,
-            interleave: Interleave::Lockstep,
+            interleave: Interleave::Either,
         }
     }
 }
@@ -436,15 +526,19 @@ fn run_once(
         at: (usize, usize),
         /// Turns to sit out before the first op.
         wait: usize,
+        /// Its thread's workspaces are allocated (`Workload::thread_state`).
+        started: bool,
     }
     let mean_ops = pool.iter().map(|&r| w.requests[r].ops.len()).sum::<usize>() / pool.len().max(1);
+    let per_worker = opts.requests_per_worker;
     let mut workers: Vec<Worker> = (0..n)
         .map(|_| Worker {
-            reqs: (0..opts.requests_per_worker)
+            reqs: (0..per_worker)
                 .map(|_| pool[rng.below(pool.len())])
                 .collect(),
             at: (0, 0),
             wait: 0,
+            started: false,
         })
         .collect();
     if opts.interleave == Interleave::Staggered {
@@ -452,19 +546,59 @@ fn run_once(
             wk.wait = rng.below(mean_ops.max(1));
         }
     }
-    // Round robin. Lockstep: one op per worker per turn: at the load where memory runs out,
-    // the GPU is the bottleneck, every thread's launches wait on the one stream's queue, and
-    // the threads advance in step, each a kernel at a time; allocations and frees follow the
-    // launches. Slices: a worker runs on until its slice of recorded time is spent or its
-    // request ends (the response goes out), as threads under the GIL do. A stage starts all
-    // its workers together, so they start in step too.
+    // Round robin. One op per worker per turn: at the load where memory runs out, the GPU
+    // is the bottleneck, every thread's launches wait on the one stream's queue, and the
+    // threads advance in step, each a kernel at a time; allocations and frees follow the
+    // launches. Staggered workers join after their wait (their requests' phases differ);
+    // lockstep ones all start at once. Slices: a worker runs on until its slice of recorded
+    // time is spent or its request ends (the response goes out), as threads under the GIL do.
     let slice = match opts.interleave {
-        Interleave::Lockstep | Interleave::Staggered => None,
+        Interleave::Lockstep | Interleave::Staggered | Interleave::Timed | Interleave::Either => {
+            None
+        }
         Interleave::Slices { us } => Some(us.max(0)),
     };
     let mut ptrs: HashMap<(u32, usize, u32), u64> = HashMap::new();
     let mut oom = false;
     let mut active: Vec<u32> = (0..n).collect();
+    if opts.interleave == Interleave::Timed {
+        let mean_us =
+            pool.iter().map(|&r| w.requests[r].duration_us).sum::<i64>() / pool.len().max(1) as i64;
+        // (when, worker, when its request began)
+        let mut heap: std::collections::BinaryHeap<Reverse<(i64, u32, i64)>> = (0..n)
+            .map(|k| {
+                let t0 = rng.below(mean_us.max(1) as usize) as i64;
+                Reverse((t0, k, t0))
+            })
+            .collect();
+        'events: while let Some(Reverse((now, k, began))) = heap.pop() {
+            let wk = &mut workers[k as usize];
+            if !wk.started {
+                wk.started = true;
+                if !start_thread(&mut s, w)? {
+                    oom = true;
+                    break 'events;
+                }
+            }
+            let (ri, oi) = wk.at;
+            let Some(req) = wk.reqs.get(ri).map(|&r| &w.requests[r]) else {
+                continue;
+            };
+            if !apply(&mut s, &mut ptrs, k, ri, req.ops[oi].op)? {
+                oom = true;
+                break 'events;
+            }
+            if oi + 1 < req.ops.len() {
+                wk.at = (ri, oi + 1);
+                heap.push(Reverse((began + req.ops[oi + 1].t, k, began)));
+            } else if ri + 1 < wk.reqs.len() {
+                wk.at = (ri + 1, 0);
+                let next = began + req.duration_us;
+                heap.push(Reverse((next.max(now), k, next.max(now))));
+            }
+        }
+        active.clear();
+    }
     'turns: while !active.is_empty() {
         let mut still = Vec::with_capacity(active.len());
         for &k in &active {
@@ -473,6 +607,13 @@ fn run_once(
                 wk.wait -= 1;
                 still.push(k);
                 continue;
+            }
+            if !wk.started {
+                wk.started = true;
+                if !start_thread(&mut s, w)? {
+                    oom = true;
+                    break 'turns;
+                }
             }
             let mut turn_start: Option<i64> = None;
             loop {
@@ -487,24 +628,9 @@ fn run_once(
                     _ => {}
                 }
                 turn_start.get_or_insert(t);
-                match op {
-                    Op::Alloc { size, stream, key } => match s.alloc.malloc(size, stream) {
-                        Ok(a) => {
-                            ptrs.insert((k, ri, key), a.ptr);
-                        }
-                        Err(AllocError::OutOfMemory(_)) => {
-                            oom = true;
-                            break 'turns;
-                        }
-                        Err(e) => return Err(ReplayError::Invalid(e.to_string()).into()),
-                    },
-                    Op::Free { key } => {
-                        if let Some(p) = ptrs.remove(&(k, ri, key)) {
-                            s.alloc
-                                .free(p)
-                                .map_err(|e| ReplayError::Invalid(e.to_string()))?;
-                        }
-                    }
+                if !apply(&mut s, &mut ptrs, k, ri, op)? {
+                    oom = true;
+                    break 'turns;
                 }
                 if oi + 1 < req.ops.len() {
                     wk.at = (ri, oi + 1);
@@ -524,6 +650,46 @@ fn run_once(
         s.alloc.max_memory_reserved(),
         s.alloc.max_memory_allocated(),
     ))
+}
+
+/// One op of worker `k`'s request `ri` on the allocator. Returns false when it ran out.
+fn apply(
+    s: &mut Session,
+    ptrs: &mut HashMap<(u32, usize, u32), u64>,
+    k: u32,
+    ri: usize,
+    op: Op,
+) -> Result<bool, LoadWhatIfError> {
+    match op {
+        Op::Alloc { size, stream, key } => match s.alloc.malloc(size, stream) {
+            Ok(a) => {
+                ptrs.insert((k, ri, key), a.ptr);
+            }
+            Err(AllocError::OutOfMemory(_)) => return Ok(false),
+            Err(e) => return Err(ReplayError::Invalid(e.to_string()).into()),
+        },
+        Op::Free { key } => {
+            if let Some(p) = ptrs.remove(&(k, ri, key)) {
+                s.alloc
+                    .free(p)
+                    .map_err(|e| ReplayError::Invalid(e.to_string()))?;
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// A worker thread's first op: what the thread keeps (`Workload::thread_state`). Returns
+/// false when it ran out.
+fn start_thread(s: &mut Session, w: &Workload) -> Result<bool, LoadWhatIfError> {
+    for &(size, stream) in &w.thread_state {
+        match s.alloc.malloc(size, stream) {
+            Ok(_) => {}
+            Err(AllocError::OutOfMemory(_)) => return Ok(false),
+            Err(e) => return Err(ReplayError::Invalid(e.to_string()).into()),
+        }
+    }
+    Ok(true)
 }
 
 fn plan_device(plan: &ReplayPlan) -> usize {
@@ -570,6 +736,24 @@ fn point_at(
     n: u32,
     opts: &LoadWhatIf,
 ) -> Result<ConcurrencyPoint, LoadWhatIfError> {
+    if opts.interleave == Interleave::Either {
+        let under = |interleave| {
+            let o = LoadWhatIf {
+                interleave,
+                ..opts.clone()
+            };
+            point_at(snapshot, plan, w, pool, n, &o)
+        };
+        let (a, b) = (under(Interleave::Staggered)?, under(Interleave::Timed)?);
+        let mut p = if b.oom_runs > a.oom_runs {
+            b.clone()
+        } else {
+            a.clone()
+        };
+        p.peak_reserved_bytes = a.peak_reserved_bytes.max(b.peak_reserved_bytes);
+        p.peak_allocated_bytes = a.peak_allocated_bytes.max(b.peak_allocated_bytes);
+        return Ok(p);
+    }
     let mut p = ConcurrencyPoint {
         concurrency: n,
         runs: 0,
@@ -790,6 +974,7 @@ mod tests {
             base_end: 0,
             requests,
             tagged: true,
+            thread_state: Vec::new(),
         };
         let batcher = w(vec![req(Some(2), true), req(Some(2), true)]);
         assert_eq!(batcher.one_worker(), Some(2));
@@ -805,5 +990,81 @@ mod tests {
         );
         // an older probe's tags say nothing of threads
         assert_eq!(w(vec![req(None, false)]).one_worker(), None);
+    }
+
+    fn entry(action: TraceAction, addr: u64, size: u64, meta: &str) -> TraceEntry {
+        TraceEntry {
+            action,
+            addr,
+            size,
+            stream: 0,
+            time_us: addr as i64,
+            compile_context: "N/A".into(),
+            user_metadata: meta.into(),
+            frames: None,
+        }
+    }
+
+    #[test]
+    fn a_threads_cublas_workspaces_leave_its_first_request_for_the_thread_state() {
+        use TraceAction::{Alloc, FreeRequested};
+        let r1 = "vramroom:req=1;tokens=8;thread=1";
+        let r2 = "vramroom:req=2;tokens=8;thread=1";
+        let trace = vec![
+            entry(Alloc, 1, 4096, r1),
+            entry(Alloc, 2, 33_554_432, r1), // the handle's workspace: kept
+            entry(Alloc, 3, 1_048_576, r1),  // cuBLASLt's: kept
+            entry(Alloc, 4, 2_097_152, r1),  // a lazily built cache: kept, the process's
+            entry(FreeRequested, 1, 4096, r1),
+            entry(Alloc, 5, 4096, r2),
+            entry(Alloc, 6, 33_554_432, r2), // a later request's: a leak, not the thread's
+            entry(FreeRequested, 5, 4096, r2),
+        ];
+        let w = split_requests(&trace);
+        assert_eq!(w.thread_state, vec![(33_554_432, 0), (1_048_576, 0)]);
+        assert_eq!(
+            w.requests[0].ops.len(),
+            3,
+            "the cache stays in the first request"
+        );
+        assert_eq!(w.requests[0].peak_bytes, 4096 + 2_097_152);
+        assert_eq!(w.requests[1].ops.len(), 3);
+    }
+
+    #[test]
+    fn every_worker_holds_its_own_thread_state() {
+        use TraceAction::{Alloc, FreeRequested};
+        let mut trace = Vec::new();
+        for r in 1..=3u64 {
+            let m = format!("vramroom:req={r};tokens=8;thread=1");
+            let a = r * 0x1000_0000;
+            if r == 1 {
+                trace.push(entry(Alloc, a + 0x800_0000, 33_554_432, &m));
+            }
+            trace.push(entry(Alloc, a, 2 << 20, &m));
+            trace.push(entry(FreeRequested, a, 2 << 20, &m));
+        }
+        let snap = Snapshot {
+            device_traces: vec![trace],
+            ..Snapshot::default()
+        };
+        let w = split_requests(&snap.device_traces[0]);
+        let opts = LoadWhatIf {
+            capacity: Some(1 << 40),
+            seeds: 1,
+            ..LoadWhatIf::default()
+        };
+        let at = |n| {
+            simulate_at(&snap, 0, &w, n, &opts)
+                .unwrap()
+                .peak_allocated_bytes
+        };
+        // 4 threads, 4 workspaces, whichever requests they draw; their requests meet or not
+        let four = at(4);
+        assert!(
+            (4 * 33_554_432..=4 * 33_554_432 + 4 * (2 << 20)).contains(&four),
+            "{four}"
+        );
+        assert!(at(1) <= 33_554_432 + (2 << 20));
     }
 }

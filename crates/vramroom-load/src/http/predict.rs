@@ -171,7 +171,7 @@ pub fn predict(
             memory_limit: Some(limit),
             seeds: opts.seeds.max(1),
             max_concurrency: 1024,
-            interleave: opts.interleave.unwrap_or(Interleave::Lockstep),
+            interleave: opts.interleave.unwrap_or_default(),
             ..Default::default()
         };
         let mut configs = Vec::new();

@@ -1,13 +1,15 @@
 """What a real CUDA embedding backward allocates besides its output, measured on the GPU.
 
-    python measure.py OUT.json [--budget 120]
+    python measure.py OUT.json [--budget 120] [--grid coarse|fine|bag]
 
 For each index count n, vocabulary V, width D, grad dtype, index dtype, padding_idx,
 scale_grad_by_freq and index spread (uniform over V, or only 7 distinct rows), one call of
 aten.embedding_dense_backward (what autograd runs for nn.Embedding) is recorded between two
 markers, as conv/measure.py records a conv: tokens ["o", size] the output, ["t", size] a
 transient, ["f", i] the free of the i-th transient, in order. vramroom.trace.hidden fits its
-rule for the sort path (n > 3072, or scale_grad_by_freq) to these."""
+rule for the sort path (n > 3072, or scale_grad_by_freq) to these. --grid fine: vocabularies
+of 2 to 2048 (where the kernel changes its accumulation), bag: nn.EmbeddingBag's backward
+through autograd (its weight's gradient and temporaries, sum and mean)."""
 import argparse
 import itertools
 import json
@@ -25,6 +27,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--budget", type=float, default=120)
+    ap.add_argument("--grid", default="coarse", choices=["coarse", "fine", "bag"])
     a = ap.parse_args()
     t0 = time.time()
     dev = torch.device("cuda")
@@ -49,6 +52,19 @@ def main():
                       spread="few"),
                  dict(n=n, V=V, D=768, dtype=torch.bfloat16, idx=torch.int64, pad=-1, freq=False,
                       spread="few")]
+    if a.grid == "fine":
+        grid = [dict(n=n, V=V, D=D, dtype=dt, idx=torch.int64, pad=-1, freq=False,
+                     spread="uniform")
+                for n, V, D, dt in itertools.product(
+                    [4096, 16384], [2, 8, 16, 32, 64, 100, 128, 200, 256, 300, 400, 500, 512,
+                                    600, 700, 768, 800, 900, 1024, 2048],
+                    [64, 256, 768, 1024], [torch.float32, torch.bfloat16])]
+    if a.grid == "bag":
+        grid = [dict(n=n, V=V, D=D, dtype=dt, idx=torch.int64, pad=-1, freq=False,
+                     spread="uniform", mode=mode)
+                for n, V, D, dt, mode in itertools.product(
+                    [1024, 4096, 16384, 65536], [1000, 100000], [16, 128],
+                    [torch.float32, torch.float16], ["sum", "mean"])]
     aten = torch.ops.aten
     chunk = 40
     for start in range(0, len(grid), chunk):
@@ -64,6 +80,19 @@ def main():
             idx = torch.randint(0, hi, (c["n"],), device=dev, dtype=c["idx"])
             g = torch.randn(c["n"], c["D"], device=dev, dtype=c["dtype"])
             torch.cuda.synchronize()
+            if "mode" in c:  # through autograd: its weight's grad stays (an output)
+                w = torch.randn(c["V"], c["D"], device=dev, dtype=c["dtype"],
+                                requires_grad=True)
+                offs = torch.arange(0, c["n"], 8, device=dev)
+                out = torch.nn.functional.embedding_bag(idx, w, offs, mode=c["mode"])
+                g = torch.randn_like(out)
+                torch.cuda.synchronize()
+                m = torch.empty(MARK, dtype=torch.uint8, device=dev)
+                out.backward(g)
+                torch.cuda.synchronize()
+                del m, out, g, idx, w, offs
+                done.append(c)
+                continue
             m = torch.empty(MARK, dtype=torch.uint8, device=dev)
             r = aten.embedding_dense_backward(g, idx, c["V"], c["pad"], c["freq"])
             torch.cuda.synchronize()

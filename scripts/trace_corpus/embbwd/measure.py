@@ -1,6 +1,6 @@
 """What a real CUDA embedding backward allocates besides its output, measured on the GPU.
 
-    python measure.py OUT.json [--budget 120] [--grid coarse|fine|bag]
+    python measure.py OUT.json [--budget 120] [--grid coarse|fine|bag|edge]
 
 For each index count n, vocabulary V, width D, grad dtype, index dtype, padding_idx,
 scale_grad_by_freq and index spread (uniform over V, or only 7 distinct rows), one call of
@@ -9,7 +9,8 @@ markers, as conv/measure.py records a conv: tokens ["o", size] the output, ["t",
 transient, ["f", i] the free of the i-th transient, in order. vramroom.trace.hidden fits its
 rule for the sort path (n > 3072, or scale_grad_by_freq) to these. --grid fine: vocabularies
 of 2 to 2048 (where the kernel changes its accumulation), bag: nn.EmbeddingBag's backward
-through autograd (its weight's gradient and temporaries, sum and mean)."""
+through autograd (its weight's gradient and temporaries, sum and mean); edge: vocabularies 256 to 4096 at
+8k to 256k indices."""
 import argparse
 import itertools
 import json
@@ -27,7 +28,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--budget", type=float, default=120)
-    ap.add_argument("--grid", default="coarse", choices=["coarse", "fine", "bag"])
+    ap.add_argument("--grid", default="coarse", choices=["coarse", "fine", "bag", "edge"])
     a = ap.parse_args()
     t0 = time.time()
     dev = torch.device("cuda")
@@ -59,6 +60,13 @@ def main():
                     [4096, 16384], [2, 8, 16, 32, 64, 100, 128, 200, 256, 300, 400, 500, 512,
                                     600, 700, 768, 800, 900, 1024, 2048],
                     [64, 256, 768, 1024], [torch.float32, torch.bfloat16])]
+    if a.grid == "edge":  # where the dense accumulation stops, at many indices per row
+        grid = [dict(n=n, V=V, D=64, dtype=torch.float32, idx=torch.int64, pad=-1, freq=False,
+                     spread="uniform")
+                for n, V in itertools.product(
+                    [8192, 32768, 65536, 131072, 262144],
+                    [256, 257, 384, 511, 512, 513, 600, 700, 768, 800, 900, 1000, 1023, 1024,
+                     1025, 2048, 4096])]
     if a.grid == "bag":
         grid = [dict(n=n, V=V, D=D, dtype=dt, idx=torch.int64, pad=-1, freq=False,
                      spread="uniform", mode=mode)

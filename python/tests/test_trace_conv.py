@@ -40,3 +40,39 @@ def test_reduction_staging_matches_the_h100_snapshots():
     assert outer_staging(4096, 2048, 4, 132, 2048) == (67108864, 64)
     # few rows: the blocks reduce alone, nothing staged
     assert outer_staging(32, 2048, 4, 132, 2048) is None
+
+
+# Embedding backward: every measured call (scripts/trace_corpus/embbwd: H100, PyTorch 2.11,
+# int64 indices, 1024 to 262144 of them, vocabularies 2 to 128256, widths 64 to 1024, fp32,
+# bf16 and fp16, padding_idx or not, values spread or few), its events against the rule's.
+def _embedding_measured():
+    import glob
+    import json
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    pattern = os.path.join(here, "..", "..", "scripts", "trace_corpus", "embbwd", "h100-run2*.json")
+    for path in sorted(glob.glob(pattern)):
+        for e in json.load(open(path))["entries"]:
+            if "mode" not in e and e["idx"] == "int64" and not e["freq"]:
+                yield e
+
+
+def test_embedding_backward_events_match_every_h100_measurement():
+    from vramroom.trace.hidden import embedding_tokens
+
+    elem = {"float32": 4, "bfloat16": 2, "float16": 2}
+    seen = 0
+    for e in _embedding_measured():
+        toks = embedding_tokens(e["n"], e["V"], e["D"], elem[e["dtype"]])
+        if toks is None:  # the output alone
+            assert e["events"] == [["o", e["V"] * e["D"] * elem[e["dtype"]]]], e
+        else:
+            assert [t for t in e["events"] if t[0] != "o"] == [t for t in toks if t[0] != "o"], (
+                e["n"], e["V"], e["D"], e["dtype"])
+        seen += 1
+    if seen == 0:
+        import pytest
+
+        pytest.skip("scripts/trace_corpus/embbwd is not in this tree (a source checkout has it)")
+    assert seen >= 700, seen

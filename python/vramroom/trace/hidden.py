@@ -14,6 +14,10 @@ What each op adds (PyTorch 2.11's CUDA path):
   returning; backward: grad_input, its workspace (freed), grad_weight, its workspace
   (freed), grad_bias.
 - cuDNN attention forward: a small workspace freed at once (sdpa.py picks the backend).
+- embedding backward (embedding_dense_backward) over more than 3072 int64 indices: the sort
+  path's index buffers and cub scratch around grad_weight, then either per-partial-segment
+  sums or, for a small vocabulary with many indices per row, a dense accumulation
+  (embedding_tokens; measured on an H100 by scripts/trace_corpus/embbwd/measure.py).
 """
 
 import json
@@ -98,6 +102,7 @@ class Hidden:
 
         self.rec = rec
         self.gpu = gpu
+        self._i64 = torch.int64
         self.row = load_table()["archs"][gpu.arch]
         self.conv = _conv_table(self.row.get("conv_workspace_table"))
         self.conv_ev = _conv_events(self.row.get("conv_events_table"))
@@ -124,6 +129,7 @@ class Hidden:
         self.output_order = {a.native_dropout.default: (1, 0)}
         self.contig = {a.native_layer_norm.default: ([0], []),
                        a.native_layer_norm_backward.default: ([1], [0])}
+        self.emb_bwd = {a.embedding_dense_backward.default}
         self.conv_fwd = {a.convolution.default}
         self.conv_bwd = {a.convolution_backward.default}
         self.stats = {"cublas_handles": 0, "cublaslt": 0, "conv_workspaces": 0,
@@ -249,6 +255,16 @@ class Hidden:
         self.stats["conv_measured"] += 1
         return tokens_at(pts, x.shape[0])
 
+    def embedding_tokens(self, args):
+        """embedding_dense_backward(grad, indices, num_weights, padding_idx,
+        scale_grad_by_freq)'s allocations as event tokens (embedding_tokens)."""
+        g, idx = args[0], args[1]
+        freq = bool(args[4]) if len(args) > 4 else False
+        if idx.dtype != self._i64 or g.dim() < 1:
+            return None
+        return embedding_tokens(idx.numel(), int(args[2]), int(g.shape[-1]),
+                                g.element_size(), freq)
+
     def replay_tokens(self, toks, outs, frames):
         """Replays measured events: outs (the fake op's cuda outputs, in the op's order)
         take the "o" places; transients are allocated and freed where measured. False
@@ -290,6 +306,57 @@ class Hidden:
 
 def _ceil(a, m):
     return (a + m - 1) // m * m
+
+
+def embedding_tokens(n, n_w, d, elem, freq=False):
+    """embedding_dense_backward's allocations over n int64 indices into a (n_w, d) table
+    whose grad has `elem`-byte elements, as event tokens around its output (grad_weight),
+    or None where the output is all (up to 3072 indices: one kernel into a zeroed
+    grad_weight) or the path is unmeasured (scale_grad_by_freq: the output only). The sort
+    path, as PyTorch 2.11 runs it on an H100 (scripts/trace_corpus/embbwd/h100-run2*.json;
+    independent of the index values and of padding_idx): sorted and original positions and
+    an arange (8n each) and cub's radix-sort scratch, the arange and scratch freed;
+    grad_weight; segment offsets (8n), a count (8), unique_by_key's 8n and scratch, freed;
+    two per-segment arrays over S = min(n, V) rows and a scan's scratch, freed; a count
+    (8); partial-segment offsets over P = n // 10 + S; then the partial sums, P x d in fp32
+    (the grad's dtype if wider), or, when V < 557 and P >= 4V (measured: dense at V 513 and
+    at 32 indices a row, sums at V 600 and at 27), a second 8P and, for fp16/bf16, an fp32
+    V x d accumulator. Everything but grad_weight is freed last to first, as measured."""
+    if freq or n <= 3072:
+        return None
+    s = min(n, n_w)
+    p = n // 10 + s
+    a8 = 8 * n
+    toks = [["t", a8], ["t", a8], ["t", a8], ["t", _cub_sort_pairs(n)], ["f", 3], ["f", 2],
+            ["o", 0],
+            ["t", a8], ["t", 8], ["t", a8], ["t", _cub_lookback(n, 4608)], ["f", 7], ["f", 6],
+            ["t", 8 * s], ["t", 8 * s], ["t", _cub_lookback(s, 896)], ["f", 10],
+            ["t", 8], ["t", 8 * p]]
+    if n_w < 557 and p >= 4 * n_w:
+        toks.append(["t", 8 * p])
+        if elem < 4:
+            toks.append(["t", 4 * n_w * d])
+    else:
+        toks.append(["t", p * d * max(4, elem)])
+    last = sum(1 for k, _ in toks if k == "t") - 1
+    toks += [["f", i] for i in range(last, 12, -1)]
+    toks += [["f", i] for i in (12, 11, 9, 8, 5, 4, 1, 0)]
+    return toks
+
+
+def _cub_sort_pairs(n):
+    """cub's scratch for radix_sort_pairs of n int64 keys and values (the embedding
+    backward's sort), as measured: both alternate buffers, the digit histograms, and 1 KiB
+    of lookback per tile of 4608 items; exact at every measured n (embbwd/h100-run2*.json:
+    3073 to 262144)."""
+    return 2 * _ceil(8 * n, 256) + 16384 + 511 + 1024 * -(-n // 4608)
+
+
+def _cub_lookback(n, tile):
+    """cub's scratch for a single-pass scan or unique_by_key over n items: 16-byte tile
+    states for the tiles and 32 warps of padding, 256-aligned, plus 511 of alignment slack
+    (tiles of 4608 items for unique_by_key, 896 for exclusive_sum; exact on the measured n)."""
+    return 511 + _ceil(16 * (-(-n // tile) + 32), 256)
 
 
 def sdpa_backward_scratch(rec, func_name, args):

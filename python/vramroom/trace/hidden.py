@@ -103,6 +103,7 @@ class Hidden:
         self.rec = rec
         self.gpu = gpu
         self._i64 = torch.int64
+        self._aten = torch.ops.aten
         self.row = load_table()["archs"][gpu.arch]
         self.conv = _conv_table(self.row.get("conv_workspace_table"))
         self.conv_ev = _conv_events(self.row.get("conv_events_table"))
@@ -129,7 +130,8 @@ class Hidden:
         self.output_order = {a.native_dropout.default: (1, 0)}
         self.contig = {a.native_layer_norm.default: ([0], []),
                        a.native_layer_norm_backward.default: ([1], [0])}
-        self.emb_bwd = {a.embedding_dense_backward.default}
+        self.emb_bwd = {a.embedding_dense_backward.default, a._embedding_bag_backward.default,
+                        a._embedding_bag_dense_backward.default}
         self.conv_fwd = {a.convolution.default}
         self.conv_bwd = {a.convolution_backward.default}
         self.stats = {"cublas_handles": 0, "cublaslt": 0, "conv_workspaces": 0,
@@ -255,15 +257,28 @@ class Hidden:
         self.stats["conv_measured"] += 1
         return tokens_at(pts, x.shape[0])
 
-    def embedding_tokens(self, args):
-        """embedding_dense_backward(grad, indices, num_weights, padding_idx,
-        scale_grad_by_freq)'s allocations as event tokens (embedding_tokens)."""
+    def embedding_tokens(self, func, args):
+        """An embedding backward's allocations as event tokens (embedding_tokens):
+        embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq),
+        _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size,
+        maximum_indices, num_weights, scale_grad_by_freq, mode, sparse, ...) and its dense
+        part (grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+        scale_grad_by_freq, mode, ...)."""
+        a = self._aten
         g, idx = args[0], args[1]
-        freq = bool(args[4]) if len(args) > 4 else False
-        if idx.dtype != self._i64 or g.dim() < 1:
-            return None
-        return embedding_tokens(idx.numel(), int(args[2]), int(g.shape[-1]),
-                                g.element_size(), freq)
+        mode = 0
+        if func == a.embedding_dense_backward.default:
+            n_w, freq, bag = args[2], args[4] if len(args) > 4 else False, False
+        elif func == a._embedding_bag_backward.default:
+            if len(args) < 10 or args[9]:  # sparse gradients: another kernel
+                return None
+            n_w, freq, mode, bag = args[6], args[7], args[8], True
+        else:
+            n_w, freq, mode, bag = args[5], args[6], args[7], True
+        if idx.dtype != self._i64 or g.dim() < 1 or int(mode) == 2:
+            return None  # max mode: its own kernel
+        return embedding_tokens(idx.numel(), int(n_w), int(g.shape[-1]), g.element_size(),
+                                bool(freq), bag)
 
     def replay_tokens(self, toks, outs, frames):
         """Replays measured events: outs (the fake op's cuda outputs, in the op's order)
@@ -308,7 +323,7 @@ def _ceil(a, m):
     return (a + m - 1) // m * m
 
 
-def embedding_tokens(n, n_w, d, elem, freq=False):
+def embedding_tokens(n, n_w, d, elem, freq=False, bag=False):
     """embedding_dense_backward's allocations over n int64 indices into a (n_w, d) table
     whose grad has `elem`-byte elements, as event tokens around its output (grad_weight),
     or None where the output is all (up to 3072 indices: one kernel into a zeroed
@@ -321,13 +336,17 @@ def embedding_tokens(n, n_w, d, elem, freq=False):
     (8); partial-segment offsets over P = n // 10 + S; then the partial sums, P x d in fp32
     (the grad's dtype if wider), or, when V < 557 and P >= 4V (measured: dense at V 513 and
     at 32 indices a row, sums at V 600 and at 27), a second 8P and, for fp16/bf16, an fp32
-    V x d accumulator. Everything but grad_weight is freed last to first, as measured."""
-    if freq or n <= 3072:
+    V x d accumulator. Everything but grad_weight is freed last to first, as measured.
+    EmbeddingBag's dense backward (bag) takes the sort path at every n (its radix sort of
+    1024 indices or fewer needs one byte of scratch), measured from 1024 to 65536 indices,
+    sum and mean."""
+    if freq or (n <= 3072 and not bag):
         return None
     s = min(n, n_w)
     p = n // 10 + s
     a8 = 8 * n
-    toks = [["t", a8], ["t", a8], ["t", a8], ["t", _cub_sort_pairs(n)], ["f", 3], ["f", 2],
+    sort = 1 if n <= 1024 else _cub_sort_pairs(n)
+    toks = [["t", a8], ["t", a8], ["t", a8], ["t", sort], ["f", 3], ["f", 2],
             ["o", 0],
             ["t", a8], ["t", 8], ["t", a8], ["t", _cub_lookback(n, 4608)], ["f", 7], ["f", 6],
             ["t", 8 * s], ["t", 8 * s], ["t", _cub_lookback(s, 896)], ["f", 10],

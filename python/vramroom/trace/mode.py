@@ -236,7 +236,7 @@ def _mode_class():
             cuda_outs = [t for t in ts if t.device.type == "cuda"]
             # what the CUDA kernel allocates around its outputs (input copies, reduction
             # staging), in hidden.py's event tokens
-            toks = hid.embedding_tokens(args) if func in hid.emb_bwd else None
+            toks = hid.embedding_tokens(func, args) if func in hid.emb_bwd else None
             if toks is None:
                 toks = hid.around_outputs(func, args, len(cuda_outs))
             if toks:

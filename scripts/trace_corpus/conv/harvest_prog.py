@@ -1,0 +1,49 @@
+"""Conv configs a program runs that the measured table lacks: the program is traced on fake
+CUDA (vramroom.trace, H100) and every conv whose shape conv_events_sm90.json does not hold is
+written in convs.json's format, for measure.py.
+
+    PYTHONPATH=python python harvest_prog.py OUT.json PROGRAM.py [PROGRAM.py ...]
+"""
+import json
+import os
+import runpy
+import sys
+
+import vramroom
+from vramroom.trace import hidden
+
+out, progs = sys.argv[1], sys.argv[2:]
+seen, order = {}, []
+orig = hidden.Hidden.conv_tokens
+
+
+def logged(self, pas, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    toks = orig(self, pas, x, w, bias, stride, padding, dilation, transposed, output_padding,
+                groups)
+    if toks is None and x.dim() >= 3:
+        c = dict(input=list(x.shape[1:]), weight=list(w.shape), bias=bool(bias),
+                 stride=list(stride), padding=list(padding), dilation=list(dilation),
+                 transposed=bool(transposed), output_padding=list(output_padding),
+                 groups=int(groups))
+        k = json.dumps(c, sort_keys=True)
+        if k not in seen:
+            seen[k] = c
+            c["models"] = []
+            c["rank"] = len(order)
+            order.append(k)
+        name = os.path.basename(prog)
+        if name not in seen[k]["models"]:
+            seen[k]["models"].append(name)
+    return toks
+
+
+hidden.Hidden.conv_tokens = logged
+for prog in progs:
+    sys.argv = [prog]
+    try:
+        with vramroom.trace(gpu="h100"):
+            runpy.run_path(prog, run_name="__main__")
+    except Exception as e:  # a refused program: its convs up to the refusal still count
+        print("%s: %s" % (os.path.basename(prog), str(e)[:120]))
+json.dump([seen[k] for k in order], open(out, "w"), indent=1)
+print("%d conv configs not in the table, from %d programs" % (len(order), len(progs)))

@@ -325,6 +325,23 @@ def test_inference_mode_runs_the_kernels_no_grad_runs(tmp_path):
     assert [s for s, _ in allocs(im["events"])].count(CUBLAS) == 1
 
 
+def test_host_tensors_move_to_cuda_under_inference_mode(tmp_path):
+    # Under inference_mode Tensor.to reaches the tracer whole; fake mode's constant
+    # propagation would run it for real on a small CPU tensor (transformers' cache does
+    # torch.tensor([], device=...)), which needs a GPU. It allocates what no_grad does.
+    body = """
+    with torch.%s():
+        a = torch.tensor([1.0, 2.0], device="cuda")
+        b = torch.tensor([], dtype=torch.bfloat16, device=torch.device("cuda", 0))
+        c = torch.arange(4).to("cuda", torch.float16)
+        d = torch.ones(1024, 256).to(device="cuda")
+    """
+    ng = run_traced(body % "no_grad", tmp_path)
+    im = run_traced(body % "inference_mode", tmp_path)
+    assert allocs(im["events"]) == allocs(ng["events"])
+    assert [s for s, _ in allocs(im["events"])].count(1024 * 256 * 4) == 1
+
+
 def test_layer_norm_copies_a_non_contiguous_input_as_cuda_does(tmp_path):
     # layer_norm_cuda runs on input.expect_contiguous(): a transposed input is copied before
     # the output (and freed when the op returns); a contiguous one is not.

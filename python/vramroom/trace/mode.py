@@ -40,6 +40,11 @@ def _mode_class():
     pin_memory = aten._pin_memory.default
     is_pinned = aten.is_pinned.default
     add_inplace = aten.add_.Tensor
+    # Tensor.to(...): CompositeImplicit, so it reaches the mode only where autograd's keys
+    # are off (inference_mode). Fake mode's constant propagation would run it for real on a
+    # constant CPU input (torch.tensor([...], device="cuda")), which needs the GPU; its guard
+    # covers _to_copy, which `to` becomes when decomposed.
+    to_ops = {getattr(aten.to, o) for o in aten.to.overloads()}
     ACC_USE_COUNT = 4
     # outputs CUDA allocates, in order: cuDNN: seed, offset, output, stats with grad
     # (args[4] compute_log_sumexp); flash: output, logsumexp, rng state; efficient: output,
@@ -114,6 +119,9 @@ def _mode_class():
         def dispatch(self, func, types, args=(), kwargs=None):
             rec = self._vr
             kwargs = kwargs or {}
+            if func in to_ops:
+                with self:
+                    return func.decompose(*args, **kwargs)
             if func is local_scalar:
                 t = args[0]
                 v = self._vals.get(t)

@@ -67,7 +67,8 @@ def _conv_events(name):
     for e in d["entries"]:
         key = (e["pass"], tuple(e["input"]), tuple(e["weight"]), bool(e["bias"]),
                tuple(e["stride"]), tuple(e["padding"]), tuple(e["dilation"]),
-               bool(e["transposed"]), tuple(e["output_padding"]), int(e["groups"]), e["dtype"])
+               bool(e["transposed"]), tuple(e["output_padding"]), int(e["groups"]), e["dtype"],
+               e.get("layout", "nchw"))
         t[key] = sorted((int(n), toks) for n, toks in e["by_batch"].items())
     return t
 
@@ -104,6 +105,7 @@ class Hidden:
         self.gpu = gpu
         self._i64 = torch.int64
         self._aten = torch.ops.aten
+        self._channels_last = torch.channels_last
         self.row = load_table()["archs"][gpu.arch]
         self.conv = _conv_table(self.row.get("conv_workspace_table"))
         self.conv_ev = _conv_events(self.row.get("conv_events_table"))
@@ -251,7 +253,14 @@ class Hidden:
         key = (pas, tuple(x.shape[1:]), tuple(w.shape), bool(bias), tuple(stride),
                tuple(padding), tuple(dilation), bool(transposed), tuple(output_padding),
                int(groups), str(x.dtype).replace("torch.", ""))
-        pts = self.conv_ev.get(key)
+        # cuDNN picks other algorithms, with other workspaces, for channels_last (NHWC)
+        # tensors: their own measurements where the table has them, else the NCHW ones
+        pts = None
+        if any(t.dim() == 4 and not t.is_contiguous()
+               and t.is_contiguous(memory_format=self._channels_last) for t in (x, w)):
+            pts = self.conv_ev.get(key + ("channels_last",))
+        if not pts:
+            pts = self.conv_ev.get(key + ("nchw",))
         if not pts:
             return None
         self.stats["conv_measured"] += 1

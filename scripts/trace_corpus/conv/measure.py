@@ -69,6 +69,11 @@ def main():
     ap.add_argument("--batches", default="1,2,4,8,16,32,64")
     ap.add_argument("--skip", type=int, default=0, help="start at this config (a second call)")
     ap.add_argument("--max-bytes", type=float, default=3e9, help="skip a call whose input is bigger")
+    ap.add_argument("--channels-last", action="store_true",
+                    help="input and weight in channels_last (model.to(memory_format=...)), 2-d "
+                         "convs only; entries say \"layout\": \"channels_last\"")
+    ap.add_argument("--dtypes", default="float32,bfloat16,float16")
+    ap.add_argument("--models", default="", help="only configs used by these models (a,b)")
     a = ap.parse_args()
     t0 = time.time()
     batches = [int(x) for x in a.batches.split(",")]
@@ -80,7 +85,13 @@ def main():
            "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
            "cuda": torch.version.cuda, "batches": batches,
            "about": __doc__.split("\n\n")[0], "entries": [], "done": False}
-    dtypes = [torch.float32, torch.bfloat16, torch.float16]
+    dtypes = [getattr(torch, d) for d in a.dtypes.split(",")]
+    cl = torch.channels_last if a.channels_last else torch.contiguous_format
+    if a.channels_last:
+        convs = [c for c in convs if len(c["input"]) == 3 and not c["transposed"]]
+    if a.models:
+        want = set(a.models.split(","))
+        convs = [c for c in convs if any(m.split("@")[0] in want for m in c["models"])]
 
     def flush():
         with open(a.out, "w") as f:
@@ -97,13 +108,13 @@ def main():
         torch.cuda.memory._record_memory_history(max_entries=200000, context="alloc",
                                                  stacks="python", clear_history=True)
         for dt in dtypes:
-            w = torch.randn(c["weight"], device=dev, dtype=dt)
+            w = torch.randn(c["weight"], device=dev, dtype=dt).to(memory_format=cl)
             b = torch.randn(c["weight"][1 if c["transposed"] else 0] * (c["groups"] if c["transposed"] else 1), device=dev, dtype=dt) if c["bias"] else None
             for n in batches:
                 shape = [n] + c["input"]
                 if torch.Size(shape).numel() * torch.finfo(dt).bits // 8 > a.max_bytes:
                     continue
-                x = torch.randn(shape, device=dev, dtype=dt)
+                x = torch.randn(shape, device=dev, dtype=dt).to(memory_format=cl)
                 args = (c["stride"], c["padding"], c["dilation"], c["transposed"],
                         c["output_padding"], c["groups"])
                 try:
@@ -144,6 +155,8 @@ def main():
             e = {k: c[k] for k in ("input", "weight", "bias", "stride", "padding", "dilation",
                                    "transposed", "output_padding", "groups")}
             e.update({"dtype": dt, "pass": pas, "by_batch": d})
+            if a.channels_last:
+                e["layout"] = "channels_last"
             doc["entries"].append(e)
         doc["configs_done"] = ci + 1
         doc["elapsed_s"] = round(time.time() - t0, 1)

@@ -87,8 +87,26 @@ enum BenchCommand {
     Http(http_cmd::BenchHttpArgs),
 }
 
+/// `vramroom predict --json | head` ends as `cat | head` does, without a panic: Rust starts
+/// with SIGPIPE ignored, so a write to a closed pipe is an error `println!` panics on. The
+/// default disposition ends the process quietly instead. Not for the commands that talk
+/// HTTP: there a peer closing its socket must be an error the command handles, not a signal.
+fn quiet_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: called once at start, before any thread exists; SIG_DFL is a valid disposition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(
+        cli.command,
+        Command::Serve(_) | Command::Http(_) | Command::Watch(_) | Command::Bench(_)
+    ) {
+        quiet_on_closed_pipe();
+    }
     let result = dispatch(cli.command);
     match result {
         Ok(code) => code,

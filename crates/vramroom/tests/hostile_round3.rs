@@ -310,3 +310,24 @@ fn replay_names_each_rank_file_it_skips() {
         assert!(err.contains(name) && err.contains(why), "{name}: {err}");
     }
 }
+
+/// `vramroom predict --json | true`: the reader is gone before the first write. The command
+/// ends as `cat` does (SIGPIPE, quietly), not with a panic about a broken pipe.
+#[cfg(unix)]
+#[test]
+fn a_closed_pipe_ends_the_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vramroom"))
+        .args(["predict", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader closes at once
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?} {err}", out.status);
+}

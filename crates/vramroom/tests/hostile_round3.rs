@@ -329,5 +329,10 @@ fn a_closed_pipe_ends_the_command_quietly() {
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
-    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?} {err}", out.status);
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?} {err}",
+        out.status
+    );
 }

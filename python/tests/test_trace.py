@@ -192,6 +192,19 @@ def test_bad_input_exits_2(tmp_path):
     assert p.returncode == 2 and "no such script" in p.stderr
 
 
+def test_a_program_that_allocates_nothing_is_a_zero_report(tmp_path):
+    # nothing to replay: peaks of zero under every config, not an error
+    script = tmp_path / "empty.py"
+    script.write_text("import torch\nx = torch.tensor([], device='cuda')\n")
+    p = subprocess.run([sys.executable, "-m", "vramroom.trace", "--json", "--what-if",
+                        "expandable_segments:True", "--", str(script)],
+                       capture_output=True, text=True, env=_env(), timeout=600)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["events"] == 0 and len(r["configs"]) == 2
+    assert all(c["peak_reserved_bytes"] == 0 and not c["oom"] for c in r["configs"])
+
+
 def test_other_pytorch_versions_are_refused(monkeypatch):
     from vramroom.trace import TraceError, check_torch
 

@@ -86,8 +86,15 @@ def main(argv=None):
     from .api import evidence_path  # the diagnosis's evidence, written beside the snapshot
 
     try:
-        rows = replay_snapshot(snap, capacity=capacity, alloc_conf=a.alloc_conf or "", what_if=a.what_if,
-                               evidence=evidence_path(snap))
+        if t.events:
+            rows = replay_snapshot(snap, capacity=capacity, alloc_conf=a.alloc_conf or "",
+                                   what_if=a.what_if, evidence=evidence_path(snap))
+        else:  # nothing on the GPU: nothing to replay, and nothing runs out
+            cap = int(capacity) if str(capacity).isdigit() else None
+            rows = [{"alloc_conf": c or "default", "peak_allocated_bytes": 0,
+                     "peak_reserved_bytes": 0, "num_ooms": 0, "num_alloc_retries": 0,
+                     "capacity_bytes": cap}
+                    for c in [a.alloc_conf or ""] + list(a.what_if or [])]
     except TraceError as e:
         return fail(e)
     finally:

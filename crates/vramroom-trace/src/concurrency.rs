@@ -414,7 +414,7 @@ pub struct LoadWhatIf {
     pub max_concurrency: u32,
     /// Only requests whose main size is at most this (for the caps search).
     pub size_cap: Option<u64>,
-    /// How the workers' ops interleave (see `run_once`).
+    /// How the workers' ops interleave (see `run_turns` and `run_timed`).
     pub interleave: Interleave,
 }
 
@@ -519,21 +519,10 @@ fn run_once(
         s.alloc.set_memory_limit(Some(l));
     }
     let mut rng = Rng::new(seed ^ (u64::from(n) << 32) ^ 0x5eed);
-    // Per worker: its requests, drawn up front, and where it is.
-    struct Worker {
-        reqs: Vec<usize>,
-        /// (request position, op index)
-        at: (usize, usize),
-        /// Turns to sit out before the first op.
-        wait: usize,
-        /// Its thread's workspaces are allocated (`Workload::thread_state`).
-        started: bool,
-    }
     let mean_ops = pool.iter().map(|&r| w.requests[r].ops.len()).sum::<usize>() / pool.len().max(1);
-    let per_worker = opts.requests_per_worker;
     let mut workers: Vec<Worker> = (0..n)
         .map(|_| Worker {
-            reqs: (0..per_worker)
+            reqs: (0..opts.requests_per_worker)
                 .map(|_| pool[rng.below(pool.len())])
                 .collect(),
             at: (0, 0),
@@ -546,60 +535,51 @@ fn run_once(
             wk.wait = rng.below(mean_ops.max(1));
         }
     }
-    // Round robin. One op per worker per turn: at the load where memory runs out, the GPU
-    // is the bottleneck, every thread's launches wait on the one stream's queue, and the
-    // threads advance in step, each a kernel at a time; allocations and frees follow the
-    // launches. Staggered workers join after their wait (their requests' phases differ);
-    // lockstep ones all start at once. Slices: a worker runs on until its slice of recorded
-    // time is spent or its request ends (the response goes out), as threads under the GIL do.
-    let slice = match opts.interleave {
-        Interleave::Lockstep | Interleave::Staggered | Interleave::Timed | Interleave::Either => {
-            None
+    let oom = match opts.interleave {
+        Interleave::Timed => {
+            let mean_us = pool.iter().map(|&r| w.requests[r].duration_us).sum::<i64>()
+                / pool.len().max(1) as i64;
+            run_timed(&mut s, w, &mut workers, mean_us, &mut rng)?
         }
-        Interleave::Slices { us } => Some(us.max(0)),
+        Interleave::Slices { us } => run_turns(&mut s, w, &mut workers, Some(us.max(0)))?,
+        Interleave::Lockstep | Interleave::Staggered | Interleave::Either => {
+            run_turns(&mut s, w, &mut workers, None)?
+        }
     };
+    Ok((
+        oom,
+        s.alloc.max_memory_reserved(),
+        s.alloc.max_memory_allocated(),
+    ))
+}
+
+/// A simulated server thread: its requests, drawn up front, and where it is.
+struct Worker {
+    reqs: Vec<usize>,
+    /// (request position, op index)
+    at: (usize, usize),
+    /// Turns to sit out before the first op.
+    wait: usize,
+    /// Its thread's workspaces are allocated (`Workload::thread_state`).
+    started: bool,
+}
+
+/// Round robin. One op per worker per turn: at the load where memory runs out, the GPU is
+/// the bottleneck, every thread's launches wait on the one stream's queue, and the threads
+/// advance in step, each a kernel at a time; allocations and frees follow the launches.
+/// Staggered workers join after their wait (their requests' phases differ); lockstep ones
+/// all start at once. `slice`: a worker runs on until its slice of recorded time is spent
+/// or its request ends (the response goes out), as threads under the GIL do. Returns
+/// whether it ran out of memory.
+fn run_turns(
+    s: &mut Session,
+    w: &Workload,
+    workers: &mut [Worker],
+    slice: Option<i64>,
+) -> Result<bool, LoadWhatIfError> {
     let mut ptrs: HashMap<(u32, usize, u32), u64> = HashMap::new();
-    let mut oom = false;
-    let mut active: Vec<u32> = (0..n).collect();
-    if opts.interleave == Interleave::Timed {
-        let mean_us =
-            pool.iter().map(|&r| w.requests[r].duration_us).sum::<i64>() / pool.len().max(1) as i64;
-        // (when, worker, when its request began)
-        let mut heap: std::collections::BinaryHeap<Reverse<(i64, u32, i64)>> = (0..n)
-            .map(|k| {
-                let t0 = rng.below(mean_us.max(1) as usize) as i64;
-                Reverse((t0, k, t0))
-            })
-            .collect();
-        'events: while let Some(Reverse((now, k, began))) = heap.pop() {
-            let wk = &mut workers[k as usize];
-            if !wk.started {
-                wk.started = true;
-                if !start_thread(&mut s, w)? {
-                    oom = true;
-                    break 'events;
-                }
-            }
-            let (ri, oi) = wk.at;
-            let Some(req) = wk.reqs.get(ri).map(|&r| &w.requests[r]) else {
-                continue;
-            };
-            if !apply(&mut s, &mut ptrs, k, ri, req.ops[oi].op)? {
-                oom = true;
-                break 'events;
-            }
-            if oi + 1 < req.ops.len() {
-                wk.at = (ri, oi + 1);
-                heap.push(Reverse((began + req.ops[oi + 1].t, k, began)));
-            } else if ri + 1 < wk.reqs.len() {
-                wk.at = (ri + 1, 0);
-                let next = began + req.duration_us;
-                heap.push(Reverse((next.max(now), k, next.max(now))));
-            }
-        }
-        active.clear();
-    }
-    'turns: while !active.is_empty() {
+    let mut active: Vec<u32> = (0..workers.len() as u32).collect();
+    while !active.is_empty() {
         let mut still = Vec::with_capacity(active.len());
         for &k in &active {
             let wk = &mut workers[k as usize];
@@ -610,9 +590,8 @@ fn run_once(
             }
             if !wk.started {
                 wk.started = true;
-                if !start_thread(&mut s, w)? {
-                    oom = true;
-                    break 'turns;
+                if !start_thread(s, w)? {
+                    return Ok(true);
                 }
             }
             let mut turn_start: Option<i64> = None;
@@ -628,9 +607,8 @@ fn run_once(
                     _ => {}
                 }
                 turn_start.get_or_insert(t);
-                if !apply(&mut s, &mut ptrs, k, ri, op)? {
-                    oom = true;
-                    break 'turns;
+                if !apply(s, &mut ptrs, k, ri, op)? {
+                    return Ok(true);
                 }
                 if oi + 1 < req.ops.len() {
                     wk.at = (ri, oi + 1);
@@ -645,11 +623,62 @@ fn run_once(
         }
         active = still;
     }
-    Ok((
-        oom,
-        s.alloc.max_memory_reserved(),
-        s.alloc.max_memory_allocated(),
-    ))
+    Ok(false)
+}
+
+/// In recorded time: each worker starts at a random moment within one average request
+/// (`mean_us`) and runs its requests back to back at their recorded pace, all at once.
+/// Returns whether it ran out of memory.
+fn run_timed(
+    s: &mut Session,
+    w: &Workload,
+    workers: &mut [Worker],
+    mean_us: i64,
+    rng: &mut Rng,
+) -> Result<bool, LoadWhatIfError> {
+    let mut ptrs: HashMap<(u32, usize, u32), u64> = HashMap::new();
+    // (when, worker, when its request began)
+    let mut heap: std::collections::BinaryHeap<Reverse<(i64, u32, i64)>> = (0..workers.len()
+        as u32)
+        .map(|k| {
+            let t0 = rng.below(mean_us.max(1) as usize) as i64;
+            Reverse((t0, k, t0))
+        })
+        .collect();
+    while let Some(Reverse((now, k, began))) = heap.pop() {
+        let wk = &mut workers[k as usize];
+        if !wk.started {
+            wk.started = true;
+            if !start_thread(s, w)? {
+                return Ok(true);
+            }
+        }
+        let (ri, oi) = wk.at;
+        let Some(req) = wk.reqs.get(ri).map(|&r| &w.requests[r]) else {
+            continue;
+        };
+        if !apply(s, &mut ptrs, k, ri, req.ops[oi].op)? {
+            return Ok(true);
+        }
+        if oi + 1 < req.ops.len() {
+            wk.at = (ri, oi + 1);
+            heap.push(Reverse((began + req.ops[oi + 1].t, k, began)));
+        } else if ri + 1 < wk.reqs.len() {
+            wk.at = (ri + 1, 0);
+            let next = (began + req.duration_us).max(now);
+            heap.push(Reverse((next, k, next)));
+        }
+    }
+    Ok(false)
+}
+
+/// The allocator's answer to one request: its address, or None when it ran out.
+fn try_malloc(s: &mut Session, size: u64, stream: u64) -> Result<Option<u64>, LoadWhatIfError> {
+    match s.alloc.malloc(size, stream) {
+        Ok(a) => Ok(Some(a.ptr)),
+        Err(AllocError::OutOfMemory(_)) => Ok(None),
+        Err(e) => Err(ReplayError::Invalid(e.to_string()).into()),
+    }
 }
 
 /// One op of worker `k`'s request `ri` on the allocator. Returns false when it ran out.
@@ -661,12 +690,11 @@ fn apply(
     op: Op,
 ) -> Result<bool, LoadWhatIfError> {
     match op {
-        Op::Alloc { size, stream, key } => match s.alloc.malloc(size, stream) {
-            Ok(a) => {
-                ptrs.insert((k, ri, key), a.ptr);
+        Op::Alloc { size, stream, key } => match try_malloc(s, size, stream)? {
+            Some(p) => {
+                ptrs.insert((k, ri, key), p);
             }
-            Err(AllocError::OutOfMemory(_)) => return Ok(false),
-            Err(e) => return Err(ReplayError::Invalid(e.to_string()).into()),
+            None => return Ok(false),
         },
         Op::Free { key } => {
             if let Some(p) = ptrs.remove(&(k, ri, key)) {
@@ -683,10 +711,8 @@ fn apply(
 /// false when it ran out.
 fn start_thread(s: &mut Session, w: &Workload) -> Result<bool, LoadWhatIfError> {
     for &(size, stream) in &w.thread_state {
-        match s.alloc.malloc(size, stream) {
-            Ok(_) => {}
-            Err(AllocError::OutOfMemory(_)) => return Ok(false),
-            Err(e) => return Err(ReplayError::Invalid(e.to_string()).into()),
+        if try_malloc(s, size, stream)?.is_none() {
+            return Ok(false);
         }
     }
     Ok(true)

@@ -9,6 +9,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use crate::driver_va::DriverVa;
 use crate::event::StreamId;
 
 /// Why a device call failed.
@@ -91,9 +92,13 @@ const SIM_BASE: u64 = 0x7f00_0000_0000;
 /// How far ahead a `malloc` looks for a hint of its size.
 const HINT_LOOKAHEAD: usize = 64;
 const SIM_ALIGN: u64 = 2 << 20;
+/// The driver model's chunks stay above this (far below any hint or reservation).
+const DRIVER_FLOOR: u64 = 0x1000_0000_0000;
 
 /// Accounting only: a capacity in bytes and deterministic addresses. Replay and tests run on
-/// it. Addresses grow monotonically and are never reused, so a run is reproducible.
+/// it. Addresses are deterministic, so a run is reproducible: a recorded address when a hint
+/// gives one, else the driver's placement after [`SimDevice::use_driver_addresses`], else the
+/// next fresh range (addresses that grow and are never reused).
 ///
 /// Events complete at once unless their stream is held with [`SimDevice::hold_stream`]; a
 /// held stream's events complete in order, one at each [`SimDevice::advance_stream`], or
@@ -119,6 +124,9 @@ pub struct SimDevice {
     reserve_hints: std::collections::VecDeque<u64>,
     /// Live ranges by start, to refuse a hint that would overlap.
     live: std::collections::BTreeMap<u64, u64>,
+    /// The driver's placement, for `malloc`s without a hint (see `driver_va`); off, addresses
+    /// grow with time.
+    driver: Option<DriverVa>,
 }
 
 impl SimDevice {
@@ -138,7 +146,13 @@ impl SimDevice {
             malloc_hints: Default::default(),
             reserve_hints: Default::default(),
             live: Default::default(),
+            driver: None,
         }
+    }
+    /// Place `malloc`s without a hint as the CUDA driver does (`driver_va`'s model) instead of
+    /// at ever-growing addresses: for replays of traces that recorded no addresses.
+    pub fn use_driver_addresses(&mut self) {
+        self.driver.get_or_insert_with(DriverVa::default);
     }
     /// Prefer these (size, address) pairs for the next `malloc`s of matching size.
     pub fn set_malloc_hints(&mut self, hints: impl IntoIterator<Item = (u64, u64)>) {
@@ -269,6 +283,10 @@ impl Device for SimDevice {
             .position(|&(s, _)| s == size)
             .and_then(|i| self.malloc_hints.remove(i))
             .map(|(_, a)| a);
+        let hint = match (hint, self.driver.as_mut()) {
+            (None, Some(va)) => va.place(size, &self.live, DRIVER_FLOOR, SIM_BASE),
+            (h, _) => h,
+        };
         self.place(size, hint).inspect_err(|_| self.used -= size)
     }
     fn free(&mut self, ptr: u64, size: u64) -> Result<(), DeviceError> {

@@ -28,6 +28,7 @@ pub mod bench;
 mod block;
 pub mod config;
 pub mod device;
+mod driver_va;
 pub mod event;
 mod expandable;
 pub mod history;

@@ -108,6 +108,11 @@ impl<'a> Session<'a> {
                     .map(|e| (e.size, e.addr)),
             )
             .collect();
+        // A trace with no recorded segment (the fake-CUDA tracer's) leaves placement to the
+        // driver model, whose address order decides best-fit ties as the GPU's would.
+        if hints.is_empty() {
+            dev.use_driver_addresses();
+        }
         dev.set_malloc_hints(hints);
         dev.set_reserve_hints(init.reserve_hints.clone());
         dev.hold_stream(plan::NEVER);

@@ -1,0 +1,146 @@
+"""What real CUDA sort, topk, multinomial, cumsum and accumulating index_put_ allocate besides
+their outputs, measured on the GPU.
+
+    python measure.py OUT.json [--budget 150]
+
+Each call is recorded between two markers, as conv/measure.py records a conv: tokens
+["o", size] an output, ["t", size] a transient, ["f", i] the free of the i-th transient, in
+order. vramroom.trace.hidden fits its sort rules to these (cub's radix-sort scratch and the
+index buffers of PyTorch's segmented sorts)."""
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "conv"))
+from measure import MARK, window  # noqa: E402
+
+DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+      "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
+
+
+def grid():
+    g = []
+    cols = [64, 2048, 4096, 4097, 10000, 32000, 50257, 128256, 1000000, 3000000]
+    for rows, n, dt in itertools.product([1, 2, 8, 127, 128, 300], cols,
+                                         ["float32", "bfloat16", "int64"]):
+        if rows * n <= 40_000_000:
+            g.append(dict(op="sort", rows=rows, cols=n, dtype=dt, stable=False, dim=-1))
+    for rows, n in itertools.product([1, 8, 128], [4097, 50257]):
+        g.append(dict(op="sort", rows=rows, cols=n, dtype="float16", stable=False, dim=-1))
+        g.append(dict(op="sort", rows=rows, cols=n, dtype="float32", stable=True, dim=-1))
+        g.append(dict(op="sort", rows=rows, cols=n, dtype="float32", stable=False, dim=0))
+    for rows, n, k, dt in itertools.product([1, 4, 8, 64, 1024], [1000, 50257, 128256, 1000000],
+                                            [1, 5, 50, 100, 1024, 2000],
+                                            ["float32", "bfloat16"]):
+        if k <= n and rows * n <= 40_000_000:
+            g.append(dict(op="topk", rows=rows, cols=n, k=k, dtype=dt, sorted=True))
+    for rows, n, k in itertools.product([1, 8, 1024], [50257, 1000000], [50, 2000]):
+        if rows * n <= 40_000_000:
+            g.append(dict(op="topk", rows=rows, cols=n, k=k, dtype="float32", sorted=False))
+    for rows, n, s, rep in itertools.product([1, 8, 64], [1000, 50257, 128256], [1, 4],
+                                             [False, True]):
+        g.append(dict(op="multinomial", rows=rows, cols=n, samples=s, replacement=rep,
+                      dtype="float32"))
+    for rows, n, dt in itertools.product([1, 8, 1024], [1000, 50257, 1000000, 10000000],
+                                         ["float32", "int64", "bool"]):
+        if rows * n <= 40_000_000:
+            g.append(dict(op="cumsum", rows=rows, cols=n, dtype=dt, dim=-1))
+            if rows > 1:
+                g.append(dict(op="cumsum", rows=rows, cols=n, dtype=dt, dim=0))
+    for n, V, D, dt in itertools.product([1000, 5000, 100000], [1000, 50000], [1, 64, 768],
+                                         ["float32", "bfloat16"]):
+        g.append(dict(op="index_put_acc", n=n, V=V, D=D, dtype=dt))
+    return g
+
+
+def run(c, dev):
+    dt = DT[c["dtype"]]
+    if c["op"] == "index_put_acc":
+        x = torch.zeros(c["V"], c["D"], device=dev, dtype=dt).squeeze(-1)
+        idx = torch.randint(0, c["V"], (c["n"],), device=dev)
+        v = torch.randn((c["n"], c["D"]), device=dev, dtype=dt).squeeze(-1)
+        keep = (x, idx, v)
+        torch.cuda.synchronize()
+        m = torch.empty(MARK, dtype=torch.uint8, device=dev)
+        x.index_put_((idx,), v, accumulate=True)
+        return m, keep, None
+    shape = (c["rows"], c["cols"])
+    if dt == torch.bool:
+        x = torch.rand(shape, device=dev) > 0.5
+    elif dt.is_floating_point:
+        x = torch.rand(shape, device=dev, dtype=dt)
+    else:
+        x = torch.randint(0, 1 << 30, shape, device=dev, dtype=dt)
+    torch.cuda.synchronize()
+    m = torch.empty(MARK, dtype=torch.uint8, device=dev)
+    if c["op"] == "sort":
+        out = torch.sort(x, dim=c["dim"], stable=c["stable"])
+    elif c["op"] == "topk":
+        out = torch.topk(x, c["k"], dim=-1, sorted=c["sorted"])
+    elif c["op"] == "multinomial":
+        out = torch.multinomial(x, c["samples"], replacement=c["replacement"])
+    else:
+        out = torch.cumsum(x, dim=c["dim"])
+    return m, x, out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--budget", type=float, default=150)
+    a = ap.parse_args()
+    t0 = time.time()
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(0)
+    doc = {"gpu": props.name, "arch": "sm%d%d" % (props.major, props.minor),
+           "sms": props.multi_processor_count, "torch": torch.__version__,
+           "cuda": torch.version.cuda, "about": __doc__.split("\n\n")[0], "entries": [],
+           "done": False}
+    g = grid()
+    chunk = 40
+    for start in range(0, len(g), chunk):
+        if time.time() - t0 > a.budget:
+            doc["stopped_at"] = start
+            break
+        part = g[start:start + chunk]
+        torch.cuda.memory._record_memory_history(max_entries=200000, context="alloc",
+                                                 stacks="python", clear_history=True)
+        done = []
+        for c in part:
+            try:
+                m, keep, out = run(c, dev)
+                torch.cuda.synchronize()
+                del m, out, keep
+                done.append(c)
+            except Exception as e:  # noqa: BLE001 - recorded, the grid goes on
+                doc.setdefault("errors", []).append([c, repr(e)[:300]])
+                torch.cuda.synchronize()
+        snap = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(None)
+        torch.cuda.empty_cache()
+        wins = window(snap["device_traces"][0])
+        if len(wins) != len(done):
+            doc.setdefault("mismatch", []).append([start, len(wins), len(done)])
+            continue
+        for c, toks in zip(done, wins):
+            e = dict(c)
+            e["events"] = toks
+            doc["entries"].append(e)
+        with open(a.out, "w") as f:
+            json.dump(doc, f)
+    else:
+        doc["done"] = True
+    doc["seconds"] = round(time.time() - t0, 1)
+    with open(a.out, "w") as f:
+        json.dump(doc, f)
+    print("ops: %d calls in %.1f s, done %s, errors %d" % (
+        len(doc["entries"]), time.time() - t0, doc["done"], len(doc.get("errors", []))))
+
+
+if __name__ == "__main__":
+    main()

@@ -77,3 +77,61 @@ def test_embedding_backward_events_match_every_h100_measurement():
 
         pytest.skip("scripts/trace_corpus/embbwd is not in this tree (a source checkout has it)")
     assert seen >= 800, seen
+
+
+# sort, topk and cumsum: every measured call (scripts/trace_corpus/ops: H100, PyTorch 2.11,
+# device run 26) against vramroom.trace.sorting's rules, token for token.
+def _ops_measured():
+    import json
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    p = os.path.join(here, "..", "..", "scripts", "trace_corpus", "ops", "ops-h100-run26.json")
+    if not os.path.exists(p):
+        return None
+    with open(p) as f:
+        return json.load(f)
+
+
+def test_sort_topk_cumsum_events_match_every_h100_measurement():
+    from vramroom.trace import sorting
+
+    doc = _ops_measured()
+    if doc is None:
+        import pytest
+
+        pytest.skip("scripts/trace_corpus/ops is not in this tree (a source checkout has it)")
+    size = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "bool": 1}
+    seen = 0
+    for e in doc["entries"]:
+        shape = [e.get("rows"), e.get("cols")]
+        if e["op"] == "sort":
+            dim = e["dim"] % 2
+            toks, why = sorting.sort_tokens(shape, dim, size[e["dtype"]], dim == 1)
+        elif e["op"] == "topk":
+            toks, why = sorting.topk_tokens(shape, 1, e["k"], e["sorted"], size[e["dtype"]],
+                                            doc["sms"])
+        elif e["op"] == "cumsum":
+            n = e["rows"] * e["cols"]
+            out = 8 if e["dtype"] in ("bool", "int64") else 4
+            toks = sorting.cumsum_tokens(n, e["cols"] if e["dim"] == -1 else e["rows"],
+                                         size[e["dtype"]], out, e["dtype"] == "bool")
+            toks, why = toks or [["o", 0]], None
+        else:
+            continue
+        assert toks is not None, (e, why)
+        want = [[k, 0] if k == "o" else [k, v] for k, v in e["events"]]
+        assert toks == want, e
+        seen += 1
+    assert seen >= 390, seen
+
+
+def test_sort_refuses_what_was_not_measured():
+    from vramroom.trace import sorting
+
+    toks, why = sorting.sort_tokens([5000, 8], 0, 4, False)
+    assert toks is None and "innermost" in why
+    toks, why = sorting.topk_tokens([1, 100000], 1, 5000, True, 4, 132)
+    assert toks is None and "sorted topk" in why
+    # unsorted, the same topk is modelled
+    assert sorting.topk_tokens([1, 100000], 1, 5000, False, 4, 132)[0] is not None

@@ -134,6 +134,14 @@ class Hidden:
                        a.native_layer_norm_backward.default: ([1], [0])}
         self.emb_bwd = {a.embedding_dense_backward.default, a._embedding_bag_backward.default,
                         a._embedding_bag_dense_backward.default}
+        self.sorting = {a.sort.default: "sort", a.sort.stable: "sort", a.topk.default: "topk",
+                        a.cumsum.default: "cumsum"}
+        # ops whose CUDA kernels take memory no rule here models yet: a warning, not a refusal
+        # (their scratch is transient and small beside the tensors around them)
+        self.unmodelled = {a.multinomial.default: "multinomial's validity checks and its "
+                           "exponential draw (one input-sized fp32 buffer, transient)",
+                           a.index_put_.default: None, a.index_put.default: None,
+                           a._index_put_impl_.default: None}
         self.conv_fwd = {a.convolution.default}
         self.conv_bwd = {a.convolution_backward.default}
         self.stats = {"cublas_handles": 0, "cublaslt": 0, "conv_workspaces": 0,
@@ -289,6 +297,51 @@ class Hidden:
         return embedding_tokens(idx.numel(), int(n_w), int(g.shape[-1]), g.element_size(),
                                 bool(freq), bag)
 
+    def sorting_tokens(self, func, args, kwargs):
+        """sort, topk and cumsum's allocations as event tokens (sorting.py), or None; raises
+        UnsupportedOp where the case was not measured."""
+        from . import sorting
+        from .capture import UnsupportedOp
+
+        kind = self.sorting[func]
+        b = _bind(func, args, kwargs)
+        x = b["self"]
+        if not hasattr(x, "device") or x.device.type != "cuda":
+            return None
+        shape = list(x.shape)
+        nd = max(1, len(shape))
+        dim = b.get("dim", -1) % nd if shape else 0
+        if kind == "sort":
+            inner = x.is_contiguous() and (not shape or all(s == 1 for s in shape[dim + 1:]))
+            toks, why = sorting.sort_tokens(shape, dim, x.element_size(), inner)
+        elif kind == "topk":
+            toks, why = sorting.topk_tokens(shape, dim, int(b["k"]), bool(b.get("sorted", True)),
+                                            x.element_size(), self.gpu.multi_processor_count)
+        else:
+            import torch
+
+            out = b.get("dtype") or (torch.int64 if not x.dtype.is_floating_point and
+                                     not x.dtype.is_complex else x.dtype)
+            elem = torch.empty((), dtype=out, device="meta").element_size()
+            return sorting.cumsum_tokens(x.numel(), shape[dim] if shape else 1,
+                                         x.element_size(), elem, out != x.dtype)
+        if toks is None:
+            raise UnsupportedOp(func, why)
+        return toks
+
+    def unmodelled_warning(self, func, args):
+        """A warning for an op whose CUDA scratch is not modelled, or None."""
+        if func not in self.unmodelled:
+            return None
+        why = self.unmodelled[func]
+        if why is None:  # index_put_: only accumulate=True sorts
+            acc = args[3] if len(args) > 3 else False
+            if not acc:
+                return None
+            why = ("index_put_ with accumulate=True (an advanced-indexing backward): its sort "
+                   "buffers, five of 8 bytes an index and cub's scratch, transient")
+        return "not modelled: " + why
+
     def replay_tokens(self, toks, outs, frames):
         """Replays measured events: outs (the fake op's cuda outputs, in the op's order)
         take the "o" places; transients are allocated and freed where measured. False
@@ -326,6 +379,19 @@ class Hidden:
             # cuDNN only for fp16 (ConvParams::use_cudnn_depthwise)
             return False
         return True
+
+
+def _bind(func, args, kwargs):
+    """{argument name: value} of an aten call, defaults filled in from its schema."""
+    out = {}
+    for i, a in enumerate(func._schema.arguments):
+        if i < len(args) and not a.kwarg_only:
+            out[a.name] = args[i]
+        elif a.name in kwargs:
+            out[a.name] = kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+    return out
 
 
 def _ceil(a, m):

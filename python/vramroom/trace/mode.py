@@ -245,6 +245,12 @@ def _mode_class():
             # what the CUDA kernel allocates around its outputs (input copies, reduction
             # staging), in hidden.py's event tokens
             toks = hid.embedding_tokens(func, args) if func in hid.emb_bwd else None
+            if func in hid.sorting:
+                toks = hid.sorting_tokens(func, args, kwargs)
+            elif func in hid.unmodelled:
+                w = hid.unmodelled_warning(func, args)
+                if w is not None:
+                    rec.warn(w)
             if toks is None:
                 toks = hid.around_outputs(func, args, len(cuda_outs))
             if toks:

@@ -1,0 +1,147 @@
+"""What CUDA's sort, topk and cumsum allocate besides their outputs, as event tokens (see
+hidden.Hidden.replay_tokens): cub's radix-sort and scan scratch and the index buffers of
+PyTorch 2.11's segmented sorts, which fake tensors do not show.
+
+Measured on an H100 (scripts/trace_corpus/ops/measure.py, device run 26: 468 calls; a test
+checks every sort, topk and cumsum call of ops-h100-run26.json against these rules):
+- sort over a dim of n <= 4096: the values and indices, then an 8n index buffer, freed.
+- sort over more: with N elements in S slices, after the outputs
+  - one slice, or slices of a million or more: an 8n index buffer, then each slice's cub
+    radix-sort scratch (allocated and freed per slice);
+  - fewer than 128 slices: two 8N (index, slice) buffers, the sorted keys (N x key), the
+    radix sort's scratch, then a one-pass keys-only sort's scratch;
+  - else: an 8N index buffer and cub's segmented sort scratch (both alternate buffers).
+  The dim must be the innermost contiguous one; otherwise PyTorch copies the input and
+  both outputs first, which was not measured, and the op is refused.
+- topk: nothing, unless the multi-block radix select runs (PyTorch's should_use_multiblock
+  on the slice count and size): then per-slice k-th values, two counters of 8 bytes a slice,
+  per-block digit counts (512 bytes a block), per-slice digit sums (1 KiB), two per-block
+  counters and two cub scans' scratch, all freed. Blocks per slice follow PyTorch's
+  items-per-thread rule from the GPU's SM count. A sorted topk of more than 4096 was not
+  measured and is refused.
+- cumsum: the input converted to the result's dtype first when it differs (bool and
+  integers accumulate in int64); a single scan over the whole tensor adds cub's scan
+  scratch (8-byte tile states over tiles of 1920 for 4-byte values, 16-byte over 896 for
+  8-byte ones; 2-byte values were not measured and take the 4-byte rule).
+
+cub's scratch for radix_sort_pairs(n keys of K bytes, 8-byte values) is both alternate
+buffers, 256-aligned, K passes of 256 8-byte digit bins, 256 of counters, 255 of alignment
+slack and 1 KiB of lookback per tile (tiles of 5632, 5376 and 4608 items for 2-, 4- and
+8-byte keys).
+"""
+
+_TILE = {2: 5632, 4: 5376, 8: 4608}
+SMALL_SORT = 4096
+MAX_SORTED_TOPK = 4096
+
+
+def _a(n):
+    return (n + 255) // 256 * 256
+
+
+def cub_sort_pairs(n, key, val=8):
+    """Scratch of cub's radix_sort_pairs over n keys of `key` bytes (None: unmeasured)."""
+    tile = _TILE.get(key)
+    if tile is None:
+        return None
+    return _a(n * key) + _a(n * val) + key * 2048 + 511 + 1024 * -(-n // tile)
+
+
+def cub_sort_keys_one_pass(n):
+    """Scratch of a one-pass keys-only radix sort of n int64 keys (the slice ids)."""
+    return 2048 + 511 + 1024 * -(-n // 5760)
+
+
+def cub_scan(n, elem):
+    """Scratch of cub's single-pass scan over n values of `elem` bytes."""
+    state, tile = (16, 896) if elem >= 8 else (8, 1920)
+    return 511 + _a(state * (-(-n // tile) + 32))
+
+
+def sort_tokens(shape, dim, key, innermost):
+    """Tokens of aten.sort over `dim` of a tensor of `shape` with `key`-byte elements;
+    `innermost`: the dim is the innermost of a contiguous tensor. Returns (tokens, why): why
+    names an unmeasured case (tokens None)."""
+    numel = 1
+    for s in shape:
+        numel *= s
+    nsort = shape[dim] if shape else 1
+    if numel == 0:
+        return [["o", 0], ["o", 0]], None
+    if nsort <= SMALL_SORT:
+        return [["o", 0], ["o", 0], ["t", 8 * nsort], ["f", 0]], None
+    if not innermost:
+        return None, ("sort of more than %d elements over a dim that is not the innermost "
+                      "contiguous one: PyTorch's copies of it were not measured" % SMALL_SORT)
+    if numel >= 2 ** 31 - 1:
+        return None, "sort of 2^31 elements or more: PyTorch's batched path was not measured"
+    if cub_sort_pairs(1, key) is None:
+        return None, "sort of %d-byte elements: cub's scratch for them was not measured" % key
+    nseg = numel // nsort
+    toks = [["o", 0], ["o", 0]]
+    if nseg == 1 or nsort >= 1000000:
+        toks.append(["t", 8 * nsort])
+        for i in range(nseg):
+            toks += [["t", cub_sort_pairs(nsort, key)], ["f", i + 1]]
+        toks.append(["f", 0])
+    elif nseg < 128:
+        toks += [["t", 8 * numel], ["t", 8 * numel], ["t", key * numel],
+                 ["t", cub_sort_pairs(numel, key)], ["f", 3], ["f", 2],
+                 ["t", cub_sort_keys_one_pass(numel)], ["f", 4], ["f", 1], ["f", 0]]
+    else:
+        toks += [["t", 8 * numel], ["t", _a(key * numel) + _a(8 * numel) + 255], ["f", 1],
+                 ["f", 0]]
+    return toks, None
+
+
+def use_multiblock(slices, size):
+    """PyTorch 2.11's should_use_multiblock (TensorTopK.cpp)."""
+    if slices > 2 ** 32 - 1 or size > 2 ** 32 - 1:
+        return False
+    return ((slices <= 20 and size >= 20000) or
+            (20 < slices <= 40 and size >= 10000) or
+            (40 < slices <= 80 and size >= 8000) or
+            (80 < slices < 200 and size >= 5000) or
+            (200 <= slices < 800 and size >= 3000) or
+            (800 <= slices <= 4000 and size >= 800) or
+            (slices > 4000 and size >= 400))
+
+
+def topk_tokens(shape, dim, k, sorted_, elem, sms):
+    """Tokens of aten.topk (values, indices); (None, why) where unmeasured."""
+    numel = 1
+    for s in shape:
+        numel *= s
+    size = shape[dim] if shape else 1
+    if numel == 0 or size == 0:
+        return [["o", 0], ["o", 0]], None
+    if sorted_ and k > MAX_SORTED_TOPK:
+        return None, ("a sorted topk of more than %d: PyTorch sorts it with at::sort, which "
+                      "was not measured" % MAX_SORTED_TOPK)
+    slices = numel // size
+    if not use_multiblock(slices, size):
+        return [["o", 0], ["o", 0]], None
+    # items per thread: numel over the GPU's resident threads (6 blocks of 256 an SM at 40
+    # registers a thread), clamped to [4, 64]
+    ipt = max(4, min(64, -(-numel // (sms * 6 * 256))))
+    blocks = slices * -(-size // (ipt * 256))
+    toks = [["o", 0], ["o", 0], ["t", slices * elem], ["t", 8 * slices], ["t", 8 * slices],
+            ["t", 512 * blocks], ["t", 1024 * slices], ["t", 4 * blocks], ["t", 4 * blocks],
+            ["t", 1279], ["f", 7], ["t", 1279], ["f", 8]]
+    toks += [["f", i] for i in (6, 5, 4, 3, 2, 1, 0)]
+    return toks, None
+
+
+def cumsum_tokens(numel, size, in_elem, out_elem, converts):
+    """Tokens of aten.cumsum over a dim of `size` of a tensor of `numel` elements;
+    `converts`: the input's dtype differs from the result's."""
+    toks = [["o", 0]]
+    n = 0
+    if converts and numel:
+        toks.append(["t", numel * out_elem])
+        n += 1
+    if numel and numel == size:
+        toks += [["t", cub_scan(numel, out_elem)], ["f", n]]
+    if converts and numel:
+        toks.append(["f", 0])
+    return toks if len(toks) > 1 else None

@@ -137,11 +137,14 @@ class Hidden:
         self.sorting = {a.sort.default: "sort", a.sort.stable: "sort", a.topk.default: "topk",
                         a.cumsum.default: "cumsum"}
         # ops whose CUDA kernels take memory no rule here models yet: a warning, not a refusal
-        # (their scratch is transient and small beside the tensors around them)
+        # (their scratch is transient and small beside the tensors around them); index_put's
+        # only when it accumulates (then it sorts)
+        idx_put = ("index_put_ with accumulate=True (an advanced-indexing backward): its sort "
+                   "buffers, five of 8 bytes an index and cub's scratch, transient")
         self.unmodelled = {a.multinomial.default: "multinomial's validity checks and its "
                            "exponential draw (one input-sized fp32 buffer, transient)",
-                           a.index_put_.default: None, a.index_put.default: None,
-                           a._index_put_impl_.default: None}
+                           a.index_put_.default: idx_put, a.index_put.default: idx_put,
+                           a._index_put_impl_.default: idx_put}
         self.conv_fwd = {a.convolution.default}
         self.conv_bwd = {a.convolution_backward.default}
         self.stats = {"cublas_handles": 0, "cublaslt": 0, "conv_workspaces": 0,
@@ -322,24 +325,18 @@ class Hidden:
 
             out = b.get("dtype") or (torch.int64 if not x.dtype.is_floating_point and
                                      not x.dtype.is_complex else x.dtype)
-            elem = torch.empty((), dtype=out, device="meta").element_size()
             return sorting.cumsum_tokens(x.numel(), shape[dim] if shape else 1,
-                                         x.element_size(), elem, out != x.dtype)
+                                         x.element_size(), out.itemsize, out != x.dtype)
         if toks is None:
             raise UnsupportedOp(func, why)
         return toks
 
-    def unmodelled_warning(self, func, args):
+    def unmodelled_warning(self, func, args, kwargs):
         """A warning for an op whose CUDA scratch is not modelled, or None."""
-        if func not in self.unmodelled:
+        why = self.unmodelled.get(func)
+        if why is None or ("accumulate" in _arg_names(func) and
+                           not _bind(func, args, kwargs).get("accumulate")):
             return None
-        why = self.unmodelled[func]
-        if why is None:  # index_put_: only accumulate=True sorts
-            acc = args[3] if len(args) > 3 else False
-            if not acc:
-                return None
-            why = ("index_put_ with accumulate=True (an advanced-indexing backward): its sort "
-                   "buffers, five of 8 bytes an index and cub's scratch, transient")
         return "not modelled: " + why
 
     def replay_tokens(self, toks, outs, frames):
@@ -379,6 +376,10 @@ class Hidden:
             # cuDNN only for fp16 (ConvParams::use_cudnn_depthwise)
             return False
         return True
+
+
+def _arg_names(func):
+    return [a.name for a in func._schema.arguments]
 
 
 def _bind(func, args, kwargs):

@@ -248,7 +248,7 @@ def _mode_class():
             if func in hid.sorting:
                 toks = hid.sorting_tokens(func, args, kwargs)
             elif func in hid.unmodelled:
-                w = hid.unmodelled_warning(func, args)
+                w = hid.unmodelled_warning(func, args, kwargs)
                 if w is not None:
                     rec.warn(w)
             if toks is None:

@@ -10,6 +10,7 @@
 """
 
 import json
+import logging
 import os
 import runpy
 import shutil
@@ -92,6 +93,35 @@ def run_cli(args, parse_json=True):
     if r.returncode != 0:
         raise TraceError("vramroom %s failed (%d): %s" % (args[0], r.returncode, r.stderr.strip()))
     return json.loads(r.stdout) if parse_json else r.stdout
+
+
+_ENGINE_BARRIER = []
+
+
+def _drain_engine_thread():
+    """Wait until autograd's CUDA device thread has let go of the last backward.
+
+    The engine wakes backward()'s caller before its device thread drops the finished graph
+    task; with fake tensors that drop frees Python objects, so the thread asks for the GIL.
+    A program that ends right after the trace can reach interpreter shutdown first; the
+    thread is then stopped inside C++ ("terminate called without an active exception",
+    PyTorch issue #38228). A tiny backward through the same thread (a fresh FakeTensorMode,
+    nothing recorded) is a barrier: the thread runs its tasks one at a time, so the earlier
+    graph is gone when this one returns, and this one's tensors are all still held here.
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        with FakeTensorMode():
+            x = torch.zeros(1, device="cuda", requires_grad=True)
+            y = x * 2
+            g = torch.ones_like(y)
+            # Kept for the process: released here, the thread's own drop of this graph
+            # could be the last reference again.
+            _ENGINE_BARRIER.append((x, y, g, torch.autograd.grad(y, x, g)))
+    except Exception as e:  # noqa: BLE001 - the trace is complete; only shutdown is at stake
+        logging.getLogger(__name__).debug("autograd device thread not drained: %s", e)
 
 
 class Trace:
@@ -180,6 +210,8 @@ class Trace:
                 setattr(obj, name, old)
             self._saved.clear()
             self._api.restore()
+            if self._rec.engine_thread_used:
+                _drain_engine_thread()
             self.elapsed_s = time.perf_counter() - self._t0
         return False
 

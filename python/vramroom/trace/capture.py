@@ -135,6 +135,7 @@ class Recorder:
         self._frames_cache = {}
         self._lock = threading.RLock()
         self.active = True
+        self.engine_thread_used = False  # autograd's device thread ran our code (api.py)
 
     # ---- streams -------------------------------------------------------------------
     def _new_stream_id(self):
@@ -216,6 +217,7 @@ class Recorder:
                 out.append(fr)
             f = f.f_back
         if threading.get_ident() != self.main_ident:
+            self.engine_thread_used = True
             # Autograd's device thread: the user's frames are where backward() was called.
             mf = sys._current_frames().get(self.main_ident)
             while mf is not None and len(out) < MAX_FRAMES:

@@ -196,8 +196,6 @@ class Trace:
         try:
             self._mode.__exit__(et, ev, tb)
         finally:
-            import gc
-
             self._ev.uninstall()
             self._libs.uninstall()
             from .refuse import RnnRefusal

@@ -416,3 +416,53 @@ def test_dropout_allocates_its_mask_first_and_linear_adds_its_bias_in_place(tmp_
     assert sizes[i + 1:i + 3] == [n, n * 4], sizes  # mask (bool), then the output
     # the linear: its copy of the transposed input, then one output; no second output
     assert sizes.count(64 * 32 * 256 * 4) == 1, sizes
+
+
+def test_isin_a_mask_sum_and_a_decode_step_allocate_what_cuda_does(tmp_path):
+    # Device run 26's beam search (real H100 snapshot, PyTorch 2.11): isin over the
+    # vocabulary makes the cross product's bools and the any's result after its output,
+    # freed later-first; sum() of a bool mask converts it to int64 after the 8-byte result;
+    # cuDNN attention with one query row takes no workspace (prefill: 256 bytes).
+    out = run_traced("""
+    v = torch.arange(32000, device="cuda")
+    hit = torch.isin(v, torch.tensor([2], device="cuda"))
+    mask = torch.ones(16, 256, dtype=torch.bool, device="cuda")
+    full = mask.sum() == mask.numel()
+    q = torch.randn(4, 8, 1, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(4, 8, 300, 64, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, k)
+    """, tmp_path)
+    ev = [(a[:5], s) for a, s, _ in out["events"] if a in ("alloc", "free_requested")]
+    i = ev.index(("alloc", 8))  # the isin's test tensor
+    assert ev[i + 1:i + 6] == [("alloc", 32000), ("alloc", 32000), ("alloc", 32000),
+                               ("free_", 32000), ("free_", 32000)]
+    j = ev.index(("alloc", 4096))  # the mask
+    assert ev[j + 1:j + 4] == [("alloc", 8), ("alloc", 32768), ("free_", 32768)]
+    assert out["hidden"]["sdpa"] == {"cudnn": 1}
+    assert ("alloc", 256) not in ev[ev.index(("alloc", 4 * 8 * 300 * 64 * 2)):]
+
+
+def test_beam_search_runs_to_max_new_tokens(tmp_path):
+    # generate() stops on token values a fake run does not have. Presumed as a run with
+    # min_new_tokens goes: no EOS, and the early-stop heuristic unmet while no beam has
+    # finished; each step's log-softmax is allocated once a step.
+    pytest.importorskip("transformers", reason="needs transformers")
+    body = """
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    m = LlamaForCausalLM(cfg).cuda().eval()
+    ids = torch.randint(0, 128, (1, 16), device="cuda")
+    with torch.no_grad():
+        m.generate(ids, attention_mask=torch.ones_like(ids), num_beams=2, max_new_tokens=%d,
+                   pad_token_id=0, eos_token_id=2)
+    """
+    steps = []
+    for n in (3, 7):
+        out = run_traced(body % n, tmp_path)
+        steps.append(sum(1 for (a, _, _), fr in zip(out["events"], out["frames"])
+                         if a == "alloc" and fr and fr[0][2] == "log_softmax"))
+        assert any(w.startswith("generate(): beam search's early-stop heuristic") for w in out["warnings"])
+        assert any(w.startswith("generate(): a fake sequence's EOS check") for w in out["warnings"])
+    assert steps == [3, 7]

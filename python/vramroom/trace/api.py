@@ -180,7 +180,7 @@ class Trace:
         self._ev = Collector(rec).install()
         from .libs import LibraryPatches  # libraries that branch on fake tensors (libs.py)
 
-        self._libs = LibraryPatches().install()
+        self._libs = LibraryPatches(self._mode._vals, rec.warn).install()
         from .refuse import RnnRefusal  # ops refused by name (refuse.py)
 
         RnnRefusal.install()

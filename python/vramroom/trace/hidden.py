@@ -127,6 +127,12 @@ class Hidden:
         # kernel call (the order seen in real snapshots, e.g. ViT's batch_first attention
         # leaves the residual stream transposed)
         self.reductions = {a.sum.dim_IntList, a.mean.dim}
+        # reductions through ReduceOps' make_reduction: an input of another dtype than the
+        # result is converted first (self.to(result dtype)), after the result, freed when
+        # the kernel returns; half/bf16 into float is read as is (real snapshots: a bool
+        # mask's sum() in transformers' fast_all allocates 8 bytes, then 8 a mask element)
+        self.cast_reductions = {a.sum.default, a.sum.dim_IntList, a.nansum.default,
+                                a.prod.default, a.prod.dim_int, a.mean.default, a.mean.dim}
         # outputs a CUDA kernel allocates in another order than it returns them:
         # native_dropout's mask before its output (real snapshots: BERT, nn.Transformer)
         self.output_order = {a.native_dropout.default: (1, 0)}
@@ -135,7 +141,8 @@ class Hidden:
         self.emb_bwd = {a.embedding_dense_backward.default, a._embedding_bag_backward.default,
                         a._embedding_bag_dense_backward.default}
         self.sorting = {a.sort.default: "sort", a.sort.stable: "sort", a.topk.default: "topk",
-                        a.cumsum.default: "cumsum"}
+                        a.cumsum.default: "cumsum", a.isin.Tensor_Tensor: "isin",
+                        a.isin.Scalar_Tensor: "isin"}
         # ops whose CUDA kernels take memory no rule here models yet: a warning, not a refusal
         # (their scratch is transient and small beside the tensors around them); index_put's
         # only when it accumulates (then it sorts)
@@ -150,22 +157,46 @@ class Hidden:
         self.stats = {"cublas_handles": 0, "cublaslt": 0, "conv_workspaces": 0,
                       "conv_unmeasured": 0, "conv_measured": 0}
 
-    def around_outputs(self, func, args, n_outputs):
+    def around_outputs(self, func, args, kwargs, n_outputs):
         """The op's hidden allocations around its n cuda outputs as event tokens (see
         replay_tokens), or None: the copies of non-contiguous inputs (before the outputs,
-        after them, all freed in the order made), then Reduce.cuh's staging buffer and
-        semaphores (semaphores freed first)."""
+        after them, all freed in the order made), or a reduction's converted input (after
+        the output, freed last); then Reduce.cuh's staging buffer and semaphores
+        (semaphores freed first)."""
         copies = self.contiguous_copies(func, args)
+        cast = self.reduce_cast(func, args, kwargs)
         staged = self.reduce_staging(func, args)
-        if not copies and not staged:
+        if not copies and not staged and not cast:
             return None
         pre, post = copies or ([], [])
         toks = [["t", n] for n in pre] + [["o", 0]] * n_outputs + [["t", n] for n in post]
         toks += [["f", i] for i in range(len(pre) + len(post))]
+        k = len(pre) + len(post)
+        if cast:
+            toks.append(["t", cast])
         if staged:
-            k = len(pre) + len(post)
-            toks += [["t", staged[0]], ["t", staged[1]], ["f", k + 1], ["f", k]]
+            j = k + (1 if cast else 0)
+            toks += [["t", staged[0]], ["t", staged[1]], ["f", j + 1], ["f", j]]
+        if cast:
+            toks.append(["f", k])
         return toks
+
+    def reduce_cast(self, func, args, kwargs):
+        """Bytes of the converted input a sum/prod/mean makes first, or 0."""
+        if func not in self.cast_reductions or not args:
+            return 0
+        import torch
+
+        x = args[0]
+        if not hasattr(x, "device") or x.device.type != "cuda" or x.numel() == 0:
+            return 0
+        out = _bind(func, args, kwargs).get("dtype")
+        if out is None:
+            integral = not (x.dtype.is_floating_point or x.dtype.is_complex)
+            out = torch.int64 if integral and func.overloadpacket.__name__ != "mean" else x.dtype
+        if out == x.dtype or (x.dtype in (torch.float16, torch.bfloat16) and out == torch.float32):
+            return 0
+        return x.numel() * out.itemsize
 
     # -- reductions' global staging (reduce.py) -----------------------------------------
     def reduce_staging(self, func, args):
@@ -301,13 +332,23 @@ class Hidden:
                                 bool(freq), bag)
 
     def sorting_tokens(self, func, args, kwargs):
-        """sort, topk and cumsum's allocations as event tokens (sorting.py), or None; raises
+        """sort, topk, cumsum and isin's allocations as event tokens (sorting.py), or None; raises
         UnsupportedOp where the case was not measured."""
         from . import sorting
         from .capture import UnsupportedOp
 
         kind = self.sorting[func]
         b = _bind(func, args, kwargs)
+        if kind == "isin":
+            test = b["test_elements"]
+            el = b["elements"]
+            if not hasattr(test, "device") or test.device.type != "cuda":
+                return None
+            toks = sorting.isin_tokens(el.numel() if hasattr(el, "numel") else 1, test.numel())
+            if toks is None:
+                self.rec.warn("not modelled: isin with a large test set (it sorts; its sort "
+                              "buffers are transient)")
+            return toks
         x = b["self"]
         if not hasattr(x, "device") or x.device.type != "cuda":
             return None

@@ -252,7 +252,7 @@ def _mode_class():
                 if w is not None:
                     rec.warn(w)
             if toks is None:
-                toks = hid.around_outputs(func, args, len(cuda_outs))
+                toks = hid.around_outputs(func, args, kwargs, len(cuda_outs))
             if toks:
                 fr = rec._frames()
                 hid.replay_tokens(toks, cuda_outs, fr)

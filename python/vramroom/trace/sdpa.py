@@ -85,7 +85,10 @@ def make_sdpa(orig, rec, row, is_fake):
         if which == "cudnn":
             out = aten._scaled_dot_product_cudnn_attention(
                 query, key, value, attn_mask, need_grad, dropout_p, is_causal, False, scale=scale)
-            rec.hidden_temp(row.get("cudnn_attention_fwd_workspace", 0))
+            if query.shape[-2] > 1:
+                # one query row (a decode step) needs none: all real decode steps of the
+                # corpus (GPT-2, Llama, beam search) allocate no workspace, prefill 256 B
+                rec.hidden_temp(row.get("cudnn_attention_fwd_workspace", 0))
             return out[0]
         if which == "flash":
             out = aten._scaled_dot_product_flash_attention(

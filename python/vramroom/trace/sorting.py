@@ -24,6 +24,13 @@ checks every sort, topk and cumsum call of ops-h100-run26.json against these rul
   scratch (8-byte tile states over tiles of 1920 for 4-byte values, 16-byte over 896 for
   8-byte ones; 2-byte values were not measured and take the 4-byte rule).
 
+isin (elements, test elements) takes PyTorch's brute-force kernel while the test set is
+small (fewer than 10 x numel(elements)^0.145): `out.copy_(elements.unsqueeze(-1).eq(test)
+.any(-1))`, so the cross product's bools and the any's result come after the output and
+go at the end of that expression, the later first (device run 26's beam search: three
+allocations of the vocabulary's size a call, where the fake kernel makes one). Larger test
+sets sort them (not measured: a warning).
+
 cub's scratch for radix_sort_pairs(n keys of K bytes, 8-byte values) is both alternate
 buffers, 256-aligned, K passes of 256 8-byte digit bins, 256 of counters, 255 of alignment
 slack and 1 KiB of lookback per tile (tiles of 5632, 5376 and 4608 items for 2-, 4- and
@@ -145,3 +152,12 @@ def cumsum_tokens(numel, size, in_elem, out_elem, converts):
     if converts and numel:
         toks.append(["f", 0])
     return toks if len(toks) > 1 else None
+
+
+def isin_tokens(n_elements, n_test):
+    """isin's allocations, or None on the (unmeasured) sorting path."""
+    if n_elements == 0 or n_test == 0:
+        return [["o", 0]]
+    if n_test < int(10.0 * n_elements ** 0.145):
+        return [["o", 0], ["t", n_elements * n_test], ["t", n_elements], ["f", 1], ["f", 0]]
+    return None

@@ -69,6 +69,18 @@ class Values:
             return UNKNOWN
         return UNKNOWN
 
+    def known(self, t):
+        """The value every element of fake tensor `t` holds, or None when unknown."""
+        v = self.get(t)
+        return None if v is UNKNOWN else v
+
+    def presume(self, t, value):
+        """Give `t`'s storage a value the program's data would decide (libs.py says which
+        and why); the caller warns."""
+        k = self.key(t)
+        if k is not None:
+            self.v[k] = _cast(value, t.dtype)
+
     def _rules(self):
         K = UNKNOWN
         g = self.get

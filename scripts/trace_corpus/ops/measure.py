@@ -1,7 +1,11 @@
 """What real CUDA sort, topk, multinomial, cumsum and accumulating index_put_ allocate besides
 their outputs, measured on the GPU.
 
-    python measure.py OUT.json [--budget 150]
+    python measure.py OUT.json [--budget 150] [--set run26|run27]
+
+--set run27 measures instead isin (brute force and sorting paths), sum/prod/mean/nansum of
+inputs whose dtype is not the result's, and cuDNN attention's forward workspace by query
+length (device run 27).
 
 Each call is recorded between two markers, as conv/measure.py records a conv: tokens
 ["o", size] an output, ["t", size] a transient, ["f", i] the free of the i-th transient, in
@@ -58,7 +62,68 @@ def grid():
     return g
 
 
+def grid27():
+    g = []
+    for ne, nt, inv in itertools.product([1, 100, 32000, 1000000], [1, 3, 10, 44, 45, 100, 5000],
+                                         [False, True]):
+        g.append(dict(op="isin", n=ne, t=nt, invert=inv, dtype="int64"))
+    g.append(dict(op="isin", n=32000, t=1, invert=False, dtype="int32"))
+    for op, dt, shape, dim, out in itertools.product(
+            ["sum", "prod", "mean", "nansum"],
+            ["bool", "int32", "int64", "uint8", "float16", "bfloat16", "float32"],
+            [(16, 256), (2048, 4096)], [None, -1, 0], [None, "float32", "float64"]):
+        if op == "mean" and (dt in ("bool", "int32", "int64", "uint8") and out is None):
+            continue
+        if op == "nansum" and dt in ("bool",):
+            continue
+        g.append(dict(op=op, dtype=dt, rows=shape[0], cols=shape[1], dim=dim, out=out))
+    for T, S, D, grad, gqa in itertools.product([1, 2, 4, 16, 64, 256], [64, 300, 2048],
+                                                [64, 128], [False, True], [False, True]):
+        g.append(dict(op="sdpa", T=T, S=S, D=D, grad=grad, gqa=gqa, dtype="bfloat16"))
+    return g
+
+
+DT["uint8"] = torch.uint8
+DT["float64"] = torch.float64
+
+
+def run27(c, dev):
+    dt = DT[c["dtype"]]
+    if c["op"] == "isin":
+        x = torch.randint(0, 1000, (c["n"],), device=dev, dtype=dt)
+        t = torch.randint(0, 1000, (c["t"],), device=dev, dtype=dt)
+        torch.cuda.synchronize()
+        m = torch.empty(MARK, dtype=torch.uint8, device=dev)
+        return m, (x, t), torch.isin(x, t, invert=c["invert"])
+    if c["op"] == "sdpa":
+        B, Hq = 4, 8
+        Hk = 2 if c["gqa"] else Hq
+        q = torch.randn(B, Hq, c["T"], c["D"], device=dev, dtype=dt, requires_grad=c["grad"])
+        k = torch.randn(B, Hk, c["S"], c["D"], device=dev, dtype=dt, requires_grad=c["grad"])
+        v = torch.randn(B, Hk, c["S"], c["D"], device=dev, dtype=dt, requires_grad=c["grad"])
+        torch.cuda.synchronize()
+        m = torch.empty(MARK, dtype=torch.uint8, device=dev)
+        with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.CUDNN_ATTENTION]):
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=c["gqa"])
+        return m, (q, k, v), o
+    shape = (c["rows"], c["cols"])
+    if dt == torch.bool:
+        x = torch.rand(shape, device=dev) > 0.5
+    elif dt.is_floating_point:
+        x = torch.rand(shape, device=dev, dtype=dt)
+    else:
+        x = torch.randint(0, 3, shape, device=dev, dtype=dt)
+    torch.cuda.synchronize()
+    kw = {"dtype": DT[c["out"]]} if c["out"] else {}
+    f = getattr(torch, c["op"])
+    m = torch.empty(MARK, dtype=torch.uint8, device=dev)
+    out = f(x, **kw) if c["dim"] is None else f(x, c["dim"], **kw)
+    return m, x, out
+
+
 def run(c, dev):
+    if c["op"] in ("isin", "sdpa", "sum", "prod", "mean", "nansum"):
+        return run27(c, dev)
     dt = DT[c["dtype"]]
     if c["op"] == "index_put_acc":
         x = torch.zeros(c["V"], c["D"], device=dev, dtype=dt).squeeze(-1)
@@ -93,6 +158,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--budget", type=float, default=150)
+    ap.add_argument("--set", default="run26", choices=["run26", "run27"])
     a = ap.parse_args()
     t0 = time.time()
     dev = torch.device("cuda")
@@ -101,7 +167,7 @@ def main():
            "sms": props.multi_processor_count, "torch": torch.__version__,
            "cuda": torch.version.cuda, "about": __doc__.split("\n\n")[0], "entries": [],
            "done": False}
-    g = grid()
+    g = grid() if a.set == "run26" else grid27()
     chunk = 40
     for start in range(0, len(g), chunk):
         if time.time() - t0 > a.budget:

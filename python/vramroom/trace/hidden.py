@@ -142,15 +142,13 @@ class Hidden:
                         a._embedding_bag_dense_backward.default}
         self.sorting = {a.sort.default: "sort", a.sort.stable: "sort", a.topk.default: "topk",
                         a.cumsum.default: "cumsum", a.isin.Tensor_Tensor: "isin",
-                        a.isin.Scalar_Tensor: "isin"}
+                        a.isin.Scalar_Tensor: "isin", a.multinomial.default: "multinomial"}
         # ops whose CUDA kernels take memory no rule here models yet: a warning, not a refusal
         # (their scratch is transient and small beside the tensors around them); index_put's
         # only when it accumulates (then it sorts)
         idx_put = ("index_put_ with accumulate=True (an advanced-indexing backward): its sort "
                    "buffers, five of 8 bytes an index and cub's scratch, transient")
-        self.unmodelled = {a.multinomial.default: "multinomial's validity checks and its "
-                           "exponential draw (one input-sized fp32 buffer, transient)",
-                           a.index_put_.default: idx_put, a.index_put.default: idx_put,
+        self.unmodelled = {a.index_put_.default: idx_put, a.index_put.default: idx_put,
                            a._index_put_impl_.default: idx_put}
         self.conv_fwd = {a.convolution.default}
         self.conv_bwd = {a.convolution_backward.default}
@@ -332,7 +330,7 @@ class Hidden:
                                 bool(freq), bag)
 
     def sorting_tokens(self, func, args, kwargs):
-        """sort, topk, cumsum and isin's allocations as event tokens (sorting.py), or None; raises
+        """sort, topk, cumsum, isin and multinomial's allocations as event tokens (sorting.py), or None; raises
         UnsupportedOp where the case was not measured."""
         from . import sorting
         from .capture import UnsupportedOp
@@ -350,6 +348,17 @@ class Hidden:
                               "buffers are transient)")
             return toks
         x = b["self"]
+        if kind == "multinomial":
+            if not hasattr(x, "device") or x.device.type != "cuda":
+                return None
+            rows, cols = (1, x.shape[0]) if x.dim() == 1 else (x.shape[0], x.shape[1])
+            toks = sorting.multinomial_tokens(rows, cols, int(b["num_samples"]),
+                                              bool(b.get("replacement")), x.element_size(),
+                                              self.gpu.multi_processor_count)
+            if toks is None:
+                raise UnsupportedOp(func, "multinomial of more than %d samples without "
+                                    "replacement (a sorted topk, not measured)" % sorting.MAX_SORTED_TOPK)
+            return toks
         if not hasattr(x, "device") or x.device.type != "cuda":
             return None
         shape = list(x.shape)

@@ -24,6 +24,14 @@ checks every sort, topk and cumsum call of ops-h100-run26.json against these rul
   scratch (8-byte tile states over tiles of 1920 for 4-byte values, 16-byte over 896 for
   8-byte ones; 2-byte values were not measured and take the 4-byte rule).
 
+- multinomial (p: R rows of C, float): without replacement or for one sample, PyTorch's
+  checks and the exponential trick: max and min (full reductions, each with Reduce.cuh's
+  staging when it splits: ceil(N/512) values a thread of 256 or more, ctas = max(min(4 an
+  SM, ceil(vpt/16)), ceil(vpt/256)), 4 bytes each plus a 4-byte semaphore), `< inf`, `>= 0`
+  and their `&` (kept to the end), then sum(1), `== 0` and its any (kept), a 1-byte check, the
+  draw q (N x elem), and for several samples a values buffer and topk's scratch on q; with
+  replacement and several samples: three N x elem buffers, and cub's scan scratch when R is
+  1 (all 36 measured calls of device run 26 matched).
 isin (elements, test elements) takes PyTorch's brute-force kernel while the test set is
 small (fewer than 10 x numel(elements)^0.145): `out.copy_(elements.unsqueeze(-1).eq(test)
 .any(-1))`, so the cross product's bools and the any's result come after the output and
@@ -161,3 +169,85 @@ def isin_tokens(n_elements, n_test):
     if n_test < int(10.0 * n_elements ** 0.145):
         return [["o", 0], ["t", n_elements * n_test], ["t", n_elements], ["f", 1], ["f", 0]]
     return None
+
+
+class _Tokens:
+    """Builds a token list: t() returns the transient's index for f()."""
+
+    def __init__(self):
+        self.toks, self.n = [["o", 0]], 0
+
+    def t(self, size):
+        self.toks.append(["t", size])
+        self.n += 1
+        return self.n - 1
+
+    def f(self, i):
+        self.toks.append(["f", i])
+
+
+def full_reduce_staging(numel, sms, acc=4, threads_per_sm=2048):
+    """(buffer, semaphores) bytes of a reduction of numel contiguous values to one, or None
+    (Reduce.cuh's setReduceConfig for one output: 512 threads; the input split across blocks
+    when each thread would sum 256 or more)."""
+    vpt = -(-numel // 512)
+    if vpt < 256:
+        return None
+    ctas = max(min(sms * (threads_per_sm // 512), -(-vpt // 16)), -(-vpt // 256))
+    return ctas * acc, 4
+
+
+def multinomial_tokens(rows, cols, n, replacement, elem, sms):
+    """Tokens of aten.multinomial over `rows` distributions of `cols` (a 1-d input: one row),
+    or None where its topk is not modelled."""
+    numel = rows * cols
+    b = _Tokens()
+    if numel == 0:
+        return b.toks
+    acc = 8 if elem == 8 else 4
+    if replacement and n > 1:
+        bufs = [b.t(numel * elem) for _ in range(3)]
+        if rows == 1:
+            b.f(b.t(cub_scan(cols, elem)))
+        for i in reversed(bufs):
+            b.f(i)
+        return b.toks
+
+    def reduce_all(out):
+        r = b.t(out)
+        st = full_reduce_staging(numel, sms, acc)
+        if st:
+            s1, s2 = b.t(st[0]), b.t(st[1])
+            b.f(s2)
+            b.f(s1)
+        return r
+
+    mx = reduce_all(elem)
+    lt = b.t(1)
+    mn = reduce_all(elem)
+    ge = b.t(1)
+    valid = b.t(1)
+    for i in (ge, mn, lt, mx):
+        b.f(i)
+    sm = reduce_all(rows * elem) if rows == 1 else b.t(rows * elem)
+    zero = b.t(rows)
+    anyz = b.t(1)
+    b.f(zero)
+    b.f(sm)
+    b.f(b.t(1))
+    q = b.t(numel * elem)
+    if n > 1:
+        vals = b.t(rows * n * elem)
+        tk, _ = topk_tokens([rows, cols], 1, n, True, elem, sms)
+        if tk is None:
+            return None
+        local = {}
+        for k, v in tk:
+            if k == "t":
+                local[len(local)] = b.t(v)
+            elif k == "f":
+                b.f(local[v])
+        b.f(vals)
+    for i in (q, anyz, valid):
+        b.f(i)
+    return b.toks

@@ -316,16 +316,22 @@ fn replay_names_each_rank_file_it_skips() {
 #[cfg(unix)]
 #[test]
 fn a_closed_pipe_ends_the_command_quietly() {
+    use std::os::fd::{FromRawFd, OwnedFd};
     use std::os::unix::process::ExitStatusExt;
     use std::process::{Command, Stdio};
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vramroom"))
+    // The pipe's reader is closed before the command starts: with a reader that closed
+    // after the spawn, a fast command could fill the pipe's buffer first and exit 0.
+    let mut fds = [0; 2];
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    unsafe { libc::close(fds[0]) };
+    let writer = unsafe { OwnedFd::from_raw_fd(fds[1]) };
+    let child = Command::new(env!("CARGO_BIN_EXE_vramroom"))
         .args(["predict", "--json"])
-        .stdout(Stdio::piped())
+        .stdout(Stdio::from(writer))
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    drop(child.stdout.take()); // the reader closes at once
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");

@@ -4,8 +4,8 @@ their outputs, measured on the GPU.
     python measure.py OUT.json [--budget 150] [--set run26|run27]
 
 --set run27 measures instead isin (brute force and sorting paths), sum/prod/mean/nansum of
-inputs whose dtype is not the result's, and cuDNN attention's forward workspace by query
-length (device run 27).
+inputs whose dtype is not the result's, the elementwise losses by reduction (forward, and
+backward for mean), and cuDNN attention's forward workspace by query length (device run 27).
 
 Each call is recorded between two markers, as conv/measure.py records a conv: tokens
 ["o", size] an output, ["t", size] a transient, ["f", i] the free of the i-th transient, in
@@ -77,6 +77,13 @@ def grid27():
         if op == "nansum" and dt in ("bool",):
             continue
         g.append(dict(op=op, dtype=dt, rows=shape[0], cols=shape[1], dim=dim, out=out))
+    for loss, red, dt, n in itertools.product(
+            ["mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
+             "binary_cross_entropy_with_logits", "soft_margin_loss", "kl_div"],
+            ["mean", "sum", "none"], ["float32", "bfloat16"], [4096, 2097152]):
+        g.append(dict(op="loss", loss=loss, reduction=red, dtype=dt, n=n, grad=False))
+        if red == "mean":
+            g.append(dict(op="loss", loss=loss, reduction=red, dtype=dt, n=n, grad=True))
     for T, S, D, grad, gqa in itertools.product([1, 2, 4, 16, 64, 256], [64, 300, 2048],
                                                 [64, 128], [False, True], [False, True]):
         g.append(dict(op="sdpa", T=T, S=S, D=D, grad=grad, gqa=gqa, dtype="bfloat16"))
@@ -95,6 +102,16 @@ def run27(c, dev):
         torch.cuda.synchronize()
         m = torch.empty(MARK, dtype=torch.uint8, device=dev)
         return m, (x, t), torch.isin(x, t, invert=c["invert"])
+    if c["op"] == "loss":
+        x = torch.rand(c["n"], device=dev, dtype=dt).clamp(0.01, 0.99).requires_grad_(c["grad"])
+        y = torch.rand(c["n"], device=dev, dtype=dt).clamp(0.01, 0.99)
+        torch.cuda.synchronize()
+        f = getattr(torch.nn.functional, c["loss"])
+        m = torch.empty(MARK, dtype=torch.uint8, device=dev)
+        out = f(x, y, reduction=c["reduction"])
+        if c["grad"]:
+            out.backward()
+        return m, (x, y), out
     if c["op"] == "sdpa":
         B, Hq = 4, 8
         Hk = 2 if c["gqa"] else Hq
@@ -122,7 +139,7 @@ def run27(c, dev):
 
 
 def run(c, dev):
-    if c["op"] in ("isin", "sdpa", "sum", "prod", "mean", "nansum"):
+    if c["op"] in ("isin", "sdpa", "sum", "prod", "mean", "nansum", "loss"):
         return run27(c, dev)
     dt = DT[c["dtype"]]
     if c["op"] == "index_put_acc":

@@ -466,3 +466,25 @@ def test_beam_search_runs_to_max_new_tokens(tmp_path):
         assert any(w.startswith("generate(): beam search's early-stop heuristic") for w in out["warnings"])
         assert any(w.startswith("generate(): a fake sequence's EOS check") for w in out["warnings"])
     assert steps == [3, 7]
+
+
+def test_embedding_copies_indices_it_cannot_flatten(tmp_path):
+    # lm_large_vocab_ce's real H100 snapshot: a sliced batch of token ids (inputs[:, :-1]) is
+    # copied by the forward's reshape(-1), before the output and freed after it, and by the
+    # backward's contiguous(), first and freed last; a contiguous batch is not copied.
+    out = run_traced("""
+    emb = torch.nn.Embedding(1000, 64).cuda()
+    tok = torch.randint(0, 1000, (4, 257), device="cuda")
+    emb(tok[:, :-1]).sum().backward()
+    marker = torch.empty(12345, dtype=torch.uint8, device="cuda")
+    emb(tok[:, 1:].contiguous()).sum().backward()
+    """, tmp_path)
+    ev = [(a[:5], s) for a, s, _ in out["events"] if a in ("alloc", "free_requested")]
+    idx, h, gw = 4 * 256 * 8, 4 * 256 * 64 * 4, 1000 * 64 * 4
+    cut = ev.index(("alloc", 12345))
+    first = ev.index(("alloc", 4 * 257 * 8)) + 1
+    assert ev[first:first + 3] == [("alloc", idx), ("alloc", h), ("free_", idx)]
+    b = ev.index(("alloc", gw), first)  # the weight's gradient
+    assert ev[b - 1] == ("alloc", idx) and ("free_", idx) in ev[b + 1:cut]
+    assert ev[:cut].count(("alloc", idx)) == 2  # forward's and backward's copies
+    assert ev[cut:].count(("alloc", idx)) == 1  # the program's own contiguous()

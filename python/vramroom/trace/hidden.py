@@ -138,6 +138,10 @@ class Hidden:
         self.output_order = {a.native_dropout.default: (1, 0)}
         self.contig = {a.native_layer_norm.default: ([0], []),
                        a.native_layer_norm_backward.default: ([1], [0])}
+        # embedding's CUDA forward takes indices.reshape(-1): a copy, before the output and
+        # freed after it, when a multi-dim index tensor cannot be flattened as a view (a
+        # sliced batch of token ids: lm_large_vocab_ce's inputs[:, :-1])
+        self.flat_copy = {a.embedding.default: 1}
         self.emb_bwd = {a.embedding_dense_backward.default, a._embedding_bag_backward.default,
                         a._embedding_bag_dense_backward.default}
         self.sorting = {a.sort.default: "sort", a.sort.stable: "sort", a.topk.default: "topk",
@@ -218,6 +222,13 @@ class Hidden:
         """The copies a CUDA kernel makes of its non-contiguous inputs (`expect_contiguous()`
         inside the kernel, invisible to its meta twin): ([sizes before the outputs], [sizes
         after]), all freed when the op returns; None when there is none."""
+        i = self.flat_copy.get(func)
+        if i is not None:
+            t = args[i] if i < len(args) else None
+            if t is not None and hasattr(t, "dim") and t.device.type == "cuda" and t.dim() > 1 \
+                    and t.numel() and not _flattens_as_view(t):
+                return ([t.numel() * t.element_size()], [])
+            return None
         spec = self.contig.get(func)
         if spec is None:
             return None
@@ -326,8 +337,13 @@ class Hidden:
             n_w, freq, mode, bag = args[5], args[6], args[7], True
         if idx.dtype != self._i64 or g.dim() < 1 or int(mode) == 2:
             return None  # max mode: its own kernel
-        return embedding_tokens(idx.numel(), int(n_w), int(g.shape[-1]), g.element_size(),
+        toks = embedding_tokens(idx.numel(), int(n_w), int(g.shape[-1]), g.element_size(),
                                 bool(freq), bag)
+        if not bag and idx.numel() and not idx.is_contiguous():
+            # indices.contiguous() first, freed last (lm_large_vocab_ce's shifted targets)
+            toks = [["t", idx.numel() * idx.element_size()]] + \
+                [[k, v + 1] if k == "f" else [k, v] for k, v in (toks or [["o", 0]])] + [["f", 0]]
+        return toks
 
     def sorting_tokens(self, func, args, kwargs):
         """sort, topk, cumsum, isin and multinomial's allocations as event tokens (sorting.py), or None; raises
@@ -426,6 +442,13 @@ class Hidden:
             # cuDNN only for fp16 (ConvParams::use_cudnn_depthwise)
             return False
         return True
+
+
+def _flattens_as_view(t):
+    """Whether t.reshape(-1) is a view: the dims longer than one are nested, each stride the
+    next one's times its size."""
+    dims = [(n, st) for n, st in zip(t.shape, t.stride()) if n != 1]
+    return all(dims[k][1] == dims[k + 1][1] * dims[k + 1][0] for k in range(len(dims) - 1))
 
 
 def _arg_names(func):

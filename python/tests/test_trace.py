@@ -488,3 +488,19 @@ def test_embedding_copies_indices_it_cannot_flatten(tmp_path):
     assert ev[b - 1] == ("alloc", idx) and ("free_", idx) in ev[b + 1:cut]
     assert ev[:cut].count(("alloc", idx)) == 2  # forward's and backward's copies
     assert ev[cut:].count(("alloc", idx)) == 1  # the program's own contiguous()
+
+
+def test_clip_grad_norm_takes_the_foreach_norm_cuda_takes(tmp_path):
+    # clip_grad_norm_ picks torch._foreach_norm for plain CUDA tensors; on the GPU its fast
+    # path zeroes fp32 partial sums for every tensor x the most 65536-element chunks any has,
+    # before the norms, freed after them (GPT-2's real snapshot: 52 x 589 x 4 = 122512 bytes).
+    out = run_traced("""
+    m = torch.nn.Sequential(torch.nn.Linear(1000, 1000), torch.nn.Linear(1000, 10)).cuda()
+    m(torch.randn(4, 1000, device="cuda")).sum().backward()
+    marker = torch.empty(12345, dtype=torch.uint8, device="cuda")
+    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+    """, tmp_path)
+    ev = [(a[:5], s) for a, s, _ in out["events"] if a in ("alloc", "free_requested")]
+    i = ev.index(("alloc", 12345))
+    buf = 4 * 16 * 4  # 4 tensors, the weight's 1e6 elements in 16 chunks
+    assert ev[i + 1:i + 7] == [("alloc", buf)] + [("alloc", 4)] * 4 + [("free_", buf)]

@@ -331,13 +331,18 @@ class CudaApi:
         # here (the memo maps real tensors to fakes; nothing reads it back), so the check is
         # lifted for the trace.
         self._set(torch.utils.swap_tensors.__globals__["weakref"], "getweakrefs", _no_weakrefs)
-        # Optimizers pick foreach (the CUDA default) only for exact Tensor/Parameter types.
+        # Optimizers pick foreach (the CUDA default) only for exact Tensor/Parameter types,
+        # and so does clip_grad_norm_ (torch.utils._foreach_utils has a list of its own): on
+        # the GPU it is one _foreach_norm, with its per-chunk partial sums.
         from torch._subclasses.fake_tensor import FakeTensor
         import torch.optim.optimizer as oo
+        import torch.utils._foreach_utils as fu
 
-        if FakeTensor not in oo._foreach_supported_types:
-            self._saved.append((oo, "_foreach_supported_types", list(oo._foreach_supported_types), True))
-            oo._foreach_supported_types.append(FakeTensor)
+        for mod in (oo, fu):
+            if FakeTensor not in mod._foreach_supported_types:
+                self._saved.append((mod, "_foreach_supported_types",
+                                    list(mod._foreach_supported_types), True))
+                mod._foreach_supported_types.append(FakeTensor)
         # GradScaler.step skips the optimizer when found_inf.item() is nonzero; a fake run
         # has no infs: always step.
         import torch.amp.grad_scaler as gs

@@ -504,3 +504,25 @@ def test_clip_grad_norm_takes_the_foreach_norm_cuda_takes(tmp_path):
     i = ev.index(("alloc", 12345))
     buf = 4 * 16 * 4  # 4 tensors, the weight's 1e6 elements in 16 chunks
     assert ev[i + 1:i + 7] == [("alloc", buf)] + [("alloc", 4)] * 4 + [("free_", buf)]
+
+
+def test_linear_under_autocast_adds_its_bias_in_place(tmp_path):
+    # ViT's attention under bf16 autocast (real H100 snapshot): F.linear on a transposed
+    # 3-d input is the cast input, the folded copy, one matmul output with the bias added in
+    # place; no second output, and an empty operand calls no cuBLAS.
+    out = run_traced("""
+    lin = torch.nn.Linear(64, 192).cuda()
+    x = torch.randn(16, 10, 64, device="cuda").transpose(0, 1)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        marker = torch.empty(12345, dtype=torch.uint8, device="cuda")
+        y = lin(x)
+    """, tmp_path)
+    ev = [(a[:5], s) for a, s, _ in out["events"] if a in ("alloc", "free_requested")]
+    i = ev.index(("alloc", 12345))
+    n = 16 * 10
+    got = [e for e in ev[i + 1:] if e[1] < CUBLAS]
+    # the cast cache (bias, weight: the last argument first), the input's cast and folded
+    # copy, the output; the input's cast freed; leaving autocast empties the cache
+    assert got[:6] == [("alloc", 192 * 2), ("alloc", 192 * 64 * 2), ("alloc", n * 64 * 2),
+                       ("alloc", n * 64 * 2), ("alloc", n * 192 * 2), ("free_", n * 64 * 2)], got
+    assert all(a == "free_" for a, _ in got[6:]), got

@@ -265,6 +265,9 @@ class Hidden:
     # -- cuBLAS ---------------------------------------------------------------------------
     def matmul_after(self, func, args):
         rec = self.rec
+        if any(getattr(a, "numel", None) is not None and not isinstance(a, (int, float)) and
+               a.numel() == 0 for a in args):
+            return  # an empty operand: PyTorch returns without calling cuBLAS
         key = (threading.get_ident(), rec.current_stream_ident())
         fr = None
         if key not in self.handles:

@@ -526,3 +526,38 @@ def test_linear_under_autocast_adds_its_bias_in_place(tmp_path):
     assert got[:6] == [("alloc", 192 * 2), ("alloc", 192 * 64 * 2), ("alloc", n * 64 * 2),
                        ("alloc", n * 64 * 2), ("alloc", n * 192 * 2), ("free_", n * 64 * 2)], got
     assert all(a == "free_" for a, _ in got[6:]), got
+
+
+def test_padding_masks_and_a_transposed_cross_entropy_allocate_what_cuda_does(tmp_path):
+    # hf_bert_custom_loss's real H100 snapshot: padding_mask[batch_idx, kv_idx] copies both
+    # broadcast index tensors (B x S int64) before its output, freed later-first; SDPA turns
+    # a bool mask into a float one with where(mask, 0.0, scalar -inf) (4 + 4 bytes, no
+    # logical_not); log_softmax copies a transposed input after its output.
+    out = run_traced("""
+    B, S = 32, 128
+    pad = torch.ones(B, S, dtype=torch.bool, device="cuda")
+    bi = torch.arange(B, device="cuda")[:, None, None, None]
+    ki = torch.arange(S, device="cuda")[None, None, None, :]
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    mask = pad[bi, ki]
+    m2 = torch.empty(22222, dtype=torch.uint8, device="cuda")
+    q = torch.randn(B, 8, S, 64, device="cuda")
+    full = mask.expand(B, 1, S, S)
+    m3 = torch.empty(33333, dtype=torch.uint8, device="cuda")
+    with torch.no_grad():
+        o = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=full)
+    sim = torch.randn(32, 32, device="cuda")
+    m4 = torch.empty(44444, dtype=torch.uint8, device="cuda")
+    lp = torch.log_softmax(sim.T, -1)
+    """, tmp_path)
+    ev = [(a[:5], s) for a, s, _ in out["events"] if a in ("alloc", "free_requested")]
+
+    def after(marker, n):
+        i = ev.index(("alloc", marker))
+        return ev[i + 1:i + 1 + n]
+
+    idx = 32 * 128 * 8
+    assert after(11111, 5) == [("alloc", idx), ("alloc", idx), ("alloc", 32 * 128),
+                               ("free_", idx), ("free_", idx)]
+    assert after(33333, 3) == [("alloc", 4), ("alloc", 4), ("alloc", 32 * 128 * 128 * 4)]
+    assert after(44444, 3) == [("alloc", 4096), ("alloc", 4096), ("free_", 4096)]

@@ -137,12 +137,17 @@ class Hidden:
         # outputs a CUDA kernel allocates in another order than it returns them:
         # native_dropout's mask before its output (real snapshots: BERT, nn.Transformer)
         self.output_order = {a.native_dropout.default: (1, 0)}
+        # softmax/log_softmax: the structured output first, then input.contiguous() (a
+        # cross-entropy over sim.T in hf_bert_custom_loss's real snapshot)
         self.contig = {a.native_layer_norm.default: ([0], []),
-                       a.native_layer_norm_backward.default: ([1], [0])}
+                       a.native_layer_norm_backward.default: ([1], [0]),
+                       a._log_softmax.default: ([], [0]), a._softmax.default: ([], [0])}
         # embedding's CUDA forward takes indices.reshape(-1): a copy, before the output and
         # freed after it, when a multi-dim index tensor cannot be flattened as a view (a
         # sliced batch of token ids: lm_large_vocab_ce's inputs[:, :-1])
         self.flat_copy = {a.embedding.default: 1}
+        self.adv_index = {a.index.Tensor, a.index_put_.default, a.index_put.default,
+                          a._index_put_impl_.default}
         self.emb_bwd = {a.embedding_dense_backward.default, a._embedding_bag_backward.default,
                         a._embedding_bag_dense_backward.default}
         self.sorting = {a.sort.default: "sort", a.sort.stable: "sort", a.topk.default: "topk",
@@ -166,6 +171,12 @@ class Hidden:
         after them, all freed in the order made), or a reduction's converted input (after
         the output, freed last); then Reduce.cuh's staging buffer and semaphores
         (semaphores freed first)."""
+        if func in self.adv_index:
+            cs = self.index_copies(func, args, kwargs)
+            if not cs:
+                return None
+            return ([["t", c] for c in cs] + [["o", 0]] * n_outputs +
+                    [["f", i] for i in reversed(range(len(cs)))])
         if func is self._aten._foreach_norm.Scalar:
             buf = self.foreach_norm_partials(args, kwargs)
             return [["t", buf], *([["o", 0]] * n_outputs), ["f", 0]] if buf else None
@@ -186,6 +197,37 @@ class Hidden:
         if cast:
             toks.append(["f", k])
         return toks
+
+    def index_copies(self, func, args, kwargs):
+        """Bytes of each index tensor that advanced indexing copies on CUDA: with two or more
+        index tensors whose broadcast strides differ, each is made contiguous at the
+        broadcast shape (AdvancedIndex), before the output and freed after it, later-first
+        (transformers' padding mask_function, padding_mask[batch_idx, kv_idx], in BERT's
+        real snapshot: two int64 copies of B x S)."""
+        b = _bind(func, args, kwargs)
+        if func is not self._aten.index.Tensor and b.get("accumulate"):
+            return None  # the sort path (warned)
+        x, idx = b.get("self"), b.get("indices") or []
+        ts = [t for t in idx if t is not None]
+        if len(ts) < 2 or not hasattr(x, "device") or x.device.type != "cuda" or \
+                any(t.dtype in (self._torch.bool, self._torch.uint8) for t in ts):
+            return None
+        shape = list(self._torch.broadcast_shapes(*[tuple(t.shape) for t in ts]))
+
+        def expanded(t):
+            pad = len(shape) - t.dim()
+            st = [0] * pad
+            for d, (n, s_) in enumerate(zip(t.shape, t.stride())):
+                st.append(0 if n == 1 and shape[pad + d] != 1 else s_)
+            return st
+
+        strides = [expanded(t) for t in ts]
+        if all(st == strides[0] for st in strides):
+            return None
+        n = 1
+        for d in shape:
+            n *= d
+        return [n * t.element_size() for t in ts] if n else None
 
     def foreach_norm_partials(self, args, kwargs):
         """Bytes of _foreach_norm's per-chunk partial norms: the fast path (one device and

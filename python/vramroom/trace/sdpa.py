@@ -8,7 +8,7 @@ never does. The tracer makes the choice itself, by the rule the meta twin measur
 that backend's aten op, whose fake kernel returns the tensors the CUDA kernel allocates
 (output in [B, T, H, D] memory order, logsumexp, RNG state); autograd saves what that op's
 derivative saves. A boolean mask is converted as PyTorch's `convert_boolean_attn_mask` does
-(logical_not, a scalar 0, where).
+(a scalar -inf, where(mask, 0.0, it)).
 
 Not modelled: the head-dim padding copy PyTorch makes when D is not a multiple of 8, and
 nested/jagged inputs (refused by the fake kernels).
@@ -78,8 +78,11 @@ def make_sdpa(orig, rec, row, is_fake):
             return orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                         is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
         if attn_mask is not None and attn_mask.dtype == torch.bool:
-            attn_mask = torch.where(attn_mask.logical_not(), -math.inf,
-                                    torch.scalar_tensor(0.0, dtype=query.dtype, device=query.device))
+            # PyTorch 2.11's convert_boolean_attn_mask: where(mask, 0.0, scalar -inf), no
+            # logical_not (BERT's padded batch: 4 + 4 bytes and the float mask, the two
+            # scalars freed later-first, in the real snapshot)
+            attn_mask = torch.where(attn_mask, 0.0, torch.scalar_tensor(
+                -math.inf, dtype=query.dtype, device=attn_mask.device))
         need_grad = torch.is_grad_enabled() and any(
             t.requires_grad for t in (query, key, value))
         if which == "cudnn":

@@ -561,3 +561,40 @@ def test_padding_masks_and_a_transposed_cross_entropy_allocate_what_cuda_does(tm
                                ("free_", idx), ("free_", idx)]
     assert after(33333, 3) == [("alloc", 4), ("alloc", 4), ("alloc", 32 * 128 * 128 * 4)]
     assert after(44444, 3) == [("alloc", 4096), ("alloc", 4096), ("free_", 4096)]
+
+
+def test_group_norm_and_a_sliced_grad_allocate_what_cuda_does(tmp_path):
+    # ho_unet_decoder_sgd's real H100 snapshot: GroupNorm's forward keeps N x C scale and
+    # shift (fp32) after its outputs; its backward ds, db, then c2, c3 (N x G) and c1 (N x C),
+    # freed c3, c2, c1, db, ds; interpolate's backward copies a grad that cat's backward
+    # sliced (after grad_input), and so does cuDNN's transposed-conv backward (first).
+    out = run_traced("""
+    N, C, G = 8, 32, 8
+    gn = torch.nn.GroupNorm(G, C).cuda()
+    x = torch.randn(N, C, 16, 16, device="cuda", requires_grad=True)
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    y = gn(x)
+    m2 = torch.empty(22222, dtype=torch.uint8, device="cuda")
+    y.sum().backward()
+    up = torch.nn.functional.interpolate(x, scale_factor=2, mode="bilinear")
+    other = torch.randn(N, 4, 32, 32, device="cuda")
+    m3 = torch.empty(33333, dtype=torch.uint8, device="cuda")
+    torch.cat([up, other], 1).sum().backward()
+    """, tmp_path)
+    ev = [(a[:5], s) for a, s, _ in out["events"] if a in ("alloc", "free_requested")]
+
+    def after(marker):
+        return ev[ev.index(("alloc", marker)) + 1:]
+
+    nc, ng = 8 * 32 * 4, 8 * 8 * 4
+    assert after(11111)[:7] == [("alloc", 8 * 32 * 256 * 4), ("alloc", ng), ("alloc", ng),
+                                ("alloc", nc), ("alloc", nc), ("free_", nc), ("free_", nc)]
+    bwd = after(22222)
+    i = bwd.index(("alloc", 128))  # dgamma, then dbeta
+    assert bwd[i:i + 12] == [("alloc", 128), ("alloc", 128), ("alloc", nc), ("alloc", nc),
+                             ("alloc", ng), ("alloc", ng), ("alloc", nc), ("free_", ng),
+                             ("free_", ng), ("free_", nc), ("free_", nc), ("free_", nc)]
+    up_bwd = after(33333)
+    gi, go = 8 * 32 * 16 * 16 * 4, 8 * 32 * 32 * 32 * 4
+    j = up_bwd.index(("alloc", gi))
+    assert up_bwd[j + 1:j + 3] == [("alloc", go), ("free_", go)]

@@ -142,6 +142,11 @@ class Hidden:
         self.contig = {a.native_layer_norm.default: ([0], []),
                        a.native_layer_norm_backward.default: ([1], [0]),
                        a._log_softmax.default: ([], [0]), a._softmax.default: ([], [0])}
+        # the upsampling backwards take grad_output.contiguous() after grad_input (a grad
+        # sliced by cat's backward: ho_unet_decoder_sgd's interpolate)
+        for op in ("upsample_bilinear2d_backward", "upsample_nearest2d_backward",
+                   "upsample_bicubic2d_backward"):
+            self.contig[getattr(a, op).default] = ([], [0])
         # embedding's CUDA forward takes indices.reshape(-1): a copy, before the output and
         # freed after it, when a multi-dim index tensor cannot be flattened as a view (a
         # sliced batch of token ids: lm_large_vocab_ce's inputs[:, :-1])
@@ -171,6 +176,35 @@ class Hidden:
         after them, all freed in the order made), or a reduction's converted input (after
         the output, freed last); then Reduce.cuh's staging buffer and semaphores
         (semaphores freed first)."""
+        if func is self._aten.native_group_norm.default:
+            # affine over HxW > 1: per-(sample, channel) scale and shift, N x C in the
+            # accumulation type, after the outputs, freed later-first (ho_unet_decoder_sgd's
+            # real snapshot: 2 x 8 x 64 x 4 bytes after each GroupNorm(8, 64))
+            x, w, bias = args[0], args[1], args[2]
+            n, c, hxw = int(args[3]), int(args[4]), int(args[5])
+            if x.device.type != "cuda" or hxw == 1 or (w is None and bias is None) or not n * c:
+                return None
+            acc = 8 if x.dtype == self._torch.float64 else 4
+            return [["o", 0]] * n_outputs + [["t", n * c * acc], ["t", n * c * acc],
+                                              ["f", 1], ["f", 0]]
+        if func is self._aten.native_group_norm_backward.default:
+            # (grad, X, mean, rstd, gamma, N, C, HxW, group, mask): ds and db (N x C), and
+            # for dX c2, c3 (N x G) and, with gamma, c1 (N x C) sized by its iterator;
+            # c3, c2, c1 then db, ds freed (ho_unet_decoder_sgd's real backward)
+            x, gamma = args[1], args[4]
+            n, c, hxw, g = int(args[5]), int(args[6]), int(args[7]), int(args[8])
+            mask = list(args[9]) if len(args) > 9 else [True, True, True]
+            if x.device.type != "cuda" or hxw == 1 or not n * c:
+                return None
+            acc = 8 if x.dtype == self._torch.float64 else 4
+            toks = [["o", 0]] * n_outputs + [["t", n * c * acc], ["t", n * c * acc]]
+            if mask[0]:
+                toks += [["t", n * g * acc], ["t", n * g * acc]]
+                if gamma is not None:
+                    toks += [["t", n * c * acc], ["f", 3], ["f", 2], ["f", 4]]
+                else:
+                    toks += [["f", 3], ["f", 2]]
+            return toks + [["f", 1], ["f", 0]]
         if func in self.adv_index:
             cs = self.index_copies(func, args, kwargs)
             if not cs:

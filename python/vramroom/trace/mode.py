@@ -315,9 +315,27 @@ def _mode_class():
             toks = hid.conv_tokens(pas, x, w, has_bias, stride, padding, dilation,
                                    transposed, args[8], groups)
             outs = [t for t in (gi, gw, gb) if t is not None and t.device.type == "cuda"]
+            cud = x.device.type == "cuda" and hid.uses_cudnn(x, transposed, w, groups)
+            # cuDNN takes grad_output contiguous in the conv's memory format: a grad sliced
+            # by cat's backward is copied before the grads, freed before the bias's
+            # (ho_unet_decoder_sgd's ConvTranspose2d in its real snapshot)
+            cud_any = cud or (transposed and x.device.type == "cuda" and
+                              torch.backends.cudnn.enabled and x.dim() in (3, 4, 5))
+            fmt = torch.channels_last if cud_any and go.dim() == 4 and any(
+                t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
+                for t in (x, w)) else torch.contiguous_format
+            copy = go.numel() * go.element_size() if cud_any and go.numel() and \
+                not go.is_contiguous(memory_format=fmt) else 0
+            if toks is not None and copy:
+                body = [[k, v + 1] if k == "f" else [k, v] for k, v in toks]
+                if gb is not None and body and body[-1][0] == "o":
+                    toks = [["t", copy]] + body[:-1] + [["f", 0], body[-1]]
+                else:
+                    toks = [["t", copy]] + body + [["f", 0]]
             if toks is not None and hid.replay_tokens(toks, outs, fr):
                 return
-            cud = x.device.type == "cuda" and hid.uses_cudnn(x, transposed, w, groups)
+            st = rec.current_stream_ident()
+            tmp = rec.alloc(copy, stream=st, frames=fr) if copy else None
             shape = lambda t: list(t.shape)
             if gi is not None:
                 rec.see_storage(gi.untyped_storage(), fr)
@@ -331,6 +349,8 @@ def _mode_class():
                     rec.hidden_temp(hid.conv_workspace(
                         "backward_weight", shape(x), shape(w), shape(go), list(stride),
                         list(padding), list(dilation), groups, x.dtype, x.element_size()), fr)
+            if tmp is not None:
+                rec.free(tmp, copy, st)
             if gb is not None:
                 rec.see_storage(gb.untyped_storage(), fr)
 

@@ -598,3 +598,25 @@ def test_group_norm_and_a_sliced_grad_allocate_what_cuda_does(tmp_path):
     gi, go = 8 * 32 * 16 * 16 * 4, 8 * 32 * 32 * 32 * 4
     j = up_bwd.index(("alloc", gi))
     assert up_bwd[j + 1:j + 3] == [("alloc", go), ("free_", go)]
+
+
+def test_an_indexing_backward_sorts_in_place_as_cuda_does(tmp_path):
+    # ho_gather_scatter_einsum's and hs_gnn_index_train's real H100 snapshots: x[idx]'s
+    # backward is _index_put_impl_(zeros, idx, grad, accumulate=True, unsafe=True) in place,
+    # no bounds checks and no second output: 8n index buffers, cub's scratch, and a
+    # contiguous copy of a grad that cat's backward sliced.
+    out = run_traced("""
+    x = torch.randn(5000, 64, device="cuda", requires_grad=True)
+    idx = torch.randint(0, 5000, (2000,), device="cuda")
+    other = torch.randn(2000, 64, device="cuda")
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    torch.cat([x[idx], other], 1).sum().backward()
+    """, tmp_path)
+    ev = [(a[:5], s) for a, s, _ in out["events"] if a in ("alloc", "free_requested")]
+    ev = ev[ev.index(("alloc", 11111)) + 1:]
+    k, v, z = 8 * 2000, 2000 * 64 * 4, 5000 * 64 * 4
+    i = ev.index(("alloc", z))  # index_backward's zeros, the only output
+    scratch = 2 * 16128 + 2048 * 2 + 511 + 1024 * 1
+    assert ev[i + 1:i + 9] == [("alloc", k), ("alloc", k), ("free_", k), ("alloc", v),
+                               ("alloc", k), ("alloc", k), ("alloc", k), ("alloc", scratch)]
+    assert ("alloc", 8) not in ev[i:i + 9] and ev.count(("alloc", z)) == 1

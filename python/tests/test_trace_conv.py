@@ -93,7 +93,7 @@ def _ops_measured():
         return json.load(f)
 
 
-def test_sort_topk_cumsum_multinomial_events_match_every_h100_measurement():
+def test_sort_topk_cumsum_multinomial_index_put_events_match_every_h100_measurement():
     from vramroom.trace import sorting
 
     doc = _ops_measured()
@@ -117,6 +117,8 @@ def test_sort_topk_cumsum_multinomial_events_match_every_h100_measurement():
             toks = sorting.cumsum_tokens(n, e["cols"] if e["dim"] == -1 else e["rows"],
                                          size[e["dtype"]], out, e["dtype"] == "bool")
             toks, why = toks or [["o", 0]], None
+        elif e["op"] == "index_put_acc":
+            toks, why = sorting.index_put_acc_tokens(e["n"], e["V"], 0), None
         elif e["op"] == "multinomial":
             toks = sorting.multinomial_tokens(e["rows"], e["cols"], e["samples"], e["replacement"],
                                               size[e["dtype"]], doc["sms"])
@@ -127,7 +129,7 @@ def test_sort_topk_cumsum_multinomial_events_match_every_h100_measurement():
         want = [[k, 0] if k == "o" else [k, v] for k, v in e["events"]]
         assert toks == want, e
         seen += 1
-    assert seen >= 430, seen
+    assert seen >= 460, seen
 
 
 def test_sort_refuses_what_was_not_measured():

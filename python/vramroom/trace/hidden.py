@@ -127,7 +127,8 @@ class Hidden:
         # layer_norm_backward_cuda: X before dX, dgamma, dbeta, then dY.contiguous() at the
         # kernel call (the order seen in real snapshots, e.g. ViT's batch_first attention
         # leaves the residual stream transposed)
-        self.reductions = {a.sum.dim_IntList, a.mean.dim}
+        self.reductions = {a.sum.dim_IntList, a.mean.dim, a.sum.default, a.mean.default,
+                           a.max.default, a.min.default, a.prod.default}
         # reductions through ReduceOps' make_reduction: an input of another dtype than the
         # result is converted first (self.to(result dtype)), after the result, freed when
         # the kernel returns; half/bf16 into float is read as is (real snapshots: a bool
@@ -160,9 +161,10 @@ class Hidden:
                         a.isin.Scalar_Tensor: "isin", a.multinomial.default: "multinomial"}
         # ops whose CUDA kernels take memory no rule here models yet: a warning, not a refusal
         # (their scratch is transient and small beside the tensors around them); index_put's
-        # only when it accumulates (then it sorts)
-        idx_put = ("index_put_ with accumulate=True (an advanced-indexing backward): its sort "
-                   "buffers, five of 8 bytes an index and cub's scratch, transient")
+        # only when it accumulates (then it sorts) over several index tensors or int32 ones
+        # (one int64 index tensor is modelled: sorting.index_put_acc_tokens)
+        idx_put = ("index_put_ with accumulate=True over several or int32 index tensors: its "
+                   "sort buffers, five of 8 bytes an index and cub's scratch, transient")
         self.unmodelled = {a.index_put_.default: idx_put, a.index_put.default: idx_put,
                            a._index_put_impl_.default: idx_put}
         self.conv_fwd = {a.convolution.default}
@@ -206,6 +208,11 @@ class Hidden:
                     toks += [["f", 3], ["f", 2]]
             return toks + [["f", 1], ["f", 0]]
         if func in self.adv_index:
+            acc = self.index_put_acc(func, args, kwargs)
+            if acc is not None:
+                from .sorting import index_put_acc_tokens
+
+                return index_put_acc_tokens(acc[0], acc[1], n_outputs, acc[2], acc[3])
             cs = self.index_copies(func, args, kwargs)
             if not cs:
                 return None
@@ -231,6 +238,31 @@ class Hidden:
         if cast:
             toks.append(["f", k])
         return toks
+
+    def index_put_acc(self, func, args, kwargs):
+        """(n indices, indexed size, checked, values copy bytes) of an accumulating index_put_
+        that sorting.py models
+        (one int64 index tensor on a cuda tensor), or None."""
+        if func is self._aten.index.Tensor:
+            return None
+        b = _bind(func, args, kwargs)
+        x, idx = b.get("self"), b.get("indices") or []
+        if not b.get("accumulate") or not hasattr(x, "device") or x.device.type != "cuda":
+            return None
+        ts = [(d, t) for d, t in enumerate(idx) if t is not None]
+        if len(ts) != 1 or ts[0][1].dtype != self._i64:
+            return None
+        v = b.get("values")
+        copy = 0
+        if hasattr(v, "is_contiguous") and ts[0][0] == 0 and x.dim():
+            rows = 1
+            for d in x.shape[1:]:
+                rows *= d
+            full = ts[0][1].numel() * rows
+            if not v.is_contiguous() or v.numel() != full:
+                copy = full * v.element_size()
+        return (ts[0][1].numel(), int(x.shape[ts[0][0]]) if x.dim() else 1,
+                not b.get("unsafe", False), copy)
 
     def index_copies(self, func, args, kwargs):
         """Bytes of each index tensor that advanced indexing copies on CUDA: with two or more
@@ -307,9 +339,12 @@ class Hidden:
         x = args[0]
         if not hasattr(x, "device") or x.device.type != "cuda":
             return None
-        dims = args[1] if len(args) > 1 else None
+        dims = args[1] if len(args) > 1 and not isinstance(args[1], bool) else None
+        if func in (self._aten.sum.default, self._aten.mean.default, self._aten.max.default,
+                    self._aten.min.default, self._aten.prod.default):
+            dims = None
         if dims is None or (isinstance(dims, (list, tuple)) and not dims):
-            return None  # a full reduction: a few bytes, not modelled
+            dims = []  # a full reduction
         if isinstance(dims, int):
             dims = [dims]
         return staging(x, list(dims), self.gpu)
@@ -503,6 +538,8 @@ class Hidden:
         if why is None or ("accumulate" in _arg_names(func) and
                            not _bind(func, args, kwargs).get("accumulate")):
             return None
+        if func in self.adv_index and self.index_put_acc(func, args, kwargs) is not None:
+            return None  # modelled (sorting.index_put_acc_tokens)
         return "not modelled: " + why
 
     def replay_tokens(self, toks, outs, frames):

@@ -40,6 +40,8 @@ def _mode_class():
     pin_memory = aten._pin_memory.default
     is_pinned = aten.is_pinned.default
     add_inplace = aten.add_.Tensor
+    index_put_func = aten.index_put.default
+    index_put_impl = aten._index_put_impl_.default
     # Tensor.to(...): CompositeImplicit, so it reaches the mode only where autograd's keys
     # are off (inference_mode). Fake mode's constant propagation would run it for real on a
     # constant CPU input (torch.tensor([...], device="cuda")), which needs the GPU; its guard
@@ -162,6 +164,13 @@ def _mode_class():
                 # would allocate a sum the GPU does not.
                 func = add_inplace
                 rec.accumulations += 1
+            if func is index_put_func and not self._depth and self._vr.active and \
+                    threading.get_ident() != rec.main_ident and len(args) > 3 and args[3]:
+                # autograd's index_backward: for tensor subclasses an out-of-place, checked
+                # index_put of its fresh zeros; on CUDA _index_put_impl_(zeros, ..., True,
+                # unsafe=True) in place (ho_gather_scatter_einsum's x[nbr] backward)
+                func = index_put_impl
+                args = (args[0], args[1], args[2], True, True)
             # Only the outermost op allocates: what a fake kernel runs inside (a
             # decomposition for an op with no meta kernel) is one CUDA kernel on the GPU.
             # A CompositeImplicitAutograd op (conv2d, linear, ...) is no kernel: it reaches

@@ -77,6 +77,13 @@ def staging(x, dims, gpu):
     real = [i for i in range(nd) if shape[i] != 1]
     kept = [i for i in real if i not in red]
     reduced = [i for i in real if i in red]
+    arg = 8 if x.dtype == torch.float64 else 4
+    if reduced and not kept:
+        # everything into one value (loss.mean(), x.pow(2).sum()): split across blocks
+        # when each thread would sum 256 or more (ho_gather_scatter_einsum's mean: 313
+        # blocks' partials, 1252 bytes, and a semaphore; multinomial's max and min)
+        return full_reduce_staging(x.numel(), gpu.multi_processor_count, arg,
+                                   gpu.max_threads_per_sm)
     if not kept or not reduced or max(reduced) > min(kept):
         return None
     M = 1
@@ -85,5 +92,15 @@ def staging(x, dims, gpu):
     N = 1
     for i in kept:
         N *= shape[i]
-    arg = 8 if x.dtype == torch.float64 else 4
     return outer_staging(M, N, arg, gpu.multi_processor_count, gpu.max_threads_per_sm)
+
+
+def full_reduce_staging(numel, sms, acc=4, threads_per_sm=2048):
+    """(buffer, semaphores) bytes of a reduction of numel contiguous values to one, or None
+    (Reduce.cuh's setReduceConfig for one output: 512 threads; the input split across blocks
+    when each thread would sum 256 or more)."""
+    vpt = -(-numel // 512)
+    if vpt < 256:
+        return None
+    ctas = max(min(sms * (threads_per_sm // 512), -(-vpt // 16)), -(-vpt // 256))
+    return ctas * acc, 4

@@ -32,6 +32,12 @@ checks every sort, topk and cumsum call of ops-h100-run26.json against these rul
   draw q (N x elem), and for several samples a values buffer and topk's scratch on q; with
   replacement and several samples: three N x elem buffers, and cub's scan scratch when R is
   1 (all 36 measured calls of device run 26 matched).
+- index_put_(accumulate=True) with one int64 index tensor of n (an advanced-indexing
+  backward, x[idx]'s): two bounds checks (8 and 1 bytes each, freed), then 8n buffers: two,
+  the first freed, three more and cub's radix-sort scratch over the linear index (both
+  alternate buffers, 2 KiB of bins per byte of the indexed size's bits, 511, 1 KiB per tile
+  of 4608; one byte for 1024 or fewer), freed last to first (all 36 calls of device run 26,
+  V 1000 and 50000: two byte-passes; more bits are taken to need more passes, unmeasured).
 isin (elements, test elements) takes PyTorch's brute-force kernel while the test set is
 small (fewer than 10 x numel(elements)^0.145): `out.copy_(elements.unsqueeze(-1).eq(test)
 .any(-1))`, so the cross product's bools and the any's result come after the output and
@@ -44,6 +50,8 @@ buffers, 256-aligned, K passes of 256 8-byte digit bins, 256 of counters, 255 of
 slack and 1 KiB of lookback per tile (tiles of 5632, 5376 and 4608 items for 2-, 4- and
 8-byte keys).
 """
+
+from .reduce import full_reduce_staging
 
 _TILE = {2: 5632, 4: 5376, 8: 4608}
 SMALL_SORT = 4096
@@ -186,17 +194,6 @@ class _Tokens:
         self.toks.append(["f", i])
 
 
-def full_reduce_staging(numel, sms, acc=4, threads_per_sm=2048):
-    """(buffer, semaphores) bytes of a reduction of numel contiguous values to one, or None
-    (Reduce.cuh's setReduceConfig for one output: 512 threads; the input split across blocks
-    when each thread would sum 256 or more)."""
-    vpt = -(-numel // 512)
-    if vpt < 256:
-        return None
-    ctas = max(min(sms * (threads_per_sm // 512), -(-vpt // 16)), -(-vpt // 256))
-    return ctas * acc, 4
-
-
 def multinomial_tokens(rows, cols, n, replacement, elem, sms):
     """Tokens of aten.multinomial over `rows` distributions of `cols` (a 1-d input: one row),
     or None where its topk is not modelled."""
@@ -250,4 +247,37 @@ def multinomial_tokens(rows, cols, n, replacement, elem, sms):
         b.f(vals)
     for i in (q, anyz, valid):
         b.f(i)
+    return b.toks
+
+
+def index_put_acc_tokens(n, size, n_outputs=1, checked=True, values_copy=0):
+    """Tokens of an accumulating index_put_ of n indices into a dim of `size` (checked:
+    its two bounds checks; autograd's index_backward passes unsafe=True). values_copy: the
+    bytes of a non-contiguous values tensor made contiguous (a gradient sliced by cat's
+    backward: hs_gnn_index_train's h[src]), after the first index buffer is freed and
+    freed before the second."""
+    b = _Tokens()
+    b.toks = [["o", 0]] * n_outputs
+    if n == 0:
+        return b.toks
+    if n <= 1024:
+        scratch = 1
+    else:
+        passes = max(1, -(-max(1, (size - 1).bit_length()) // 8))
+        scratch = 2 * _a(8 * n) + 2048 * passes + 511 + 1024 * -(-n // 4608)
+    if checked:
+        for _ in range(2):
+            i, j = b.t(8), b.t(1)
+            b.f(j)
+            b.f(i)
+    k = 8 * n
+    first, second = b.t(k), b.t(k)
+    b.f(first)
+    vals = b.t(values_copy) if values_copy else None
+    rest = [b.t(k), b.t(k), b.t(k), b.t(scratch)]
+    for i in reversed(rest):
+        b.f(i)
+    if vals is not None:
+        b.f(vals)
+    b.f(second)
     return b.toks

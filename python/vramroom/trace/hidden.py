@@ -136,8 +136,11 @@ class Hidden:
         self.cast_reductions = {a.sum.default, a.sum.dim_IntList, a.nansum.default,
                                 a.prod.default, a.prod.dim_int, a.mean.default, a.mean.dim}
         # outputs a CUDA kernel allocates in another order than it returns them:
-        # native_dropout's mask before its output (real snapshots: BERT, nn.Transformer)
-        self.output_order = {a.native_dropout.default: (1, 0)}
+        # native_dropout's mask before its output (real snapshots: BERT, nn.Transformer);
+        # _embedding_bag's CUDA kernel: bag_size, offset2bag, then output (ho_recsys_embbag_amp)
+        self.output_order = {a.native_dropout.default: (1, 0),
+                             a._embedding_bag.default: (2, 1, 0, 3),
+                             a._embedding_bag_forward_only.default: (2, 1, 0, 3)}
         # softmax/log_softmax: the structured output first, then input.contiguous() (a
         # cross-entropy over sim.T in hf_bert_custom_loss's real snapshot)
         self.contig = {a.native_layer_norm.default: ([0], []),

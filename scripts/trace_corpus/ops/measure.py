@@ -94,6 +94,15 @@ DT["uint8"] = torch.uint8
 DT["float64"] = torch.float64
 
 
+def filled(shape, dt, dev, high):
+    """Random values of dtype dt: bools half true, floats in [0, 1), integers below high."""
+    if dt == torch.bool:
+        return torch.rand(shape, device=dev) > 0.5
+    if dt.is_floating_point:
+        return torch.rand(shape, device=dev, dtype=dt)
+    return torch.randint(0, high, shape, device=dev, dtype=dt)
+
+
 def run27(c, dev):
     dt = DT[c["dtype"]]
     if c["op"] == "isin":
@@ -123,13 +132,7 @@ def run27(c, dev):
         with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.CUDNN_ATTENTION]):
             o = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=c["gqa"])
         return m, (q, k, v), o
-    shape = (c["rows"], c["cols"])
-    if dt == torch.bool:
-        x = torch.rand(shape, device=dev) > 0.5
-    elif dt.is_floating_point:
-        x = torch.rand(shape, device=dev, dtype=dt)
-    else:
-        x = torch.randint(0, 3, shape, device=dev, dtype=dt)
+    x = filled((c["rows"], c["cols"]), dt, dev, 3)
     torch.cuda.synchronize()
     kw = {"dtype": DT[c["out"]]} if c["out"] else {}
     f = getattr(torch, c["op"])
@@ -151,13 +154,7 @@ def run(c, dev):
         m = torch.empty(MARK, dtype=torch.uint8, device=dev)
         x.index_put_((idx,), v, accumulate=True)
         return m, keep, None
-    shape = (c["rows"], c["cols"])
-    if dt == torch.bool:
-        x = torch.rand(shape, device=dev) > 0.5
-    elif dt.is_floating_point:
-        x = torch.rand(shape, device=dev, dtype=dt)
-    else:
-        x = torch.randint(0, 1 << 30, shape, device=dev, dtype=dt)
+    x = filled((c["rows"], c["cols"]), dt, dev, 1 << 30)
     torch.cuda.synchronize()
     m = torch.empty(MARK, dtype=torch.uint8, device=dev)
     if c["op"] == "sort":

@@ -620,3 +620,26 @@ def test_an_indexing_backward_sorts_in_place_as_cuda_does(tmp_path):
     assert ev[i + 1:i + 9] == [("alloc", k), ("alloc", k), ("free_", k), ("alloc", v),
                                ("alloc", k), ("alloc", k), ("alloc", k), ("alloc", scratch)]
     assert ("alloc", 8) not in ev[i:i + 9] and ev.count(("alloc", z)) == 1
+
+
+def test_a_reduced_loss_keeps_the_block_its_meta_function_sized(tmp_path):
+    # adam_capturable's real H100 snapshot: smooth_l1_loss (and mse_loss) reduced to a scalar
+    # keep a block the size of the whole input (the meta function sizes the result for the
+    # broadcast input, then resizes it to 0-dim); the elementwise loss is a second such
+    # block, freed with the mean's staging (2M elements: 256 blocks' partials and a semaphore).
+    out = run_traced("""
+    x = torch.randn(1024, 2048, device="cuda")
+    y = torch.randn(1024, 2048, device="cuda")
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    loss = torch.nn.functional.smooth_l1_loss(x, y)
+    m2 = torch.empty(22222, dtype=torch.uint8, device="cuda")
+    del loss
+    m3 = torch.empty(33333, dtype=torch.uint8, device="cuda")
+    """, tmp_path)
+    ev = [(a[:5], s) for a, s, _ in out["events"] if a in ("alloc", "free_requested")]
+    n = 1024 * 2048 * 4
+    i = ev.index(("alloc", 11111))
+    assert ev[i + 1:i + 8] == [("alloc", n), ("alloc", n), ("alloc", 1024), ("alloc", 4),
+                               ("free_", 4), ("free_", 1024), ("free_", n)]
+    j, k = ev.index(("alloc", 22222)), ev.index(("alloc", 33333))
+    assert ev[j + 1:k] == [("free_", n)]  # the scalar's block goes with the scalar

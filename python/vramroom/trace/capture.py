@@ -97,11 +97,14 @@ class UnsupportedOp(RuntimeError):
 
 
 class Entry:
-    __slots__ = ("addr", "size", "stream", "recorded", "ref")
+    # size: the bytes allocated; nbytes: the fake storage's own size, which differs when a
+    # CUDA kernel's output keeps a larger block than its shape needs (see_storage's size)
+    __slots__ = ("addr", "size", "stream", "recorded", "ref", "nbytes")
 
     def __init__(self, addr, size, stream):
         self.addr = addr
         self.size = size
+        self.nbytes = size
         self.stream = stream
         self.recorded = None
         self.ref = None
@@ -289,25 +292,29 @@ class Recorder:
 
         return cb
 
-    def see_storage(self, st, frames=None):
-        """Register the storage of a cuda fake tensor; an allocation if it is new."""
+    def see_storage(self, st, frames=None, size=None):
+        """Register the storage of a cuda fake tensor; an allocation if it is new (of `size`
+        bytes when given: a structured loss's 0-dim result keeps the block its meta function
+        first sized for the whole broadcast input, then resized to a scalar)."""
         key = st._cdata
         e = self.live.get(key)
         if e is not None:
             if e.addr == -1:
                 return False
             n = st.nbytes()
-            if n != e.size:
+            if n != e.nbytes:
                 # resize_/set_ grew (or shrank) a storage in place: PyTorch allocates the new
                 # block, copies, frees the old one.
                 old_addr, old_size = e.addr, e.size
-                e.size = n
+                e.size = e.nbytes = n
                 e.addr = self.alloc(n, frames=frames) if n > 0 else 0
                 if old_size > 0:
                     self.free(old_addr, old_size, e.stream)
             return False
         n = st.nbytes()
-        e = Entry(0, n, self.current_stream_ident())
+        e = Entry(0, n if size is None else size, self.current_stream_ident())
+        e.nbytes = n
+        n = e.size
         if n > 0:
             e.addr = self.alloc(n, stream=e.stream, frames=frames)
         e.ref = weakref.ref(st, self._on_storage_dead(key))

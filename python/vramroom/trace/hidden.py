@@ -155,6 +155,8 @@ class Hidden:
         # freed after it, when a multi-dim index tensor cannot be flattened as a view (a
         # sliced batch of token ids: lm_large_vocab_ce's inputs[:, :-1])
         self.flat_copy = {a.embedding.default: 1}
+        # structured losses reduced to a scalar (loss_tokens)
+        self.struct_losses = {a.mse_loss.default, a.smooth_l1_loss.default}
         self.adv_index = {a.index.Tensor, a.index_put_.default, a.index_put.default,
                           a._index_put_impl_.default}
         self.emb_bwd = {a.embedding_dense_backward.default, a._embedding_bag_backward.default,
@@ -181,6 +183,8 @@ class Hidden:
         after them, all freed in the order made), or a reduction's converted input (after
         the output, freed last); then Reduce.cuh's staging buffer and semaphores
         (semaphores freed first)."""
+        if func in self.struct_losses:
+            return self.loss_tokens(func, args, kwargs, n_outputs)
         if func is self._aten.native_group_norm.default:
             # affine over HxW > 1: per-(sample, channel) scale and shift, N x C in the
             # accumulation type, after the outputs, freed later-first (ho_unet_decoder_sgd's
@@ -241,6 +245,34 @@ class Hidden:
         if cast:
             toks.append(["f", k])
         return toks
+
+    def loss_tokens(self, func, args, kwargs, n_outputs):
+        """mse_loss and smooth_l1_loss reduced to a scalar, as their structured kernels run:
+        the meta function sizes the result for the whole broadcast input, then resizes it to
+        0-dim (the scalar keeps that block); the kernel writes the elementwise loss into a
+        temporary of the same size and mean_out/sum_out it into the result (a full
+        reduction's staging when it splits). adam_capturable's smooth_l1 (2M elements: 8 MiB
+        kept, 8 MiB and 1024 + 4 bytes transient) and ckpt_transformer_blocks' mse (8192)
+        in their real H100 snapshots."""
+        from .reduce import full_reduce_staging
+
+        b = _bind(func, args, kwargs)
+        x, y = b.get("self"), b.get("target")
+        if n_outputs != 1 or not hasattr(x, "device") or x.device.type != "cuda" or \
+                int(b.get("reduction", 1)) == 0 or float(b.get("beta", 1.0)) == 0.0:
+            return None
+        n = 1
+        for d in self._torch.broadcast_shapes(tuple(x.shape), tuple(y.shape)):
+            n *= d
+        elem = self._torch.result_type(x, y).itemsize
+        if n == 0:
+            return None
+        toks = [["s", n * elem], ["t", n * elem]]
+        st = full_reduce_staging(n, self.gpu.multi_processor_count, 8 if elem == 8 else 4,
+                                 self.gpu.max_threads_per_sm)
+        if st:
+            toks += [["t", st[0]], ["t", st[1]], ["f", 2], ["f", 1]]
+        return toks + [["f", 0]]
 
     def index_put_acc(self, func, args, kwargs):
         """(n indices, indexed size, checked, values copy bytes) of an accumulating index_put_
@@ -550,13 +582,15 @@ class Hidden:
         take the "o" places; transients are allocated and freed where measured. False
         (and nothing done) when the outputs do not match the measurement's."""
         rec = self.rec
-        if sum(1 for k, _ in toks if k == "o") != len(outs):
+        if sum(1 for k, _ in toks if k in ("o", "s")) != len(outs):
             return False
         st = rec.current_stream_ident()
         it, temps = iter(outs), []
         for k, v in toks:
             if k == "o":
                 rec.see_storage(next(it).untyped_storage(), frames)
+            elif k == "s":  # an output whose block is v bytes, more than its shape needs
+                rec.see_storage(next(it).untyped_storage(), frames, size=v)
             elif k == "t":
                 temps.append((rec.alloc(v, stream=st, frames=frames), v) if v > 0 else None)
             else:

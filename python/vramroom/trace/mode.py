@@ -275,7 +275,7 @@ def _mode_class():
                 for a in args:
                     if isinstance(a, FakeTensor) and a.device.type == "cuda":
                         e = rec.live.get(a.untyped_storage()._cdata)
-                        if e is not None and e.size != a.untyped_storage().nbytes():
+                        if e is not None and e.nbytes != a.untyped_storage().nbytes():
                             rec.see_storage(a.untyped_storage(), rec._frames())
             sb = sdpa_bwd.get(func)
             if sb is not None:

@@ -643,3 +643,18 @@ def test_a_reduced_loss_keeps_the_block_its_meta_function_sized(tmp_path):
                                ("free_", 4), ("free_", 1024), ("free_", n)]
     j, k = ev.index(("alloc", 22222)), ev.index(("alloc", 33333))
     assert ev[j + 1:k] == [("free_", n)]  # the scalar's block goes with the scalar
+
+
+def test_bce_with_logits_allocates_what_its_cuda_composite_does(tmp_path):
+    # ho_recsys_embbag_amp's real H100 snapshot: log_sigmoid(input) and the (1 - target)
+    # loss, input-sized, then the 4-byte mean; the two freed later-first.
+    out = run_traced("""
+    x = torch.randn(2048, 1, device="cuda")
+    y = torch.rand(2048, 1, device="cuda")
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(x, y)
+    """, tmp_path)
+    ev = [(a[:5], s) for a, s, _ in out["events"] if a in ("alloc", "free_requested")]
+    i = ev.index(("alloc", 11111))
+    assert ev[i + 1:i + 6] == [("alloc", 8192), ("alloc", 8192), ("alloc", 4),
+                               ("free_", 8192), ("free_", 8192)]

@@ -185,6 +185,8 @@ class Hidden:
         (semaphores freed first)."""
         if func in self.struct_losses:
             return self.loss_tokens(func, args, kwargs, n_outputs)
+        if func is self._aten.binary_cross_entropy_with_logits.default:
+            return self.bce_logits_tokens(args, kwargs, n_outputs)
         if func is self._aten.native_group_norm.default:
             # affine over HxW > 1: per-(sample, channel) scale and shift, N x C in the
             # accumulation type, after the outputs, freed later-first (ho_unet_decoder_sgd's
@@ -273,6 +275,31 @@ class Hidden:
         if st:
             toks += [["t", st[0]], ["t", st[1]], ["f", 2], ["f", 1]]
         return toks + [["f", 0]]
+
+    def bce_logits_tokens(self, args, kwargs, n_outputs):
+        """binary_cross_entropy_with_logits (no pos_weight), as its CUDA composite runs:
+        log_sigmoid(input), then (1 - target) multiplied and subtracted in place, reduced;
+        the two input-sized tensors freed after the result, later-first
+        (ho_recsys_embbag_amp's real snapshot: 8192, 8192, the 4-byte mean)."""
+        from .reduce import full_reduce_staging
+
+        b = _bind(self._aten.binary_cross_entropy_with_logits.default, args, kwargs)
+        x, y = b.get("self"), b.get("target")
+        if n_outputs != 1 or not hasattr(x, "device") or x.device.type != "cuda" or \
+                b.get("pos_weight") is not None:
+            return None
+        n = 1
+        for d in self._torch.broadcast_shapes(tuple(x.shape), tuple(y.shape)):
+            n *= d
+        elem = self._torch.result_type(x, y).itemsize
+        toks = [["t", x.numel() * x.element_size()], ["t", n * elem], ["o", 0]]
+        if int(b.get("reduction", 1)) == 0:
+            return [["t", x.numel() * x.element_size()], ["o", 0], ["f", 0]]
+        st = full_reduce_staging(n, self.gpu.multi_processor_count, 8 if elem == 8 else 4,
+                                 self.gpu.max_threads_per_sm)
+        if st:
+            toks += [["t", st[0]], ["t", st[1]], ["f", 3], ["f", 2]]
+        return toks + [["f", 1], ["f", 0]]
 
     def index_put_acc(self, func, args, kwargs):
         """(n indices, indexed size, checked, values copy bytes) of an accumulating index_put_

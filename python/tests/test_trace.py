@@ -81,6 +81,11 @@ def allocs(events):
     return [(e[1], e[2]) for e in events if e[0] == "alloc"]
 
 
+def alloc_free(out):
+    """The trace's allocations and free requests as ("alloc" | "free_", size), in order."""
+    return [(a[:5], s) for a, s, _ in out["events"] if a in ("alloc", "free_requested")]
+
+
 MLP = """
     m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).cuda()
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
@@ -433,7 +438,7 @@ def test_isin_a_mask_sum_and_a_decode_step_allocate_what_cuda_does(tmp_path):
     with torch.no_grad():
         o = torch.nn.functional.scaled_dot_product_attention(q, k, k)
     """, tmp_path)
-    ev = [(a[:5], s) for a, s, _ in out["events"] if a in ("alloc", "free_requested")]
+    ev = alloc_free(out)
     i = ev.index(("alloc", 8))  # the isin's test tensor
     assert ev[i + 1:i + 6] == [("alloc", 32000), ("alloc", 32000), ("alloc", 32000),
                                ("free_", 32000), ("free_", 32000)]
@@ -479,7 +484,7 @@ def test_embedding_copies_indices_it_cannot_flatten(tmp_path):
     marker = torch.empty(12345, dtype=torch.uint8, device="cuda")
     emb(tok[:, 1:].contiguous()).sum().backward()
     """, tmp_path)
-    ev = [(a[:5], s) for a, s, _ in out["events"] if a in ("alloc", "free_requested")]
+    ev = alloc_free(out)
     idx, h, gw = 4 * 256 * 8, 4 * 256 * 64 * 4, 1000 * 64 * 4
     cut = ev.index(("alloc", 12345))
     first = ev.index(("alloc", 4 * 257 * 8)) + 1
@@ -500,7 +505,7 @@ def test_clip_grad_norm_takes_the_foreach_norm_cuda_takes(tmp_path):
     marker = torch.empty(12345, dtype=torch.uint8, device="cuda")
     torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
     """, tmp_path)
-    ev = [(a[:5], s) for a, s, _ in out["events"] if a in ("alloc", "free_requested")]
+    ev = alloc_free(out)
     i = ev.index(("alloc", 12345))
     buf = 4 * 16 * 4  # 4 tensors, the weight's 1e6 elements in 16 chunks
     assert ev[i + 1:i + 7] == [("alloc", buf)] + [("alloc", 4)] * 4 + [("free_", buf)]
@@ -517,7 +522,7 @@ def test_linear_under_autocast_adds_its_bias_in_place(tmp_path):
         marker = torch.empty(12345, dtype=torch.uint8, device="cuda")
         y = lin(x)
     """, tmp_path)
-    ev = [(a[:5], s) for a, s, _ in out["events"] if a in ("alloc", "free_requested")]
+    ev = alloc_free(out)
     i = ev.index(("alloc", 12345))
     n = 16 * 10
     got = [e for e in ev[i + 1:] if e[1] < CUBLAS]
@@ -550,7 +555,7 @@ def test_padding_masks_and_a_transposed_cross_entropy_allocate_what_cuda_does(tm
     m4 = torch.empty(44444, dtype=torch.uint8, device="cuda")
     lp = torch.log_softmax(sim.T, -1)
     """, tmp_path)
-    ev = [(a[:5], s) for a, s, _ in out["events"] if a in ("alloc", "free_requested")]
+    ev = alloc_free(out)
 
     def after(marker, n):
         i = ev.index(("alloc", marker))
@@ -581,7 +586,7 @@ def test_group_norm_and_a_sliced_grad_allocate_what_cuda_does(tmp_path):
     m3 = torch.empty(33333, dtype=torch.uint8, device="cuda")
     torch.cat([up, other], 1).sum().backward()
     """, tmp_path)
-    ev = [(a[:5], s) for a, s, _ in out["events"] if a in ("alloc", "free_requested")]
+    ev = alloc_free(out)
 
     def after(marker):
         return ev[ev.index(("alloc", marker)) + 1:]
@@ -612,7 +617,7 @@ def test_an_indexing_backward_sorts_in_place_as_cuda_does(tmp_path):
     m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
     torch.cat([x[idx], other], 1).sum().backward()
     """, tmp_path)
-    ev = [(a[:5], s) for a, s, _ in out["events"] if a in ("alloc", "free_requested")]
+    ev = alloc_free(out)
     ev = ev[ev.index(("alloc", 11111)) + 1:]
     k, v, z = 8 * 2000, 2000 * 64 * 4, 5000 * 64 * 4
     i = ev.index(("alloc", z))  # index_backward's zeros, the only output
@@ -636,7 +641,7 @@ def test_a_reduced_loss_keeps_the_block_its_meta_function_sized(tmp_path):
     del loss
     m3 = torch.empty(33333, dtype=torch.uint8, device="cuda")
     """, tmp_path)
-    ev = [(a[:5], s) for a, s, _ in out["events"] if a in ("alloc", "free_requested")]
+    ev = alloc_free(out)
     n = 1024 * 2048 * 4
     i = ev.index(("alloc", 11111))
     assert ev[i + 1:i + 8] == [("alloc", n), ("alloc", n), ("alloc", 1024), ("alloc", 4),
@@ -654,7 +659,7 @@ def test_bce_with_logits_allocates_what_its_cuda_composite_does(tmp_path):
     m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
     loss = torch.nn.functional.binary_cross_entropy_with_logits(x, y)
     """, tmp_path)
-    ev = [(a[:5], s) for a, s, _ in out["events"] if a in ("alloc", "free_requested")]
+    ev = alloc_free(out)
     i = ev.index(("alloc", 11111))
     assert ev[i + 1:i + 6] == [("alloc", 8192), ("alloc", 8192), ("alloc", 4),
                                ("free_", 8192), ("free_", 8192)]

@@ -663,3 +663,23 @@ def test_bce_with_logits_allocates_what_its_cuda_composite_does(tmp_path):
     i = ev.index(("alloc", 11111))
     assert ev[i + 1:i + 6] == [("alloc", 8192), ("alloc", 8192), ("alloc", 4),
                                ("free_", 8192), ("free_", 8192)]
+
+
+def test_a_permuted_attention_grad_is_copied_and_lt_is_per_thread(tmp_path):
+    # ckpt_transformer_blocks' real H100 snapshot: the memory-efficient attention backward
+    # copies a grad_out that is not [B, T, H, D]-contiguous (MultiheadAttention's permute)
+    # before the gradients, freed after its scratch; a checkpointed forward recomputed on
+    # autograd's device thread takes that thread's own 1 MiB cuBLASLt workspace.
+    out = run_traced("""
+    from torch.utils.checkpoint import checkpoint
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True).cuda()
+    x = torch.randn(8, 32, 64, device="cuda", requires_grad=True)
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    checkpoint(layer, x, use_reentrant=False).sum().backward()
+    """, tmp_path)
+    ev = alloc_free(out)
+    assert ev.count(("alloc", LT)) == 2, ev
+    bwd = ev[ev.index(("alloc", 11111)):]
+    g = 8 * 32 * 64 * 4  # grad_out, q, k, v: [B, H, T, D] fp32
+    i = next(j for j in range(len(bwd) - 4) if bwd[j:j + 4] == [("alloc", g)] * 4)
+    assert ("free_", g) in bwd[i + 4:]

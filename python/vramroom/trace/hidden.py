@@ -111,7 +111,7 @@ class Hidden:
         self.conv = _conv_table(self.row.get("conv_workspace_table"))
         self.conv_ev = _conv_events(self.row.get("conv_events_table"))
         self.handles = set()
-        self.lt_done = False
+        self.lt_keys = set()
         a = torch.ops.aten
         mm_names = ["mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot",
                     "_addmm_activation", "_scaled_mm", "_int_mm"]
@@ -448,10 +448,13 @@ class Hidden:
             fr = rec._frames()
             rec.hidden_alloc(self.row["cublas_handle_workspace"], frames=fr)
             self.stats["cublas_handles"] += 1
-        if not self.lt_done and func in self.lt_ops:
+        if key not in self.lt_keys and func in self.lt_ops:
+            # cuBLASLt's workspace, like cuBLAS's, is per (thread, stream): autograd's device
+            # thread takes its own when a checkpointed forward is recomputed there
+            # (ckpt_transformer_blocks' real snapshot: a second 1 MiB in the first backward)
             bias = args[0] if args else None
             if bias is not None and (bias.dim() == 1 or (bias.dim() == 2 and bias.stride(0) == 0)):
-                self.lt_done = True
+                self.lt_keys.add(key)
                 rec.hidden_alloc(self.row["cublaslt_workspace"], frames=fr or rec._frames())
                 self.stats["cublaslt"] += 1
 

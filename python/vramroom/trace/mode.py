@@ -251,6 +251,16 @@ def _mode_class():
                 ts = [ts[i] for i in hid.output_order[func]]
             fr = None
             cuda_outs = [t for t in ts if t.device.type == "cuda"]
+            sb = sdpa_bwd.get(func)
+            go_copy = None
+            if sb == "efficient" and args and isinstance(args[0], FakeTensor) and \
+                    args[0].device.type == "cuda" and args[0].dim() == 4 and \
+                    not args[0].transpose(1, 2).is_contiguous():
+                # the kernel reads grad_out as [B, T, H, D]: a gradient in another layout
+                # (nn.MultiheadAttention's permute back) is copied before the gradients and
+                # freed after the kernel's scratch (ckpt_transformer_blocks' real snapshot)
+                n = args[0].numel() * args[0].element_size()
+                go_copy = (rec.alloc(n, frames=rec._frames()), n, rec.current_stream_ident())
             # what the CUDA kernel allocates around its outputs (input copies, reduction
             # staging), in hidden.py's event tokens
             toks = hid.embedding_tokens(func, args) if func in hid.emb_bwd else None
@@ -277,9 +287,10 @@ def _mode_class():
                         e = rec.live.get(a.untyped_storage()._cdata)
                         if e is not None and e.nbytes != a.untyped_storage().nbytes():
                             rec.see_storage(a.untyped_storage(), rec._frames())
-            sb = sdpa_bwd.get(func)
             if sb is not None:
                 sdpa_backward_scratch(rec, sb, args)
+            if go_copy is not None:
+                rec.free(*go_copy)
             if func in hid.matmul:
                 if args and isinstance(args[0], FakeTensor) and args[0].device.type == "cuda":
                     hid.matmul_after(func, args)

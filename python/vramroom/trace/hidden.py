@@ -21,6 +21,7 @@ What each op adds (PyTorch 2.11's CUDA path):
 """
 
 import json
+import math
 import os
 import threading
 
@@ -174,62 +175,29 @@ class Hidden:
                            a._index_put_impl_.default: idx_put}
         self.conv_fwd = {a.convolution.default}
         self.conv_bwd = {a.convolution_backward.default}
+        # ops whose hidden allocations one method of their own gives, as around_outputs'
+        # tokens (func, args, kwargs, n_outputs) -> tokens or None
+        self.op_rules = {a.native_group_norm.default: self.group_norm_tokens,
+                         a.native_group_norm_backward.default: self.group_norm_backward_tokens,
+                         a.binary_cross_entropy_with_logits.default: self.bce_logits_tokens,
+                         a._foreach_norm.Scalar: self.foreach_norm_tokens}
+        for op in self.struct_losses:
+            self.op_rules[op] = self.loss_tokens
+        for op in self.adv_index:
+            self.op_rules[op] = self.adv_index_tokens
         self.stats = {"cublas_handles": 0, "cublaslt": 0, "conv_workspaces": 0,
                       "conv_unmeasured": 0, "conv_measured": 0}
 
     def around_outputs(self, func, args, kwargs, n_outputs):
         """The op's hidden allocations around its n cuda outputs as event tokens (see
-        replay_tokens), or None: the copies of non-contiguous inputs (before the outputs,
-        after them, all freed in the order made), or a reduction's converted input (after
+        replay_tokens), or None: an op in op_rules gets its own method's; else the copies of
+        non-contiguous inputs (before the outputs, after them, all freed in the order
+        made), or a reduction's converted input (after
         the output, freed last); then Reduce.cuh's staging buffer and semaphores
         (semaphores freed first)."""
-        if func in self.struct_losses:
-            return self.loss_tokens(func, args, kwargs, n_outputs)
-        if func is self._aten.binary_cross_entropy_with_logits.default:
-            return self.bce_logits_tokens(args, kwargs, n_outputs)
-        if func is self._aten.native_group_norm.default:
-            # affine over HxW > 1: per-(sample, channel) scale and shift, N x C in the
-            # accumulation type, after the outputs, freed later-first (ho_unet_decoder_sgd's
-            # real snapshot: 2 x 8 x 64 x 4 bytes after each GroupNorm(8, 64))
-            x, w, bias = args[0], args[1], args[2]
-            n, c, hxw = int(args[3]), int(args[4]), int(args[5])
-            if x.device.type != "cuda" or hxw == 1 or (w is None and bias is None) or not n * c:
-                return None
-            acc = 8 if x.dtype == self._torch.float64 else 4
-            return [["o", 0]] * n_outputs + [["t", n * c * acc], ["t", n * c * acc],
-                                              ["f", 1], ["f", 0]]
-        if func is self._aten.native_group_norm_backward.default:
-            # (grad, X, mean, rstd, gamma, N, C, HxW, group, mask): ds and db (N x C), and
-            # for dX c2, c3 (N x G) and, with gamma, c1 (N x C) sized by its iterator;
-            # c3, c2, c1 then db, ds freed (ho_unet_decoder_sgd's real backward)
-            x, gamma = args[1], args[4]
-            n, c, hxw, g = int(args[5]), int(args[6]), int(args[7]), int(args[8])
-            mask = list(args[9]) if len(args) > 9 else [True, True, True]
-            if x.device.type != "cuda" or hxw == 1 or not n * c:
-                return None
-            acc = 8 if x.dtype == self._torch.float64 else 4
-            toks = [["o", 0]] * n_outputs + [["t", n * c * acc], ["t", n * c * acc]]
-            if mask[0]:
-                toks += [["t", n * g * acc], ["t", n * g * acc]]
-                if gamma is not None:
-                    toks += [["t", n * c * acc], ["f", 3], ["f", 2], ["f", 4]]
-                else:
-                    toks += [["f", 3], ["f", 2]]
-            return toks + [["f", 1], ["f", 0]]
-        if func in self.adv_index:
-            acc = self.index_put_acc(func, args, kwargs)
-            if acc is not None:
-                from .sorting import index_put_acc_tokens
-
-                return index_put_acc_tokens(acc[0], acc[1], n_outputs, acc[2], acc[3])
-            cs = self.index_copies(func, args, kwargs)
-            if not cs:
-                return None
-            return ([["t", c] for c in cs] + [["o", 0]] * n_outputs +
-                    [["f", i] for i in reversed(range(len(cs)))])
-        if func is self._aten._foreach_norm.Scalar:
-            buf = self.foreach_norm_partials(args, kwargs)
-            return [["t", buf], *([["o", 0]] * n_outputs), ["f", 0]] if buf else None
+        rule = self.op_rules.get(func)
+        if rule is not None:
+            return rule(func, args, kwargs, n_outputs)
         copies = self.contiguous_copies(func, args)
         cast = self.reduce_cast(func, args, kwargs)
         staged = self.reduce_staging(func, args)
@@ -248,6 +216,75 @@ class Hidden:
             toks.append(["f", k])
         return toks
 
+    def group_norm_tokens(self, func, args, kwargs, n_outputs):
+        """native_group_norm, affine over HxW > 1: per-(sample, channel) scale and shift, N x C
+        in the accumulation type, after the outputs, freed later-first (ho_unet_decoder_sgd's
+        real snapshot: 2 x 8 x 64 x 4 bytes after each GroupNorm(8, 64))."""
+        x, w, bias = args[0], args[1], args[2]
+        n, c, hxw = int(args[3]), int(args[4]), int(args[5])
+        if x.device.type != "cuda" or hxw == 1 or (w is None and bias is None) or not n * c:
+            return None
+        acc = self._acc(x.dtype)
+        return [["o", 0]] * n_outputs + [["t", n * c * acc], ["t", n * c * acc],
+                                          ["f", 1], ["f", 0]]
+
+    def group_norm_backward_tokens(self, func, args, kwargs, n_outputs):
+        """native_group_norm_backward(grad, X, mean, rstd, gamma, N, C, HxW, group, mask): ds
+        and db (N x C), and for dX c2, c3 (N x G) and, with gamma, c1 (N x C) sized by its
+        iterator; c3, c2, c1 then db, ds freed (ho_unet_decoder_sgd's real backward)."""
+        x, gamma = args[1], args[4]
+        n, c, hxw, g = int(args[5]), int(args[6]), int(args[7]), int(args[8])
+        mask = list(args[9]) if len(args) > 9 else [True, True, True]
+        if x.device.type != "cuda" or hxw == 1 or not n * c:
+            return None
+        acc = self._acc(x.dtype)
+        toks = [["o", 0]] * n_outputs + [["t", n * c * acc], ["t", n * c * acc]]
+        if mask[0]:
+            toks += [["t", n * g * acc], ["t", n * g * acc]]
+            if gamma is not None:
+                toks += [["t", n * c * acc], ["f", 3], ["f", 2], ["f", 4]]
+            else:
+                toks += [["f", 3], ["f", 2]]
+        return toks + [["f", 1], ["f", 0]]
+
+    def adv_index_tokens(self, func, args, kwargs, n_outputs):
+        """index / index_put_: an accumulating one's sort (sorting.index_put_acc_tokens), or
+        the index copies (index_copies) before the outputs, freed later-first."""
+        acc = self.index_put_acc(func, args, kwargs)
+        if acc is not None:
+            from .sorting import index_put_acc_tokens
+
+            return index_put_acc_tokens(acc[0], acc[1], n_outputs, acc[2], acc[3])
+        cs = self.index_copies(func, args, kwargs)
+        if not cs:
+            return None
+        return ([["t", c] for c in cs] + [["o", 0]] * n_outputs +
+                [["f", i] for i in reversed(range(len(cs)))])
+
+    def foreach_norm_tokens(self, func, args, kwargs, n_outputs):
+        buf = self.foreach_norm_partials(args, kwargs)
+        return [["t", buf], *([["o", 0]] * n_outputs), ["f", 0]] if buf else None
+
+    def _acc(self, dtype):
+        """Bytes of the accumulation type CUDA kernels use for dtype (fp32, fp64 for doubles)."""
+        return 8 if dtype in (self._torch.float64, self._torch.complex128) else 4
+
+    def _loss_size(self, x, y):
+        """Elements and element bytes of a loss over x and y broadcast."""
+        return (math.prod(self._torch.broadcast_shapes(tuple(x.shape), tuple(y.shape))),
+                self._torch.result_type(x, y).itemsize)
+
+    def _full_staging_tokens(self, n, elem, first):
+        """A full reduction of n values' staging and semaphores, allocated and freed, as
+        tokens whose transients are numbered from `first`; [] when it does not split."""
+        from .reduce import full_reduce_staging
+
+        st = full_reduce_staging(n, self.gpu.multi_processor_count, 8 if elem == 8 else 4,
+                                 self.gpu.max_threads_per_sm)
+        if not st:
+            return []
+        return [["t", st[0]], ["t", st[1]], ["f", first + 1], ["f", first]]
+
     def loss_tokens(self, func, args, kwargs, n_outputs):
         """mse_loss and smooth_l1_loss reduced to a scalar, as their structured kernels run:
         the meta function sizes the result for the whole broadcast input, then resizes it to
@@ -256,50 +293,33 @@ class Hidden:
         reduction's staging when it splits). adam_capturable's smooth_l1 (2M elements: 8 MiB
         kept, 8 MiB and 1024 + 4 bytes transient) and ckpt_transformer_blocks' mse (8192)
         in their real H100 snapshots."""
-        from .reduce import full_reduce_staging
-
         b = _bind(func, args, kwargs)
         x, y = b.get("self"), b.get("target")
         if n_outputs != 1 or not hasattr(x, "device") or x.device.type != "cuda" or \
                 int(b.get("reduction", 1)) == 0 or float(b.get("beta", 1.0)) == 0.0:
             return None
-        n = 1
-        for d in self._torch.broadcast_shapes(tuple(x.shape), tuple(y.shape)):
-            n *= d
-        elem = self._torch.result_type(x, y).itemsize
+        n, elem = self._loss_size(x, y)
         if n == 0:
             return None
-        toks = [["s", n * elem], ["t", n * elem]]
-        st = full_reduce_staging(n, self.gpu.multi_processor_count, 8 if elem == 8 else 4,
-                                 self.gpu.max_threads_per_sm)
-        if st:
-            toks += [["t", st[0]], ["t", st[1]], ["f", 2], ["f", 1]]
-        return toks + [["f", 0]]
+        return ([["s", n * elem], ["t", n * elem]] + self._full_staging_tokens(n, elem, 1) +
+                [["f", 0]])
 
-    def bce_logits_tokens(self, args, kwargs, n_outputs):
+    def bce_logits_tokens(self, func, args, kwargs, n_outputs):
         """binary_cross_entropy_with_logits (no pos_weight), as its CUDA composite runs:
         log_sigmoid(input), then (1 - target) multiplied and subtracted in place, reduced;
         the two input-sized tensors freed after the result, later-first
         (ho_recsys_embbag_amp's real snapshot: 8192, 8192, the 4-byte mean)."""
-        from .reduce import full_reduce_staging
-
-        b = _bind(self._aten.binary_cross_entropy_with_logits.default, args, kwargs)
+        b = _bind(func, args, kwargs)
         x, y = b.get("self"), b.get("target")
         if n_outputs != 1 or not hasattr(x, "device") or x.device.type != "cuda" or \
                 b.get("pos_weight") is not None:
             return None
-        n = 1
-        for d in self._torch.broadcast_shapes(tuple(x.shape), tuple(y.shape)):
-            n *= d
-        elem = self._torch.result_type(x, y).itemsize
-        toks = [["t", x.numel() * x.element_size()], ["t", n * elem], ["o", 0]]
+        log_sigmoid = x.numel() * x.element_size()
         if int(b.get("reduction", 1)) == 0:
-            return [["t", x.numel() * x.element_size()], ["o", 0], ["f", 0]]
-        st = full_reduce_staging(n, self.gpu.multi_processor_count, 8 if elem == 8 else 4,
-                                 self.gpu.max_threads_per_sm)
-        if st:
-            toks += [["t", st[0]], ["t", st[1]], ["f", 3], ["f", 2]]
-        return toks + [["f", 1], ["f", 0]]
+            return [["t", log_sigmoid], ["o", 0], ["f", 0]]
+        n, elem = self._loss_size(x, y)
+        return ([["t", log_sigmoid], ["t", n * elem], ["o", 0]] +
+                self._full_staging_tokens(n, elem, 2) + [["f", 1], ["f", 0]])
 
     def index_put_acc(self, func, args, kwargs):
         """(n indices, indexed size, checked, values copy bytes) of an accumulating index_put_
@@ -317,10 +337,7 @@ class Hidden:
         v = b.get("values")
         copy = 0
         if hasattr(v, "is_contiguous") and ts[0][0] == 0 and x.dim():
-            rows = 1
-            for d in x.shape[1:]:
-                rows *= d
-            full = ts[0][1].numel() * rows
+            full = ts[0][1].numel() * math.prod(x.shape[1:])
             if not v.is_contiguous() or v.numel() != full:
                 copy = full * v.element_size()
         return (ts[0][1].numel(), int(x.shape[ts[0][0]]) if x.dim() else 1,
@@ -352,9 +369,7 @@ class Hidden:
         strides = [expanded(t) for t in ts]
         if all(st == strides[0] for st in strides):
             return None
-        n = 1
-        for d in shape:
-            n *= d
+        n = math.prod(shape)
         return [n * t.element_size() for t in ts] if n else None
 
     def foreach_norm_partials(self, args, kwargs):
@@ -370,7 +385,7 @@ class Hidden:
         if not hasattr(t0, "device") or t0.device.type != "cuda" or any(
                 t.device != t0.device or t.dtype != t0.dtype for t in ts):
             return 0
-        acc = 8 if t0.dtype in (self._torch.float64, self._torch.complex128) else 4
+        acc = self._acc(t0.dtype)
         chunks = max(-(-t.numel() // 65536) for t in ts)
         return len(ts) * chunks * acc
 
@@ -378,8 +393,7 @@ class Hidden:
         """Bytes of the converted input a sum/prod/mean makes first, or 0."""
         if func not in self.cast_reductions or not args:
             return 0
-        import torch
-
+        torch = self._torch
         x = args[0]
         if not hasattr(x, "device") or x.device.type != "cuda" or x.numel() == 0:
             return 0

@@ -683,3 +683,73 @@ def test_a_permuted_attention_grad_is_copied_and_lt_is_per_thread(tmp_path):
     g = 8 * 32 * 64 * 4  # grad_out, q, k, v: [B, H, T, D] fp32
     i = next(j for j in range(len(bwd) - 4) if bwd[j:j + 4] == [("alloc", g)] * 4)
     assert ("free_", g) in bwd[i + 4:]
+
+
+def test_values_computed_from_arange_are_known(tmp_path):
+    # transformers' packed-sequence check on position ids made by arange (training with
+    # use_cache=False, hf_gpt2_grad_ckpt): `(diff(pos) != 1).cumsum(-1)[:, -1] == 0`, all
+    # True, so no 4-d mask is built; the GPU knows it, and so must the trace.
+    out = run_traced("""
+    pos = torch.arange(0, 16, device="cuda").unsqueeze(0).expand(4, -1)
+    d = torch.diff(pos, prepend=pos[:, :1] - 1, dim=-1)
+    assert bool(((d != 1).cumsum(-1)[:, -1] == 0).all())
+    x = torch.zeros(4, device="cuda")
+    x[1] = 3
+    assert x.tolist() == [0.0, 3.0, 0.0, 0.0], x.tolist()
+    assert x.sum().item() == 3.0
+    """, tmp_path)
+    assert not out["warnings"], out["warnings"]
+
+
+def test_math_attention_adds_its_mask_in_place_and_softmax_keeps_cudas_temporaries(tmp_path):
+    # hx_t5_train_bf16's real H100 snapshot, per attention: the scores, the mask added into
+    # them in place (no second [B, H, T, S] block), _safe_softmax's output, then its isneginf
+    # bools, their all() per row and a 4-byte zero, freed later-first; in the backward,
+    # softmax's `grad * output` transient after grad_input.
+    out = run_traced("""
+    import torch.nn.functional as F
+    q = torch.randn(2, 4, 64, 32, device="cuda", requires_grad=True)
+    bias = torch.zeros(2, 4, 64, 64, device="cuda", requires_grad=True)
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    o = F.scaled_dot_product_attention(q, q, q, attn_mask=bias)
+    m2 = torch.empty(22222, dtype=torch.uint8, device="cuda")
+    o.sum().backward()
+    """, tmp_path)
+    assert out["hidden"]["sdpa"] == {"math": 1}, out["hidden"]
+    ev = alloc_free(out)
+    s = 2 * 4 * 64 * 64
+    fwd = ev[ev.index(("alloc", 11111)):ev.index(("alloc", 22222))]
+    assert [a for a in fwd if a[0] == "alloc"].count(("alloc", s * 4)) == 2, fwd  # scores, softmax
+    i = fwd.index(("alloc", s))
+    assert fwd[i:i + 6] == [("alloc", s), ("alloc", 2 * 4 * 64), ("alloc", 4),
+                            ("free_", 4), ("free_", 2 * 4 * 64), ("free_", s)], fwd
+    bwd = ev[ev.index(("alloc", 22222)):]
+    j = next(k for k in range(len(bwd) - 2)
+             if bwd[k:k + 3] == [("alloc", s * 4), ("alloc", s * 4), ("free_", s * 4)])
+    assert j is not None
+
+
+def test_a_norm_stages_and_an_embedding_backward_copies_a_permuted_grad(tmp_path):
+    # hf_t5_small_train_adafactor's real H100 snapshot: Adafactor's p.norm(2) of the 32128 x
+    # 512 embedding splits across 528 blocks (2112 bytes of partials, 4 of semaphores);
+    # hx_t5_train_bf16's: the position bias' embedding backward copies its permuted grad
+    # first and frees it after everything else it made.
+    out = run_traced("""
+    x = torch.randn(32128, 512, device="cuda")
+    n = x.norm(2)
+    emb = torch.nn.Embedding(32, 4).cuda()
+    idx = torch.randint(0, 32, (128, 128), device="cuda")
+    y = emb(idx)
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    y.permute(2, 0, 1).unsqueeze(0).sum().backward()
+    """, tmp_path)
+    ev = alloc_free(out)
+    i = ev.index(("alloc", 32128 * 512 * 4))
+    assert ev[i + 1:i + 6] == [("alloc", 4), ("alloc", 2112), ("alloc", 4), ("free_", 4),
+                               ("free_", 2112)], ev[i:i + 8]
+    bwd = ev[ev.index(("alloc", 11111)):]
+    g = 128 * 128 * 4 * 4
+    j = bwd.index(("alloc", g))  # the expanded grad's contiguous copy
+    assert bwd[j + 1] == ("alloc", 128 * 128 * 8), bwd[j:j + 3]  # the sort's first buffer
+    copy_free = bwd.index(("free_", g), j)
+    assert ("free_", 128 * 128 * 8) not in bwd[copy_free:], bwd[j:]

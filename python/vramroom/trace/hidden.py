@@ -14,6 +14,8 @@ What each op adds (PyTorch 2.11's CUDA path):
   returning; backward: grad_input, its workspace (freed), grad_weight, its workspace
   (freed), grad_bias.
 - cuDNN attention forward: a small workspace freed at once (sdpa.py picks the backend).
+- SDPA's math path: `_safe_softmax`'s isneginf bools, their per-row all() and a 0-dim zero
+  after its output; softmax's backward its `grad * output` after grad_input.
 - embedding backward (embedding_dense_backward) over more than 3072 int64 indices: the sort
   path's index buffers and cub scratch around grad_weight, then either per-partial-segment
   sums or, for a small vocabulary with many indices per row, a dense accumulation
@@ -129,7 +131,8 @@ class Hidden:
         # kernel call (the order seen in real snapshots, e.g. ViT's batch_first attention
         # leaves the residual stream transposed)
         self.reductions = {a.sum.dim_IntList, a.mean.dim, a.sum.default, a.mean.default,
-                           a.max.default, a.min.default, a.prod.default}
+                           a.max.default, a.min.default, a.prod.default,
+                           a.linalg_vector_norm.default}
         # reductions through ReduceOps' make_reduction: an input of another dtype than the
         # result is converted first (self.to(result dtype)), after the result, freed when
         # the kernel returns; half/bf16 into float is read as is (real snapshots: a bool
@@ -180,7 +183,9 @@ class Hidden:
         self.op_rules = {a.native_group_norm.default: self.group_norm_tokens,
                          a.native_group_norm_backward.default: self.group_norm_backward_tokens,
                          a.binary_cross_entropy_with_logits.default: self.bce_logits_tokens,
-                         a._foreach_norm.Scalar: self.foreach_norm_tokens}
+                         a._foreach_norm.Scalar: self.foreach_norm_tokens,
+                         a._safe_softmax.default: self.safe_softmax_tokens,
+                         a._softmax_backward_data.default: self.softmax_backward_tokens}
         for op in self.struct_losses:
             self.op_rules[op] = self.loss_tokens
         for op in self.adv_index:
@@ -200,7 +205,7 @@ class Hidden:
             return rule(func, args, kwargs, n_outputs)
         copies = self.contiguous_copies(func, args)
         cast = self.reduce_cast(func, args, kwargs)
-        staged = self.reduce_staging(func, args)
+        staged = self.reduce_staging(func, args, kwargs)
         if not copies and not staged and not cast:
             return None
         pre, post = copies or ([], [])
@@ -264,6 +269,31 @@ class Hidden:
     def foreach_norm_tokens(self, func, args, kwargs, n_outputs):
         buf = self.foreach_norm_partials(args, kwargs)
         return [["t", buf], *([["o", 0]] * n_outputs), ["f", 0]] if buf else None
+
+    def safe_softmax_tokens(self, func, args, kwargs, n_outputs):
+        """_safe_softmax (SDPA's math path), as PyTorch 2.11 runs it: softmax into the
+        output, `isneginf(self)`, its `all` over the dim (keepdim), a 0-dim zero of the
+        output's dtype, then `where_out` into the output; the three freed later-first
+        (hx_t5_train_bf16's real snapshot: 8388608, 16384 and 4 bytes after each 32 MiB
+        [8, 4, 512, 512] fp32 softmax)."""
+        x = args[0]
+        if n_outputs != 1 or x.device.type != "cuda" or x.numel() == 0:
+            return None
+        dim = int(args[1]) % max(x.dim(), 1)
+        dt = _bind(func, args, kwargs).get("dtype") or x.dtype
+        rows = x.numel() // max(x.shape[dim], 1) if x.dim() else 1
+        return [["o", 0], ["t", x.numel()], ["t", rows], ["t", dt.itemsize],
+                ["f", 2], ["f", 1], ["f", 0]]
+
+    def softmax_backward_tokens(self, func, args, kwargs, n_outputs):
+        """softmax's CUDA backward computes `tmp = grad * output` after grad_input and frees
+        it when the kernel returns (log_softmax's does not): hx_t5_train_bf16's real
+        backward, a [B, H, T, T] fp32 transient after each grad_input."""
+        g, y = args[0], args[1]
+        if n_outputs != 1 or g.device.type != "cuda" or g.numel() == 0:
+            return None
+        n = math.prod(self._torch.broadcast_shapes(tuple(g.shape), tuple(y.shape)))
+        return [["o", 0], ["t", n * self._torch.result_type(g, y).itemsize], ["f", 0]]
 
     def _acc(self, dtype):
         """Bytes of the accumulation type CUDA kernels use for dtype (fp32, fp64 for doubles)."""
@@ -406,8 +436,10 @@ class Hidden:
         return x.numel() * out.itemsize
 
     # -- reductions' global staging (reduce.py) -----------------------------------------
-    def reduce_staging(self, func, args):
-        """(buffer, semaphores) bytes a sum/mean over dims takes while it runs, or None."""
+    def reduce_staging(self, func, args, kwargs=None):
+        """(buffer, semaphores) bytes a sum/mean/norm over dims takes while it runs, or None
+        (Adafactor's `p.norm(2)` of T5's 32128 x 512 embedding: 2112 and 4 bytes in
+        hf_t5_small_train_adafactor's real snapshot)."""
         if func not in self.reductions or not args:
             return None
         from .reduce import staging
@@ -415,7 +447,10 @@ class Hidden:
         x = args[0]
         if not hasattr(x, "device") or x.device.type != "cuda":
             return None
-        dims = args[1] if len(args) > 1 and not isinstance(args[1], bool) else None
+        if func is self._aten.linalg_vector_norm.default:
+            dims = _bind(func, args, kwargs or {}).get("dim")
+        else:
+            dims = args[1] if len(args) > 1 and not isinstance(args[1], bool) else None
         if func in (self._aten.sum.default, self._aten.mean.default, self._aten.max.default,
                     self._aten.min.default, self._aten.prod.default):
             dims = None
@@ -553,10 +588,18 @@ class Hidden:
             return None  # max mode: its own kernel
         toks = embedding_tokens(idx.numel(), int(n_w), int(g.shape[-1]), g.element_size(),
                                 bool(freq), bag)
-        if not bag and idx.numel() and not idx.is_contiguous():
-            # indices.contiguous() first, freed last (lm_large_vocab_ce's shifted targets)
-            toks = [["t", idx.numel() * idx.element_size()]] + \
-                [[k, v + 1] if k == "f" else [k, v] for k, v in (toks or [["o", 0]])] + [["f", 0]]
+        if bag or not idx.numel():
+            return toks
+        # indices.contiguous(), then grad.contiguous(), first; freed last, in reverse
+        # (lm_large_vocab_ce's shifted targets; T5's permuted position-bias grad in
+        # hx_t5_train_bf16's real backward)
+        copies = [n for n, c in ((idx.numel() * idx.element_size(), idx.is_contiguous()),
+                                 (g.numel() * g.element_size(), g.is_contiguous())) if not c]
+        if copies:
+            k = len(copies)
+            toks = [["t", c] for c in copies] + \
+                [[t, v + k] if t == "f" else [t, v] for t, v in (toks or [["o", 0]])] + \
+                [["f", i] for i in reversed(range(k))]
         return toks
 
     def sorting_tokens(self, func, args, kwargs):

@@ -10,6 +10,12 @@ that backend's aten op, whose fake kernel returns the tensors the CUDA kernel al
 derivative saves. A boolean mask is converted as PyTorch's `convert_boolean_attn_mask` does
 (a scalar -inf, where(mask, 0.0, it)).
 
+The math path is run here too, as PyTorch 2.11's `_scaled_dot_product_attention_math`
+runs it for real tensors: its C++ adds the mask out of place for tensor subclasses
+(`areAnyTensorSubclassLike`), so a fake run would allocate a [B, H, T, S] sum the GPU adds in
+place into the scores (T5's position bias: one 32 MiB block per layer in hx_t5_train_bf16's
+real snapshot). `_safe_softmax`'s own temporaries are hidden.py's.
+
 Not modelled: the head-dim padding copy PyTorch makes when D is not a multiple of 8, and
 nested/jagged inputs (refused by the fake kernels).
 """
@@ -74,15 +80,13 @@ def make_sdpa(orig, rec, row, is_fake):
             query = cast(query)
         which = choose(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, row)
         rec.sdpa_choices[which] = rec.sdpa_choices.get(which, 0) + 1
+        # PyTorch 2.11's convert_boolean_attn_mask: where(mask, 0.0, scalar -inf), no
+        # logical_not (BERT's padded batch: 4 + 4 bytes and the float mask, the two
+        # scalars freed later-first, in the real snapshot)
+        attn_mask = _float_mask(attn_mask, query.dtype)
         if which == "math":
-            return orig(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                        is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-        if attn_mask is not None and attn_mask.dtype == torch.bool:
-            # PyTorch 2.11's convert_boolean_attn_mask: where(mask, 0.0, scalar -inf), no
-            # logical_not (BERT's padded batch: 4 + 4 bytes and the float mask, the two
-            # scalars freed later-first, in the real snapshot)
-            attn_mask = torch.where(attn_mask, 0.0, torch.scalar_tensor(
-                -math.inf, dtype=query.dtype, device=attn_mask.device))
+            with torch.autocast("cuda", enabled=False):
+                return _math(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         need_grad = torch.is_grad_enabled() and any(
             t.requires_grad for t in (query, key, value))
         if which == "cudnn":
@@ -103,3 +107,48 @@ def make_sdpa(orig, rec, row, is_fake):
 
     scaled_dot_product_attention.__doc__ = orig.__doc__
     return scaled_dot_product_attention
+
+
+def _float_mask(mask, dtype):
+    import torch
+
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.where(mask, 0.0, torch.scalar_tensor(-math.inf, dtype=dtype, device=mask.device))
+
+
+def _math(query_, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """`_scaled_dot_product_attention_math` for tensors that are not subclasses, op for op
+    (autocast is off here, as below its dispatch key)."""
+    import torch
+
+    low = (torch.float16, torch.bfloat16)
+    keep = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+    acc = lambda t: t.to(torch.float32) if not keep and t.dtype in low else t
+    origin = query_.dtype
+    q_acc, k_acc, v_acc = acc(query_), acc(key), acc(value)
+    negative = scale is not None and scale < 0.0
+    s = abs(scale) if negative else scale
+    factor = math.sqrt(s if s is not None else 1.0 / math.sqrt(q_acc.size(-1)))
+    query = q_acc * (0.0 - factor if negative else factor)
+    if is_causal:
+        L, S = query.size(-2), k_acc.size(-2)
+        attn_mask = torch.ones(L, S, dtype=torch.bool, device=query.device).tril()
+        attn_mask = _float_mask(attn_mask, query.dtype)
+    k_exp, v_exp = k_acc, v_acc
+    if enable_gqa and query.size(-3) != k_acc.size(-3):
+        k_exp = k_acc.repeat_interleave(query.size(-3) // k_acc.size(-3), -3)
+        v_exp = v_acc.repeat_interleave(query.size(-3) // v_acc.size(-3), -3)
+    attn = torch.matmul(query, k_exp.transpose(-2, -1) * factor)
+    if attn_mask is not None:
+        attn.add_(attn_mask)
+    attn = torch.ops.aten._safe_softmax(attn, -1)
+    if dropout_p > 0.0:
+        attn = torch.dropout(attn, dropout_p, True)
+    # The C++ returns (matmul(attn, v).to(origin), attn.to(origin)): the compiler evaluates
+    # the second first; its locals go in reverse order of declaration, then the tuple.
+    weights = attn.to(origin)
+    out = torch.matmul(attn, v_exp).to(origin)
+    del attn, k_exp, v_exp, query, attn_mask, v_acc, k_acc, q_acc
+    del weights
+    return out

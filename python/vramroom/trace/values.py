@@ -11,11 +11,26 @@ then answers a placeholder with a warning (mode.py).
 
 Views share their base's storage, so they share its value; an in-place op that writes a
 whole storage with a known value sets it, any other write forgets it.
+
+Small tensors also get a shadow: the real values of their storage, kept on the host, when
+every input of the op that made them is known (a uniform value, a shadow, a CPU constant,
+a number) and the op is deterministic. The op is run for real on the shadows, so values
+that are not uniform are followed too: `torch.arange` and what is computed from it.
+transformers' packed-sequence check reads `(diff(position_ids) != 1).cumsum(-1)[:, -1] ==
+0` from an arange; without the shadow the fake run answered "packed" and built the 4-d mask
+a GPU run skips (hf_gpt2_grad_ckpt). A shadow is kept only up to SHADOW_LIMIT elements of
+storage, so the cost is bounded; a larger or unknown input leaves the output unknown.
 """
 
 import math
 
 UNKNOWN = object()
+SHADOW_LIMIT = 1 << 16
+
+# deterministic by tag but their outputs hold no values (or change storages' shape)
+_NO_SHADOW = frozenset(("empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided",
+                        "empty_permuted", "resize_", "resize_as_", "set_", "_local_scalar_dense",
+                        "_assert_async", "record_stream"))
 
 
 def _cast(v, dtype):
@@ -41,6 +56,7 @@ class Values:
         self.FakeTensor = FakeTensor
         self.torch = torch
         self.v = {}
+        self.shadow = {}  # storage key -> 1-d host tensor of the storage's elements
         self.rules = self._rules()
 
     def key(self, t):
@@ -58,6 +74,13 @@ class Values:
             k = self.key(x)
             if k in self.v:
                 return _cast(self.v[k], x.dtype)
+            r = self._shadow_view(x, k)
+            if r is not None:
+                if r.numel() >= 1:
+                    flat = r.flatten()
+                    if bool((flat == flat[0]).all()):
+                        return flat[0].item()
+                return UNKNOWN
             c = getattr(x, "constant", None)
             if c is not None and c.numel() >= 1:
                 from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -80,6 +103,87 @@ class Values:
         k = self.key(t)
         if k is not None:
             self.v[k] = _cast(value, t.dtype)
+            self.shadow.pop(k, None)
+
+    def _shadow_view(self, x, k):
+        flat = self.shadow.get(k)
+        if flat is None or flat.dtype != x.dtype:
+            return None
+        try:
+            return flat.as_strided(x.shape, x.stride(), x.storage_offset())
+        except RuntimeError:  # a view past the storage the shadow was made for
+            return None
+
+    def _real(self, x):
+        """`x` as a real host tensor of its values, made a shadow if it was only uniform;
+        None when they are unknown or the storage is over the limit."""
+        if not isinstance(x, self.torch.Tensor):
+            return x
+        if not isinstance(x, self.FakeTensor):
+            return x if x.device.type == "cpu" else None
+        k = self.key(x)
+        if k is None:
+            return None
+        r = self._shadow_view(x, k)
+        if r is not None:
+            return r
+        c = getattr(x, "constant", None)
+        if c is not None:
+            return c
+        if k not in self.v:
+            return None
+        n = x.untyped_storage().nbytes() // max(x.element_size(), 1)
+        if n > SHADOW_LIMIT:
+            return None
+        self.shadow[k] = self.torch.full((n,), self.v[k], dtype=x.dtype)
+        return self._shadow_view(x, k)
+
+    def _run_shadow(self, func, args, kwargs, outs):
+        """Run `func` for real on its inputs' values and keep the values of `outs` (the
+        storages it wrote); False when that is not possible."""
+        torch = self.torch
+        if torch.Tag.nondeterministic_seeded in func.tags or \
+                func.overloadpacket.__name__ in _NO_SHADOW:
+            return False
+        for o in outs:
+            if o.untyped_storage().nbytes() // max(o.element_size(), 1) > SHADOW_LIMIT:
+                return False
+        from torch.utils._pytree import tree_flatten, tree_unflatten
+
+        flat, spec = tree_flatten((args, kwargs))
+        real = []
+        for a in flat:
+            if isinstance(a, torch.device):
+                a = torch.device("cpu")
+            elif isinstance(a, torch.Tensor):
+                a = self._real(a)
+                if a is None:
+                    return False
+            real.append(a)
+        rargs, rkwargs = tree_unflatten(real, spec)
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        try:
+            with unset_fake_temporarily():
+                res = func(*rargs, **rkwargs)
+        except Exception:  # noqa: BLE001 - any failure only means "unknown"
+            return False
+        rs = res if isinstance(res, (tuple, list)) else (res,)
+        rs = [r for r in rs if isinstance(r, torch.Tensor)]
+        if func._schema.is_mutable:
+            return True  # written in place, through the shadows' views
+        if len(rs) != len(outs):
+            return False
+        for o, r in zip(outs, rs):
+            k = self.key(o)
+            if k is None or r.dtype != o.dtype or tuple(r.shape) != tuple(o.shape):
+                continue
+            n = o.untyped_storage().nbytes() // max(o.element_size(), 1)
+            buf = torch.zeros((n,), dtype=o.dtype)
+            buf.as_strided(o.shape, o.stride(), o.storage_offset()).copy_(r)
+            self.shadow[k] = buf
+            self.v.pop(k, None)
+        return True
 
     def _rules(self):
         K = UNKNOWN
@@ -198,6 +302,7 @@ class Values:
             targets = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, FT)]
             if not targets:
                 targets = [a for a in args if isinstance(a, FT)][:1]
+            pending = []
             for t in targets:
                 k = self.key(t)
                 if k is None:
@@ -208,35 +313,64 @@ class Values:
                 old = self.v.get(k, UNKNOWN)
                 if v is not UNKNOWN and (whole or (old is not UNKNOWN and old == v)):
                     self.v[k] = _cast(v, t.dtype)
-                else:
+                    self.shadow.pop(k, None)
+                elif t.device.type == "cpu":
+                    # fake mode keeps a CPU tensor's constant itself (and has written it)
                     self.v.pop(k, None)
+                else:
+                    pending.append((t, k, whole))
+            if pending:
+                # A write the rules cannot name: run it on the shadows. A target wholly
+                # overwritten (copy_, an out= overload) needs no values of its own.
+                ok = True
+                for t, k, whole in pending:
+                    if self._shadow_view(t, k) is None and k not in self.v and \
+                            getattr(t, "constant", None) is None:
+                        if whole and (name == "copy_" or func._overloadname == "out"):
+                            self._blank(t, k)
+                        else:
+                            ok = False
+                ok = ok and self._run_shadow(func, args, kwargs, [t for t, _, _ in pending])
+                for t, k, _ in pending:
+                    self.v.pop(k, None)
+                    if not ok:
+                        self.shadow.pop(k, None)
             return
         if isinstance(out, FT):
             outs = (out,)
         elif isinstance(out, (tuple, list)):
             outs = [o for o in out if isinstance(o, FT)]
-            if name in ("max", "min") and len(outs) == 2:  # (values, indices)
-                outs = outs[:1] + []
+            if name in ("max", "min") and len(outs) == 2 and rule is not None and \
+                    rule(args, kwargs) is not UNKNOWN:  # (values, indices): the indices unknown
+                outs = outs[:1]
                 self._forget(out[1] if isinstance(out[1], FT) else None, args)
         else:
             return
-        in_keys = None
-        for o in outs:
-            k = self.key(o)
-            if k is None:
-                continue
-            if in_keys is None:
-                in_keys = {self.key(a) for a in args if isinstance(a, FT)}
-            if k in in_keys:
-                continue  # a view: shares its base's value
-            v = rule(args, kwargs) if rule is not None else UNKNOWN
-            if v is UNKNOWN or (isinstance(v, float) and math.isnan(v)):
-                self.v.pop(k, None)
-            else:
+        in_keys = {self.key(a) for a in args if isinstance(a, FT)}
+        fresh = [o for o in outs if self.key(o) is not None and self.key(o) not in in_keys]
+        if not fresh:
+            return  # views: they share their base's value
+        v = rule(args, kwargs) if rule is not None else UNKNOWN
+        if v is not UNKNOWN and not (isinstance(v, float) and math.isnan(v)):
+            for o in fresh:
+                k = self.key(o)
                 self.v[k] = _cast(v, o.dtype)
+                self.shadow.pop(k, None)
+            return
+        for o in fresh:
+            self.v.pop(self.key(o), None)
+            self.shadow.pop(self.key(o), None)
+        if len(fresh) == len(outs) and all(o.device.type != "cpu" for o in outs):
+            self._run_shadow(func, args, kwargs, list(outs))
+
+    def _blank(self, t, k):
+        n = t.untyped_storage().nbytes() // max(t.element_size(), 1)
+        if n <= SHADOW_LIMIT:
+            self.shadow[k] = self.torch.zeros((n,), dtype=t.dtype)
 
     def _forget(self, t, args):
         if t is not None:
             k = self.key(t)
             if k is not None:
                 self.v.pop(k, None)
+                self.shadow.pop(k, None)

@@ -753,3 +753,28 @@ def test_a_norm_stages_and_an_embedding_backward_copies_a_permuted_grad(tmp_path
     assert bwd[j + 1] == ("alloc", 128 * 128 * 8), bwd[j:j + 3]  # the sort's first buffer
     copy_free = bwd.index(("free_", g), j)
     assert ("free_", 128 * 128 * 8) not in bwd[copy_free:], bwd[j:]
+
+
+def test_bce_with_logits_backward_works_in_place_and_a_bag_copies_its_sliced_grad(tmp_path):
+    # ho_recsys_embbag_amp's real H100 snapshot: the loss's backward makes one input-sized
+    # block (sigmoid, then sub_ and mul_ and div_ in place: autograd's path for plain
+    # tensors), and each EmbeddingBag's backward copies its slice of the cat's grad first,
+    # freed after the sort's buffers.
+    out = run_traced("""
+    bag = torch.nn.EmbeddingBag(5000, 64, mode="mean").cuda()
+    ids = torch.randint(0, 5000, (2048, 20), device="cuda")
+    x = torch.randn(2048, 13, device="cuda", requires_grad=True)
+    feats = torch.cat([bag(ids), x], dim=1)
+    logit = feats.sum(1, keepdim=True)
+    y = torch.rand(2048, 1, device="cuda")
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, y)
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    loss.backward()
+    """, tmp_path)
+    ev = alloc_free(out)
+    bwd = ev[ev.index(("alloc", 11111)):]
+    assert bwd.count(("alloc", 2048 * 4)) == 1, bwd
+    g = 2048 * 64 * 4
+    i = bwd.index(("alloc", g))
+    assert bwd[i + 1] == ("alloc", 2048 * 20 * 8), bwd[i:i + 3]
+    assert bwd[i:bwd.index(("free_", g), i)].count(("free_", 2048 * 20 * 8)) == 5, bwd[i:]

@@ -166,6 +166,8 @@ class Trace:
         new = make_sdpa(orig, rec, hid.row, lambda t: isinstance(t, FakeTensor))
         self._set(F, "scaled_dot_product_attention", new)
         self._set(F, "linear", _make_linear(F.linear, lambda t: isinstance(t, FakeTensor)))
+        self._set(F, "binary_cross_entropy_with_logits", _make_bce_with_logits(
+            F.binary_cross_entropy_with_logits, lambda t: isinstance(t, FakeTensor)))
         self._set(torch, "compile", _refuse_compile)
         # fake mode's constant propagation, for the small CPU tensors mode.py keeps real
         import torch._subclasses.fake_tensor as fake_tensor_module
@@ -304,6 +306,53 @@ def _make_linear(orig, is_fake):
         return torch.matmul(input, weight.t()).add_(bias)
 
     return linear
+
+
+def _make_bce_with_logits(orig, is_fake):
+    """F.binary_cross_entropy_with_logits whose backward runs as CUDA runs it for plain
+    tensors: `input.sigmoid().sub_(target).mul_(grad)`, then `div_(numel)` for the mean,
+    one input-sized block. For tensor subclasses autograd's formula is out of place
+    (`(input.sigmoid() - target) * grad`), so a fake run would allocate three
+    (ho_recsys_embbag_amp's real snapshot: one). Weighted losses, and a target that needs
+    grad, keep PyTorch's own path."""
+    import torch
+
+    class BCEWithLogits(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, input, target, reduction):
+            ctx.save_for_backward(input, target)
+            ctx.reduction = reduction
+            return torch.ops.aten.binary_cross_entropy_with_logits(input, target, None, None,
+                                                                   reduction)
+
+        @staticmethod
+        def backward(ctx, grad):
+            input, target = ctx.saved_tensors
+            g = input.sigmoid().sub_(target).mul_(grad)
+            if ctx.reduction == 1:  # mean
+                g.div_(input.numel())
+            return g, None, None
+
+    reductions = {"none": 0, "mean": 1, "sum": 2}
+
+    def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None,
+                                         reduce=None, reduction="mean", pos_weight=None):
+        if weight is not None or pos_weight is not None or size_average is not None or \
+                reduce is not None or reduction not in reductions or not is_fake(input) or \
+                input.device.type != "cuda" or target.requires_grad or \
+                not torch.is_grad_enabled() or not input.requires_grad or \
+                input.shape != target.shape:
+            return orig(input, target, weight, size_average, reduce, reduction, pos_weight)
+        if torch.is_autocast_enabled("cuda"):
+            # an fp32 op under autocast: its arguments cast first, the last first
+            f32 = lambda t: t.to(torch.float32) if t.is_floating_point() and \
+                t.dtype != torch.float32 else t
+            target = f32(target)
+            input = f32(input)
+        return BCEWithLogits.apply(input, target, reductions[reduction])
+
+    binary_cross_entropy_with_logits.__doc__ = orig.__doc__
+    return binary_cross_entropy_with_logits
 
 
 def _refuse_compile(*a, **k):

@@ -588,12 +588,13 @@ class Hidden:
             return None  # max mode: its own kernel
         toks = embedding_tokens(idx.numel(), int(n_w), int(g.shape[-1]), g.element_size(),
                                 bool(freq), bag)
-        if bag or not idx.numel():
+        if not idx.numel():
             return toks
         # indices.contiguous(), then grad.contiguous(), first; freed last, in reverse
         # (lm_large_vocab_ce's shifted targets; T5's permuted position-bias grad in
-        # hx_t5_train_bf16's real backward)
-        copies = [n for n, c in ((idx.numel() * idx.element_size(), idx.is_contiguous()),
+        # hx_t5_train_bf16's real backward; EmbeddingBag's, a slice of a cat's grad, in
+        # ho_recsys_embbag_amp's)
+        copies = [n for n, c in ((idx.numel() * idx.element_size(), bag or idx.is_contiguous()),
                                  (g.numel() * g.element_size(), g.is_contiguous())) if not c]
         if copies:
             k = len(copies)

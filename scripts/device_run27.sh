@@ -12,11 +12,14 @@ OUT=${OUT:-/tmp/run27}
 mkdir -p "$OUT"
 mkdir -p devcarry && echo "${COMMIT:-?}" > devcarry/COMMIT
 bash scripts/device_header.sh 27 > "$OUT/HEADER" 2>&1
-(cd scripts/trace_corpus && timeout 160 python3 ops/measure.py "$OUT/ops-h100-run27.json" \
-  --budget 120 --set run27) > "$OUT/ops.log" 2>&1
+# OPS_BUDGET and REC_BUDGET (seconds) shorten the run when little device time is left
+OPS_BUDGET=${OPS_BUDGET:-120}
+REC_BUDGET=${REC_BUDGET:-280}
+(cd scripts/trace_corpus && timeout $((OPS_BUDGET + 40)) python3 ops/measure.py "$OUT/ops-h100-run27.json" \
+  --budget "$OPS_BUDGET" --set run27) > "$OUT/ops.log" 2>&1
 tail -3 "$OUT/ops.log"
-(cd scripts/trace_corpus && timeout 370 python3 record_real.py --all --out "$OUT/real27" --jobs 6 \
-  --budget 280 --programs hn_t5_beam_generate,hn_llama_sample_reppen_bf16,hn_lm_masked_loss_train,hn_bert_padded_infer_fp16,hn_qwen2_greedy_fp16,hn_llama_train_ckpt_bf16) \
+(cd scripts/trace_corpus && timeout $((REC_BUDGET + 90)) python3 record_real.py --all --out "$OUT/real27" --jobs 6 \
+  --budget "$REC_BUDGET" --programs hn_t5_beam_generate,hn_llama_sample_reppen_bf16,hn_lm_masked_loss_train,hn_bert_padded_infer_fp16,hn_qwen2_greedy_fp16,hn_llama_train_ckpt_bf16) \
   > "$OUT/record.log" 2>&1
 tail -25 "$OUT/record.log"
 rm -rf "$OUT/real27/snaps"

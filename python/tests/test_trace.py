@@ -778,3 +778,46 @@ def test_bce_with_logits_backward_works_in_place_and_a_bag_copies_its_sliced_gra
     i = bwd.index(("alloc", g))
     assert bwd[i + 1] == ("alloc", 2048 * 20 * 8), bwd[i:i + 3]
     assert bwd[i:bwd.index(("free_", g), i)].count(("free_", 2048 * 20 * 8)) == 5, bwd[i:]
+
+
+def test_inference_mode_composites_allocate_their_parts_every_call(tmp_path):
+    # ho_tv_swin_infer's real H100 snapshot, under inference_mode: every LayerNorm makes
+    # native_layer_norm's mean and rstd (fake mode's cache must not skip them from the second
+    # call on), an eval dropout returns its input (no copy), and a roll over two dims makes
+    # one tensor per dim, the first freed after the second.
+    out = run_traced("""
+    ln = torch.nn.LayerNorm(96).cuda().half()
+    x = torch.randn(32, 56, 56, 96, device="cuda", dtype=torch.float16)
+    with torch.inference_mode():
+        for _ in range(3):
+            y = ln(x)
+        z = torch.nn.functional.dropout(y, 0.1, training=False)
+        m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+        r = torch.roll(y, shifts=(-3, -3), dims=(1, 2))
+    """, tmp_path)
+    ev = alloc_free(out)
+    n = 32 * 56 * 56
+    assert [a for a in ev if a[0] == "alloc"].count(("alloc", n * 4)) == 6, ev  # mean, rstd x 3
+    i = ev.index(("alloc", 11111))
+    assert ev[i - 1][0] == "free_", ev[i - 4:i + 1]  # no dropout copy before the marker
+    assert ev[i + 1:i + 4] == [("alloc", n * 96 * 2), ("alloc", n * 96 * 2),
+                               ("free_", n * 96 * 2)], ev[i:i + 5]
+
+
+def test_a_conv_bias_grad_over_a_permuted_grad_stages_its_sum(tmp_path):
+    # tv_vit_b16's patch embedding in its real H100 snapshot: the bias grad sums a grad laid
+    # out channels-last ([N, HW, C] transposed back), which splits across CTAs: 19267584 +
+    # 24 bytes after it.
+    out = run_traced("""
+    conv = torch.nn.Conv2d(3, 768, 16, 16).cuda()
+    x = torch.randn(16, 3, 224, 224, device="cuda")
+    y = conv(x).reshape(16, 768, 196).permute(0, 2, 1)
+    w = torch.randn(768, 768, device="cuda")
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    (y @ w).sum().backward()
+    """, tmp_path)
+    ev = alloc_free(out)
+    bwd = ev[ev.index(("alloc", 11111)):]
+    i = bwd.index(("alloc", 768 * 4))
+    assert bwd[i + 1:i + 5] == [("alloc", 19267584), ("alloc", 24), ("free_", 24),
+                                ("free_", 19267584)], bwd[i:i + 6]

@@ -165,7 +165,7 @@ class Trace:
         orig = F.scaled_dot_product_attention
         new = make_sdpa(orig, rec, hid.row, lambda t: isinstance(t, FakeTensor))
         self._set(F, "scaled_dot_product_attention", new)
-        self._set(F, "linear", _make_linear(F.linear, lambda t: isinstance(t, FakeTensor)))
+        self._set(F, "linear", _make_linear(F.linear, lambda t: isinstance(t, FakeTensor), rec))
         self._set(F, "binary_cross_entropy_with_logits", _make_bce_with_logits(
             F.binary_cross_entropy_with_logits, lambda t: isinstance(t, FakeTensor)))
         self._set(torch, "compile", _refuse_compile)
@@ -284,7 +284,7 @@ def evidence_path(snapshot_path):
     return os.path.splitext(snapshot_path)[0] + ".evidence.json"
 
 
-def _make_linear(orig, is_fake):
+def _make_linear(orig, is_fake, rec):
     """F.linear as CUDA runs it on a non-contiguous input with a bias (MultiheadAttention's
     batch_first transposes): at::linear takes matmul, then adds the bias in place, except
     for tensor subclasses, which get an out-of-place add (composite compliance). Under the
@@ -297,12 +297,15 @@ def _make_linear(orig, is_fake):
                 or input.dim() <= 2 or input.is_contiguous():
             return orig(input, weight, bias)
         if torch.is_autocast_enabled("cuda"):
-            # The weight's and bias's casts come from autocast's cache, which Python cannot
-            # read: an empty input through the op makes (or hits) them as at::linear's
-            # wrapper does, and allocates nothing else; then the matmul without the bias,
-            # and the bias added in place (ViT's attention under bf16 autocast).
-            orig(input[:0], weight, bias)
-            return orig(input, weight, None).add_(bias)
+            # Under autocast the bias added is the cast from autocast's cache, which Python
+            # cannot read: at::linear itself runs, and the mode turns its bias add into the
+            # add_ CUDA runs (ViT's attention under bf16 autocast: the bias grad then goes
+            # through the cast's backward, in the engine's order, as in the real snapshot).
+            rec.linear_bias_add = True
+            try:
+                return orig(input, weight, bias)
+            finally:
+                rec.linear_bias_add = False
         return torch.matmul(input, weight.t()).add_(bias)
 
     return linear

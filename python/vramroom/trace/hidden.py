@@ -185,7 +185,8 @@ class Hidden:
                          a.binary_cross_entropy_with_logits.default: self.bce_logits_tokens,
                          a._foreach_norm.Scalar: self.foreach_norm_tokens,
                          a._safe_softmax.default: self.safe_softmax_tokens,
-                         a._softmax_backward_data.default: self.softmax_backward_tokens}
+                         a._softmax_backward_data.default: self.softmax_backward_tokens,
+                         a.roll.default: self.roll_tokens}
         for op in self.struct_losses:
             self.op_rules[op] = self.loss_tokens
         for op in self.adv_index:
@@ -294,6 +295,33 @@ class Hidden:
             return None
         n = math.prod(self._torch.broadcast_shapes(tuple(g.shape), tuple(y.shape)))
         return [["o", 0], ["t", n * self._torch.result_type(g, y).itemsize], ["f", 0]]
+
+    def roll_tokens(self, func, args, kwargs, n_outputs):
+        """torch.roll as roll_cuda runs it: a non-contiguous input copied first (freed once
+        the first roll is made), and over several dims one roll per dim, each into a new
+        tensor, the intermediates freed last to first (Swin's cyclic shift over H and W: two
+        blocks where the fake kernel makes one, in ho_tv_swin_infer's real snapshot)."""
+        b = _bind(func, args, kwargs)
+        x, dims = b.get("self"), list(b.get("dims") or [])
+        if n_outputs != 1 or x.device.type != "cuda" or x.numel() == 0:
+            return None
+        n = x.numel() * x.element_size()
+        copy = not x.is_contiguous()
+        levels = max(len(dims), 1)
+        if levels == 1 and not copy:
+            return None
+        toks, temps = [], []
+        if copy:
+            toks.append(["t", n])
+        for lvl in range(levels):
+            if lvl == levels - 1:
+                toks.append(["o", 0])
+            else:
+                temps.append(len(temps) + int(copy))
+                toks.append(["t", n])
+            if lvl == 0 and copy:
+                toks.append(["f", 0])
+        return toks + [["f", i] for i in reversed(temps)]
 
     def _acc(self, dtype):
         """Bytes of the accumulation type CUDA kernels use for dtype (fp32, fp64 for doubles)."""
@@ -459,6 +487,18 @@ class Hidden:
         if isinstance(dims, int):
             dims = [dims]
         return staging(x, list(dims), self.gpu)
+
+    def strided_staging(self, shape, strides, offset, dtype, red):
+        """reduce_staging for a sum over `red` of a tensor laid out as given (a conv's bias
+        grad over its grad_output)."""
+        from .reduce import iter_staging
+
+        torch = self._torch
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            return None
+        return iter_staging(list(shape), list(strides), list(red), offset,
+                            self.gpu.multi_processor_count, self.gpu.max_threads_per_sm,
+                            8 if dtype == torch.float64 else 4)
 
     # -- inputs a CUDA kernel makes contiguous ------------------------------------------
     def contiguous_copies(self, func, args):

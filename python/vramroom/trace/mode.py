@@ -47,6 +47,11 @@ def _mode_class():
     # constant CPU input (torch.tensor([...], device="cuda")), which needs the GPU; its guard
     # covers _to_copy, which `to` becomes when decomposed.
     to_ops = {getattr(aten.to, o) for o in aten.to.overloads()}
+    # at::dropout and its kin return their input itself when they do nothing (eval, p = 0);
+    # their Python decompositions, which fake mode runs where the composite reaches it
+    # (inference_mode), clone it (ho_tv_swin_infer: a [B, H, N, N] copy per attention)
+    dropouts = {aten.dropout.default, aten.feature_dropout.default,
+                aten.alpha_dropout.default, aten.feature_alpha_dropout.default}
     ACC_USE_COUNT = 4
     # outputs CUDA allocates, in order: cuDNN: seed, offset, output, stats with grad
     # (args[4] compute_log_sumexp); flash: output, logsumexp, rng state; efficient: output,
@@ -114,6 +119,16 @@ def _mode_class():
             rec.unknown_reads = 0
             rec.accumulations = 0
 
+        def _validate_cache_key(self, func, args, kwargs):
+            # A composite op's cached result would come back without its parts running, and
+            # its parts are what CUDA allocates (layer_norm under inference_mode: the
+            # native_layer_norm mean and rstd, from the second call on, in ho_tv_swin_infer)
+            if _composite(func):
+                from torch._subclasses.fake_tensor import _BypassDispatchCache
+
+                raise _BypassDispatchCache("composite: its parts allocate")
+            return super()._validate_cache_key(func, args, kwargs)
+
         # Keep the no-op CUDA guard although torch.cuda.is_available() answers True under
         # the trace.
         avoid_device_init = property(lambda self: True)
@@ -124,6 +139,8 @@ def _mode_class():
             if func in to_ops:
                 with self:
                     return func.decompose(*args, **kwargs)
+            if func in dropouts and (not args[2] or args[1] == 0 or args[0].numel() == 0):
+                return args[0]
             if func is local_scalar:
                 t = args[0]
                 v = self._vals.get(t)
@@ -156,7 +173,13 @@ def _mode_class():
                 if isinstance(t, FakeTensor) and t.device.type == "cuda":
                     rec.record_stream(t.untyped_storage(), args[1])
                 return None
-            if func is add_tensor and not self._depth and self._vr.active and \
+            if func is add_tensor and not self._depth and getattr(rec, "linear_bias_add", False):
+                # at::linear's bias add under autocast (api._make_linear): in place, as for
+                # plain tensors; autograd's AddBackward0 takes the output's place as in-place
+                # ops do
+                rec.linear_bias_add = False
+                func = add_inplace
+            elif func is add_tensor and not self._depth and self._vr.active and \
                     threading.get_ident() != rec.main_ident and self._accumulates(args, kwargs):
                 # autograd's InputBuffer::accumulate: on CUDA the engine adds a second
                 # gradient into the first in place when it holds the only reference
@@ -346,10 +369,22 @@ def _mode_class():
                 for t in (x, w)) else torch.contiguous_format
             copy = go.numel() * go.element_size() if cud_any and go.numel() and \
                 not go.is_contiguous(memory_format=fmt) else 0
+            # the bias grad is grad_output summed over all dims but the channels', as laid
+            # out (not the copy): Reduce.cuh's staging after it, where it splits. The
+            # measured events (a contiguous grad) hold the contiguous layout's.
+            keep1 = [d for d in range(go.dim()) if d != 1]
+            bias_st = hid.strided_staging(go.shape, go.stride(), go.storage_offset(),
+                                          go.dtype, keep1) \
+                if gb is not None and go.dim() > 1 else None
             if toks is not None and copy:
                 body = [[k, v + 1] if k == "f" else [k, v] for k, v in toks]
                 if gb is not None and body and body[-1][0] == "o":
                     toks = [["t", copy]] + body[:-1] + [["f", 0], body[-1]]
+                    n_t = sum(1 for k, _ in toks if k == "t")
+                    if bias_st and not hid.strided_staging(
+                            go.shape, _dense_strides(go.shape, fmt), 0, go.dtype, keep1):
+                        toks += [["t", bias_st[0]], ["t", bias_st[1]], ["f", n_t + 1],
+                                 ["f", n_t]]
                 else:
                     toks = [["t", copy]] + body + [["f", 0]]
             if toks is not None and hid.replay_tokens(toks, outs, fr):
@@ -373,6 +408,20 @@ def _mode_class():
                 rec.free(tmp, copy, st)
             if gb is not None:
                 rec.see_storage(gb.untyped_storage(), fr)
+                if bias_st:
+                    buf = rec.alloc(bias_st[0], stream=st, frames=fr)
+                    sem = rec.alloc(bias_st[1], stream=st, frames=fr)
+                    rec.free(sem, bias_st[1], st)
+                    rec.free(buf, bias_st[0], st)
+
+    def _dense_strides(shape, fmt):
+        n = len(shape)
+        order = [1, 3, 2, 0] if fmt is torch.channels_last and n == 4 else list(range(n - 1, -1, -1))
+        st, acc = [0] * n, 1
+        for d in order:
+            st[d] = acc
+            acc *= shape[d]
+        return st
 
     _FakeMode = RecordingFakeMode
     return _FakeMode

@@ -7,13 +7,19 @@ takes from the caching allocator, after the op's output, and gives back when it 
 the buffer, then the semaphores, freed semaphores first. Training meets it in every bias
 gradient (`grad.sum(0)` over batch x tokens rows): 16-64 MiB buffers in BERT's backward.
 
-`outer_staging` follows `setReduceConfig` for the one layout modelled: a contiguous input
-reduced over its leading dims (M rows) into its trailing ones (N outputs), float
-accumulation. Checked against real H100 snapshots (M = 1024 and 4096 rows, N = 512, 2048,
-8192: buffer 4 x N x ctas x 128 bytes, semaphores N / 32 bytes). Reductions over trailing or
-scattered dims, and integer or complex ones, are not modelled (their buffers are small: a few
-bytes per output).
+`iter_staging` follows `setReduceConfig` for any strided input: TensorIterator's layout
+first (reduced dims moved innermost and sorted by the input's strides, kept dims by the
+output's, then adjacent dims coalesced), then the block shape, the input split across lanes,
+warps and CTAs, and the output vectorization. `outer_staging` (a contiguous input reduced
+over its leading dims) and `full_reduce_staging` (everything into one value) are its two
+most common cases in closed form. Checked against real H100 snapshots: M = 1024 and 4096
+rows, N = 512, 2048, 8192 (buffer 4 x N x ctas x 128 bytes, semaphores N / 32 bytes); a
+conv bias grad summed over a channels-last-strided grad (ViT's patch embedding: 19267584
+and 24 bytes); Adafactor's norms. Float accumulation only: integer and complex reductions
+are not modelled (their buffers are small: a few bytes per output).
 """
+
+import math
 
 MAX_REDUCE_THREADS = 512
 WARP = 32
@@ -63,36 +69,19 @@ def outer_staging(M, N, arg_size, sms, threads_per_sm):
 
 
 def staging(x, dims, gpu):
-    """The staging of aten.sum/mean over `dims` of fake cuda tensor `x` on `gpu`, or None."""
+    """The staging of a sum/mean/norm over `dims` (all when empty) of fake cuda tensor `x`
+    on `gpu`, or None."""
     import torch
 
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         return None
-    if not x.is_contiguous() or x.numel() == 0 or x.dim() == 0:
+    if x.numel() == 0 or x.dim() == 0:
         return None
     nd = x.dim()
     red = sorted({d % nd for d in dims}) if dims else list(range(nd))
-    shape = list(x.shape)
-    # leading dims reduced, trailing kept (size-1 dims may sit anywhere)
-    real = [i for i in range(nd) if shape[i] != 1]
-    kept = [i for i in real if i not in red]
-    reduced = [i for i in real if i in red]
     arg = 8 if x.dtype == torch.float64 else 4
-    if reduced and not kept:
-        # everything into one value (loss.mean(), x.pow(2).sum()): split across blocks
-        # when each thread would sum 256 or more (ho_gather_scatter_einsum's mean: 313
-        # blocks' partials, 1252 bytes, and a semaphore; multinomial's max and min)
-        return full_reduce_staging(x.numel(), gpu.multi_processor_count, arg,
-                                   gpu.max_threads_per_sm)
-    if not kept or not reduced or max(reduced) > min(kept):
-        return None
-    M = 1
-    for i in reduced:
-        M *= shape[i]
-    N = 1
-    for i in kept:
-        N *= shape[i]
-    return outer_staging(M, N, arg, gpu.multi_processor_count, gpu.max_threads_per_sm)
+    return iter_staging(list(x.shape), list(x.stride()), red, x.storage_offset(),
+                        gpu.multi_processor_count, gpu.max_threads_per_sm, arg)
 
 
 def full_reduce_staging(numel, sms, acc=4, threads_per_sm=2048):
@@ -104,3 +93,122 @@ def full_reduce_staging(numel, sms, acc=4, threads_per_sm=2048):
         return None
     ctas = max(min(sms * (threads_per_sm // 512), -(-vpt // 16)), -(-vpt // 256))
     return ctas * acc, 4
+
+
+def _iter_layout(shape, strides, red):
+    """TensorIterator's (shape, input strides, output strides) for reducing `red` of a tensor
+    of `shape` and element `strides`, innermost first: reorder_dimensions (reduced dims to
+    the front, then by stride, operand by operand: the output, contiguous over the kept
+    dims, before the input) and coalesce_dimensions."""
+    nd = len(shape)
+    out = [0] * nd
+    acc = 1
+    for i in range(nd - 1, -1, -1):
+        if i not in red:
+            out[i] = acc
+            acc *= shape[i]
+    ops = (out, list(strides))
+
+    def should_swap(d0, d1):
+        for k, st in enumerate(ops):
+            s0, s1 = st[d0], st[d1]
+            if k == 0 and (s0 == 0) != (s1 == 0):
+                return 1 if s1 == 0 else -1
+            if s0 == 0 or s1 == 0:
+                continue
+            if s0 < s1:
+                return -1
+            if s0 > s1:
+                return 1
+            if shape[d0] > shape[d1]:
+                return 1
+        return 0
+
+    perm = list(range(nd - 1, -1, -1))
+    for i in range(1, nd):
+        d1 = i
+        for d0 in range(i - 1, -1, -1):
+            c = should_swap(perm[d0], perm[d1])
+            if c > 0:
+                perm[d0], perm[d1] = perm[d1], perm[d0]
+                d1 = d0
+            elif c < 0:
+                break
+    sh = [shape[p] for p in perm]
+    st = [[o[p] for p in perm] for o in ops]
+    prev = 0
+    for d in range(1, nd):
+        if sh[prev] == 1 or sh[d] == 1 or all(sh[prev] * o[prev] == o[d] for o in st):
+            if sh[prev] == 1:
+                for o in st:
+                    o[prev] = o[d]
+            sh[prev] *= sh[d]
+        else:
+            prev += 1
+            if prev != d:
+                for o in st:
+                    o[prev] = o[d]
+                sh[prev] = sh[d]
+    n = prev + 1 if nd else 0
+    return sh[:n], st[1][:n], st[0][:n]
+
+
+def iter_staging(shape, strides, red, offset, sms, threads_per_sm, arg_size=4,
+                 input_vec_size=4):
+    """(buffer bytes, semaphore bytes) gpu_reduce_kernel takes for reducing dims `red` of a
+    tensor of `shape`, element `strides` and storage `offset`, or None when every output
+    stays inside its blocks (setReduceConfig, Reduce.cuh)."""
+    numel = math.prod(shape)
+    if numel == 0 or not shape:
+        return None
+    sh, ist, ost = _iter_layout(list(shape), list(strides), set(red))
+    nd = len(sh)
+    nred = sum(1 for s in ost if s == 0)
+    num_outputs = math.prod(s for s, o in zip(sh, ost) if o != 0)
+    ipo = numel // max(num_outputs, 1)
+    if nd == 0:
+        return None
+    fastest = nred == nd or ist[0] < ist[nred]
+    if fastest:
+        dim0, dim1, fms = ipo, num_outputs, ist[0]
+    else:
+        dim0, dim1, fms = num_outputs, ipo, ist[nred]
+    out_vec = 1
+    if fms == 1:
+        if fastest and dim0 > 128 and nred == 1 and 4 >= input_vec_size:
+            dim0 //= input_vec_size
+        elif not fastest:
+            out_vec = 4
+            for n in [offset, sh[nred]] + [s for j, s in enumerate(ist) if j != nred]:
+                while n % out_vec:
+                    out_vec //= 2
+            dim0 //= out_vec
+    mnt = MAX_REDUCE_THREADS // out_vec
+    d0 = _last_pow2(dim0) if dim0 < mnt else mnt
+    d1 = _last_pow2(dim1) if dim1 < mnt else mnt
+    bw = min(d0, WARP)
+    bh = min(d1, mnt // bw)
+    bw = min(d0, mnt // bh)
+    step_in = step_out = 1
+    block_x_reduce = fastest
+    if fastest:
+        step_in *= bw
+    else:
+        step_out *= bw
+    split_warps = _ceil(ipo, step_in) >= min(bh * 16, 256)
+    if split_warps:
+        step_in *= bh
+    else:
+        step_out *= bh
+    vpt = _ceil(ipo, step_in)
+    target = sms * (threads_per_sm // (bw * bh))
+    grid_x = _ceil(num_outputs // out_vec, step_out)
+    if not (split_warps and vpt >= 256 and grid_x <= target):
+        return None
+    ctas = max(min(_ceil(target, grid_x), _ceil(vpt, 16)), _ceil(vpt, 256))
+    if ctas <= 1:
+        return None
+    size = arg_size * num_outputs * ctas
+    if not block_x_reduce:
+        size *= bw * out_vec
+    return size, 4 * grid_x

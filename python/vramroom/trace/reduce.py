@@ -11,8 +11,8 @@ gradient (`grad.sum(0)` over batch x tokens rows): 16-64 MiB buffers in BERT's b
 first (reduced dims moved innermost and sorted by the input's strides, kept dims by the
 output's, then adjacent dims coalesced), then the block shape, the input split across lanes,
 warps and CTAs, and the output vectorization. `outer_staging` (a contiguous input reduced
-over its leading dims) and `full_reduce_staging` (everything into one value) are its two
-most common cases in closed form. Checked against real H100 snapshots: M = 1024 and 4096
+over its leading dims) and `full_reduce_staging` (everything into one value) name its two
+most common cases. Checked against real H100 snapshots: M = 1024 and 4096
 rows, N = 512, 2048, 8192 (buffer 4 x N x ctas x 128 bytes, semaphores N / 32 bytes); a
 conv bias grad summed over a channels-last-strided grad (ViT's patch embedding: 19267584
 and 24 bytes); Adafactor's norms. Float accumulation only: integer and complex reductions
@@ -37,35 +37,11 @@ def _ceil(a, b):
 
 
 def outer_staging(M, N, arg_size, sms, threads_per_sm):
-    """(buffer bytes, semaphore bytes) of reducing M leading rows into N outputs, or None
-    when the reduction stays inside its blocks."""
+    """(buffer bytes, semaphore bytes) of reducing M leading rows of a contiguous [M, N] into
+    N outputs, or None when the reduction stays inside its blocks."""
     if M <= 1 or N <= 0:
         return None
-    vec = 4
-    while N % vec:
-        vec //= 2
-    dim0, dim1 = N // vec, M
-    max_threads = MAX_REDUCE_THREADS // vec
-    d0 = _last_pow2(dim0) if dim0 < max_threads else max_threads
-    d1 = _last_pow2(dim1) if dim1 < max_threads else max_threads
-    bw = min(d0, WARP)
-    bh = min(d1, max_threads // bw)
-    bw = min(d0, max_threads // bh)
-    step_out, step_in = bw, 1
-    split_warps = M >= min(bh * 16, 256)
-    if split_warps:
-        step_in *= bh
-    else:
-        step_out *= bh
-    vpt = _ceil(M, step_in)
-    target = sms * (threads_per_sm // (bw * bh))
-    grid_x = _ceil(N // vec, step_out)
-    ctas = 1
-    if split_warps and vpt >= 256 and grid_x <= target:
-        ctas = max(min(_ceil(target, grid_x), _ceil(vpt, 16)), _ceil(vpt, 256))
-    if ctas <= 1:
-        return None
-    return arg_size * N * ctas * bw * vec, 4 * grid_x
+    return iter_staging([M, N], [N, 1], [0], 0, sms, threads_per_sm, arg_size)
 
 
 def staging(x, dims, gpu):
@@ -86,13 +62,9 @@ def staging(x, dims, gpu):
 
 def full_reduce_staging(numel, sms, acc=4, threads_per_sm=2048):
     """(buffer, semaphores) bytes of a reduction of numel contiguous values to one, or None
-    (Reduce.cuh's setReduceConfig for one output: 512 threads; the input split across blocks
-    when each thread would sum 256 or more)."""
-    vpt = -(-numel // 512)
-    if vpt < 256:
-        return None
-    ctas = max(min(sms * (threads_per_sm // 512), -(-vpt // 16)), -(-vpt // 256))
-    return ctas * acc, 4
+    (one output: 512 threads; the input split across blocks when each thread would sum 256
+    or more)."""
+    return iter_staging([numel], [1], [0], 0, sms, threads_per_sm, acc)
 
 
 def _iter_layout(shape, strides, red):

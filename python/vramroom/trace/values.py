@@ -26,6 +26,7 @@ import math
 
 UNKNOWN = object()
 SHADOW_LIMIT = 1 << 16
+SHADOW_COUNT = 512
 
 # deterministic by tag but their outputs hold no values (or change storages' shape)
 _NO_SHADOW = frozenset(("empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided",
@@ -114,6 +115,18 @@ class Values:
         except RuntimeError:  # a view past the storage the shadow was made for
             return None
 
+    def _knowable(self, x):
+        """Whether _real(x) would give x's values (without making a shadow)."""
+        if not isinstance(x, self.FakeTensor):
+            return x.device.type == "cpu"
+        k = self.key(x)
+        if k is None:
+            return False
+        if self._shadow_view(x, k) is not None or getattr(x, "constant", None) is not None:
+            return True
+        return k in self.v and \
+            x.untyped_storage().nbytes() // max(x.element_size(), 1) <= SHADOW_LIMIT
+
     def _real(self, x):
         """`x` as a real host tensor of its values, made a shadow if it was only uniform;
         None when they are unknown or the storage is over the limit."""
@@ -151,6 +164,10 @@ class Values:
         from torch.utils._pytree import tree_flatten, tree_unflatten
 
         flat, spec = tree_flatten((args, kwargs))
+        if not all(self._knowable(a) for a in flat if isinstance(a, torch.Tensor)):
+            return False  # before any uniform value is made a shadow
+        if len(self.shadow) > SHADOW_COUNT:
+            self._trim()
         real = []
         for a in flat:
             if isinstance(a, torch.device):
@@ -362,6 +379,12 @@ class Values:
             self.shadow.pop(self.key(o), None)
         if len(fresh) == len(outs) and all(o.device.type != "cpu" for o in outs):
             self._run_shadow(func, args, kwargs, list(outs))
+
+    def _trim(self):
+        """Forget the oldest half of the shadows: a long trace keeps its host memory bounded
+        (SHADOW_COUNT x SHADOW_LIMIT elements at most); what is forgotten is only unknown."""
+        for k in list(self.shadow)[:len(self.shadow) // 2]:
+            del self.shadow[k]
 
     def _blank(self, t, k):
         n = t.untyped_storage().nbytes() // max(t.element_size(), 1)

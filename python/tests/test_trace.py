@@ -821,3 +821,21 @@ def test_a_conv_bias_grad_over_a_permuted_grad_stages_its_sum(tmp_path):
     i = bwd.index(("alloc", 768 * 4))
     assert bwd[i + 1:i + 5] == [("alloc", 19267584), ("alloc", 24), ("free_", 24),
                                 ("free_", 19267584)], bwd[i:i + 6]
+
+
+def test_deepcopy_memory_summary_and_dump_snapshot_work_under_the_trace(tmp_path):
+    # nn.TransformerDecoder deep-copies its layer (LayerNorm's ones and zeros are small
+    # tensors whose values the trace keeps); torch.cuda.memory_summary, memory._snapshot and
+    # _dump_snapshot answer from the trace.
+    dump = tmp_path / "dump.pickle"
+    out = run_traced("""
+    dec = torch.nn.TransformerDecoder(
+        torch.nn.TransformerDecoderLayer(64, 4, 128, batch_first=True), 2).cuda()
+    assert dec.layers[1].norm1.weight.device.type == "cuda"
+    s = torch.cuda.memory_summary()
+    assert "Allocated memory" in s, s
+    assert "segments" in torch.cuda.memory._snapshot()
+    torch.cuda.memory._dump_snapshot(%r)
+    """ % str(dump), tmp_path)
+    assert dump.stat().st_size > 0
+    assert not out["warnings"], out["warnings"]

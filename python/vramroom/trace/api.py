@@ -169,6 +169,7 @@ class Trace:
         self._set(F, "binary_cross_entropy_with_logits", _make_bce_with_logits(
             F.binary_cross_entropy_with_logits, lambda t: isinstance(t, FakeTensor)))
         self._set(torch, "compile", _refuse_compile)
+        self._set(FakeTensor, "__deepcopy__", _make_fake_deepcopy(FakeTensor.__deepcopy__))
         # fake mode's constant propagation, for the small CPU tensors mode.py keeps real
         import torch._subclasses.fake_tensor as fake_tensor_module
 
@@ -356,6 +357,24 @@ def _make_bce_with_logits(orig, is_fake):
 
     binary_cross_entropy_with_logits.__doc__ = orig.__doc__
     return binary_cross_entropy_with_logits
+
+
+def _make_fake_deepcopy(orig):
+    """copy.deepcopy of a fake tensor that keeps a small CPU tensor's real values (mode.py's
+    constants: LayerNorm's ones and zeros) copies those values with fake mode off; under it,
+    copying a real storage dispatches to the fake kernels and fails (nn.TransformerDecoder
+    deep-copies its layer)."""
+
+    def __deepcopy__(self, memo):
+        c = getattr(self, "constant", None)
+        if c is not None and id(c) not in memo:
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            with unset_fake_temporarily():
+                memo[id(c)] = c.clone()
+        return orig(self, memo)
+
+    return __deepcopy__
 
 
 def _refuse_compile(*a, **k):

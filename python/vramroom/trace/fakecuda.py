@@ -233,6 +233,8 @@ class CudaApi:
             def __exit__(self, *exc):
                 return False
 
+        from . import snapshot
+
         def memory_stats(device=None):
             cur = t.allocated_bytes()
             return {
@@ -244,6 +246,26 @@ class CudaApi:
                 "num_alloc_retries": 0,
                 "num_ooms": 0,
             }
+
+        def memory_summary():
+            # torch.cuda.memory_summary's table, for the rows a trace knows
+            def fmt(n):
+                for unit in ("B  ", "KiB", "MiB", "GiB"):
+                    if abs(n) < 1024 or unit == "GiB":
+                        return ("%d %s" % (n, unit)) if unit == "B  " else "%.2f %s" % (n, unit)
+                    n /= 1024.0
+            line = "|" + "-" * 75 + "|"
+            rows = [("Allocated memory", t.allocated_bytes(), t.peak_allocated_bytes(True)),
+                    ("Reserved memory", t.reserved_bytes(), t.peak_reserved_bytes())]
+            out = ["|" + "=" * 75 + "|",
+                   "|" + "PyTorch CUDA memory summary, device ID 0 (vramroom.trace)".center(75) + "|",
+                   line, "|" + "Metric".center(23) + "|" + "Cur Usage".center(25) + "|" +
+                   "Peak Usage".center(25) + "|", line]
+            for name, cur, peak in rows:
+                out.append("| " + name.ljust(22) + "|" + fmt(cur).rjust(24) + " |" +
+                           fmt(peak).rjust(24) + " |")
+            out.append("|" + "=" * 75 + "|")
+            return "\n".join(out) + "\n"
 
         def mem_get_info(device=None):
             total = t.capacity or gpu.total_memory
@@ -296,10 +318,11 @@ class CudaApi:
             "mem_get_info": mem_get_info,
             "set_per_process_memory_fraction": set_fraction,
             "get_per_process_memory_fraction": lambda device=None: t.fraction or 1.0,
-            "memory_summary": lambda device=None, abbreviated=False: t.summary_text(),
+            "memory_summary": lambda device=None, abbreviated=False: memory_summary(),
             "_record_memory_history": no_record_history,
-            "_snapshot": lambda device=None: t.snapshot_dict(),
-            "_dump_snapshot": lambda filename="dump_snapshot.pickle": t.snapshot(filename),
+            "_snapshot": lambda device=None: snapshot.build(t.events),
+            "_dump_snapshot": lambda filename="dump_snapshot.pickle": snapshot.write(t.events,
+                                                                                     filename),
         }
         fns["is_current_stream_capturing"] = lambda: False
 

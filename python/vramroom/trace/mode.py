@@ -119,6 +119,11 @@ def _mode_class():
             rec.unknown_reads = 0
             rec.accumulations = 0
 
+        def __deepcopy__(self, memo):
+            # copy.deepcopy of a fake tensor copies its __dict__, the mode with it
+            # (nn.TransformerDecoder clones its layer); a copy shares the one trace
+            return self
+
         def _validate_cache_key(self, func, args, kwargs):
             # A composite op's cached result would come back without its parts running, and
             # its parts are what CUDA allocates (layer_norm under inference_mode: the

@@ -839,3 +839,15 @@ def test_deepcopy_memory_summary_and_dump_snapshot_work_under_the_trace(tmp_path
     """ % str(dump), tmp_path)
     assert dump.stat().st_size > 0
     assert not out["warnings"], out["warnings"]
+
+
+def test_numpy_of_a_fake_host_tensor_answers_instead_of_failing(tmp_path):
+    # an eval loop's metrics: pred.cpu().numpy() gets zeros of the right shape (counted in
+    # the warnings, as .item()'s placeholders are); known values come back as they are
+    out = run_traced("""
+    pred = torch.randn(32, 4, device="cuda").argmax(-1)
+    arr = pred.cpu().numpy()
+    assert arr.shape == (32,) and arr.dtype.name == "int64", (arr.shape, arr.dtype)
+    assert list(torch.arange(5).numpy()) == [0, 1, 2, 3, 4]
+    """, tmp_path)
+    assert out["warnings"] == {"t.numpy() of a fake cpu tensor answered zeros": 1}, out["warnings"]

@@ -184,6 +184,8 @@ class Trace:
         from .libs import LibraryPatches  # libraries that branch on fake tensors (libs.py)
 
         self._libs = LibraryPatches(self._mode._vals, rec.warn).install()
+        self._set(torch.Tensor, "numpy", _make_numpy(torch.Tensor.numpy, self._mode._vals,
+                                                      rec.warn))
         from .refuse import RnnRefusal  # ops refused by name (refuse.py)
 
         RnnRefusal.install()
@@ -375,6 +377,33 @@ def _make_fake_deepcopy(orig):
         return orig(self, memo)
 
     return __deepcopy__
+
+
+def _make_numpy(orig, vals, warn):
+    """Tensor.numpy() of a fake host tensor (an eval loop's `pred.cpu().numpy()` for its
+    metrics): its values where the trace knows them, else zeros of its shape and dtype,
+    counted in the warnings as `.item()`'s placeholders are. A fake CUDA tensor refuses, as
+    a real one does."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def numpy(self, *, force=False):
+        if not isinstance(self, FakeTensor) or self.device.type != "cpu":
+            return orig(self, force=force)
+        import numpy as np
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        real = vals._real(self) if vals._knowable(self) else None
+        with unset_fake_temporarily():
+            if real is not None:
+                return real.detach().clone().numpy()
+            warn("t.numpy() of a fake cpu tensor answered zeros")
+            import torch
+
+            return torch.zeros(self.shape, dtype=self.dtype).numpy() if self.dtype != \
+                torch.bfloat16 else np.zeros(tuple(self.shape), dtype=np.float32)
+
+    numpy.__doc__ = orig.__doc__
+    return numpy
 
 
 def _refuse_compile(*a, **k):

@@ -851,3 +851,28 @@ def test_numpy_of_a_fake_host_tensor_answers_instead_of_failing(tmp_path):
     assert list(torch.arange(5).numpy()) == [0, 1, 2, 3, 4]
     """, tmp_path)
     assert out["warnings"] == {"t.numpy() of a fake cpu tensor answered zeros": 1}, out["warnings"]
+
+
+def test_checkpoints_are_not_written_and_loaders_load_in_process(tmp_path):
+    # A training script's torch.save must not replace the user's file with one that has no
+    # data: nothing is written, and a torch.load of that path in the same run gets the saved
+    # tensors back, copied as loading would. DataLoader workers (forked under fake mode)
+    # load in the main process.
+    ck = tmp_path / "ck.pt"
+    ck.write_bytes(b"the user's checkpoint")
+    out = run_traced("""
+    from torch.utils.data import DataLoader, TensorDataset
+    dl = DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=16, num_workers=2)
+    m = torch.nn.Linear(8, 8).cuda()
+    for (x,) in dl:
+        m(x.cuda()).sum().backward()
+    torch.save(m.state_dict(), %r)
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    sd = torch.load(%r, map_location="cuda")
+    m.load_state_dict(sd)
+    """ % (str(ck), str(ck)), tmp_path)
+    assert ck.read_bytes() == b"the user's checkpoint"
+    ev = alloc_free(out)
+    after = ev[ev.index(("alloc", 11111)):]
+    assert ("alloc", 8 * 8 * 4) in after and ("alloc", 8 * 4) in after, after
+    assert out["warnings"].get("DataLoader(num_workers > 0) loaded in the main process") == 1

@@ -186,6 +186,13 @@ class Trace:
         self._libs = LibraryPatches(self._mode._vals, rec.warn).install()
         self._set(torch.Tensor, "numpy", _make_numpy(torch.Tensor.numpy, self._mode._vals,
                                                       rec.warn))
+        saved = {}
+        self._set(torch, "save", _make_save(torch.save, saved, rec.warn))
+        self._set(torch, "load", _make_load(torch.load, saved))
+        import torch.utils.data as tud
+
+        self._set(tud.DataLoader, "__init__", _make_loader_init(tud.DataLoader.__init__,
+                                                                rec.warn))
         from .refuse import RnnRefusal  # ops refused by name (refuse.py)
 
         RnnRefusal.install()
@@ -404,6 +411,84 @@ def _make_numpy(orig, vals, warn):
 
     numpy.__doc__ = orig.__doc__
     return numpy
+
+
+def _has_fake(obj):
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._pytree import tree_leaves
+
+    try:
+        return any(isinstance(x, FakeTensor) for x in tree_leaves(obj))
+    except Exception:  # noqa: BLE001 - an object pytree cannot walk: look no further
+        return False
+
+
+def _make_save(orig, saved, warn):
+    """torch.save of fake tensors writes nothing: a fake run has no data, and the user's
+    checkpoint on disk must not be replaced by one without it. The object is kept, so a
+    torch.load of the same path later in the run gets it back (a GPU run copies the tensors
+    to the host to save them: no device memory)."""
+    import os
+
+    def save(obj, f, *args, **kwargs):
+        if not _has_fake(obj):
+            return orig(obj, f, *args, **kwargs)
+        warn("torch.save() of fake tensors not written (a fake run has no data)")
+        if isinstance(f, (str, os.PathLike)):
+            saved[os.path.abspath(os.fspath(f))] = obj
+        return None
+
+    save.__doc__ = orig.__doc__
+    return save
+
+
+def _make_load(orig, saved):
+    """torch.load of a path this run saved (see _make_save): the saved tensors, each copied
+    to its device or map_location's (as loading allocates them anew); anything else loads
+    from disk."""
+    import os
+
+    def load(f, map_location=None, *args, **kwargs):
+        key = os.path.abspath(os.fspath(f)) if isinstance(f, (str, os.PathLike)) else None
+        if key is None or key not in saved:
+            return orig(f, map_location, *args, **kwargs)
+        import torch
+        from torch.utils._pytree import tree_map_only
+
+        def where(t):
+            if isinstance(map_location, (str, torch.device)):
+                return torch.device(map_location)
+            if isinstance(map_location, dict):
+                return torch.device(map_location.get(str(t.device), str(t.device)))
+            return t.device
+
+        return tree_map_only(torch.Tensor, lambda t: t.detach().to(where(t), copy=True),
+                             saved[key])
+
+    load.__doc__ = orig.__doc__
+    return load
+
+
+def _make_loader_init(orig, warn):
+    """DataLoader with worker processes loads in the main process under the trace: a forked
+    worker inherits fake mode and cannot collate into shared memory, and workers change host
+    memory only (their batches reach the GPU through the main process either way)."""
+    import inspect
+
+    sig = inspect.signature(orig)
+
+    def __init__(self, *args, **kwargs):
+        b = sig.bind(self, *args, **kwargs)
+        if b.arguments.get("num_workers", 0):
+            warn("DataLoader(num_workers > 0) loaded in the main process")
+            b.arguments["num_workers"] = 0
+            for k in ("prefetch_factor", "multiprocessing_context", "worker_init_fn"):
+                b.arguments.pop(k, None)
+            b.arguments["persistent_workers"] = False
+        return orig(*b.args, **b.kwargs)
+
+    __init__.__signature__ = sig
+    return __init__
 
 
 def _refuse_compile(*a, **k):

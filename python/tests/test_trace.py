@@ -876,3 +876,16 @@ def test_checkpoints_are_not_written_and_loaders_load_in_process(tmp_path):
     after = ev[ev.index(("alloc", 11111)):]
     assert ("alloc", 8 * 8 * 4) in after and ("alloc", 8 * 4) in after, after
     assert out["warnings"].get("DataLoader(num_workers > 0) loaded in the main process") == 1
+
+
+def test_save_pretrained_of_a_fake_model_writes_nothing(tmp_path):
+    pytest.importorskip("transformers")
+    out_dir = tmp_path / "model_out"
+    out = run_traced("""
+    import transformers
+    m = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=64, n_head=2)).cuda()
+    m.save_pretrained(%r)
+    """ % str(out_dir), tmp_path)
+    assert not out_dir.exists()
+    assert out["warnings"] == {
+        "save_pretrained() of a fake model not written (a fake run has no data)": 1}

@@ -21,6 +21,8 @@ and what a run with `min_new_tokens` does):
 The tensors are still computed by the fake kernels (their allocations are the GPU's); only
 their value is set.
 
+`save_pretrained` of a fake model writes nothing, as torch.save does under the trace (api.py).
+
 The modules may be imported by the user's script after the trace starts: then a meta-path
 finder patches each as it loads (importing transformers up front would cost a second to
 programs that never use it).
@@ -73,7 +75,8 @@ class LibraryPatches:
         self._finder = None
         self.values = values
         self.warn = warn or (lambda msg: None)
-        self.patchers = {"transformers.utils.import_utils": self._patch_import_utils}
+        self.patchers = {"transformers.utils.import_utils": self._patch_import_utils,
+                         "transformers.modeling_utils": self._patch_modeling_utils}
         if values is not None:
             self.patchers["transformers.generation.stopping_criteria"] = self._patch_stopping
             self.patchers["transformers.generation.utils"] = self._patch_generation
@@ -94,6 +97,25 @@ class LibraryPatches:
     def _patch_import_utils(self, module):
         if getattr(module, "is_fake_tensor", None) is not None:
             self._set(module, "is_fake_tensor", _not_fake)
+
+    def _patch_modeling_utils(self, module):
+        # save_pretrained of a fake model: nothing written (torch.save's rule, api.py), and
+        # its shared-tensor check, which compares data pointers, would fail anyway
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        cls = getattr(module, "PreTrainedModel", None)
+        orig = getattr(cls, "save_pretrained", None)
+        if orig is None:
+            return
+        warn = self.warn
+
+        def save_pretrained(model, *args, **kwargs):
+            if any(isinstance(p, FakeTensor) for p in model.parameters()):
+                warn("save_pretrained() of a fake model not written (a fake run has no data)")
+                return None
+            return orig(model, *args, **kwargs)
+
+        self._set(cls, "save_pretrained", save_pretrained)
 
     def _patch_stopping(self, module):
         from torch._subclasses.fake_tensor import FakeTensor

@@ -164,6 +164,17 @@ def test_unmodellable_ops_are_named(tmp_path):
     p = subprocess.run([sys.executable, "-m", "vramroom.trace", "--", str(script)],
                        capture_output=True, text=True, env=_env(), timeout=600)
     assert p.returncode == 2 and "torch.compile" in p.stderr
+    # an op with no fake kernel on CUDA tensors: named, not a "no NVIDIA driver" traceback
+    # from the real kernel fake mode would fall back to (TransformerEncoder's fast path)
+    script.write_text(
+        "import torch\nenc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(\n"
+        "    32, 2, 64, batch_first=True), 2).cuda().eval()\n"
+        "m = torch.zeros(2, 8, dtype=torch.bool, device='cuda')\n"
+        "with torch.no_grad():\n    enc(torch.randn(2, 8, 32, device='cuda'), src_key_padding_mask=m)\n")
+    p = subprocess.run([sys.executable, "-m", "vramroom.trace", "--", str(script)],
+                       capture_output=True, text=True, env=_env(), timeout=600)
+    assert p.returncode == 2 and "_nested_tensor_from_mask_left_aligned" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
 
 
 def test_rnn_and_fft_are_refused_by_name_and_the_module_comes_back():

@@ -116,8 +116,17 @@ def _mode_class():
             self._vh = hidden
             self._depth = 0
             self._vals = Values()
+            self._fallback_cuda = False
             rec.unknown_reads = 0
             rec.accumulations = 0
+
+        def can_run_unsafe_fallback(self, func):
+            # An op with no fake kernel runs its real kernel on zeros as a fallback: on the
+            # host that works, on CUDA it needs a GPU (nn.TransformerEncoder's padding-mask
+            # check, _nested_tensor_from_mask_left_aligned): refused by name instead
+            if self._fallback_cuda:
+                return False
+            return super().can_run_unsafe_fallback(func)
 
         def __deepcopy__(self, memo):
             # copy.deepcopy of a fake tensor copies its __dict__, the mode with it
@@ -207,6 +216,7 @@ def _mode_class():
             composite = not self._depth and _composite(func)
             if not composite:
                 self._depth += 1
+            self._fallback_cuda = on_fake_cuda(args, kwargs)
             try:
                 out = super().dispatch(func, types, args, kwargs)
             except fake_errors as e:

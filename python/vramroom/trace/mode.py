@@ -35,6 +35,7 @@ def _mode_class():
 
     aten = torch.ops.aten
     local_scalar = aten._local_scalar_dense.default
+    is_all_true = aten._is_all_true.default
     record_stream = aten.record_stream.default
     add_tensor = aten.add.Tensor
     pin_memory = aten._pin_memory.default
@@ -259,6 +260,12 @@ def _mode_class():
                         rec.see_storage(t.untyped_storage(), fr)
                 return out
             self._vals.after(func, args, kwargs, out)
+            if func is is_all_true and isinstance(out, FakeTensor) and \
+                    self._vals.known(out) is None:
+                # torch.distributions' argument and sample validation (`_is_all_true` of a
+                # support check): presumed valid, as a run that gets past it is
+                self._vals.presume(out, True)
+                rec.warn("a validity check (torch._is_all_true) of fake data presumed True")
             hid = self._vh
             plan = sdpa_plans.get(func)
             if plan is not None:

@@ -914,3 +914,17 @@ def test_distribution_validation_is_presumed_to_pass(tmp_path):
     """, tmp_path)
     assert out["warnings"].get(
         "a validity check (torch._is_all_true) of fake data presumed True", 0) >= 1, out["warnings"]
+
+
+def test_unmodelled_solver_scratch_is_named_and_sparse_is_refused(tmp_path):
+    out = run_traced("""
+    u, s, vh = torch.linalg.svd(torch.randn(64, 64, device="cuda"))
+    m = torch.randn(100, device="cuda").median()
+    try:
+        torch.sparse_coo_tensor(torch.tensor([[0, 1]], device="cuda"), torch.ones(2, device="cuda"), (3,))
+        raise AssertionError("a sparse CUDA tensor was not refused")
+    except Exception as e:
+        assert "sparse" in str(e), e
+    """, tmp_path)
+    w = " ".join(out["warnings"])
+    assert "cuSOLVER" in w and "median" in w, out["warnings"]

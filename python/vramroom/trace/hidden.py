@@ -176,6 +176,21 @@ class Hidden:
                    "sort buffers, five of 8 bytes an index and cub's scratch, transient")
         self.unmodelled = {a.index_put_.default: idx_put, a.index_put.default: idx_put,
                            a._index_put_impl_.default: idx_put}
+        # linear algebra: cuSOLVER's and MAGMA's workspaces and info arrays; median, kthvalue
+        # and mode: their sort's scratch
+        solver = ("a linear-algebra kernel's cuSOLVER/MAGMA workspace and info arrays, "
+                  "transient")
+        for name in ("_linalg_svd", "linalg_qr", "_linalg_eigh", "linalg_eig", "linalg_inv_ex",
+                     "_linalg_solve_ex", "linalg_cholesky_ex", "linalg_lu_factor_ex",
+                     "linalg_lu", "_linalg_det", "_linalg_slogdet", "linalg_lstsq",
+                     "linalg_householder_product", "triangular_solve", "cholesky_solve",
+                     "cholesky_inverse", "geqrf", "ormqr", "linalg_ldl_factor_ex"):
+            for op in _overloads(a, name):
+                self.unmodelled[op] = solver
+        sort_scratch = "a selection's sort scratch (median, kthvalue, mode), transient"
+        for name in ("median", "nanmedian", "kthvalue", "mode"):
+            for op in _overloads(a, name):
+                self.unmodelled[op] = sort_scratch
         self.conv_fwd = {a.convolution.default}
         self.conv_bwd = {a.convolution_backward.default}
         # ops whose hidden allocations one method of their own gives, as around_outputs'
@@ -744,6 +759,11 @@ class Hidden:
             # cuDNN only for fp16 (ConvParams::use_cudnn_depthwise)
             return False
         return True
+
+
+def _overloads(aten, name):
+    pkt = getattr(aten, name, None)
+    return [getattr(pkt, o) for o in pkt.overloads()] if pkt is not None else []
 
 
 def _flattens_as_view(t):

@@ -232,6 +232,10 @@ def _mode_class():
                     self._depth -= 1
             if self._depth or not rec.active:
                 return out
+            if isinstance(out, FakeTensor) and out.layout != torch.strided and \
+                    out.device.type == "cuda":
+                raise UnsupportedOp(func, "sparse and other non-strided CUDA tensors are not "
+                                    "modelled")
             if isinstance(out, FakeTensor) and out.device.type == "cpu" and \
                     out.numel() <= CPU_CONSTANT_LIMIT and out.constant is None and \
                     not any(isinstance(a, torch.Tensor) for a in _flat(args, kwargs)):

@@ -881,7 +881,10 @@ def test_checkpoints_are_not_written_and_loaders_load_in_process(tmp_path):
     m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
     sd = torch.load(%r, map_location="cuda")
     m.load_state_dict(sd)
-    """ % (str(ck), str(ck)), tmp_path)
+    torch.save(m, %r)
+    m2 = torch.load(%r, weights_only=False)
+    assert m2 is not m and m2.weight.device.type == "cuda"
+    """ % (str(ck), str(ck), str(ck), str(ck)), tmp_path)
     assert ck.read_bytes() == b"the user's checkpoint"
     ev = alloc_free(out)
     after = ev[ev.index(("alloc", 11111)):]

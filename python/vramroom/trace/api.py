@@ -417,8 +417,16 @@ def _has_fake(obj):
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.utils._pytree import tree_leaves
 
+    import torch
+
+    def fake(x):
+        if isinstance(x, torch.nn.Module):  # torch.save(model)
+            return any(isinstance(t, FakeTensor) for t in
+                       list(x.parameters()) + list(x.buffers()))
+        return isinstance(x, FakeTensor)
+
     try:
-        return any(isinstance(x, FakeTensor) for x in tree_leaves(obj))
+        return any(fake(x) for x in tree_leaves(obj))
     except Exception:  # noqa: BLE001 - an object pytree cannot walk: look no further
         return False
 
@@ -462,8 +470,15 @@ def _make_load(orig, saved):
                 return torch.device(map_location.get(str(t.device), str(t.device)))
             return t.device
 
-        return tree_map_only(torch.Tensor, lambda t: t.detach().to(where(t), copy=True),
-                             saved[key])
+        def module(m):
+            import copy
+
+            m = copy.deepcopy(m)  # loading makes new parameters, on their saved device
+            return m.to(torch.device(map_location)) if isinstance(
+                map_location, (str, torch.device)) else m
+
+        obj = tree_map_only(torch.nn.Module, module, saved[key])
+        return tree_map_only(torch.Tensor, lambda t: t.detach().to(where(t), copy=True), obj)
 
     load.__doc__ = orig.__doc__
     return load

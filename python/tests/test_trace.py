@@ -860,6 +860,7 @@ def test_numpy_of_a_fake_host_tensor_answers_instead_of_failing(tmp_path):
     arr = pred.cpu().numpy()
     assert arr.shape == (32,) and arr.dtype.name == "int64", (arr.shape, arr.dtype)
     assert list(torch.arange(5).numpy()) == [0, 1, 2, 3, 4]
+    assert list(torch.arange(3, device="cuda").cpu().numpy()) == [0, 1, 2]
     """, tmp_path)
     assert out["warnings"] == {"t.numpy() of a fake cpu tensor answered zeros": 1}, out["warnings"]
 

@@ -399,8 +399,8 @@ def _make_numpy(orig, vals, warn):
         import numpy as np
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-        real = vals._real(self) if vals._knowable(self) else None
         with unset_fake_temporarily():
+            real = vals._real(self) if vals._knowable(self) else None
             if real is not None:
                 return real.detach().clone().numpy()
             warn("t.numpy() of a fake cpu tensor answered zeros")

@@ -77,10 +77,15 @@ class Values:
                 return _cast(self.v[k], x.dtype)
             r = self._shadow_view(x, k)
             if r is not None:
-                if r.numel() >= 1:
-                    flat = r.flatten()
-                    if bool((flat == flat[0]).all()):
-                        return flat[0].item()
+                from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+                # host values: compared with fake mode off (a library patch asks from
+                # inside the user's program, where the mode is on)
+                with unset_fake_temporarily():
+                    if r.numel() >= 1:
+                        flat = r.flatten()
+                        if bool((flat == flat[0]).all()):
+                            return flat[0].item()
                 return UNKNOWN
             c = getattr(x, "constant", None)
             if c is not None and c.numel() >= 1:
@@ -110,8 +115,11 @@ class Values:
         flat = self.shadow.get(k)
         if flat is None or flat.dtype != x.dtype:
             return None
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
         try:
-            return flat.as_strided(x.shape, x.stride(), x.storage_offset())
+            with unset_fake_temporarily():
+                return flat.as_strided(x.shape, x.stride(), x.storage_offset())
         except RuntimeError:  # a view past the storage the shadow was made for
             return None
 
@@ -148,8 +156,11 @@ class Values:
         n = x.untyped_storage().nbytes() // max(x.element_size(), 1)
         if n > SHADOW_LIMIT:
             return None
-        self.shadow[k] = self.torch.full((n,), self.v[k], dtype=x.dtype)
-        return self._shadow_view(x, k)
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            self.shadow[k] = self.torch.full((n,), self.v[k], dtype=x.dtype)
+            return self._shadow_view(x, k)
 
     def _run_shadow(self, func, args, kwargs, outs):
         """Run `func` for real on its inputs' values and keep the values of `outs` (the
@@ -331,9 +342,10 @@ class Values:
                 if v is not UNKNOWN and (whole or (old is not UNKNOWN and old == v)):
                     self.v[k] = _cast(v, t.dtype)
                     self.shadow.pop(k, None)
-                elif t.device.type == "cpu":
+                elif t.device.type == "cpu" and getattr(t, "constant", None) is not None:
                     # fake mode keeps a CPU tensor's constant itself (and has written it)
                     self.v.pop(k, None)
+                    self.shadow.pop(k, None)
                 else:
                     pending.append((t, k, whole))
             if pending:
@@ -377,7 +389,7 @@ class Values:
         for o in fresh:
             self.v.pop(self.key(o), None)
             self.shadow.pop(self.key(o), None)
-        if len(fresh) == len(outs) and all(o.device.type != "cpu" for o in outs):
+        if len(fresh) == len(outs) and all(getattr(o, "constant", None) is None for o in outs):
             self._run_shadow(func, args, kwargs, list(outs))
 
     def _trim(self):

@@ -1,0 +1,45 @@
+"""Which SDPA backend PyTorch picks for masks with one slice per head (T5's position bias), and
+why the others refuse: torch.backends.cuda.can_use_*(SDPAParams, debug=True) per case, their
+warnings captured. Run on the GPU: python probe.py OUT.json"""
+import json
+import sys
+import warnings
+
+import torch
+
+B, H, D = 8, 4, 64
+out = []
+for dt in (torch.bfloat16, torch.float32):
+    for T, S in ((96, 96), (1, 16), (1, 96), (128, 512), (1, 64), (1, 32), (64, 64), (128, 128),
+                 (96, 128), (16, 96), (1, 48)):
+        for shape in ("BHTS", "B1TS", "B11S", "1HTS", "none"):
+            q = torch.randn(B, H, T, D, device="cuda", dtype=dt)
+            k = torch.randn(B, H, S, D, device="cuda", dtype=dt)
+            v = torch.randn(B, H, S, D, device="cuda", dtype=dt)
+            dims = {"BHTS": (B, H, T, S), "B1TS": (B, 1, T, S), "B11S": (B, 1, 1, S),
+                    "1HTS": (1, H, T, S)}.get(shape)
+            m = torch.randn(dims, device="cuda", dtype=dt) if dims else None
+            p = torch.backends.cuda.SDPAParams(q, k, v, m, 0.0, False, False)
+            row = {"dtype": str(dt), "T": T, "S": S, "mask": shape}
+            for name in ("cudnn", "efficient", "flash"):
+                fn = {"cudnn": torch.backends.cuda.can_use_cudnn_attention,
+                      "efficient": torch.backends.cuda.can_use_efficient_attention,
+                      "flash": torch.backends.cuda.can_use_flash_attention}[name]
+                with warnings.catch_warnings(record=True) as w:
+                    warnings.simplefilter("always")
+                    ok = fn(p, True)
+                row[name] = ok
+                row[name + "_why"] = [str(x.message)[:200] for x in w]
+            torch.cuda.memory._record_memory_history(max_entries=100000)
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
+            snap = torch.cuda.memory._snapshot()
+            torch.cuda.memory._record_memory_history(enabled=None)
+            allocs = [e["size"] for tr in snap["device_traces"] for e in tr if e["action"] == "alloc"]
+            row["allocs"] = allocs[-12:]
+            out.append(row)
+json.dump(out, open(sys.argv[1], "w"), indent=0)
+print(len(out), "cases")
+for r in out:
+    if r["mask"] != "none":
+        print(r["dtype"], r["T"], r["S"], r["mask"], "cudnn", r["cudnn"], "eff", r["efficient"],
+              (r["cudnn_why"] + r["efficient_why"])[:2])

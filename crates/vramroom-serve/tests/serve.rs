@@ -772,9 +772,22 @@ async fn a_drain_that_times_out_reports_what_was_left() {
     c.latency = LatencyTarget::Off;
     c.drain_timeout = Duration::from_millis(1);
     let (h, addr) = serve(c).await;
+    // the batch still running when the drain gives up may have its connection reset
+    // (nothing else would answer it): that request is neither served nor shed
     let tasks: Vec<_> = (0..8)
         .map(|i| {
-            tokio::spawn(async move { post_json(addr, &json!({"inputs": [vec![i; 128]]})).await })
+            tokio::spawn(async move {
+                let body = serde_json::to_vec(&json!({"inputs": [vec![i; 128]]})).unwrap();
+                try_request(
+                    addr,
+                    "POST",
+                    "/v1/infer",
+                    &[("Content-Type", "application/json")],
+                    &body,
+                )
+                .await
+                .ok()
+            })
         })
         .collect();
     let t0 = Instant::now();
@@ -794,7 +807,7 @@ async fn a_drain_that_times_out_reports_what_was_left() {
     assert!(report.queued_at_timeout >= 1, "{report:?}");
     let mut shed = 0;
     for t in tasks {
-        if t.await.unwrap().status == 503 {
+        if t.await.unwrap().is_some_and(|r| r.status == 503) {
             shed += 1;
         }
     }

@@ -90,8 +90,21 @@ pub async fn request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> Resp {
+    try_request(addr, method, path, headers, body)
+        .await
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+/// `request`, with an I/O error (a connection the server reset) returned, not a panic.
+pub async fn try_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<Resp> {
     tokio::time::timeout(REQUEST_TIMEOUT, async {
-        let mut s = TcpStream::connect(addr).await.expect("connect");
+        let mut s = TcpStream::connect(addr).await?;
         let mut req = format!(
             "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
             body.len()
@@ -100,11 +113,11 @@ pub async fn request(
             req.push_str(&format!("{k}: {v}\r\n"));
         }
         req.push_str("\r\n");
-        s.write_all(req.as_bytes()).await.expect("write head");
-        s.write_all(body).await.expect("write body");
+        s.write_all(req.as_bytes()).await?;
+        s.write_all(body).await?;
         let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await.expect("read");
-        parse(&buf)
+        s.read_to_end(&mut buf).await?;
+        Ok(parse(&buf))
     })
     .await
     .unwrap_or_else(|_| panic!("{method} {path} took over {REQUEST_TIMEOUT:?}"))

@@ -7,6 +7,15 @@
     t.replay(capacity="24GiB", alloc_conf="expandable_segments:True")   # `vramroom replay --json`
 
     vramroom.trace.run_script("train.py", ["--bs", "16"], gpu="h100", snapshot_out="s.pickle")
+
+Design note: what the trace stands in for while it runs (each restored on exit). Where
+PyTorch takes another path for tensor subclasses than for plain CUDA tensors, a wrapper takes
+the plain one: F.scaled_dot_product_attention (sdpa.py), F.linear's in-place bias,
+binary_cross_entropy_with_logits' in-place backward. Where a program touches data a fake run
+does not have, the trace answers without it and counts that in the warnings: Tensor.numpy()
+(known values or zeros), torch.save/save_pretrained (nothing written; a later torch.load of the
+path gets the tensors back), DataLoader workers (loaded in the main process), deepcopy of a
+kept host value (copied with fake mode off). torch.compile is refused by name.
 """
 
 import json

@@ -777,16 +777,9 @@ async fn a_drain_that_times_out_reports_what_was_left() {
     let tasks: Vec<_> = (0..8)
         .map(|i| {
             tokio::spawn(async move {
-                let body = serde_json::to_vec(&json!({"inputs": [vec![i; 128]]})).unwrap();
-                try_request(
-                    addr,
-                    "POST",
-                    "/v1/infer",
-                    &[("Content-Type", "application/json")],
-                    &body,
-                )
-                .await
-                .ok()
+                try_post_json(addr, &json!({"inputs": [vec![i; 128]]}))
+                    .await
+                    .ok()
             })
         })
         .collect();

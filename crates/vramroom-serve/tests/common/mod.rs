@@ -124,8 +124,15 @@ pub async fn try_request(
 }
 
 pub async fn post_json(addr: SocketAddr, v: &Value) -> Resp {
+    try_post_json(addr, v)
+        .await
+        .unwrap_or_else(|e| panic!("POST /v1/infer: {e}"))
+}
+
+/// `post_json`, with an I/O error (a connection the server reset) returned.
+pub async fn try_post_json(addr: SocketAddr, v: &Value) -> std::io::Result<Resp> {
     let body = serde_json::to_vec(v).expect("json");
-    request(
+    try_request(
         addr,
         "POST",
         "/v1/infer",

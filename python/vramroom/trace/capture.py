@@ -139,6 +139,7 @@ class Recorder:
         self._lock = threading.RLock()
         self.active = True
         self.engine_thread_used = False  # autograd's device thread ran our code (api.py)
+        self.linear_bias_add = False  # at::linear's bias add to make in place (api.py)
 
     # ---- streams -------------------------------------------------------------------
     def _new_stream_id(self):

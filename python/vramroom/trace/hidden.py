@@ -503,18 +503,6 @@ class Hidden:
             dims = [dims]
         return staging(x, list(dims), self.gpu)
 
-    def strided_staging(self, shape, strides, offset, dtype, red):
-        """reduce_staging for a sum over `red` of a tensor laid out as given (a conv's bias
-        grad over its grad_output)."""
-        from .reduce import iter_staging
-
-        torch = self._torch
-        if dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
-            return None
-        return iter_staging(list(shape), list(strides), list(red), offset,
-                            self.gpu.multi_processor_count, self.gpu.max_threads_per_sm,
-                            8 if dtype == torch.float64 else 4)
-
     # -- inputs a CUDA kernel makes contiguous ------------------------------------------
     def contiguous_copies(self, func, args):
         """The copies a CUDA kernel makes of its non-contiguous inputs (`expect_contiguous()`

@@ -69,6 +69,9 @@ def _mode_class():
         aten._scaled_dot_product_efficient_attention.default:
             lambda a: [0] + ([1] if a[4] else []),
     }
+    from torch._prims_common import make_channels_last_strides_for, make_contiguous_strides_for
+
+    from .reduce import layout_staging
     from .refuse import not_modelled_ops, on_fake_cuda
 
     not_modelled = not_modelled_ops()  # refused by name (refuse.py)
@@ -188,7 +191,7 @@ def _mode_class():
                 if isinstance(t, FakeTensor) and t.device.type == "cuda":
                     rec.record_stream(t.untyped_storage(), args[1])
                 return None
-            if func is add_tensor and not self._depth and getattr(rec, "linear_bias_add", False):
+            if func is add_tensor and not self._depth and rec.linear_bias_add:
                 # at::linear's bias add under autocast (api._make_linear): in place, as for
                 # plain tensors; autograd's AddBackward0 takes the output's place as in-place
                 # ops do
@@ -217,6 +220,8 @@ def _mode_class():
             composite = not self._depth and _composite(func)
             if not composite:
                 self._depth += 1
+            # decided here, not kept as the arguments: a reference to them would keep
+            # their tensors alive (and defeat _accumulates' use counts)
             self._fallback_cuda = on_fake_cuda(args, kwargs)
             try:
                 out = super().dispatch(func, types, args, kwargs)
@@ -399,16 +404,17 @@ def _mode_class():
             # out (not the copy): Reduce.cuh's staging after it, where it splits. The
             # measured events (a contiguous grad) hold the contiguous layout's.
             keep1 = [d for d in range(go.dim()) if d != 1]
-            bias_st = hid.strided_staging(go.shape, go.stride(), go.storage_offset(),
-                                          go.dtype, keep1) \
-                if gb is not None and go.dim() > 1 else None
+            bias_st = layout_staging(go.shape, go.stride(), go.storage_offset(), go.dtype,
+                                     keep1, hid.gpu) if gb is not None and go.dim() > 1 else None
             if toks is not None and copy:
                 body = [[k, v + 1] if k == "f" else [k, v] for k, v in toks]
                 if gb is not None and body and body[-1][0] == "o":
                     toks = [["t", copy]] + body[:-1] + [["f", 0], body[-1]]
                     n_t = sum(1 for k, _ in toks if k == "t")
-                    if bias_st and not hid.strided_staging(
-                            go.shape, _dense_strides(go.shape, fmt), 0, go.dtype, keep1):
+                    dense = make_channels_last_strides_for(go.shape) \
+                        if fmt is torch.channels_last else make_contiguous_strides_for(go.shape)
+                    if bias_st and not layout_staging(go.shape, dense, 0, go.dtype, keep1,
+                                                      hid.gpu):
                         toks += [["t", bias_st[0]], ["t", bias_st[1]], ["f", n_t + 1],
                                  ["f", n_t]]
                 else:
@@ -439,15 +445,6 @@ def _mode_class():
                     sem = rec.alloc(bias_st[1], stream=st, frames=fr)
                     rec.free(sem, bias_st[1], st)
                     rec.free(buf, bias_st[0], st)
-
-    def _dense_strides(shape, fmt):
-        n = len(shape)
-        order = [1, 3, 2, 0] if fmt is torch.channels_last and n == 4 else list(range(n - 1, -1, -1))
-        st, acc = [0] * n, 1
-        for d in order:
-            st[d] = acc
-            acc *= shape[d]
-        return st
 
     _FakeMode = RecordingFakeMode
     return _FakeMode

@@ -47,16 +47,22 @@ def outer_staging(M, N, arg_size, sms, threads_per_sm):
 def staging(x, dims, gpu):
     """The staging of a sum/mean/norm over `dims` (all when empty) of fake cuda tensor `x`
     on `gpu`, or None."""
-    import torch
-
-    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
-        return None
     if x.numel() == 0 or x.dim() == 0:
         return None
     nd = x.dim()
     red = sorted({d % nd for d in dims}) if dims else list(range(nd))
-    arg = 8 if x.dtype == torch.float64 else 4
-    return iter_staging(list(x.shape), list(x.stride()), red, x.storage_offset(),
+    return layout_staging(x.shape, x.stride(), x.storage_offset(), x.dtype, red, gpu)
+
+
+def layout_staging(shape, strides, offset, dtype, red, gpu):
+    """`staging` for a tensor given by its layout (a conv's bias grad over its grad_output,
+    as laid out or as cuDNN's contiguous copy would be), float accumulation only."""
+    import torch
+
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        return None
+    arg = 8 if dtype == torch.float64 else 4
+    return iter_staging(list(shape), list(strides), list(red), offset,
                         gpu.multi_processor_count, gpu.max_threads_per_sm, arg)
 
 

@@ -1,11 +1,13 @@
 """What real CUDA sort, topk, multinomial, cumsum and accumulating index_put_ allocate besides
 their outputs, measured on the GPU.
 
-    python measure.py OUT.json [--budget 150] [--set run26|run27]
+    python measure.py OUT.json [--budget 150] [--set run26|run27|run28]
 
 --set run27 measures instead isin (brute force and sorting paths), sum/prod/mean/nansum of
 inputs whose dtype is not the result's, the elementwise losses by reduction (forward, and
 backward for mean), and cuDNN attention's forward workspace by query length (device run 27).
+--set run28 measures cuDNN attention's split-KV decode workspace (a query of 1 to 4 tokens)
+by batch, query and key/value heads, key length, head dim and mask (device run 28).
 
 Each call is recorded between two markers, as conv/measure.py records a conv: tokens
 ["o", size] an output, ["t", size] a transient, ["f", i] the free of the i-th transient, in
@@ -90,6 +92,21 @@ def grid27():
     return g
 
 
+def grid28():
+    g = []
+    heads = [(8, 8), (8, 2), (16, 4), (32, 8), (12, 12), (32, 32), (16, 1)]
+    for T, S, B, (hq, hk), D, mask in itertools.product(
+            [1], [128, 256, 512, 640, 768, 1024, 1030, 1536, 2048, 4096], [1, 2, 4, 8, 16, 64],
+            heads, [128], [False]):
+        g.append(dict(op="sdpa", T=T, S=S, D=D, grad=False, gqa=hq != hk, B=B, Hq=hq, Hk=hk,
+                      mask=mask, dtype="bfloat16"))
+    for T, S, B, (hq, hk), D, mask in itertools.product(
+            [1, 2, 4], [512, 1030, 2048], [1, 4, 16], [(8, 8), (16, 4)], [64, 128], [False, True]):
+        g.append(dict(op="sdpa", T=T, S=S, D=D, grad=False, gqa=hq != hk, B=B, Hq=hq, Hk=hk,
+                      mask=mask, dtype="bfloat16"))
+    return g
+
+
 DT["uint8"] = torch.uint8
 DT["float64"] = torch.float64
 
@@ -122,16 +139,19 @@ def run27(c, dev):
             out.backward()
         return m, (x, y), out
     if c["op"] == "sdpa":
-        B, Hq = 4, 8
-        Hk = 2 if c["gqa"] else Hq
+        B, Hq = c.get("B", 4), c.get("Hq", 8)
+        Hk = c.get("Hk", 2 if c["gqa"] else Hq)
         q = torch.randn(B, Hq, c["T"], c["D"], device=dev, dtype=dt, requires_grad=c["grad"])
         k = torch.randn(B, Hk, c["S"], c["D"], device=dev, dtype=dt, requires_grad=c["grad"])
         v = torch.randn(B, Hk, c["S"], c["D"], device=dev, dtype=dt, requires_grad=c["grad"])
+        # a padding mask as transformers passes it: [B, 1, T, S] in the query's dtype
+        am = torch.zeros(B, 1, c["T"], c["S"], device=dev, dtype=dt) if c.get("mask") else None
         torch.cuda.synchronize()
         m = torch.empty(MARK, dtype=torch.uint8, device=dev)
         with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.CUDNN_ATTENTION]):
-            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=c["gqa"])
-        return m, (q, k, v), o
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=am,
+                                                                 enable_gqa=c["gqa"])
+        return m, (q, k, v, am), o
     x = filled((c["rows"], c["cols"]), dt, dev, 3)
     torch.cuda.synchronize()
     kw = {"dtype": DT[c["out"]]} if c["out"] else {}
@@ -172,7 +192,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--budget", type=float, default=150)
-    ap.add_argument("--set", default="run26", choices=["run26", "run27"])
+    ap.add_argument("--set", default="run26", choices=["run26", "run27", "run28"])
     a = ap.parse_args()
     t0 = time.time()
     dev = torch.device("cuda")
@@ -181,7 +201,7 @@ def main():
            "sms": props.multi_processor_count, "torch": torch.__version__,
            "cuda": torch.version.cuda, "about": __doc__.split("\n\n")[0], "entries": [],
            "done": False}
-    g = grid() if a.set == "run26" else grid27()
+    g = {"run26": grid, "run27": grid27, "run28": grid28}[a.set]()
     chunk = 40
     for start in range(0, len(g), chunk):
         if time.time() - t0 > a.budget:

@@ -17,7 +17,7 @@ CONV_BUDGET=${CONV_BUDGET:-40}
 REC_BUDGET=${REC_BUDGET:-260}
 PROGS=hq_bart_beam_fp16,hq_mistral_train_bf16_fused,hq_resnet34_amp_scaler,hq_vit_hf_cls_adamw,hq_gpt2_train_eval_loop,hq_bert_qa_ckpt_accum_bf16,hq_mobilenet_v2_infer_fp16_batches,hq_llama_long_prompt_generate
 cd scripts/trace_corpus
-timeout $((OPS_BUDGET + 40)) python3 ops/measure.py "$OUT/ops-h100-run28.json" --budget "$OPS_BUDGET" \
+timeout $((OPS_BUDGET + 40)) python3 ops/measure.py "$OUT/ops-run28.json" --budget "$OPS_BUDGET" \
   --set run28 > "$OUT/ops.log" 2>&1
 tail -2 "$OUT/ops.log"
 timeout "$HOOK_BUDGET" python3 sdpa_probe/hook.py "$OUT/sdpa-hook-run28.json" hn_t5_beam_generate \

@@ -935,3 +935,39 @@ def test_unmodelled_solver_scratch_is_named_and_sparse_is_refused(tmp_path):
     """, tmp_path)
     w = " ".join(out["warnings"])
     assert "cuSOLVER" in w and "median" in w, out["warnings"]
+
+
+def test_a_conv_workspace_that_does_not_fit_runs_another_plan(tmp_path):
+    # tv_resnet18_infer_nograd (batch 64, three batches) on the H100 with its memory capped
+    # at 765,041,049 bytes (0.95 of its peak reserved): the stem conv's workspace does not
+    # fit in the second batch; cuDNN runs another plan and the program finishes, with peak
+    # allocated 535,011,328 and peak reserved 725,614,592 bytes (device run 13b's capacity
+    # sweep, scripts/trace_corpus/real/results.jsonl). At 644,245,094 it runs out anyway.
+    b = _binary()
+    if not b:
+        pytest.skip("no vramroom binary (VRAMROOM_BIN, the package's, or PATH)")
+    pytest.importorskip("torchvision")
+    run_traced("""
+    import torchvision
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None).cuda().eval()
+    with torch.no_grad():
+        for step in range(3):
+            x = torch.randn(64, 3, 224, 224, device="cuda")
+            preds = model(x).softmax(dim=1).argmax(dim=1)
+    """, tmp_path)
+    snap = pickle.load(open(tmp_path / "snap.pickle", "rb"))
+    tags = {e["user_metadata"] for e in snap["device_traces"][0] if e["user_metadata"]}
+    assert tags and all(t.startswith("vramroom.cudnn_conv_workspace:") for t in tags), tags
+
+    def at(cap):
+        p = subprocess.run([b, "replay", "--json", str(tmp_path / "snap.pickle"),
+                            "--capacity", str(cap)], capture_output=True, text=True, check=True)
+        return json.loads(p.stdout)[0]
+
+    r = at(765041049)
+    assert r["oom"] is None and r["workspace_fallbacks"] == 1, r
+    assert (r["peak_allocated_bytes"], r["peak_reserved_bytes"]) == (535011328, 725614592)
+    assert at(644245094)["oom"] is not None
+    free = at(80 << 30)
+    assert free["workspace_fallbacks"] == 0 and free["num_ooms"] == 0

@@ -89,7 +89,10 @@ def replay(binary, snap, alloc_conf, capacity):
         "peak_reserved_bytes": d.get("peak_reserved_bytes"),
         "num_ooms": d.get("num_ooms"),
         "num_alloc_retries": d.get("num_alloc_retries"),
-        "oom": bool(d.get("num_ooms")) or d.get("oom") is not None,
+        # the program's OOM: a cuDNN conv whose workspace did not fit counts in num_ooms
+        # but ran another plan (workspace_fallbacks), as the real run's num_ooms counts it
+        "oom": d.get("oom") is not None,
+        "workspace_fallbacks": d.get("workspace_fallbacks", 0),
         "capacity_bytes": d.get("capacity_bytes"),
     }
 

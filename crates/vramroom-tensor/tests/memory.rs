@@ -321,3 +321,31 @@ fn caching_allocator_oom_is_an_error_with_pytorch_detail() {
     drop(a);
     Tensor::empty(&[8 << 20], DType::F32, &d).unwrap();
 }
+
+/// A cuDNN conv whose workspace does not fit runs a plan without one (PyTorch catches the
+/// OOM of the workspace, not of the output): the conv returns, the allocator counts the OOM.
+#[test]
+fn a_conv_workspace_that_does_not_fit_is_no_oom() {
+    use vramroom_alloc::AllocatorConfig;
+    use vramroom_tensor::device::{ConvWorkspaceQuery, WorkspacePolicy};
+    struct Huge;
+    impl WorkspacePolicy for Huge {
+        fn conv2d(&self, _q: &ConvWorkspaceQuery) -> u64 {
+            1 << 30
+        }
+    }
+    let d = Device::meta_caching(64 << 20, AllocatorConfig::default());
+    d.set_workspace_policy(Arc::new(Huge));
+    let x = Tensor::empty(&[4, 3, 32, 32], DType::F32, &d).unwrap();
+    let w = Tensor::empty(&[8, 3, 3, 3], DType::F32, &d).unwrap();
+    let y = ops::conv2d(&x, &w, None, &Conv2dParams::new(1, 1)).unwrap();
+    assert_eq!(y.shape(), [4, 8, 32, 32]);
+    assert_eq!(d.allocator().memory_stats()["num_ooms"], 1);
+    // an output that does not fit is still the caller's OOM
+    let big = Tensor::empty(&[64, 3, 256, 256], DType::F32, &d).unwrap();
+    let w2 = Tensor::empty(&[64, 3, 3, 3], DType::F32, &d).unwrap();
+    assert!(matches!(
+        ops::conv2d(&big, &w2, None, &Conv2dParams::new(1, 1)),
+        Err(vramroom_tensor::TensorError::OutOfMemory { .. })
+    ));
+}

@@ -423,6 +423,12 @@ fn print_table(path: &std::path::Path, capacity: u64, results: &[(String, Replay
                 human_bytes(o.largest_free_block)
             );
         }
+        if r.workspace_fallbacks > 0 {
+            println!(
+                "[{l}] {} cuDNN convolution(s) could not get their workspace and ran a plan that needs none, as PyTorch does (the OOMs column counts those attempts)",
+                r.workspace_fallbacks
+            );
+        }
         if r.initial_live_blocks > 0 {
             println!(
                 "[{l}] {} blocks were live before the recording began; rebuilt at their offsets ({} reserved at start)",

@@ -266,7 +266,7 @@ class Trace:
     def snapshot_dict(self):
         from . import snapshot
 
-        return snapshot.build(self._rec.events)
+        return snapshot.build(self._rec.events, meta=self._rec.meta)
 
     def snapshot(self, path):
         from . import evidence, snapshot
@@ -275,7 +275,7 @@ class Trace:
             evidence.write(self.evidence(), evidence_path(path))
         except Exception as e:  # the diagnosis never costs the snapshot
             warnings.warn("vramroom.trace: no diagnosis evidence (%s: %s)" % (type(e).__name__, e))
-        return snapshot.write(self._rec.events, path)
+        return snapshot.write(self._rec.events, path, meta=self._rec.meta)
 
     def evidence(self):
         """The diagnosis's evidence (evidence.py): categories, backward calls, iteration

@@ -124,6 +124,10 @@ class Recorder:
         self.live = {}  # storage key -> Entry
         self.next_addr = ADDR_BASE
         self.pending = []  # addrs whose free_completed waits (record_stream)
+        # event index -> the snapshot entry's user_metadata: a cuDNN conv workspace is
+        # tagged WORKSPACE_TAG + its plan's key, so a replay under a capacity can do what
+        # cuDNN does when that allocation fails (snapshot.py's note)
+        self.meta = {}
         self.main_ident = threading.get_ident()
         self.warnings = {}
         self.capacity = None
@@ -233,11 +237,13 @@ class Recorder:
         return tuple(out)
 
     # ---- allocation events ----------------------------------------------------------
-    def alloc(self, size, stream=None, frames=None):
+    def alloc(self, size, stream=None, frames=None, meta=None):
         """A client allocation of `size` requested bytes; returns its address."""
         st = self.current_stream_ident() if stream is None else stream
         if self.pending:
             self._complete_pending(st)
+        if meta:
+            self.meta[len(self.events)] = meta
         addr = self.next_addr
         self.next_addr += _round(size) + 512
         self.events.append(("alloc", addr, size, st, frames if frames is not None else self._frames()))
@@ -277,11 +283,11 @@ class Recorder:
         if size > 0:
             self.alloc(size, frames=frames)
 
-    def hidden_temp(self, size, frames=None):
+    def hidden_temp(self, size, frames=None, meta=None):
         """A workspace allocated and freed inside one kernel."""
         if size > 0:
             st = self.current_stream_ident()
-            addr = self.alloc(size, stream=st, frames=frames)
+            addr = self.alloc(size, stream=st, frames=frames, meta=meta)
             self.free(addr, size, st)
 
     # ---- storages -------------------------------------------------------------------

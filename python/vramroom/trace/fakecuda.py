@@ -320,9 +320,9 @@ class CudaApi:
             "get_per_process_memory_fraction": lambda device=None: t.fraction or 1.0,
             "memory_summary": lambda device=None, abbreviated=False: memory_summary(),
             "_record_memory_history": no_record_history,
-            "_snapshot": lambda device=None: snapshot.build(t.events),
-            "_dump_snapshot": lambda filename="dump_snapshot.pickle": snapshot.write(t.events,
-                                                                                     filename),
+            "_snapshot": lambda device=None: snapshot.build(t.events, meta=t.meta),
+            "_dump_snapshot": lambda filename="dump_snapshot.pickle": snapshot.write(
+                t.events, filename, meta=t.meta),
         }
         fns["is_current_stream_capturing"] = lambda: False
 

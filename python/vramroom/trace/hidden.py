@@ -708,22 +708,28 @@ class Hidden:
             return None  # modelled (sorting.index_put_acc_tokens)
         return "not modelled: " + why
 
-    def replay_tokens(self, toks, outs, frames):
+    def replay_tokens(self, toks, outs, frames, ws_key=None):
         """Replays measured events: outs (the fake op's cuda outputs, in the op's order)
         take the "o" places; transients are allocated and freed where measured. False
-        (and nothing done) when the outputs do not match the measurement's."""
+        (and nothing done) when the outputs do not match the measurement's. With ws_key (a
+        cuDNN conv's plan key), a transient freed at once is that plan's workspace and is
+        tagged as one (snapshot.py's note)."""
         rec = self.rec
         if sum(1 for k, _ in toks if k in ("o", "s")) != len(outs):
             return False
         st = rec.current_stream_ident()
         it, temps = iter(outs), []
-        for k, v in toks:
+        for j, (k, v) in enumerate(toks):
             if k == "o":
                 rec.see_storage(next(it).untyped_storage(), frames)
             elif k == "s":  # an output whose block is v bytes, more than its shape needs
                 rec.see_storage(next(it).untyped_storage(), frames, size=v)
             elif k == "t":
-                temps.append((rec.alloc(v, stream=st, frames=frames), v) if v > 0 else None)
+                ws = ws_key is not None and j + 1 < len(toks) and \
+                    toks[j + 1] == ["f", len(temps)]
+                meta = workspace_tag(ws_key, j) if ws else None
+                temps.append((rec.alloc(v, stream=st, frames=frames, meta=meta), v)
+                             if v > 0 else None)
             else:
                 t = temps[v]
                 if t is not None:
@@ -747,6 +753,25 @@ class Hidden:
             # cuDNN only for fp16 (ConvParams::use_cudnn_depthwise)
             return False
         return True
+
+
+def conv_plan_key(pas, x, w, stride, padding, dilation, groups):
+    """What PyTorch's cuDNN plan cache keys a convolution by: the pass, the shapes (batch
+    included), strides of the input (its memory format), the dtype and the conv's
+    parameters."""
+    import hashlib
+
+    k = "%s|%s|%s|%s|%s|%s|%s|%s|%s" % (
+        pas, tuple(x.shape), tuple(x.stride()), tuple(w.shape), tuple(w.stride()),
+        str(x.dtype).replace("torch.", ""), tuple(stride), tuple(padding),
+        (tuple(dilation), int(groups)))
+    return hashlib.blake2b(k.encode(), digest_size=8).hexdigest()
+
+
+def workspace_tag(key, part):
+    from .snapshot import WORKSPACE_TAG
+
+    return "%s%s#%s" % (WORKSPACE_TAG, key, part)
 
 
 def _overloads(aten, name):

@@ -71,6 +71,7 @@ def _mode_class():
     }
     from torch._prims_common import make_channels_last_strides_for, make_contiguous_strides_for
 
+    from .hidden import conv_plan_key, workspace_tag
     from .reduce import layout_staging
     from .refuse import not_modelled_ops, on_fake_cuda
 
@@ -298,7 +299,8 @@ def _mode_class():
                 #             output_padding, groups)
                 x, w = args[0], args[1]
                 toks = hid.conv_tokens("forward", x, w, args[2] is not None, *args[3:9])
-                if toks is not None and hid.replay_tokens(toks, [out], rec._frames()):
+                key = conv_plan_key("forward", x, w, args[3], args[4], args[5], args[8])
+                if toks is not None and hid.replay_tokens(toks, [out], rec._frames(), key):
                     return out
             ts = leaves(out, [])
             if func in hid.output_order and len(ts) == len(hid.output_order[func]):
@@ -354,7 +356,8 @@ def _mode_class():
                     ws = hid.conv_workspace("forward", list(x.shape), list(w.shape),
                                             list(out.shape), stride, padding, dilation, groups,
                                             x.dtype, x.element_size())
-                    rec.hidden_temp(ws, frames=fr)
+                    rec.hidden_temp(ws, frames=fr, meta=workspace_tag(conv_plan_key(
+                        "forward", x, w, stride, padding, dilation, groups), 0))
             return out
 
         def _accumulates(self, args, kwargs):
@@ -419,7 +422,8 @@ def _mode_class():
                                  ["f", n_t]]
                 else:
                     toks = [["t", copy]] + body + [["f", 0]]
-            if toks is not None and hid.replay_tokens(toks, outs, fr):
+            key = conv_plan_key(pas, x, w, stride, padding, dilation, groups)
+            if toks is not None and hid.replay_tokens(toks, outs, fr, key):
                 return
             st = rec.current_stream_ident()
             tmp = rec.alloc(copy, stream=st, frames=fr) if copy else None
@@ -429,13 +433,15 @@ def _mode_class():
                 if cud:
                     rec.hidden_temp(hid.conv_workspace(
                         "backward_input", shape(x), shape(w), shape(go), list(stride),
-                        list(padding), list(dilation), groups, x.dtype, x.element_size()), fr)
+                        list(padding), list(dilation), groups, x.dtype, x.element_size()), fr,
+                        workspace_tag(key, "input"))
             if gw is not None:
                 rec.see_storage(gw.untyped_storage(), fr)
                 if cud:
                     rec.hidden_temp(hid.conv_workspace(
                         "backward_weight", shape(x), shape(w), shape(go), list(stride),
-                        list(padding), list(dilation), groups, x.dtype, x.element_size()), fr)
+                        list(padding), list(dilation), groups, x.dtype, x.element_size()), fr,
+                        workspace_tag(key, "weight"))
             if tmp is not None:
                 rec.free(tmp, copy, st)
             if gb is not None:

@@ -32,13 +32,22 @@ pub(crate) fn out_dim(
 
 /// The workspace the device's policy asks for, allocated after the op's output, as PyTorch's
 /// cuDNN path does. The caller keeps the tensor alive across the kernel and drops it right
-/// after, which is the moment PyTorch frees it.
+/// after, which is the moment PyTorch frees it. A workspace that does not fit is no OOM:
+/// PyTorch catches it (its allocator has emptied the cache by then) and runs a plan that
+/// needs none, and so does this (the CUDA backend picks an algorithm for a zero workspace).
+/// PyTorch also keeps that plan for the conv's later calls; here each call asks again.
 fn workspace(t: &Tensor, q: ConvWorkspaceQuery) -> Result<(Option<Tensor>, Workspace)> {
     let n = t.device().workspace_policy().conv2d(&q);
     if n == 0 {
         return Ok((None, Workspace::default()));
     }
-    let ws = Tensor::empty(&[n as usize], DType::U8, t.device())?;
+    let ws = match Tensor::empty(&[n as usize], DType::U8, t.device()) {
+        Ok(ws) => ws,
+        Err(TensorError::OutOfMemory { .. }) => {
+            return Ok((None, Workspace::default()));
+        }
+        Err(e) => return Err(e),
+    };
     let w = Workspace {
         ptr: ws.storage().ptr(),
         size: n,

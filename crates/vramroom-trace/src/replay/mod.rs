@@ -121,6 +121,9 @@ pub struct ReplayResult {
     /// many of them this replay's config and capacity avoid.
     pub recorded_ooms: usize,
     pub recorded_ooms_avoided: usize,
+    /// cuDNN convolutions whose workspace did not fit and that ran another plan instead
+    /// (traced snapshots only: session.rs's note).
+    pub workspace_fallbacks: usize,
     /// CUDA-graph / `MemPool` private pools the trace used (named by the snapshot or
     /// inferred from what the recorded allocator did).
     pub private_pools: usize,

@@ -11,10 +11,10 @@ OUT=${OUT:-/tmp/run28}
 mkdir -p "$OUT"
 mkdir -p devcarry && echo "${COMMIT:-?}" > devcarry/COMMIT
 bash scripts/device_header.sh 28 > "$OUT/HEADER" 2>&1
-OPS_BUDGET=${OPS_BUDGET:-70}
-HOOK_BUDGET=${HOOK_BUDGET:-110}
+OPS_BUDGET=${OPS_BUDGET:-50}
+HOOK_BUDGET=${HOOK_BUDGET:-100}
 CONV_BUDGET=${CONV_BUDGET:-40}
-REC_BUDGET=${REC_BUDGET:-260}
+REC_BUDGET=${REC_BUDGET:-220}
 PROGS=hq_bart_beam_fp16,hq_mistral_train_bf16_fused,hq_resnet34_amp_scaler,hq_vit_hf_cls_adamw,hq_gpt2_train_eval_loop,hq_bert_qa_ckpt_accum_bf16,hq_mobilenet_v2_infer_fp16_batches,hq_llama_long_prompt_generate
 cd scripts/trace_corpus
 timeout $((OPS_BUDGET + 40)) python3 ops/measure.py "$OUT/ops-run28.json" --budget "$OPS_BUDGET" \
@@ -25,6 +25,8 @@ timeout "$HOOK_BUDGET" python3 sdpa_probe/hook.py "$OUT/sdpa-hook-run28.json" hn
   hq_mistral_train_bf16_fused hq_llama_long_prompt_generate ho_mha_encoder_train \
   hf_t5_small_train_adafactor > "$OUT/hook.log" 2>&1
 tail -2 "$OUT/hook.log"
+timeout 60 python3 sdpa_probe/probe.py "$OUT/sdpa-probe-run28.json" > "$OUT/probe.log" 2>&1
+tail -2 "$OUT/probe.log"
 if [ -s conv/convs_run28.json ]; then
   timeout $((CONV_BUDGET + 30)) python3 conv/measure.py conv/convs_run28.json "$OUT/convs-run28.json" \
     --budget "$CONV_BUDGET" > "$OUT/conv.log" 2>&1

@@ -12,13 +12,22 @@ out = []
 for dt in (torch.bfloat16, torch.float32):
     for T, S in ((96, 96), (1, 16), (1, 96), (128, 512), (1, 64), (1, 32), (64, 64), (128, 128),
                  (96, 128), (16, 96), (1, 48)):
-        for shape in ("BHTS", "B1TS", "B11S", "1HTS", "none"):
+        for shape in ("BHTS", "B1TS", "B11S", "1HTS", "none", "BHTS_grad", "1HTS_perm",
+                      "BHTS_grad_qkv"):
             q = torch.randn(B, H, T, D, device="cuda", dtype=dt)
             k = torch.randn(B, H, S, D, device="cuda", dtype=dt)
             v = torch.randn(B, H, S, D, device="cuda", dtype=dt)
             dims = {"BHTS": (B, H, T, S), "B1TS": (B, 1, T, S), "B11S": (B, 1, 1, S),
-                    "1HTS": (1, H, T, S)}.get(shape)
+                    "1HTS": (1, H, T, S), "BHTS_grad": (B, H, T, S),
+                    "BHTS_grad_qkv": (B, H, T, S)}.get(shape)
             m = torch.randn(dims, device="cuda", dtype=dt) if dims else None
+            if shape.startswith("BHTS_grad"):  # a learned bias, contiguous
+                m.requires_grad_(True)
+            if shape == "BHTS_grad_qkv":
+                for t in (q, k, v):
+                    t.requires_grad_(True)
+            if shape == "1HTS_perm":  # T5's position bias: [T, S, H] permuted, stride(-1) == H
+                m = torch.randn(T, S, H, device="cuda", dtype=dt).permute(2, 0, 1).unsqueeze(0)
             p = torch.backends.cuda.SDPAParams(q, k, v, m, 0.0, False, False)
             row = {"dtype": str(dt), "T": T, "S": S, "mask": shape}
             for name in ("cudnn", "efficient", "flash"):
@@ -31,7 +40,9 @@ for dt in (torch.bfloat16, torch.float32):
                 row[name] = ok
                 row[name + "_why"] = [str(x.message)[:200] for x in w]
             torch.cuda.memory._record_memory_history(max_entries=100000)
-            torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
+            row["grad_fn"] = type(o.grad_fn).__name__ if o.grad_fn is not None else None
+            del o
             snap = torch.cuda.memory._snapshot()
             torch.cuda.memory._record_memory_history(enabled=None)
             allocs = [e["size"] for tr in snap["device_traces"] for e in tr if e["action"] == "alloc"]

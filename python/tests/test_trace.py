@@ -416,6 +416,21 @@ def test_sdpa_with_a_learned_mask_takes_the_math_path(tmp_path):
     assert out["hidden"]["sdpa"] == {"math": 1, "efficient": 1}, out["hidden"]
 
 
+def test_sdpa_with_a_mask_not_dense_in_its_last_dim_takes_the_math_path(tmp_path):
+    # T5's position bias is [T, S, H] permuted (stride(-1) == H): no fused kernel on CUDA
+    # takes such a mask, so the H100 ran T5's self-attention on math, and its
+    # cross-attention (a dense zeros bias) on cuDNN (hn_t5_beam_generate, device run 27).
+    out = run_traced("""
+    import torch.nn.functional as F
+    q = torch.randn(2, 4, 64, 32, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        bias = torch.zeros(64, 64, 4, device="cuda", dtype=torch.bfloat16).permute(2, 0, 1)
+        F.scaled_dot_product_attention(q, q, q, attn_mask=bias[None])
+        F.scaled_dot_product_attention(q, q, q, attn_mask=bias[None].contiguous())
+    """, tmp_path)
+    assert out["hidden"]["sdpa"] == {"math": 1, "cudnn": 1}, out["hidden"]
+
+
 def test_dropout_allocates_its_mask_first_and_linear_adds_its_bias_in_place(tmp_path):
     # native_dropout's CUDA kernel allocates the bool mask before the output; at::linear on a
     # non-contiguous 3-d input with a bias runs matmul then add_ (in place) on the GPU, an

@@ -37,6 +37,15 @@ def choose(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, row):
     gqa = Hq != Hkv
     if gqa and not enable_gqa:
         return "math"
+    if attn_mask is not None and attn_mask.stride(-1) != 1:
+        # check_last_dim_stride_equals_1_dense: every fused kernel on CUDA wants the mask's
+        # last dim dense. T5's position bias is [T, S, H] permuted (stride(-1) == H), and so
+        # is its sum with the padding mask: the H100 ran T5's encoder and decoder
+        # self-attention on math and its cross-attention (a zeros bias, dense) on cuDNN
+        # (hn_t5_beam_generate, hx_t5_train_bf16 in device runs 24 and 27)
+        return "math"
+    if any(t.stride(-1) != 1 for t in (q, k, v)) and not (D == 1 and Dv == 1):
+        return "math"
     if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
         # a learned mask (T5's relative position bias): PyTorch 2.11 on the H100 ran the
         # math path (its [B, H, T, S] scores in the real snapshot), no fused kernel

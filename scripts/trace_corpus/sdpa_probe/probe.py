@@ -48,6 +48,30 @@ for dt in (torch.bfloat16, torch.float32):
             allocs = [e["size"] for tr in snap["device_traces"] for e in tr if e["action"] == "alloc"]
             row["allocs"] = allocs[-12:]
             out.append(row)
+# head dims: which backend cuDNN 9.19 leaves to the others (bf16, T = S = 128)
+for D2, Dv2 in ((96, 96), (128, 128), (160, 160), (192, 128), (192, 192), (256, 256), (72, 72)):
+    for mask, grad in ((False, False), (True, False), (False, True)):
+        q = torch.randn(2, 4, 128, D2, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
+        k = torch.randn(2, 4, 128, D2, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
+        v = torch.randn(2, 4, 128, Dv2, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
+        m = torch.randn(2, 1, 128, 128, device="cuda", dtype=torch.bfloat16) if mask else None
+        p = torch.backends.cuda.SDPAParams(q, k, v, m, 0.0, False, False)
+        row = {"dtype": "torch.bfloat16", "T": 128, "S": 128, "D": D2, "Dv": Dv2,
+               "mask": "B1TS" if mask else "none", "grad": grad}
+        for name in ("cudnn", "efficient", "flash"):
+            fn = {"cudnn": torch.backends.cuda.can_use_cudnn_attention,
+                  "efficient": torch.backends.cuda.can_use_efficient_attention,
+                  "flash": torch.backends.cuda.can_use_flash_attention}[name]
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                row[name] = fn(p, True)
+            row[name + "_why"] = [str(x.message)[:200] for x in w]
+        try:
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
+            row["grad_fn"] = type(o.grad_fn).__name__ if o.grad_fn is not None else None
+        except Exception as e:  # noqa: BLE001
+            row["error"] = repr(e)[:200]
+        out.append(row)
 json.dump(out, open(sys.argv[1], "w"), indent=0)
 print(len(out), "cases")
 for r in out:

@@ -201,7 +201,9 @@ class Hidden:
                          a._foreach_norm.Scalar: self.foreach_norm_tokens,
                          a._safe_softmax.default: self.safe_softmax_tokens,
                          a._softmax_backward_data.default: self.softmax_backward_tokens,
-                         a.roll.default: self.roll_tokens}
+                         a.roll.default: self.roll_tokens,
+                         a.native_batch_norm.default: self.batch_norm_tokens,
+                         a.native_batch_norm_backward.default: self.batch_norm_backward_tokens}
         for op in self.struct_losses:
             self.op_rules[op] = self.loss_tokens
         for op in self.adv_index:
@@ -266,6 +268,87 @@ class Hidden:
                 toks += [["t", n * c * acc], ["f", 3], ["f", 2], ["f", 4]]
             else:
                 toks += [["f", 3], ["f", 2]]
+        return toks + [["f", 1], ["f", 0]]
+
+    def _bn_channels_last(self, x, w):
+        """(C, rows) when PyTorch's native channels-last batch-norm kernels run on x, else
+        None. They run for a tensor dense in channels-last order (or contiguous with
+        stride(1) == 1: BatchNorm1d's [N, C]), where cuDNN's batch norm does not: a bf16
+        input or weight, or fewer than 3 dims. Other dtypes may go to cuDNN (left as the
+        fake kernel has them)."""
+        t = self._torch
+        if x.device.type != "cuda" or x.dim() < 2 or not x.numel():
+            return None
+        cl = (x.dim() == 4 and x.is_contiguous(memory_format=t.channels_last)) or \
+            (x.dim() == 5 and x.is_contiguous(memory_format=t.channels_last_3d)) or \
+            (x.is_contiguous() and x.stride(1) == 1)
+        native = x.dim() < 3 or x.dtype == t.bfloat16 or (w is not None and w.dtype == t.bfloat16)
+        if not (cl and native):
+            return None
+        c = int(x.shape[1])
+        return c, x.numel() // c
+
+    @staticmethod
+    def _bn_grid(c, rows):
+        """flexible_launch_configs (Normalization.cuh) with its cooperative flag, as the
+        channels-last stats and backward-reduce kernels call it: (grid.x, grid.y)."""
+        last_pow2 = lambda n: 1 << (max(int(n), 1).bit_length() - 1)
+        bx = min(last_pow2(c), 32)
+        by = min(last_pow2(-(-rows // 16)), 512 // bx)
+        if bx * by != 512:
+            bx = min(last_pow2(c), 512 // by)
+        gx = -(-c // bx)
+        gy = min(-(-rows // (by * 16)), 128)
+        return gx, (1 if gy < 8 else gy)
+
+    def batch_norm_tokens(self, func, args, kwargs, n_outputs):
+        """native_batch_norm(x, w, b, running_mean, running_var, training, ...) in training on
+        the channels-last kernels: after the output, mean and invstd, the grid reduction's
+        staging (4 x C x grid.y floats) and semaphores (grid.x ints), semaphores freed
+        first; none when grid.y < 8 (hx_resnet50_channels_last_bf16's real forward: 131,072
+        + 8 bytes after a [32, 64, 112, 112] BN, none after [32, 2048, 7, 7])."""
+        x, w = args[0], args[1]
+        if len(args) < 6 or not args[5]:
+            return None
+        cl = self._bn_channels_last(x, w)
+        if cl is None:
+            return None
+        c, rows = cl
+        gx, gy = self._bn_grid(c, rows)
+        if gy == 1:
+            return None
+        acc = self._acc(x.dtype)
+        return [["o", 0]] * n_outputs + [["t", 4 * c * gy * acc], ["t", 4 * gx],
+                                          ["f", 1], ["f", 0]]
+
+    def batch_norm_backward_tokens(self, func, args, kwargs, n_outputs):
+        """native_batch_norm_backward(grad, x, w, running_mean, running_var, save_mean,
+        save_invstd, train, eps, mask) on the channels-last kernels: sum_dy and sum_dy_xmu
+        (C floats each), grad_weight and grad_bias, the staging (2 x C x grid.y floats,
+        grid.y >= 8) and semaphores, then grad_input, then sum_dy_xmu and sum_dy freed
+        (hx_resnet50_channels_last_bf16's real backward). The outputs come in the op's
+        order (grad_input, grad_weight, grad_bias)."""
+        g, x, w = args[0], args[1], args[2]
+        mask = list(args[9]) if len(args) > 9 else [True, True, True]
+        if not (mask[0] or mask[1] or mask[2]) or not (len(args) > 7 and args[7]):
+            return None
+        cl = self._bn_channels_last(x, w)
+        if cl is None or self._bn_channels_last(g, w) is None:
+            return None
+        c, rows = cl
+        acc = self._acc(x.dtype)
+        outs = [m for m in mask[:3]]
+        if sum(1 for m in outs if m) != n_outputs:
+            return None
+        gx, gy = self._bn_grid(c, rows)
+        toks = [["t", c * acc], ["t", c * acc]]
+        # outputs by their index among the op's cuda outputs: grad_input is the last made
+        k = 1 if mask[0] else 0
+        toks += [["oi", k + j] for j in range(int(bool(mask[1])) + int(bool(mask[2])))]
+        if gy > 1:
+            toks += [["t", 2 * c * gy * acc], ["t", 4 * gx], ["f", 3], ["f", 2]]
+        if mask[0]:
+            toks.append(["oi", 0])
         return toks + [["f", 1], ["f", 0]]
 
     def adv_index_tokens(self, func, args, kwargs, n_outputs):
@@ -710,18 +793,21 @@ class Hidden:
 
     def replay_tokens(self, toks, outs, frames, ws_key=None):
         """Replays measured events: outs (the fake op's cuda outputs, in the op's order)
-        take the "o" places; transients are allocated and freed where measured. False
+        take the "o" places (["oi", i]: the i-th output, for a kernel that makes them in
+        another order); transients are allocated and freed where measured. False
         (and nothing done) when the outputs do not match the measurement's. With ws_key (a
         cuDNN conv's plan key), a transient freed at once is that plan's workspace and is
         tagged as one (snapshot.py's note)."""
         rec = self.rec
-        if sum(1 for k, _ in toks if k in ("o", "s")) != len(outs):
+        if sum(1 for k, _ in toks if k in ("o", "s", "oi")) != len(outs):
             return False
         st = rec.current_stream_ident()
         it, temps = iter(outs), []
         for j, (k, v) in enumerate(toks):
             if k == "o":
                 rec.see_storage(next(it).untyped_storage(), frames)
+            elif k == "oi":  # the op's v-th output, made here (not in the op's order)
+                rec.see_storage(outs[v].untyped_storage(), frames)
             elif k == "s":  # an output whose block is v bytes, more than its shape needs
                 rec.see_storage(next(it).untyped_storage(), frames, size=v)
             elif k == "t":

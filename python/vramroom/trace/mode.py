@@ -69,6 +69,7 @@ def _mode_class():
         aten._scaled_dot_product_efficient_attention.default:
             lambda a: [0] + ([1] if a[4] else []),
     }
+    from torch._prims_common import is_non_overlapping_and_dense_or_false as dense
     from torch._prims_common import make_channels_last_strides_for, make_contiguous_strides_for
 
     from .hidden import conv_plan_key, workspace_tag
@@ -269,6 +270,8 @@ def _mode_class():
                             fr = rec._frames()
                         rec.see_storage(t.untyped_storage(), fr)
                 return out
+            if func in self._vh.conv_fwd or func in self._vh.conv_bwd:
+                out = self._cudnn_layout(func, args, out)
             self._vals.after(func, args, kwargs, out)
             if func is is_all_true and isinstance(out, FakeTensor) and \
                     self._vals.known(out) is None:
@@ -368,12 +371,54 @@ def _mode_class():
                 return False
             if a.device.type != "cuda" or a.shape != b.shape or a.dtype != b.dtype:
                 return False
-            if a.requires_grad or a._base is not None or not a.is_contiguous():
+            # can_accumulate_inplace: non-overlapping and dense in any layout (a
+            # channels_last gradient too: hx_resnet50_channels_last_bf16's residual sums)
+            if a.requires_grad or a._base is not None or not dense(a):
                 return False
             # the engine's buffer, the dispatcher's argument and the Python wrapper: no
             # other holder (a .grad, a saved tensor, a second edge of the same gradient)
             return a._use_count() <= ACC_USE_COUNT and torch._C._storage_Use_Count(
                 a.untyped_storage()._cdata) <= 2
+
+        def _cudnn_layout(self, func, args, out):
+            """A bf16 convolution's outputs in the memory format cuDNN gives them.
+            PyTorch picks a bf16 conv's backend by asking the device whether cuDNN v8 takes
+            bf16 (supportsBFloat16ConvolutionWithCuDNNv8); with no device the answer is no,
+            so fake mode lays the outputs out as the slow kernel would (NCHW) where the
+            GPU's cuDNN gives channels_last ones for channels_last inputs, and what
+            follows (batch norm's channels-last kernels, .contiguous() copies) differs
+            (hx_resnet50_channels_last_bf16's real snapshot). Such outputs are re-made
+            with cuDNN's strides before they are recorded."""
+            hid = self._vh
+            fwd = func in hid.conv_fwd
+            x, w = (args[0], args[1]) if fwd else (args[1], args[2])
+            transposed = args[6] if fwd else args[7]
+            groups = args[8] if fwd else args[9]
+            if not (isinstance(x, FakeTensor) and x.device.type == "cuda" and
+                    x.dtype == torch.bfloat16 and self._vr.gpu.major >= 8 and
+                    x.dim() in (4, 5)):
+                return out
+            if not transposed and not hid.uses_cudnn(x, transposed, w, groups):
+                return out
+            backend = torch._C._ConvBackend.CudnnTranspose if transposed else \
+                torch._C._ConvBackend.Cudnn
+            fmt = torch._C._conv_determine_backend_memory_format(x, w, backend)
+            if fmt == torch.contiguous_format:
+                return out
+
+            def restride(t):  # grad_weight too: cuDNN makes it in the same format
+                if not isinstance(t, FakeTensor) or t.is_contiguous(memory_format=fmt):
+                    return t
+                self._depth += 1  # made here, recorded as the op's output below
+                try:
+                    return torch.empty_like(t, memory_format=fmt)
+                finally:
+                    self._depth -= 1
+
+            if fwd:
+                return restride(out)
+            gi, gw, gb = out
+            return restride(gi), restride(gw), gb
 
         def _conv_backward(self, args, out):
             rec, hid = self._vr, self._vh

@@ -986,3 +986,31 @@ def test_a_conv_workspace_that_does_not_fit_runs_another_plan(tmp_path):
     assert at(644245094)["oom"] is not None
     free = at(80 << 30)
     assert free["workspace_fallbacks"] == 0 and free["num_ooms"] == 0
+
+
+def test_a_bf16_channels_last_conv_and_batch_norm_are_laid_out_as_on_the_gpu(tmp_path):
+    # hx_resnet50_channels_last_bf16's real snapshot (device run 24, H100): cuDNN gives a
+    # channels_last bf16 conv a channels_last output, so batch norm runs its channels-last
+    # kernels: after the output, mean and invstd, 4 x 64 x 128 floats of staging and 2 ints
+    # of semaphores for [32, 64, 112, 112] (semaphores freed first); in backward sum_dy and
+    # sum_dy_xmu, the weight and bias grads, 2 x 64 x 128 floats and 2 ints, then grad_input.
+    out = run_traced("""
+    conv = torch.nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False).cuda()
+    bn = torch.nn.BatchNorm2d(64).cuda()
+    conv, bn = conv.to(memory_format=torch.channels_last), bn
+    x = torch.randn(32, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = conv(x)
+        assert y.is_contiguous(memory_format=torch.channels_last), y.stride()
+        z = bn(y)
+    (z.float() ** 2).sum().backward()  # a grad laid out as z (channels_last)
+    """, tmp_path)
+    seq = alloc_free(out)
+    big = 32 * 64 * 112 * 112 * 2
+    i = seq.index(("alloc", big), seq.index(("alloc", big)) + 1)  # batch norm's output
+    assert seq[i + 1:i + 7] == [("alloc", 256), ("alloc", 256), ("alloc", 131072),
+                                ("alloc", 8), ("free_", 8), ("free_", 131072)], seq[i:i + 8]
+    j = seq.index(("alloc", 65536))  # the backward reduce's staging
+    assert seq[j - 4:j] == [("alloc", 256)] * 4, seq[j - 4:j + 4]
+    assert seq[j + 1:j + 4] == [("alloc", 8), ("free_", 8), ("free_", 65536)]
+    assert seq[j + 4] == ("alloc", big), seq[j + 4]  # grad_input, last

@@ -243,6 +243,23 @@ pub struct TraceEntry {
     pub frames: Option<Stack>,
 }
 
+impl TraceEntry {
+    /// An entry of the default stream at time 0, with no stack and no metadata (what a
+    /// test or a synthetic trace starts from; set the other fields by struct update).
+    pub fn new(action: TraceAction, addr: u64, size: u64) -> TraceEntry {
+        TraceEntry {
+            action,
+            addr,
+            size,
+            stream: 0,
+            time_us: 0,
+            compile_context: "N/A".into(),
+            user_metadata: "".into(),
+            frames: None,
+        }
+    }
+}
+
 /// `allocator_settings` of a snapshot.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct AllocatorSettings {

@@ -1020,14 +1020,9 @@ mod tests {
 
     fn entry(action: TraceAction, addr: u64, size: u64, meta: &str) -> TraceEntry {
         TraceEntry {
-            action,
-            addr,
-            size,
-            stream: 0,
             time_us: addr as i64,
-            compile_context: "N/A".into(),
             user_metadata: meta.into(),
-            frames: None,
+            ..TraceEntry::new(action, addr, size)
         }
     }
 

@@ -20,16 +20,7 @@ use vramroom_trace::{
 };
 
 fn entry(action: TraceAction, addr: u64, size: u64) -> TraceEntry {
-    TraceEntry {
-        action,
-        addr,
-        size,
-        stream: 0,
-        time_us: 0,
-        compile_context: "N/A".into(),
-        user_metadata: "".into(),
-        frames: None,
-    }
+    TraceEntry::new(action, addr, size)
 }
 
 fn segment(address: u64, total_size: u64, expandable: bool, blocks: Vec<BlockInfo>) -> SegmentInfo {

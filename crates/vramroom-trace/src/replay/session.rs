@@ -395,14 +395,8 @@ mod tests {
 
     fn entry(action: TraceAction, addr: u64, size: u64, meta: &str) -> TraceEntry {
         TraceEntry {
-            action,
-            addr,
-            size,
-            stream: 0,
-            time_us: 0,
-            compile_context: "N/A".into(),
             user_metadata: meta.into(),
-            frames: None,
+            ..TraceEntry::new(action, addr, size)
         }
     }
 

@@ -8,6 +8,19 @@ import warnings
 import torch
 
 B, H, D = 8, 4, 64
+
+
+def ask(p, row):
+    """Each backend's can_use_*(params, debug=True) into row, with its reasons."""
+    for name, fn in (("cudnn", torch.backends.cuda.can_use_cudnn_attention),
+                     ("efficient", torch.backends.cuda.can_use_efficient_attention),
+                     ("flash", torch.backends.cuda.can_use_flash_attention)):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            row[name] = bool(fn(p, True))
+        row[name + "_why"] = [str(x.message)[:200] for x in w]
+
+
 out = []
 for dt in (torch.bfloat16, torch.float32):
     for T, S in ((96, 96), (1, 16), (1, 96), (128, 512), (1, 64), (1, 32), (64, 64), (128, 128),
@@ -30,15 +43,7 @@ for dt in (torch.bfloat16, torch.float32):
                 m = torch.randn(T, S, H, device="cuda", dtype=dt).permute(2, 0, 1).unsqueeze(0)
             p = torch.backends.cuda.SDPAParams(q, k, v, m, 0.0, False, False)
             row = {"dtype": str(dt), "T": T, "S": S, "mask": shape}
-            for name in ("cudnn", "efficient", "flash"):
-                fn = {"cudnn": torch.backends.cuda.can_use_cudnn_attention,
-                      "efficient": torch.backends.cuda.can_use_efficient_attention,
-                      "flash": torch.backends.cuda.can_use_flash_attention}[name]
-                with warnings.catch_warnings(record=True) as w:
-                    warnings.simplefilter("always")
-                    ok = fn(p, True)
-                row[name] = ok
-                row[name + "_why"] = [str(x.message)[:200] for x in w]
+            ask(p, row)
             torch.cuda.memory._record_memory_history(max_entries=100000)
             o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
             row["grad_fn"] = type(o.grad_fn).__name__ if o.grad_fn is not None else None
@@ -58,14 +63,7 @@ for D2, Dv2 in ((96, 96), (128, 128), (160, 160), (192, 128), (192, 192), (256, 
         p = torch.backends.cuda.SDPAParams(q, k, v, m, 0.0, False, False)
         row = {"dtype": "torch.bfloat16", "T": 128, "S": 128, "D": D2, "Dv": Dv2,
                "mask": "B1TS" if mask else "none", "grad": grad}
-        for name in ("cudnn", "efficient", "flash"):
-            fn = {"cudnn": torch.backends.cuda.can_use_cudnn_attention,
-                  "efficient": torch.backends.cuda.can_use_efficient_attention,
-                  "flash": torch.backends.cuda.can_use_flash_attention}[name]
-            with warnings.catch_warnings(record=True) as w:
-                warnings.simplefilter("always")
-                row[name] = fn(p, True)
-            row[name + "_why"] = [str(x.message)[:200] for x in w]
+        ask(p, row)
         try:
             o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
             row["grad_fn"] = type(o.grad_fn).__name__ if o.grad_fn is not None else None

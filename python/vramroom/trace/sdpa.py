@@ -46,16 +46,14 @@ def choose(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, row):
         return "math"
     if any(t.stride(-1) != 1 for t in (q, k, v)) and not (D == 1 and Dv == 1):
         return "math"
-    if attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled():
-        # a learned mask (T5's relative position bias): PyTorch 2.11 on the H100 ran the
-        # math path (its [B, H, T, S] scores in the real snapshot), no fused kernel
-        return "math"
     if low:
         # PyTorch's check_cudnn_deterministic: dropout keeps cuDNN out only under
-        # deterministic algorithms (device run 18: DistilBERT's dropout 0.1 ran on cuDNN)
-        dropout_ok = not (dropout_p > 0.0 and torch.are_deterministic_algorithms_enabled())
+        # deterministic algorithms (device run 18: DistilBERT's dropout 0.1 ran on cuDNN);
+        # check_cudnn_dropout: a probability in sixteenths; none with one query row
+        dropout_ok = not (dropout_p > 0.0 and torch.are_deterministic_algorithms_enabled()) \
+            and dropout_p * 16 == math.floor(dropout_p * 16) and not (dropout_p and T == 1)
         if row.get("sdpa_cudnn_first") and b.cudnn_sdp_enabled() and S > 1 and dims_ok(8) \
-                and D <= 256 and Dv <= 256 and dropout_ok:
+                and D <= 256 and Dv <= 256 and dropout_ok and _cudnn_mask_ok(attn_mask, B, Hq, T, S):
             return "cudnn"
         causal_square = (not is_causal) or T == S
         if b.flash_sdp_enabled() and attn_mask is None and D == Dv and D <= 256 and causal_square:
@@ -65,6 +63,17 @@ def choose(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, row):
     if b.mem_efficient_sdp_enabled() and not gqa and dims_ok(align) and aligned:
         return "efficient"
     return "math"
+
+
+def _cudnn_mask_ok(m, B, H, T, S):
+    """check_attn_mask_shape (sdp_utils_cpp.h, PyTorch 2.11), which only cuDNN applies: no
+    mask that needs grad (a learned bias: the memory-efficient kernel takes it), and a 2-d
+    [T or 1, S or 1] or 4-d [B or 1, H or 1, T or 1, S or 1] one."""
+    if m is None:
+        return True
+    if m.requires_grad or m.shape[-2] not in (T, 1) or m.shape[-1] not in (S, 1):
+        return False
+    return m.dim() == 2 or (m.dim() == 4 and m.shape[0] in (1, B) and m.shape[1] in (1, H))
 
 
 def make_sdpa(orig, rec, row, is_fake):

@@ -48,10 +48,9 @@ def choose(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, row):
         return "math"
     if low:
         # PyTorch's check_cudnn_deterministic: dropout keeps cuDNN out only under
-        # deterministic algorithms (device run 18: DistilBERT's dropout 0.1 ran on cuDNN);
-        # check_cudnn_dropout: a probability in sixteenths; none with one query row
-        dropout_ok = not (dropout_p > 0.0 and torch.are_deterministic_algorithms_enabled()) \
-            and dropout_p * 16 == math.floor(dropout_p * 16) and not (dropout_p and T == 1)
+        # deterministic algorithms (device run 18: DistilBERT's dropout 0.1 ran on cuDNN:
+        # 2.11 has no later versions' check that the probability be in sixteenths)
+        dropout_ok = not (dropout_p > 0.0 and torch.are_deterministic_algorithms_enabled())
         if row.get("sdpa_cudnn_first") and b.cudnn_sdp_enabled() and S > 1 and dims_ok(8) \
                 and D <= 256 and Dv <= 256 and dropout_ok and _cudnn_mask_ok(attn_mask, B, Hq, T, S):
             return "cudnn"

@@ -736,11 +736,13 @@ def test_math_attention_adds_its_mask_in_place_and_softmax_keeps_cudas_temporari
     # hx_t5_train_bf16's real H100 snapshot, per attention: the scores, the mask added into
     # them in place (no second [B, H, T, S] block), _safe_softmax's output, then its isneginf
     # bools, their all() per row and a 4-byte zero, freed later-first; in the backward,
-    # softmax's `grad * output` transient after grad_input.
+    # softmax's `grad * output` transient after grad_input. The bias is laid out as T5's,
+    # [.., T, S, H] permuted, which keeps the fused kernels off.
     out = run_traced("""
     import torch.nn.functional as F
     q = torch.randn(2, 4, 64, 32, device="cuda", requires_grad=True)
-    bias = torch.zeros(2, 4, 64, 64, device="cuda", requires_grad=True)
+    learned = torch.zeros(2, 64, 64, 4, device="cuda", requires_grad=True)
+    bias = learned.permute(0, 3, 1, 2)
     m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
     o = F.scaled_dot_product_attention(q, q, q, attn_mask=bias)
     m2 = torch.empty(22222, dtype=torch.uint8, device="cuda")

@@ -22,10 +22,13 @@ What each op adds (PyTorch 2.11's CUDA path):
   (embedding_tokens; measured on an H100 by scripts/trace_corpus/embbwd/measure.py).
 """
 
+import hashlib
 import json
 import math
 import os
 import threading
+
+from .snapshot import WORKSPACE_TAG
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -337,8 +340,7 @@ class Hidden:
             return None
         c, rows = cl
         acc = self._acc(x.dtype)
-        outs = [m for m in mask[:3]]
-        if sum(1 for m in outs if m) != n_outputs:
+        if sum(1 for m in mask[:3] if m) != n_outputs:
             return None
         gx, gy = self._bn_grid(c, rows)
         toks = [["t", c * acc], ["t", c * acc]]
@@ -845,8 +847,6 @@ def conv_plan_key(pas, x, w, stride, padding, dilation, groups):
     """What PyTorch's cuDNN plan cache keys a convolution by: the pass, the shapes (batch
     included), strides of the input (its memory format), the dtype and the conv's
     parameters."""
-    import hashlib
-
     k = "%s|%s|%s|%s|%s|%s|%s|%s|%s" % (
         pas, tuple(x.shape), tuple(x.stride()), tuple(w.shape), tuple(w.stride()),
         str(x.dtype).replace("torch.", ""), tuple(stride), tuple(padding),
@@ -855,8 +855,6 @@ def conv_plan_key(pas, x, w, stride, padding, dilation, groups):
 
 
 def workspace_tag(key, part):
-    from .snapshot import WORKSPACE_TAG
-
     return "%s%s#%s" % (WORKSPACE_TAG, key, part)
 
 

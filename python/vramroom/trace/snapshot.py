@@ -20,9 +20,9 @@ H100 with peak allocated 535,011,328 bytes, the trace's peak without the stem co
 workspace in steps 2 and 3 (device runs 13/13b, capacity sweep).
 """
 
-WORKSPACE_TAG = "vramroom.cudnn_conv_workspace:"
-
 import pickle
+
+WORKSPACE_TAG = "vramroom.cudnn_conv_workspace:"
 
 
 def allocator_settings(conf=""):

@@ -52,10 +52,13 @@ def _cast(v, dtype):
 class Values:
     def __init__(self):
         import torch
-        from torch._subclasses.fake_tensor import FakeTensor
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
         self.FakeTensor = FakeTensor
         self.torch = torch
+        # host values are read and made with fake mode off: a library patch asks from
+        # inside the user's program, where the mode is on
+        self.host = unset_fake_temporarily
         self.v = {}
         self.shadow = {}  # storage key -> 1-d host tensor of the storage's elements
         self.rules = self._rules()
@@ -77,11 +80,7 @@ class Values:
                 return _cast(self.v[k], x.dtype)
             r = self._shadow_view(x, k)
             if r is not None:
-                from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-                # host values: compared with fake mode off (a library patch asks from
-                # inside the user's program, where the mode is on)
-                with unset_fake_temporarily():
+                with self.host():
                     if r.numel() >= 1:
                         flat = r.flatten()
                         if bool((flat == flat[0]).all()):
@@ -89,9 +88,7 @@ class Values:
                 return UNKNOWN
             c = getattr(x, "constant", None)
             if c is not None and c.numel() >= 1:
-                from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-                with unset_fake_temporarily():
+                with self.host():
                     flat = c.flatten()
                     if bool((flat == flat[0]).all()):
                         return flat[0].item()
@@ -115,10 +112,8 @@ class Values:
         flat = self.shadow.get(k)
         if flat is None or flat.dtype != x.dtype:
             return None
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
         try:
-            with unset_fake_temporarily():
+            with self.host():
                 return flat.as_strided(x.shape, x.stride(), x.storage_offset())
         except RuntimeError:  # a view past the storage the shadow was made for
             return None
@@ -156,9 +151,7 @@ class Values:
         n = x.untyped_storage().nbytes() // max(x.element_size(), 1)
         if n > SHADOW_LIMIT:
             return None
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-        with unset_fake_temporarily():
+        with self.host():
             self.shadow[k] = self.torch.full((n,), self.v[k], dtype=x.dtype)
             return self._shadow_view(x, k)
 
@@ -189,10 +182,8 @@ class Values:
                     return False
             real.append(a)
         rargs, rkwargs = tree_unflatten(real, spec)
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
         try:
-            with unset_fake_temporarily():
+            with self.host():
                 res = func(*rargs, **rkwargs)
         except Exception:  # noqa: BLE001 - any failure only means "unknown"
             return False

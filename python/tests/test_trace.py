@@ -160,6 +160,7 @@ def test_unmodellable_ops_are_named(tmp_path):
                        capture_output=True, text=True, env=_env(), timeout=600)
     assert p.returncode == 2
     assert "aten.nonzero" in p.stderr and "data-dependent" in p.stderr
+    assert "at %s:3" % script in p.stderr, p.stderr  # where the user called it
     script.write_text("import torch\nf = torch.compile(lambda x: x * 2)\nf(torch.randn(3, device='cuda'))\n")
     p = subprocess.run([sys.executable, "-m", "vramroom.trace", "--", str(script)],
                        capture_output=True, text=True, env=_env(), timeout=600)
@@ -1018,3 +1019,27 @@ def test_a_bf16_channels_last_conv_and_batch_norm_are_laid_out_as_on_the_gpu(tmp
     assert seq[j - 4:j] == [("alloc", 256)] * 4, seq[j - 4:j + 4]
     assert seq[j + 1:j + 4] == [("alloc", 8), ("free_", 8), ("free_", 65536)]
     assert seq[j + 4] == ("alloc", big), seq[j + 4]  # grad_input, last
+
+
+def test_grouped_mm_takes_cutlass_in_bf16_on_hopper_and_its_fallback_otherwise(tmp_path):
+    # at::_grouped_mm (transformers' MoE experts): bf16 on sm90 runs the CUTLASS kernel, whose
+    # argument buffer (4 groups: 24 * 4 + 36 * 4 = 240 bytes) comes after
+    # the output and goes when it returns, no cuBLAS handle; fp32 runs the fallback (a cuBLAS
+    # mm per group), which fake mode's meta kernel refuses (it checks bf16 alone).
+    body = """
+    x = torch.randn(64, 32, device="cuda", dtype=DT)
+    w = torch.randn(4, 32, 40, device="cuda", dtype=DT)
+    offs = torch.tensor([16, 32, 48, 64], device="cuda", dtype=torch.int32)
+    y = torch.nn.functional.grouped_mm(x, w, offs=offs)
+    assert y.shape == (64, 40) and y.stride() == (40, 1), y.stride()
+    """
+    bf = run_traced(body.replace("DT", "torch.bfloat16"), tmp_path)
+    tail = alloc_free(bf)[-3:]
+    assert tail == [("alloc", 64 * 40 * 2), ("alloc", 240), ("free_", 240)], tail
+    assert bf["hidden"]["cublas_handles"] == 0
+    fp = run_traced(body.replace("DT", "torch.float32"), tmp_path)
+    assert alloc_free(fp)[-2:] == [("alloc", 64 * 40 * 4), ("alloc", CUBLAS)], alloc_free(fp)
+    # off Hopper bf16 takes the fallback too
+    a100 = run_traced(body.replace("DT", "torch.bfloat16"), tmp_path,
+                      gpu="a100")
+    assert a100["hidden"]["cublas_handles"] == 1

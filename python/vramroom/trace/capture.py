@@ -90,10 +90,34 @@ class UnsupportedOp(RuntimeError):
 
     def __init__(self, op, why):
         self.op = str(op)
+        self.where = _where()
         super().__init__(
-            "vramroom.trace cannot model `%s`: %s. Nothing was predicted (a wrong number is "
-            "worse than none)." % (op, why)
+            "vramroom.trace cannot model `%s`%s: %s. Nothing was predicted (a wrong number is "
+            "worse than none)." % (op, " at " + self.where if self.where else "", why)
         )
+
+
+def _where():
+    """Where the refused op was called, as `file:line`: the innermost frame outside torch and
+    this package, and, when that is a library's, the user's frame that led there. On
+    autograd's device thread the stack is the engine's, so the main thread's is read."""
+    from .evidence import _user_file
+
+    f = sys._getframe(2)
+    if threading.current_thread() is not threading.main_thread():
+        f = sys._current_frames().get(threading.main_thread().ident, f)
+    inner = user = None
+    while f is not None and user is None:
+        fn = f.f_code.co_filename
+        if not ("/torch/" in fn or fn.startswith(_PKG_DIR) or fn.startswith("<frozen ")):
+            here = "%s:%d" % (fn, f.f_lineno)
+            inner = inner or here
+            if _user_file(fn):
+                user = here
+        f = f.f_back
+    if inner and user and inner != user:
+        return "%s (called from %s)" % (inner, user)
+    return user or inner
 
 
 class Entry:

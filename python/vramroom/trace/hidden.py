@@ -207,6 +207,11 @@ class Hidden:
                          a.roll.default: self.roll_tokens,
                          a.native_batch_norm.default: self.batch_norm_tokens,
                          a.native_batch_norm_backward.default: self.batch_norm_backward_tokens}
+        gmm = getattr(a, "_grouped_mm", None)
+        self.grouped_mm = gmm.default if gmm is not None else None
+        if self.grouped_mm is not None:
+            self.op_rules[self.grouped_mm] = self.grouped_mm_tokens
+            self.matmul.add(self.grouped_mm)  # its fallback loops cuBLAS mm_out
         for op in self.struct_losses:
             self.op_rules[op] = self.loss_tokens
         for op in self.adv_index:
@@ -618,6 +623,8 @@ class Hidden:
         if any(getattr(a, "numel", None) is not None and not isinstance(a, (int, float)) and
                a.numel() == 0 for a in args):
             return  # an empty operand: PyTorch returns without calling cuBLAS
+        if not self.matmul_uses_cublas(func, args):
+            return  # CUTLASS's grouped GEMM
         key = (threading.get_ident(), rec.current_stream_ident())
         fr = None
         if key not in self.handles:
@@ -634,6 +641,34 @@ class Hidden:
                 self.lt_keys.add(key)
                 rec.hidden_alloc(self.row["cublaslt_workspace"], frames=fr or rec._frames())
                 self.stats["cublaslt"] += 1
+
+    # -- grouped GEMM (MoE experts) -----------------------------------------------------
+    def grouped_mm_fast(self, a, b, out_dtype):
+        """Whether at::_grouped_mm runs its CUTLASS kernel (bf16 in and out, on sm90/sm100)
+        rather than its fallback (offs.cpu(), then one cuBLAS mm_out per group)."""
+        bf16 = self._torch.bfloat16
+        return a.dtype == bf16 and b.dtype == bf16 and (out_dtype or bf16) == bf16 and \
+            self.gpu.major in (9, 10)
+
+    def grouped_mm_tokens(self, func, args, kwargs, n_outputs):
+        """The CUTLASS kernel's argument buffer, after the output and freed when it returns
+        (bf16bf16_grouped_gemm_impl_sm90_sm100: per group three pointers, rounded to an even
+        count, a 12-byte problem shape and three 8-byte strides). Its CUTLASS workspace
+        (Gemm::get_workspace_size) is taken as none: the grouped persistent scheduler asks
+        for none without split-K. The fallback allocates nothing beside its output."""
+        a, b = args[0], args[1]
+        out_dtype = kwargs.get("out_dtype", args[4] if len(args) > 4 else None)
+        if not self.grouped_mm_fast(a, b, out_dtype):
+            return None
+        offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
+        g = offs.size(0) if a.dim() == 2 and b.dim() == 2 else \
+            (b.size(0) if a.dim() == 2 else a.size(0))
+        return [["o", 0]] * n_outputs + [["t", 24 * _ceil(g, 2) + 36 * g], ["f", 0]]
+
+    def matmul_uses_cublas(self, func, args):
+        if func is self.grouped_mm:
+            return not self.grouped_mm_fast(args[0], args[1], args[4] if len(args) > 4 else None)
+        return True
 
     # -- cuDNN convolution --------------------------------------------------------------
     def conv_workspace(self, pas, x_shape, w_shape, out_shape, stride, padding, dilation,

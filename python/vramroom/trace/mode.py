@@ -77,6 +77,33 @@ def _mode_class():
     from .refuse import not_modelled_ops, on_fake_cuda
 
     not_modelled = not_modelled_ops()  # refused by name (refuse.py)
+    grouped_mm = getattr(aten, "_grouped_mm", None)
+    grouped_mm = grouped_mm.default if grouped_mm is not None else None
+
+    def hid_fast_grouped_mm(hid, args, kwargs):
+        a, b = args[0], args[1]
+        if not (isinstance(a, FakeTensor) and a.device.type == "cuda"):
+            return True  # not the trace's: fake mode's own kernel
+        return hid.grouped_mm_fast(a, b, kwargs.get("out_dtype", args[4] if len(args) > 4 else None))
+
+    def _grouped_mm_out(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+        # at::_grouped_mm_cuda's output (create_grouped_gemm_output_tensor: the last dim
+        # padded to 16 bytes) for the operands its fallback takes (fp32, fp16, or any dtype
+        # off Hopper), which fake mode's meta kernel refuses: it checks the CUTLASS kernel's
+        # bf16 alone (transformers' MoE experts in fp32). Made at depth > 0: recorded below
+        # as the op's output.
+        a2, b2 = mat_a.dim() == 2, mat_b.dim() == 2
+        if a2:
+            size = [offs.size(0), mat_a.size(0), mat_b.size(1)] if b2 else \
+                [mat_a.size(0), mat_b.size(-1)]
+        else:
+            size = [mat_a.size(1), mat_b.size(1)] if b2 else \
+                [mat_a.size(0), mat_a.size(1), mat_b.size(-1)]
+        dt = out_dtype or mat_a.dtype
+        align = 16 // dt.itemsize
+        padded = (size[-1] + align - 1) // align * align
+        stride = [size[1] * padded, padded, 1] if a2 == b2 else [padded, 1]
+        return mat_a.new_empty_strided(size, stride, dtype=dt)
     fake_errors = (DataDependentOutputException, DynamicOutputShapeException,
                    UnsupportedOperatorException)
     try:
@@ -226,7 +253,10 @@ def _mode_class():
             # their tensors alive (and defeat _accumulates' use counts)
             self._fallback_cuda = on_fake_cuda(args, kwargs)
             try:
-                out = super().dispatch(func, types, args, kwargs)
+                if func is grouped_mm and not hid_fast_grouped_mm(self._vh, args, kwargs):
+                    out = _grouped_mm_out(*args, **kwargs)
+                else:
+                    out = super().dispatch(func, types, args, kwargs)
             except fake_errors as e:
                 why = {
                     "DataDependentOutputException": "its result depends on tensor values, which a fake run does not have",

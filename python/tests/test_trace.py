@@ -1043,3 +1043,24 @@ def test_grouped_mm_takes_cutlass_in_bf16_on_hopper_and_its_fallback_otherwise(t
     a100 = run_traced(body.replace("DT", "torch.bfloat16"), tmp_path,
                       gpu="a100")
     assert a100["hidden"]["cublas_handles"] == 1
+
+
+def test_fused_sgd_and_torch_func_run_under_the_trace(tmp_path):
+    # _fused_sgd_ has no meta kernel: its CUDA kernel (multi_tensor_apply, in place)
+    # allocates nothing, so the step costs the momentum buffers its Python side makes
+    # (empty_like of each gradient, first step only). torch.func.grad refuses to run while
+    # saved-tensor hooks are installed: the trace's own step aside inside it.
+    out = run_traced("""
+    m = torch.nn.Linear(64, 32).cuda()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=True)
+    for _ in range(2):
+        m(torch.randn(8, 64, device="cuda")).sum().backward()
+        opt.step()
+    from torch.func import functional_call, grad
+    g = grad(lambda p, x: functional_call(m, p, (x,)).sum())(
+        dict(m.named_parameters()), torch.randn(4, 64, device="cuda"))
+    assert g["weight"].shape == (32, 64)
+    """, tmp_path)
+    sizes = [s for a, s in alloc_free(out) if a == "alloc"]
+    # weight, bias; per step: input, output, grads (first step), momentum buffers (first)
+    assert sizes.count(32 * 64 * 4) >= 3 and sizes.count(32 * 4) >= 3, sizes

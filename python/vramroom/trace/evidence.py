@@ -26,6 +26,7 @@ The decisions (which finding, how severe, its wording) are the Rust engine's
 returns the JSON-able dict that `vramroom replay SNAPSHOT --evidence FILE` reads.
 """
 
+import contextlib
 import os
 import sys
 import sysconfig
@@ -288,6 +289,27 @@ class Collector:
             backward.__name__ = name
             return backward
 
+        # torch.func's grad/vjp/jacrev run under disable_saved_tensors_hooks, which raises
+        # when any default hooks are installed: ours step aside for that region (no
+        # saved-for-backward evidence inside a functorch transform), as if never installed
+        graph = autograd.graph
+        orig_disable = graph.disable_saved_tensors_hooks
+
+        @contextlib.contextmanager
+        def disable_saved_tensors_hooks(error_message):
+            ours = col._saved_cm is not None and \
+                torch._C._autograd._top_saved_tensors_default_hooks(True) == (pack, unpack)
+            if ours:
+                torch._C._autograd._pop_saved_tensors_default_hooks()
+            try:
+                with orig_disable(error_message):
+                    yield
+            finally:
+                if ours:
+                    torch._C._autograd._push_saved_tensors_default_hooks(pack, unpack)
+
+        self._patched.append((graph, "disable_saved_tensors_hooks", orig_disable))
+        graph.disable_saved_tensors_hooks = disable_saved_tensors_hooks
         for name in ("backward", "grad"):
             orig = getattr(autograd, name)
             self._patched.append((autograd, name, orig))

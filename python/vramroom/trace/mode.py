@@ -86,6 +86,11 @@ def _mode_class():
             return True  # not the trace's: fake mode's own kernel
         return hid.grouped_mm_fast(a, b, kwargs.get("out_dtype", args[4] if len(args) > 4 else None))
 
+    def _inplace_multi_tensor(func):
+        name = func.name().split("::")[-1]
+        return name.startswith(("_fused_", "_foreach_")) and not func._schema.returns and \
+            func._schema.is_mutable
+
     def _grouped_mm_out(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
         # at::_grouped_mm_cuda's output (create_grouped_gemm_output_tensor: the last dim
         # padded to 16 bytes) for the operands its fallback takes (fp32, fp16, or any dtype
@@ -258,6 +263,12 @@ def _mode_class():
                 else:
                     out = super().dispatch(func, types, args, kwargs)
             except fake_errors as e:
+                if type(e).__name__ == "UnsupportedOperatorException" and \
+                        _inplace_multi_tensor(func) and self._fallback_cuda:
+                    # a fused optimizer step with no meta kernel (_fused_sgd_, Adam's
+                    # tensor-lr overloads): multi_tensor_apply updates the lists in place
+                    # and allocates nothing, so it needs no fake kernel either
+                    return None
                 why = {
                     "DataDependentOutputException": "its result depends on tensor values, which a fake run does not have",
                     "DynamicOutputShapeException": "its output shape depends on tensor values (data-dependent shape)",

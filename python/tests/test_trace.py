@@ -198,6 +198,12 @@ def test_rnn_and_fft_are_refused_by_name_and_the_module_comes_back():
     assert torch.nn.LSTM(4, 4)(torch.randn(2, 3, 4))[0].shape == (2, 3, 4)
     with vramroom.trace(gpu="h100"):
         assert torch.nn.LSTM(4, 4)(torch.randn(2, 3, 4))[0].shape == (2, 3, 4)
+    # a lazy module is named, and made as before once the trace is over
+    with pytest.raises(UnsupportedOp) as e:
+        with vramroom.trace(gpu="h100"):
+            torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(4)).cuda()
+    assert "LazyLinear" in str(e.value) and "nn.Linear" in str(e.value)
+    assert torch.nn.LazyLinear(4)(torch.randn(2, 3)).shape == (2, 4)
 
 
 def test_bad_input_exits_2(tmp_path):

@@ -202,9 +202,10 @@ class Trace:
 
         self._set(tud.DataLoader, "__init__", _make_loader_init(tud.DataLoader.__init__,
                                                                 rec.warn))
-        from .refuse import RnnRefusal  # ops refused by name (refuse.py)
+        from .refuse import LazyRefusal, RnnRefusal  # refused by name (refuse.py)
 
         RnnRefusal.install()
+        LazyRefusal.install()
         return self
 
     def _set(self, obj, name, value):
@@ -219,9 +220,10 @@ class Trace:
         finally:
             self._ev.uninstall()
             self._libs.uninstall()
-            from .refuse import RnnRefusal
+            from .refuse import LazyRefusal, RnnRefusal
 
             RnnRefusal.uninstall()
+            LazyRefusal.uninstall()
             # Frees that Python's cycle collector would find: not the program's peak, but
             # keep the events of this region whole before closing it.
             self._rec.close()

@@ -161,6 +161,12 @@ def test_unmodellable_ops_are_named(tmp_path):
     assert p.returncode == 2
     assert "aten.nonzero" in p.stderr and "data-dependent" in p.stderr
     assert "at %s:3" % script in p.stderr, p.stderr  # where the user called it
+    # one_hot without num_classes reads max() back inside its composite: refused too
+    script.write_text("import torch\nx = torch.randint(0, 5, (10,), device='cuda')\n"
+                      "torch.nn.functional.one_hot(x)\n")
+    p = subprocess.run([sys.executable, "-m", "vramroom.trace", "--", str(script)],
+                       capture_output=True, text=True, env=_env(), timeout=600)
+    assert p.returncode == 2 and "aten.one_hot" in p.stderr and "num_classes" in p.stderr
     script.write_text("import torch\nf = torch.compile(lambda x: x * 2)\nf(torch.randn(3, device='cuda'))\n")
     p = subprocess.run([sys.executable, "-m", "vramroom.trace", "--", str(script)],
                        capture_output=True, text=True, env=_env(), timeout=600)
@@ -1070,3 +1076,22 @@ def test_fused_sgd_and_torch_func_run_under_the_trace(tmp_path):
     sizes = [s for a, s in alloc_free(out) if a == "alloc"]
     # weight, bias; per step: input, output, grads (first step), momentum buffers (first)
     assert sizes.count(32 * 64 * 4) >= 3 and sizes.count(32 * 4) >= 3, sizes
+
+
+def test_grid_sample_with_aligned_corners_runs_cudnns_sampler(tmp_path):
+    # bilinear, zeros padding, align_corners=True on a 4-d input: cuDNN's spatial transformer
+    # (cudnn_grid_sampler, no meta kernel): the grid's contiguous copy before the output
+    # (resized from empty: contiguous); backward: grid copy, grad_input, grad_grid
+    out = run_traced("""
+    x = torch.randn(2, 3, 16, 16, device="cuda", requires_grad=True)
+    g = torch.rand(2, 2, 8, 8, device="cuda").permute(0, 2, 3, 1)  # [2, 8, 8, 2], not contiguous
+    m = torch.empty(12345, dtype=torch.uint8, device="cuda")
+    y = torch.nn.functional.grid_sample(x, g, align_corners=True)
+    assert y.shape == (2, 3, 8, 8)
+    y.sum().backward()
+    """, tmp_path)
+    ev = alloc_free(out)
+    fwd = ev[ev.index(("alloc", 12345)) + 1:]
+    grid = 2 * 8 * 8 * 2 * 4
+    assert fwd[:3] == [("alloc", grid), ("alloc", 2 * 3 * 8 * 8 * 4), ("free_", grid)], fwd
+    assert ("alloc", 2 * 3 * 16 * 16 * 4) in fwd[3:], fwd

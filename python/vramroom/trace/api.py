@@ -202,7 +202,11 @@ class Trace:
 
         self._set(tud.DataLoader, "__init__", _make_loader_init(tud.DataLoader.__init__,
                                                                 rec.warn))
-        from .refuse import LazyRefusal, RnnRefusal  # refused by name (refuse.py)
+        from .refuse import LazyRefusal, RnnRefusal, one_hot_checked  # refused by name
+
+        import torch.nn.functional as nnf
+
+        self._set(nnf, "one_hot", one_hot_checked(nnf.one_hot))
 
         RnnRefusal.install()
         LazyRefusal.install()

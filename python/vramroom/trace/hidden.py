@@ -153,6 +153,10 @@ class Hidden:
         self.contig = {a.native_layer_norm.default: ([0], []),
                        a.native_layer_norm_backward.default: ([1], [0]),
                        a._log_softmax.default: ([], [0]), a._softmax.default: ([], [0])}
+        # cuDNN's grid sampler takes grid.contiguous() before its outputs
+        for op in ("cudnn_grid_sampler", "cudnn_grid_sampler_backward"):
+            if hasattr(a, op):
+                self.contig[getattr(a, op).default] = ([1], [])
         # the upsampling backwards take grad_output.contiguous() after grad_input (a grad
         # sliced by cat's backward: ho_unet_decoder_sgd's interpolate)
         for op in ("upsample_bilinear2d_backward", "upsample_nearest2d_backward",

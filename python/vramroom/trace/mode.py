@@ -74,7 +74,7 @@ def _mode_class():
 
     from .hidden import conv_plan_key, workspace_tag
     from .reduce import layout_staging
-    from .refuse import not_modelled_ops, on_fake_cuda
+    from .refuse import ONE_HOT_WHY, not_modelled_ops, on_fake_cuda
 
     not_modelled = not_modelled_ops()  # refused by name (refuse.py)
     grouped_mm = getattr(aten, "_grouped_mm", None)
@@ -85,6 +85,17 @@ def _mode_class():
         if not (isinstance(a, FakeTensor) and a.device.type == "cuda"):
             return True  # not the trace's: fake mode's own kernel
         return hid.grouped_mm_fast(a, b, kwargs.get("out_dtype", args[4] if len(args) > 4 else None))
+
+    # cuDNN's spatial transformer (grid_sample, bilinear, zeros, align_corners=True, 4-d,
+    # C <= 1024): no meta kernel; its outputs are made empty and resized, so contiguous
+    # (cudnn/GridSampler.cpp); the grid's contiguous copy is hidden.py's
+    cudnn_grid = {}
+    if hasattr(aten, "cudnn_grid_sampler"):
+        cudnn_grid[aten.cudnn_grid_sampler.default] = lambda x, g: x.new_empty(
+            (x.size(0), x.size(1), g.size(1), g.size(2)))
+        cudnn_grid[aten.cudnn_grid_sampler_backward.default] = lambda x, g, go: (
+            x.new_empty(x.shape), g.new_empty(g.shape))
+    one_hot = aten.one_hot.default
 
     def _inplace_multi_tensor(func):
         name = func.name().split("::")[-1]
@@ -212,6 +223,9 @@ def _mode_class():
                 if t.dtype.is_floating_point:
                     return 1.0
                 return 1
+            if func is one_hot and (args[1] if len(args) > 1 else kwargs.get(
+                    "num_classes", -1)) == -1 and on_fake_cuda(args, kwargs):
+                raise UnsupportedOp(func, ONE_HOT_WHY)  # (reached under inference_mode)
             why = not_modelled.get(func)
             if why is not None and on_fake_cuda(args, kwargs):
                 raise UnsupportedOp(func, why)
@@ -260,6 +274,8 @@ def _mode_class():
             try:
                 if func is grouped_mm and not hid_fast_grouped_mm(self._vh, args, kwargs):
                     out = _grouped_mm_out(*args, **kwargs)
+                elif func in cudnn_grid and self._fallback_cuda:
+                    out = cudnn_grid[func](*args)
                 else:
                     out = super().dispatch(func, types, args, kwargs)
             except fake_errors as e:

@@ -7,6 +7,9 @@ that no table here models, so a trace would give a wrong number, which is worse 
   `RnnRefusal` stands in for torch.nn.modules.rnn's `_VF` while a trace runs and refuses
   them there; the aten ops are refused in the mode too, for code that calls them directly.
 - cuFFT (torch.fft on CUDA): its plan's work area comes from the caching allocator.
+- F.one_hot without num_classes: its output's width is the data's max() + 1, read back to
+  the host inside the composite (before any op reaches the fake mode's refusal of
+  data-dependent shapes), so `one_hot_checked` stands in for F.one_hot during a trace.
 - lazy modules (nn.LazyLinear, nn.LazyConv2d, ...): an UninitializedParameter is a tensor
   subclass made on a plain tensor, which a fake tensor cannot be, and `.cuda()` keeps it
   uninitialized only by swapping its data in place, which a fake tensor cannot do either.
@@ -84,6 +87,19 @@ class RnnRefusal:
 
         if isinstance(rnn._VF, cls):
             rnn._VF = rnn._VF._vf
+
+
+ONE_HOT_WHY = ("its output shape depends on tensor values (without num_classes it is max() + 1 "
+               "of the data); pass num_classes")
+
+
+def one_hot_checked(orig):
+    def one_hot(tensor, num_classes=-1):
+        if num_classes == -1 and on_fake_cuda((tensor,), {}):
+            raise UnsupportedOp(torch.ops.aten.one_hot.default, ONE_HOT_WHY)
+        return orig(tensor, num_classes)
+
+    return one_hot
 
 
 LAZY_WHY = ("a lazy module's uninitialized parameters cannot be faked; give the module its "

@@ -89,7 +89,7 @@ pub struct OomState {
     pub memory_summary: String,
 }
 
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct ReplayResult {
     pub alloc_conf: String,
     pub device: usize,

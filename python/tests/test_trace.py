@@ -204,12 +204,6 @@ def test_rnn_and_fft_are_refused_by_name_and_the_module_comes_back():
     assert torch.nn.LSTM(4, 4)(torch.randn(2, 3, 4))[0].shape == (2, 3, 4)
     with vramroom.trace(gpu="h100"):
         assert torch.nn.LSTM(4, 4)(torch.randn(2, 3, 4))[0].shape == (2, 3, 4)
-    # a lazy module is named, and made as before once the trace is over
-    with pytest.raises(UnsupportedOp) as e:
-        with vramroom.trace(gpu="h100"):
-            torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(4)).cuda()
-    assert "LazyLinear" in str(e.value) and "nn.Linear" in str(e.value)
-    assert torch.nn.LazyLinear(4)(torch.randn(2, 3)).shape == (2, 4)
 
 
 def test_bad_input_exits_2(tmp_path):
@@ -1095,3 +1089,25 @@ def test_grid_sample_with_aligned_corners_runs_cudnns_sampler(tmp_path):
     grid = 2 * 8 * 8 * 2 * 4
     assert fwd[:3] == [("alloc", grid), ("alloc", 2 * 3 * 8 * 8 * 4), ("free_", grid)], fwd
     assert ("alloc", 2 * 3 * 16 * 16 * 4) in fwd[3:], fwd
+
+
+def test_lazy_modules_materialize_where_pytorch_does(tmp_path):
+    # nn.LazyLinear & co.: nothing allocated at construction or .cuda(); at the first forward
+    # the weight, then the bias, on the device and in the dtype .cuda().half() asked for,
+    # then the forward's own output. After the trace, a lazy module is made as before.
+    out = run_traced("""
+    m = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(10)).cuda().half()
+    marker = torch.empty(12345, dtype=torch.uint8, device="cuda")
+    y = m(torch.randn(4, 3, 8, device="cuda", dtype=torch.half))
+    assert type(m[1]).__name__ == "Linear" and m[1].weight.dtype == torch.half
+    assert m[1].weight.device.type == "cuda" and m[1].weight.shape == (10, 24)
+    y.float().sum().backward()
+    torch.optim.SGD(m.parameters(), lr=0.1).step()
+    """, tmp_path)
+    ev = alloc_free(out)
+    assert ev[0] == ("alloc", 12345), ev  # nothing before the first forward
+    assert ev[1:5] == [("alloc", 4 * 24 * 2), ("alloc", 10 * 24 * 2), ("alloc", 10 * 2),
+                       ("alloc", 4 * 10 * 2)], ev
+    import torch
+
+    assert type(torch.nn.LazyLinear(3).weight).__name__ == "UninitializedParameter"

@@ -202,14 +202,15 @@ class Trace:
 
         self._set(tud.DataLoader, "__init__", _make_loader_init(tud.DataLoader.__init__,
                                                                 rec.warn))
-        from .refuse import LazyRefusal, RnnRefusal, one_hot_checked  # refused by name
+        from .lazy import LazySupport
+        from .refuse import RnnRefusal, one_hot_checked  # refused by name
 
         import torch.nn.functional as nnf
 
         self._set(nnf, "one_hot", one_hot_checked(nnf.one_hot))
 
         RnnRefusal.install()
-        LazyRefusal.install()
+        LazySupport.install()
         return self
 
     def _set(self, obj, name, value):
@@ -224,10 +225,11 @@ class Trace:
         finally:
             self._ev.uninstall()
             self._libs.uninstall()
-            from .refuse import LazyRefusal, RnnRefusal
+            from .lazy import LazySupport
+            from .refuse import RnnRefusal
 
             RnnRefusal.uninstall()
-            LazyRefusal.uninstall()
+            LazySupport.uninstall()
             # Frees that Python's cycle collector would find: not the program's peak, but
             # keep the events of this region whole before closing it.
             self._rec.close()

@@ -10,10 +10,6 @@ that no table here models, so a trace would give a wrong number, which is worse 
 - F.one_hot without num_classes: its output's width is the data's max() + 1, read back to
   the host inside the composite (before any op reaches the fake mode's refusal of
   data-dependent shapes), so `one_hot_checked` stands in for F.one_hot during a trace.
-- lazy modules (nn.LazyLinear, nn.LazyConv2d, ...): an UninitializedParameter is a tensor
-  subclass made on a plain tensor, which a fake tensor cannot be, and `.cuda()` keeps it
-  uninitialized only by swapping its data in place, which a fake tensor cannot do either.
-  `LazyRefusal` stands in for their constructors while a trace runs and names the module.
 """
 
 import torch
@@ -101,43 +97,3 @@ def one_hot_checked(orig):
 
     return one_hot
 
-
-LAZY_WHY = ("a lazy module's uninitialized parameters cannot be faked; give the module its "
-            "input size (nn.Linear for nn.LazyLinear, nn.Conv2d for nn.LazyConv2d)")
-
-
-class LazyRefusal:
-    """UninitializedParameter/UninitializedBuffer refuse to be made during a trace, naming the
-    lazy module being built (see the module's notes), instead of a tensor-subclass error."""
-
-    _saved = []
-
-    @classmethod
-    def install(cls):
-        from torch.nn import parameter
-
-        if cls._saved:
-            return
-        for name in ("UninitializedParameter", "UninitializedBuffer"):
-            klass = getattr(parameter, name)
-            orig = klass.__new__
-            cls._saved.append((klass, orig))
-
-            def refuse(k, *a, **kw):
-                import sys
-
-                f, where = sys._getframe(1), k.__name__
-                while f is not None:  # the lazy module whose __init__ makes it
-                    me = f.f_locals.get("self")
-                    if isinstance(me, torch.nn.Module):
-                        where = type(me).__name__
-                    f = f.f_back
-                raise UnsupportedOp(where, LAZY_WHY)
-
-            klass.__new__ = staticmethod(refuse)
-
-    @classmethod
-    def uninstall(cls):
-        while cls._saved:
-            klass, orig = cls._saved.pop()
-            klass.__new__ = orig

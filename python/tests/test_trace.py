@@ -345,6 +345,26 @@ def test_transformers_takes_its_cuda_path_not_its_tracing_one(tmp_path):
     assert import_utils.is_fake_tensor.__name__ == "is_fake_tensor"
 
 
+def test_generate_presumes_a_prompt_without_pad_tokens(tmp_path):
+    # generate() with a pad token and no attention_mask infers the mask from the prompt's
+    # tokens (ones where the prompt has no pad token). Unknown, every mask check after it
+    # would read False and the fake run would build the 4-d masks a real run skips.
+    pytest.importorskip("transformers", reason="needs transformers")
+    out = run_traced("""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    cfg = Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    m = Qwen2ForCausalLM(cfg).cuda().eval()
+    with torch.no_grad():
+        m.generate(torch.randint(1, 128, (2, 8), device="cuda"), max_new_tokens=4,
+                   do_sample=False, pad_token_id=0)
+    """, tmp_path)
+    assert any("attention mask it infers" in w for w in out["warnings"]), out["warnings"]
+    masks = [fr for fr in out["frames"]
+             if any(f[2] in ("and_mask", "or_mask") or f[2].endswith("_mask_function") for f in fr)]
+    assert not masks, masks[:3]
+
+
 def test_inference_mode_runs_the_kernels_no_grad_runs(tmp_path):
     # Under inference_mode autograd's keys are off and composite ops (conv2d, linear) reach
     # the tracer whole; their parts are the CUDA kernels, with their workspaces.

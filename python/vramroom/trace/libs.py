@@ -18,6 +18,12 @@ and what a run with `min_new_tokens` does):
   finished, the worst finished score is transformers' -1e9 placeholder, which any finite
   running score beats, so the heuristic keeps its input's value. With a finished beam it
   compares real scores: left unknown.
+- the attention mask generate() infers when none is given
+  (`_prepare_attention_mask_for_generation`): it is the prompt's `!= pad_token_id` where the
+  prompt holds a pad token, else ones; with the token values unknown, ones (no pad token in
+  the prompt: a padded batch comes with its tokenizer's attention mask). Left unknown, every
+  mask check after it (masking_utils' `fast_all`) would read False, and the program would
+  build the 4-d masks and take the SDPA kernels that a real run without padding skips.
 The tensors are still computed by the fake kernels (their allocations are the GPU's); only
 their value is set.
 
@@ -34,6 +40,8 @@ import sys
 
 EOS_PRESUMED = ("generate(): a fake sequence's EOS check presumed False (no sequence ends "
                 "before max_new_tokens: the memory worst case)")
+MASK_PRESUMED = ("generate(): the attention mask it infers from the prompt presumed ones (no "
+                 "pad token in a fake prompt; pass attention_mask for a padded batch)")
 BEAMS_PRESUMED = ("generate(): beam search's early-stop heuristic presumed unmet while no beam "
                   "has finished (finite scores beat the -1e9 placeholder)")
 
@@ -156,6 +164,19 @@ class LibraryPatches:
             return out
 
         self._set(cls, "_check_early_stop_heuristic", staticmethod(heuristic))
+
+        infer = cls.__dict__.get("_prepare_attention_mask_for_generation")
+        if infer is None:
+            return
+
+        def prepare_mask(model, *args, **kwargs):
+            out = infer(model, *args, **kwargs)
+            if isinstance(out, FakeTensor) and vals.known(out) is None:
+                vals.presume(out, 1)
+                warn(MASK_PRESUMED)
+            return out
+
+        self._set(cls, "_prepare_attention_mask_for_generation", prepare_mask)
 
     def install(self):
         missing = False

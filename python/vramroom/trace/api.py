@@ -159,6 +159,14 @@ class Trace:
         from .sdpa import make_sdpa
 
         self._t0 = time.perf_counter()
+        # Autograd's device thread for the fake GPU runs the trace's Python (the mode's
+        # dispatch, its hooks). At exit the engine wakes it to stop, and it then takes the
+        # GIL back while the interpreter finalizes, which ends it with pthread_exit through a
+        # noexcept frame: "terminate called without an active exception", exit 134, now and
+        # then after the program's output is all written (test_trace's group-norm test, one
+        # run in tens). With no wait limit the engine leaves its threads asleep at exit, as
+        # PyTorch's TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT documents; a user's own value stays.
+        os.environ.setdefault("TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT", "0")
         fakecuda.patch_cuda_hooks()
         rec = Recorder(self.gpu, None)
         rec.sdpa_choices = {}

@@ -670,16 +670,23 @@ def test_an_indexing_backward_sorts_in_place_as_cuda_does(tmp_path):
     # contiguous copy of a grad that cat's backward sliced.
     out = run_traced("""
     x = torch.randn(5000, 64, device="cuda", requires_grad=True)
-    idx = torch.randint(0, 5000, (2000,), device="cuda")
-    other = torch.randn(2000, 64, device="cuda")
+    idx = torch.randint(0, 5000, (3000,), device="cuda")
+    other = torch.randn(3000, 64, device="cuda")
     m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
     torch.cat([x[idx], other], 1).sum().backward()
     """, tmp_path)
     ev = alloc_free(out)
     ev = ev[ev.index(("alloc", 11111)) + 1:]
-    k, v, z = 8 * 2000, 2000 * 64 * 4, 5000 * 64 * 4
+    k, v, z = 8 * 3000, 3000 * 64 * 4, 5000 * 64 * 4
     i = ev.index(("alloc", z))  # index_backward's zeros, the only output
-    scratch = 2 * 16128 + 2048 * 2 + 511 + 1024 * 1
+    # more than cub's single tile (2304 int64 pairs): both alternate buffers, two passes'
+    # bins (13 bits), 511, one tile's lookback; up to 2304 one byte (2048 in
+    # hq_mixtral_moe_fp32_bf16's real backward, 1000 in device run 26's)
+    scratch = 2 * 24064 + 2048 * 2 + 511 + 1024 * 1
+    from vramroom.trace.sorting import index_put_acc_tokens
+
+    for n, want in ((1000, 1), (2048, 1), (2304, 1), (2305, 2 * 18688 + 2048 * 2 + 511 + 1024)):
+        assert ["t", want] in index_put_acc_tokens(n, 5000, checked=False), n
     assert ev[i + 1:i + 9] == [("alloc", k), ("alloc", k), ("free_", k), ("alloc", v),
                                ("alloc", k), ("alloc", k), ("alloc", k), ("alloc", scratch)]
     assert ("alloc", 8) not in ev[i:i + 9] and ev.count(("alloc", z)) == 1
@@ -1049,8 +1056,8 @@ def test_a_bf16_channels_last_conv_and_batch_norm_are_laid_out_as_on_the_gpu(tmp
 
 def test_grouped_mm_takes_cutlass_in_bf16_on_hopper_and_its_fallback_otherwise(tmp_path):
     # at::_grouped_mm (transformers' MoE experts): bf16 on sm90 runs the CUTLASS kernel, whose
-    # argument buffer (4 groups: 24 * 4 + 36 * 4 = 240 bytes) comes after
-    # the output and goes when it returns, no cuBLAS handle; fp32 runs the fallback (a cuBLAS
+    # argument buffer (4 groups: 24 * 4 + 36 * 4 = 240 bytes) and workspace come after
+    # the output and go when it returns, no cuBLAS handle; fp32 runs the fallback (a cuBLAS
     # mm per group), which fake mode's meta kernel refuses (it checks bf16 alone).
     body = """
     x = torch.randn(64, 32, device="cuda", dtype=DT)
@@ -1060,8 +1067,10 @@ def test_grouped_mm_takes_cutlass_in_bf16_on_hopper_and_its_fallback_otherwise(t
     assert y.shape == (64, 40) and y.stride() == (40, 1), y.stride()
     """
     bf = run_traced(body.replace("DT", "torch.bfloat16"), tmp_path)
-    tail = alloc_free(bf)[-3:]
-    assert tail == [("alloc", 64 * 40 * 2), ("alloc", 240), ("free_", 240)], tail
+    tail = alloc_free(bf)[-5:]
+    ws = 4 * 128 * 132  # four TMA descriptors per SM (hq_mixtral_moe_fp32_bf16's real run)
+    assert tail == [("alloc", 64 * 40 * 2), ("alloc", 240), ("alloc", ws), ("free_", ws),
+                    ("free_", 240)], tail
     assert bf["hidden"]["cublas_handles"] == 0
     fp = run_traced(body.replace("DT", "torch.float32"), tmp_path)
     assert alloc_free(fp)[-2:] == [("alloc", 64 * 40 * 4), ("alloc", CUBLAS)], alloc_free(fp)
@@ -1069,6 +1078,22 @@ def test_grouped_mm_takes_cutlass_in_bf16_on_hopper_and_its_fallback_otherwise(t
     a100 = run_traced(body.replace("DT", "torch.bfloat16"), tmp_path,
                       gpu="a100")
     assert a100["hidden"]["cublas_handles"] == 1
+
+
+def test_backward_scatters_into_fresh_zeros_in_place(tmp_path):
+    # topk's backward (value_selecting_reduction_backward) scatters the gradient into zeros:
+    # in place on CUDA, out of place for a tensor subclass; hq_mixtral_moe_fp32_bf16's real
+    # router backward has one [tokens, experts] block for it, then softmax's grad_input and
+    # its grad * output
+    out = run_traced("""
+    logits = torch.randn(1024, 8, device="cuda", requires_grad=True)
+    v, i = torch.topk(torch.softmax(logits, dim=-1), 2, dim=-1)
+    marker = torch.empty(12345, dtype=torch.uint8, device="cuda")
+    v.sum().backward()
+    """, tmp_path)
+    ev = alloc_free(out)
+    bwd = ev[ev.index(("alloc", 12345)) + 1:]
+    assert [e for e in bwd if e == ("alloc", 32768)] == [("alloc", 32768)] * 3, bwd
 
 
 def test_fused_sgd_and_torch_func_run_under_the_trace(tmp_path):

@@ -29,6 +29,7 @@ import os
 import threading
 
 from .snapshot import WORKSPACE_TAG
+from .sorting import cub_single_tile
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -655,11 +656,13 @@ class Hidden:
             self.gpu.major in (9, 10)
 
     def grouped_mm_tokens(self, func, args, kwargs, n_outputs):
-        """The CUTLASS kernel's argument buffer, after the output and freed when it returns
-        (bf16bf16_grouped_gemm_impl_sm90_sm100: per group three pointers, rounded to an even
-        count, a 12-byte problem shape and three 8-byte strides). Its CUTLASS workspace
-        (Gemm::get_workspace_size) is taken as none: the grouped persistent scheduler asks
-        for none without split-K. The fallback allocates nothing beside its output."""
+        """The CUTLASS kernel's argument buffer, then its workspace, after the output; the
+        workspace freed first when it returns (bf16bf16_grouped_gemm_impl_sm90_sm100: per
+        group three pointers, rounded to an even count, a 12-byte problem shape and three
+        8-byte strides; Gemm::get_workspace_size: four 128-byte TMA descriptors per SM, which
+        the grouped kernel rewrites on the device for each group: 67,584 bytes on an H100's
+        132 SMs in hq_mixtral_moe_fp32_bf16's real run). The fallback allocates nothing
+        beside its output."""
         a, b = args[0], args[1]
         out_dtype = kwargs.get("out_dtype", args[4] if len(args) > 4 else None)
         if not self.grouped_mm_fast(a, b, out_dtype):
@@ -667,7 +670,9 @@ class Hidden:
         offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
         g = offs.size(0) if a.dim() == 2 and b.dim() == 2 else \
             (b.size(0) if a.dim() == 2 else a.size(0))
-        return [["o", 0]] * n_outputs + [["t", 24 * _ceil(g, 2) + 36 * g], ["f", 0]]
+        ws = 4 * 128 * self.gpu.multi_processor_count
+        return [["o", 0]] * n_outputs + [["t", 24 * _ceil(g, 2) + 36 * g], ["t", ws], ["f", 1],
+                                         ["f", 0]]
 
     def matmul_uses_cublas(self, func, args):
         if func is self.grouped_mm:
@@ -945,14 +950,15 @@ def embedding_tokens(n, n_w, d, elem, freq=False, bag=False):
     at 32 indices a row, sums at V 600 and at 27), a second 8P and, for fp16/bf16, an fp32
     V x d accumulator. Everything but grad_weight is freed last to first, as measured.
     EmbeddingBag's dense backward (bag) takes the sort path at every n (its radix sort of
-    1024 indices or fewer needs one byte of scratch), measured from 1024 to 65536 indices,
+    up to one single-tile block of indices, 2304, needs one byte of scratch:
+    sorting.cub_single_tile), measured from 1024 to 65536 indices,
     sum and mean."""
     if freq or (n <= 3072 and not bag):
         return None
     s = min(n, n_w)
     p = n // 10 + s
     a8 = 8 * n
-    sort = 1 if n <= 1024 else _cub_sort_pairs(n)
+    sort = 1 if cub_single_tile(n, 8) else _cub_sort_pairs(n)
     toks = [["t", a8], ["t", a8], ["t", a8], ["t", sort], ["f", 3], ["f", 2],
             ["o", 0],
             ["t", a8], ["t", 8], ["t", a8], ["t", _cub_lookback(n, 4608)], ["f", 7], ["f", 6],

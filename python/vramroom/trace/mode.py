@@ -43,6 +43,13 @@ def _mode_class():
     add_inplace = aten.add_.Tensor
     index_put_func = aten.index_put.default
     index_put_impl = aten._index_put_impl_.default
+    # autograd's backward formulas scatter into fresh zeros out of place for tensor subclasses
+    # (areAnyTensorSubclassLike) and in place for plain tensors: topk/max/sort's
+    # value_selecting_reduction_backward (scatter_), gather's (scatter_add_),
+    # index_select's (index_add_)
+    into_zeros = {aten.scatter.src: aten.scatter_.src, aten.scatter.value: aten.scatter_.value,
+                  aten.scatter_add.default: aten.scatter_add_.default,
+                  aten.index_add.default: aten.index_add_.default}
     # Tensor.to(...): CompositeImplicit, so it reaches the mode only where autograd's keys
     # are off (inference_mode). Fake mode's constant propagation would run it for real on a
     # constant CPU input (torch.tensor([...], device="cuda")), which needs the GPU; its guard
@@ -260,6 +267,14 @@ def _mode_class():
                 # unsafe=True) in place (ho_gather_scatter_einsum's x[nbr] backward)
                 func = index_put_impl
                 args = (args[0], args[1], args[2], True, True)
+            if func in into_zeros and not self._depth and self._vr.active and \
+                    threading.get_ident() != rec.main_ident and args and \
+                    isinstance(args[0], FakeTensor) and args[0].device.type == "cuda" and \
+                    self._vals.known(args[0]) == 0 and dense(args[0]):
+                # (hq_mixtral_moe_fp32_bf16's real router backward: topk's zeros and its
+                # scatter are one [tokens, experts] block, not two)
+                func = into_zeros[func]
+                rec.accumulations += 1
             # Only the outermost op allocates: what a fake kernel runs inside (a
             # decomposition for an op with no meta kernel) is one CUDA kernel on the GPU.
             # A CompositeImplicitAutograd op (conv2d, linear, ...) is no kernel: it reaches

@@ -36,7 +36,7 @@ checks every sort, topk and cumsum call of ops-h100-run26.json against these rul
   backward, x[idx]'s): two bounds checks (8 and 1 bytes each, freed), then 8n buffers: two,
   the first freed, three more and cub's radix-sort scratch over the linear index (both
   alternate buffers, 2 KiB of bins per byte of the indexed size's bits, 511, 1 KiB per tile
-  of 4608; one byte for 1024 or fewer), freed last to first (all 36 calls of device run 26,
+  of 4608; one byte when cub sorts them in a single tile), freed last to first (all 36 calls of device run 26,
   V 1000 and 50000: two byte-passes; more bits are taken to need more passes, unmeasured).
 isin (elements, test elements) takes PyTorch's brute-force kernel while the test set is
 small (fewer than 10 x numel(elements)^0.145): `out.copy_(elements.unsqueeze(-1).eq(test)
@@ -48,7 +48,10 @@ sets sort them (not measured: a warning).
 cub's scratch for radix_sort_pairs(n keys of K bytes, 8-byte values) is both alternate
 buffers, 256-aligned, K passes of 256 8-byte digit bins, 256 of counters, 255 of alignment
 slack and 1 KiB of lookback per tile (tiles of 5632, 5376 and 4608 items for 2-, 4- and
-8-byte keys).
+8-byte keys). Up to one tile of cub's single-tile policy (256 threads of 19 items of 4 bytes,
+fewer for wider keys or values: 2304 pairs of int64) it sorts in one block and asks for one
+byte (device run 26: 1000 indices; run 28: transformers' MoE backward, 2048; 3073 and up
+take the full scratch, embbwd/).
 """
 
 from .reduce import full_reduce_staging
@@ -60,6 +63,12 @@ MAX_SORTED_TOPK = 4096
 
 def _a(n):
     return (n + 255) // 256 * 256
+
+
+def cub_single_tile(n, key, val=8):
+    """Whether cub's radix sort of n pairs runs its single-tile kernel (one byte of scratch):
+    AgentRadixSortDownsweepPolicy<256, 19> scaled to the wider of key and value."""
+    return n <= 256 * max(1, 19 * 4 // max(4, key, val))
 
 
 def cub_sort_pairs(n, key, val=8):
@@ -260,7 +269,7 @@ def index_put_acc_tokens(n, size, n_outputs=1, checked=True, values_copy=0):
     b.toks = [["o", 0]] * n_outputs
     if n == 0:
         return b.toks
-    if n <= 1024:
+    if cub_single_tile(n, 8):
         scratch = 1
     else:
         passes = max(1, -(-max(1, (size - 1).bit_length()) // 8))

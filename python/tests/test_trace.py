@@ -1096,6 +1096,25 @@ def test_backward_scatters_into_fresh_zeros_in_place(tmp_path):
     assert [e for e in bwd if e == ("alloc", 32768)] == [("alloc", 32768)] * 3, bwd
 
 
+def test_a_finiteness_check_passes_and_all_stages_its_bools(tmp_path):
+    # bart's fp16 layers clamp only when `isfinite(h).all()` fails: on the GPU it passes (no
+    # clamp's copy); all() over 294,912 bools splits across blocks: 36 bytes of partials and
+    # a 4-byte semaphore after its 1-byte result (hq_bart_beam_fp16's real run)
+    out = run_traced("""
+    h = torch.randn(6, 128, 384, device="cuda", dtype=torch.float16)
+    marker = torch.empty(12345, dtype=torch.uint8, device="cuda")
+    if not torch.isfinite(h).all():
+        h = torch.clamp(h, -1000, 1000)
+    """, tmp_path)
+    ev = alloc_free(out)
+    after = ev[ev.index(("alloc", 12345)) + 1:]
+    # isfinite is (h == h) * (h.abs() != inf) on CUDA too: its bools, then all()
+    j = after.index(("alloc", 1))
+    assert after[j:j + 3] == [("alloc", 1), ("alloc", 36), ("alloc", 4)], after
+    assert ("alloc", 589824) not in after[j:]  # no clamp
+    assert any("finiteness" in w for w in out["warnings"]), out["warnings"]
+
+
 def test_fused_sgd_and_torch_func_run_under_the_trace(tmp_path):
     # _fused_sgd_ has no meta kernel: its CUDA kernel (multi_tensor_apply, in place)
     # allocates nothing, so the step costs the momentum buffers its Python side makes

@@ -137,6 +137,8 @@ class Hidden:
         self.reductions = {a.sum.dim_IntList, a.mean.dim, a.sum.default, a.mean.default,
                            a.max.default, a.min.default, a.prod.default,
                            a.linalg_vector_norm.default}
+        self.logical = {a.all.default, a.any.default}
+        self.reductions |= self.logical
         # reductions through ReduceOps' make_reduction: an input of another dtype than the
         # result is converted first (self.to(result dtype)), after the result, freed when
         # the kernel returns; half/bf16 into float is read as is (real snapshots: a bool
@@ -590,13 +592,13 @@ class Hidden:
         else:
             dims = args[1] if len(args) > 1 and not isinstance(args[1], bool) else None
         if func in (self._aten.sum.default, self._aten.mean.default, self._aten.max.default,
-                    self._aten.min.default, self._aten.prod.default):
+                    self._aten.min.default, self._aten.prod.default) or func in self.logical:
             dims = None
         if dims is None or (isinstance(dims, (list, tuple)) and not dims):
             dims = []  # a full reduction
         if isinstance(dims, int):
             dims = [dims]
-        return staging(x, list(dims), self.gpu)
+        return staging(x, list(dims), self.gpu, logical=func in self.logical)
 
     # -- inputs a CUDA kernel makes contiguous ------------------------------------------
     def contiguous_copies(self, func, args):

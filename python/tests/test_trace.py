@@ -1115,6 +1115,17 @@ def test_a_finiteness_check_passes_and_all_stages_its_bools(tmp_path):
     assert any("finiteness" in w for w in out["warnings"]), out["warnings"]
 
 
+def test_cudnn_decode_splits_long_keys_into_a_workspace():
+    # device run 28's grid (ops-h100-run28.json), H100, bf16, one query row
+    from vramroom.trace.sdpa import cudnn_decode_workspace as ws
+
+    assert ws(1, 8, 8, 512, 128) == 0  # short keys: no split
+    assert ws(1, 8, 8, 2048, 128) == 66688  # 16 splits
+    assert ws(4, 16, 1, 4096, 128) == 32 * 4 * 16 * 128 * 4 + 32 * 4 * 16 * 8 + 128  # GQA
+    assert ws(1, 12, 12, 640, 128) == 25216  # 4 splits, the statistics 256-aligned
+    assert ws(16, 8, 8, 4096, 128) == 0  # 128 sequences x heads: enough CTAs, no split
+
+
 def test_fused_sgd_and_torch_func_run_under_the_trace(tmp_path):
     # _fused_sgd_ has no meta kernel: its CUDA kernel (multi_tensor_apply, in place)
     # allocates nothing, so the step costs the momentum buffers its Python side makes

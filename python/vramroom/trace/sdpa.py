@@ -23,6 +23,34 @@ nested/jagged inputs (refused by the fake kernels).
 import math
 
 
+def _pow2_floor(x):
+    r = 1
+    while r * 2 <= x:
+        r *= 2
+    return r
+
+
+def cudnn_decode_workspace(b, hq, hk, s, dv):
+    """cuDNN attention's workspace for one query row (a decode step): it splits a long key
+    sequence across CTAs (flash-decoding) and keeps each split's partial output and
+    softmax statistics in fp32. Splits: none up to 512 keys, else the smaller of the key
+    length's 128-key blocks and 256 / (B x KV heads), as powers of two, none under 4;
+    bytes: splits x B x Hq x Dv x 4 and splits x B x Hq x 8, each 256-aligned, plus 128.
+    All 492 decode shapes of device run 28's grid match (scripts/trace_corpus/ops/
+    ops-h100-run28.json: keys 128 to 4096, head dims 64 and 128, 1 to 64 sequences, MHA
+    and GQA, with and without a mask, H100)."""
+    if s <= 512:
+        return 0
+    splits = min(_pow2_floor(s / 128), _pow2_floor(256 / max(1, b * hk)))
+    if splits < 4:
+        return 0
+
+    def a(n):
+        return (n + 255) // 256 * 256
+
+    return a(splits * b * hq * dv * 4) + a(splits * b * hq * 8) + 128
+
+
 def choose(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, row):
     import torch
 
@@ -110,9 +138,11 @@ def make_sdpa(orig, rec, row, is_fake):
             out = aten._scaled_dot_product_cudnn_attention(
                 query, key, value, attn_mask, need_grad, dropout_p, is_causal, False, scale=scale)
             if query.shape[-2] > 1:
-                # one query row (a decode step) needs none: all real decode steps of the
-                # corpus (GPT-2, Llama, beam search) allocate no workspace, prefill 256 B
                 rec.hidden_temp(row.get("cudnn_attention_fwd_workspace", 0))
+            else:
+                rec.hidden_temp(cudnn_decode_workspace(
+                    query.shape[0], query.shape[1], key.shape[1], key.shape[-2],
+                    value.shape[-1]))
             return out[0]
         if which == "flash":
             out = aten._scaled_dot_product_flash_attention(

@@ -625,12 +625,12 @@ class Hidden:
         return out if out[0] or out[1] else None
 
     # -- cuBLAS ---------------------------------------------------------------------------
-    def matmul_after(self, func, args):
+    def matmul_after(self, func, args, kwargs):
         rec = self.rec
         if any(getattr(a, "numel", None) is not None and not isinstance(a, (int, float)) and
                a.numel() == 0 for a in args):
             return  # an empty operand: PyTorch returns without calling cuBLAS
-        if not self.matmul_uses_cublas(func, args):
+        if func is self.grouped_mm and self.grouped_mm_fast(args, kwargs):
             return  # CUTLASS's grouped GEMM
         key = (threading.get_ident(), rec.current_stream_ident())
         fr = None
@@ -650,9 +650,12 @@ class Hidden:
                 self.stats["cublaslt"] += 1
 
     # -- grouped GEMM (MoE experts) -----------------------------------------------------
-    def grouped_mm_fast(self, a, b, out_dtype):
-        """Whether at::_grouped_mm runs its CUTLASS kernel (bf16 in and out, on sm90/sm100)
-        rather than its fallback (offs.cpu(), then one cuBLAS mm_out per group)."""
+    def grouped_mm_fast(self, args, kwargs):
+        """Whether a call of at::_grouped_mm(mat_a, mat_b, offs, bias, out_dtype) runs its
+        CUTLASS kernel (bf16 in and out, on sm90/sm100) rather than its fallback (offs.cpu(),
+        then one cuBLAS mm_out per group)."""
+        a, b = args[0], args[1]
+        out_dtype = kwargs.get("out_dtype", args[4] if len(args) > 4 else None)
         bf16 = self._torch.bfloat16
         return a.dtype == bf16 and b.dtype == bf16 and (out_dtype or bf16) == bf16 and \
             self.gpu.major in (9, 10)
@@ -665,21 +668,15 @@ class Hidden:
         the grouped kernel rewrites on the device for each group: 67,584 bytes on an H100's
         132 SMs in hq_mixtral_moe_fp32_bf16's real run). The fallback allocates nothing
         beside its output."""
-        a, b = args[0], args[1]
-        out_dtype = kwargs.get("out_dtype", args[4] if len(args) > 4 else None)
-        if not self.grouped_mm_fast(a, b, out_dtype):
+        if not self.grouped_mm_fast(args, kwargs):
             return None
+        a, b = args[0], args[1]
         offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
         g = offs.size(0) if a.dim() == 2 and b.dim() == 2 else \
             (b.size(0) if a.dim() == 2 else a.size(0))
         ws = 4 * 128 * self.gpu.multi_processor_count
         return [["o", 0]] * n_outputs + [["t", 24 * _ceil(g, 2) + 36 * g], ["t", ws], ["f", 1],
                                          ["f", 0]]
-
-    def matmul_uses_cublas(self, func, args):
-        if func is self.grouped_mm:
-            return not self.grouped_mm_fast(args[0], args[1], args[4] if len(args) > 4 else None)
-        return True
 
     # -- cuDNN convolution --------------------------------------------------------------
     def conv_workspace(self, pas, x_shape, w_shape, out_shape, stride, padding, dilation,

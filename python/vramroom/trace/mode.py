@@ -89,10 +89,10 @@ def _mode_class():
     grouped_mm = grouped_mm.default if grouped_mm is not None else None
 
     def hid_fast_grouped_mm(hid, args, kwargs):
-        a, b = args[0], args[1]
+        a = args[0]
         if not (isinstance(a, FakeTensor) and a.device.type == "cuda"):
             return True  # not the trace's: fake mode's own kernel
-        return hid.grouped_mm_fast(a, b, kwargs.get("out_dtype", args[4] if len(args) > 4 else None))
+        return hid.grouped_mm_fast(args, kwargs)
 
     # cuDNN's spatial transformer (grid_sample, bilinear, zeros, align_corners=True, 4-d,
     # C <= 1024): no meta kernel; its outputs are made empty and resized, so contiguous
@@ -435,7 +435,7 @@ def _mode_class():
                 rec.free(*go_copy)
             if func in hid.matmul:
                 if args and isinstance(args[0], FakeTensor) and args[0].device.type == "cuda":
-                    hid.matmul_after(func, args)
+                    hid.matmul_after(func, args, kwargs)
             elif func in hid.conv_fwd:
                 x, w, stride, padding, dilation, transposed, groups = hid.conv_args(args, kwargs)
                 if x.device.type == "cuda" and hid.uses_cudnn(x, transposed, w, groups):

@@ -13,7 +13,8 @@ What each op adds (PyTorch 2.11's CUDA path):
 - convolution: forward allocates the output, then the algorithm's workspace, freed before
   returning; backward: grad_input, its workspace (freed), grad_weight, its workspace
   (freed), grad_bias.
-- cuDNN attention forward: a small workspace freed at once (sdpa.py picks the backend).
+- cuDNN attention forward: a small workspace freed at once (sdpa.py picks the backend); at
+  a decode step over more than 512 keys, its split-KV workspace (cudnn_decode_workspace).
 - SDPA's math path: `_safe_softmax`'s isneginf bools, their per-row all() and a 0-dim zero
   after its output; softmax's backward its `grad * output` after grad_input.
 - embedding backward (embedding_dense_backward) over more than 3072 int64 indices: the sort
@@ -988,6 +989,30 @@ def _cub_lookback(n, tile):
     states for the tiles and 32 warps of padding, 256-aligned, plus 511 of alignment slack
     (tiles of 4608 items for unique_by_key, 896 for exclusive_sum; exact on the measured n)."""
     return 511 + _ceil(16 * (-(-n // tile) + 32), 256)
+
+
+def _pow2_floor(x):
+    r = 1
+    while r * 2 <= x:
+        r *= 2
+    return r
+
+
+def cudnn_decode_workspace(b, hq, hk, s, dv):
+    """cuDNN attention's workspace for one query row (a decode step): it splits a long key
+    sequence across CTAs (flash-decoding) and keeps each split's partial output and
+    softmax statistics in fp32. Splits: none up to 512 keys, else the smaller of the key
+    length's 128-key blocks and 256 / (B x KV heads), as powers of two, none under 4;
+    bytes: splits x B x Hq x Dv x 4 and splits x B x Hq x 8, each 256-aligned, plus 128.
+    All 492 decode shapes of device run 28's grid match (scripts/trace_corpus/ops/
+    ops-h100-run28.json: keys 128 to 4096, head dims 64 and 128, 1 to 64 sequences, MHA
+    and GQA, with and without a mask, H100)."""
+    if s <= 512:
+        return 0
+    splits = min(_pow2_floor(s / 128), _pow2_floor(256 / max(1, b * hk)))
+    if splits < 4:
+        return 0
+    return _ceil(splits * b * hq * dv * 4, 256) + _ceil(splits * b * hq * 8, 256) + 128
 
 
 def sdpa_backward_scratch(rec, func_name, args):

@@ -22,33 +22,7 @@ nested/jagged inputs (refused by the fake kernels).
 
 import math
 
-
-def _pow2_floor(x):
-    r = 1
-    while r * 2 <= x:
-        r *= 2
-    return r
-
-
-def cudnn_decode_workspace(b, hq, hk, s, dv):
-    """cuDNN attention's workspace for one query row (a decode step): it splits a long key
-    sequence across CTAs (flash-decoding) and keeps each split's partial output and
-    softmax statistics in fp32. Splits: none up to 512 keys, else the smaller of the key
-    length's 128-key blocks and 256 / (B x KV heads), as powers of two, none under 4;
-    bytes: splits x B x Hq x Dv x 4 and splits x B x Hq x 8, each 256-aligned, plus 128.
-    All 492 decode shapes of device run 28's grid match (scripts/trace_corpus/ops/
-    ops-h100-run28.json: keys 128 to 4096, head dims 64 and 128, 1 to 64 sequences, MHA
-    and GQA, with and without a mask, H100)."""
-    if s <= 512:
-        return 0
-    splits = min(_pow2_floor(s / 128), _pow2_floor(256 / max(1, b * hk)))
-    if splits < 4:
-        return 0
-
-    def a(n):
-        return (n + 255) // 256 * 256
-
-    return a(splits * b * hq * dv * 4) + a(splits * b * hq * 8) + 128
+from .hidden import cudnn_decode_workspace
 
 
 def choose(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, row):

@@ -157,6 +157,7 @@ class Trace:
         from .hidden import Hidden
         from .mode import make_mode
         from .sdpa import make_sdpa
+        from .values import FINITE_PRESUMED
 
         self._t0 = time.perf_counter()
         # Autograd's device thread for the fake GPU runs the trace's Python (the mode's
@@ -205,12 +206,12 @@ class Trace:
                                                       rec.warn))
         saved = {}
         self._set(torch, "save", _make_save(torch.save, saved, rec.warn))
-        # isfinite/isnan/isinf are composites (self == self, abs() != inf) that never reach
-        # the mode as themselves: presumed healthy here (mode.py's `finiteness`)
-        for name, healthy in (("isfinite", True), ("isnan", False), ("isinf", False)):
-            for owner in (torch, torch.Tensor):
-                self._set(owner, name, _presume_check(getattr(owner, name), healthy,
-                                                      self._mode._vals, rec.warn))
+        # isfinite is a composite ((self == self) * (self.abs() != inf)) that never reaches
+        # the mode as itself: presumed healthy here; isnan/isinf & co. reach it (mode.py's
+        # `finiteness`)
+        for owner in (torch, torch.Tensor):
+            self._set(owner, "isfinite", self._mode._vals.presuming(
+                owner.isfinite, True, rec.warn, FINITE_PRESUMED, device="cuda"))
         self._set(torch, "load", _make_load(torch.load, saved))
         import torch.utils.data as tud
 
@@ -460,21 +461,6 @@ def _has_fake(obj):
         return any(fake(x) for x in tree_leaves(obj))
     except Exception:  # noqa: BLE001 - an object pytree cannot walk: look no further
         return False
-
-
-FINITE_PRESUMED = "a finiteness check (isfinite/isnan/isinf) of fake data presumed finite"
-
-
-def _presume_check(orig, healthy, vals, warn):
-    def check(*args, **kwargs):
-        out = orig(*args, **kwargs)
-        if getattr(out, "device", None) is not None and out.device.type == "cuda" and \
-                vals.key(out) is not None and vals.known(out) is None:
-            vals.presume(out, healthy)
-            warn(FINITE_PRESUMED)
-        return out
-
-    return check
 
 
 def _make_save(orig, saved, warn):

@@ -126,21 +126,11 @@ class LibraryPatches:
         self._set(cls, "save_pretrained", save_pretrained)
 
     def _patch_stopping(self, module):
-        from torch._subclasses.fake_tensor import FakeTensor
-
         cls = getattr(module, "EosTokenCriteria", None)
         if cls is None:
             return
-        orig, vals, warn = cls.__call__, self.values, self.warn
-
-        def __call__(crit, *args, **kwargs):
-            out = orig(crit, *args, **kwargs)
-            if isinstance(out, FakeTensor) and vals.known(out) is None:
-                vals.presume(out, False)
-                warn(EOS_PRESUMED)
-            return out
-
-        self._set(cls, "__call__", __call__)
+        self._set(cls, "__call__",
+                  self.values.presuming(cls.__call__, False, self.warn, EOS_PRESUMED))
 
     def _patch_generation(self, module):
         from torch._subclasses.fake_tensor import FakeTensor
@@ -166,17 +156,9 @@ class LibraryPatches:
         self._set(cls, "_check_early_stop_heuristic", staticmethod(heuristic))
 
         infer = cls.__dict__.get("_prepare_attention_mask_for_generation")
-        if infer is None:
-            return
-
-        def prepare_mask(model, *args, **kwargs):
-            out = infer(model, *args, **kwargs)
-            if isinstance(out, FakeTensor) and vals.known(out) is None:
-                vals.presume(out, 1)
-                warn(MASK_PRESUMED)
-            return out
-
-        self._set(cls, "_prepare_attention_mask_for_generation", prepare_mask)
+        if infer is not None:
+            self._set(cls, "_prepare_attention_mask_for_generation",
+                      vals.presuming(infer, 1, warn, MASK_PRESUMED))
 
     def install(self):
         missing = False

@@ -29,9 +29,8 @@ def _mode_class():
         UnsupportedOperatorException,
     )
 
-    from .api import FINITE_PRESUMED
     from .capture import UnsupportedOp
-    from .values import UNKNOWN as _UNKNOWN, Values
+    from .values import FINITE_PRESUMED, UNKNOWN as _UNKNOWN, Values
     from .hidden import sdpa_backward_scratch
 
     aten = torch.ops.aten

@@ -25,6 +25,7 @@ storage, so the cost is bounded; a larger or unknown input leaves the output unk
 import math
 
 UNKNOWN = object()
+FINITE_PRESUMED = "a finiteness check (isfinite/isnan/isinf) of fake data presumed finite"
 SHADOW_LIMIT = 1 << 16
 SHADOW_COUNT = 512
 
@@ -107,6 +108,22 @@ class Values:
         if k is not None:
             self.v[k] = _cast(value, t.dtype)
             self.shadow.pop(k, None)
+
+    def presuming(self, fn, value, warn, why, device=None):
+        """`fn`, whose fake result (on `device` when given) gets `value` when the run does
+        not know it: a check the program's data would decide (libs.py and api.py say which
+        and why), each presumption counted in the warnings as `why`."""
+        FT = self.FakeTensor
+
+        def call(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            if isinstance(out, FT) and (device is None or out.device.type == device) and \
+                    self.known(out) is None:
+                self.presume(out, value)
+                warn(why)
+            return out
+
+        return call
 
     def _shadow_view(self, x, k):
         flat = self.shadow.get(k)

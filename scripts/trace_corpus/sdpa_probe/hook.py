@@ -11,10 +11,11 @@ import json
 import os
 import runpy
 import sys
-import warnings
 
 import torch
 import torch.nn.functional as F
+
+from backends import ask
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ORIG = F.scaled_dot_product_attention
@@ -43,13 +44,7 @@ def wrapped(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
            "grad_enabled": torch.is_grad_enabled()}
     try:
         p = torch.backends.cuda.SDPAParams(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
-        for name, fn in (("cudnn", torch.backends.cuda.can_use_cudnn_attention),
-                         ("flash", torch.backends.cuda.can_use_flash_attention),
-                         ("efficient", torch.backends.cuda.can_use_efficient_attention)):
-            with warnings.catch_warnings(record=True) as w:
-                warnings.simplefilter("always")
-                row[name] = bool(fn(p, True))
-            row[name + "_why"] = [str(x.message)[:300] for x in w]
+        ask(p, row, limit=300)
     except Exception as e:  # noqa: BLE001 - record, do not stop the program
         row["error"] = repr(e)[:300]
     torch.cuda.synchronize()

@@ -3,22 +3,12 @@ why the others refuse: torch.backends.cuda.can_use_*(SDPAParams, debug=True) per
 warnings captured. Run on the GPU: python probe.py OUT.json"""
 import json
 import sys
-import warnings
 
 import torch
 
+from backends import ask
+
 B, H, D = 8, 4, 64
-
-
-def ask(p, row):
-    """Each backend's can_use_*(params, debug=True) into row, with its reasons."""
-    for name, fn in (("cudnn", torch.backends.cuda.can_use_cudnn_attention),
-                     ("efficient", torch.backends.cuda.can_use_efficient_attention),
-                     ("flash", torch.backends.cuda.can_use_flash_attention)):
-        with warnings.catch_warnings(record=True) as w:
-            warnings.simplefilter("always")
-            row[name] = bool(fn(p, True))
-        row[name + "_why"] = [str(x.message)[:200] for x in w]
 
 
 out = []

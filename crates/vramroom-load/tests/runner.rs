@@ -105,7 +105,11 @@ fn counted_stages_each_run_their_own_requests() {
         requests_per_worker: Some(5),
         ..Stage::held(vramroom_workload::stages::StageLoad::Workers(w), None)
     };
-    let r = go(&base(LoadPlan::Stages(vec![counted(1), counted(4), counted(2)])));
+    let r = go(&base(LoadPlan::Stages(vec![
+        counted(1),
+        counted(4),
+        counted(2),
+    ])));
     assert_eq!(r.stop_reason, StopReason::Completed);
     assert_eq!(
         r.stages.iter().map(|s| s.concurrency).collect::<Vec<_>>(),

@@ -1186,3 +1186,58 @@ def test_lazy_modules_materialize_where_pytorch_does(tmp_path):
     import torch
 
     assert type(torch.nn.LazyLinear(3).weight).__name__ == "UninitializedParameter"
+
+
+def test_multihead_attention_fast_path_allocates_the_cuda_kernels_parts(tmp_path):
+    # nn.MultiheadAttention in eval without grad calls aten._native_multi_head_attention,
+    # whose fake kernel makes the output alone; attention.cu allocates the [B, T, 3D]
+    # projection and the attention output (SDPA branch, need_weights False), or the packed
+    # q/k/v and the [B, H, T, T] scores (math branch, need_weights True) (native_mha.py)
+    body = """
+    m = torch.nn.MultiheadAttention(256, 4, batch_first=True).cuda().eval()
+    x = torch.randn(8, 100, 256, device="cuda")
+    marker = torch.empty(12345, dtype=torch.uint8, device="cuda")
+    with torch.inference_mode():
+        y, w = m(x, x, x, need_weights=NW)
+    assert y.shape == (8, 100, 256)
+    """
+    act, qkv, scores = 8 * 100 * 256 * 4, 8 * 100 * 768 * 4, 8 * 4 * 100 * 100 * 4
+    sdp = run_traced(body.replace("NW", "False"), tmp_path)
+    ev = alloc_free(sdp)
+    ev = ev[ev.index(("alloc", 12345)) + 1:]
+    big = [e for e in ev if e[1] >= act]
+    # fp32: the memory-efficient kernel; the output projection, then the attention output
+    # and the projection die in reverse
+    assert big == [("alloc", qkv), ("alloc", CUBLAS), ("alloc", LT), ("alloc", act),
+                   ("alloc", act), ("free_", act), ("free_", qkv)], big
+    math = run_traced(body.replace("NW", "True"), tmp_path)
+    ev = alloc_free(math)
+    ev = ev[ev.index(("alloc", 12345)) + 1:]
+    big = [e for e in ev if e[1] >= act // 3 and e[1] not in (CUBLAS, LT)]
+    assert big == [("alloc", qkv), ("alloc", qkv), ("free_", qkv), ("alloc", scores),
+                   ("alloc", act), ("alloc", act), ("free_", act), ("alloc", scores // 4),
+                   ("free_", scores), ("free_", qkv)], big
+
+
+def test_transformer_encoder_layer_fast_path_runs_its_cuda_parts(tmp_path):
+    # nn.TransformerEncoderLayer in eval without grad calls aten._transformer_encoder_layer_fwd,
+    # which has no fake kernel (refused before): transformer.cpp's parts in their order,
+    # post-norm: the attention's SDPA branch, norm 1 (its mean and rstd freed, then the
+    # attention output), the feed-forward (_addmm_activation, addmm, the hidden freed), norm 2,
+    # then the feed-forward's output and the first norm's (the residual kept for it)
+    out = run_traced("""
+    enc = torch.nn.TransformerEncoderLayer(256, 4, batch_first=True).cuda().eval()
+    x = torch.randn(8, 100, 256, device="cuda")
+    marker = torch.empty(12345, dtype=torch.uint8, device="cuda")
+    with torch.no_grad():
+        y = enc(x)
+    assert y.shape == (8, 100, 256)
+    """, tmp_path)
+    ev = alloc_free(out)
+    ev = ev[ev.index(("alloc", 12345)) + 1:]
+    act, qkv, ff, stat = 8 * 100 * 256 * 4, 8 * 100 * 768 * 4, 8 * 100 * 2048 * 4, 8 * 100 * 4
+    a, f = "alloc", "free_"
+    norm = [(a, act), (a, stat), (a, stat), (f, stat), (f, stat), (f, act)]
+    assert ev[:len(norm) * 2 + 11] == [
+        (a, qkv), (a, CUBLAS), (a, LT), (a, act), (a, act), (f, act), (f, qkv)] + norm + [
+        (a, ff), (a, act), (f, ff)] + norm + [(f, act)], ev

@@ -28,6 +28,10 @@ Design note — the route (PyTorch 2.11.0+cu130, measured on a machine with no G
   * SDPA: with no device, PyTorch's `_fused_sdp_choice` falls back to the math path. sdpa.py
     picks the backend the target GPU would (the meta twin's rule, ops/attention.rs) and calls
     that backend's aten op, whose fake kernel allocates what the CUDA one does.
+  * nn.MultiheadAttention's inference fast path (`_native_multi_head_attention`): its fake
+    kernel makes the output alone; native_mha.py runs the CUDA kernel's parts through the
+    mode (the [B, T, 3D] projection, the attention, or the math branch's packed q/k/v and
+    scores).
   * Optimizers default to foreach only for exact Tensor/Parameter types; FakeTensor is added.
   * Library workspaces (cuBLAS per thread and stream, cuBLASLt, cuDNN conv and attention)
     happen inside kernels: hidden.py adds them from cuda_hidden.json.

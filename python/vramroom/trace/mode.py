@@ -32,6 +32,7 @@ def _mode_class():
     from .capture import UnsupportedOp
     from .values import FINITE_PRESUMED, UNKNOWN as _UNKNOWN, Values
     from .hidden import sdpa_backward_scratch
+    from .native_mha import encoder_layer, native_mha
 
     aten = torch.ops.aten
     local_scalar = aten._local_scalar_dense.default
@@ -58,6 +59,8 @@ def _mode_class():
     # at::dropout and its kin return their input itself when they do nothing (eval, p = 0);
     # their Python decompositions, which fake mode runs where the composite reaches it
     # (inference_mode), clone it (ho_tv_swin_infer: a [B, H, N, N] copy per attention)
+    native_mha_op = aten._native_multi_head_attention.default
+    encoder_layer_op = aten._transformer_encoder_layer_fwd.default
     dropouts = {aten.dropout.default, aten.feature_dropout.default,
                 aten.alpha_dropout.default, aten.feature_alpha_dropout.default}
     ACC_USE_COUNT = 4
@@ -212,6 +215,17 @@ def _mode_class():
             if func in to_ops:
                 with self:
                     return func.decompose(*args, **kwargs)
+            if func is native_mha_op and not self._depth and rec.active and \
+                    on_fake_cuda(args, kwargs):
+                # its fake kernel makes the output alone; native_mha.py runs the CUDA
+                # kernel's parts, each recorded as the outermost op it is there
+                with self:
+                    return native_mha(self._vh.row, rec, args, kwargs)
+            if func is encoder_layer_op and not self._depth and rec.active and \
+                    on_fake_cuda(args, kwargs):
+                # nn.TransformerEncoderLayer's fast path: no fake kernel; its parts have
+                with self:
+                    return encoder_layer(self._vh.row, rec, args, kwargs)
             if func in dropouts and (not args[2] or args[1] == 0 or args[0].numel() == 0):
                 return args[0]
             if func is local_scalar:

@@ -1241,3 +1241,31 @@ def test_transformer_encoder_layer_fast_path_runs_its_cuda_parts(tmp_path):
     assert ev[:len(norm) * 2 + 11] == [
         (a, qkv), (a, CUBLAS), (a, LT), (a, act), (a, act), (f, act), (f, qkv)] + norm + [
         (a, ff), (a, act), (f, ff)] + norm + [(f, act)], ev
+
+
+def test_an_indexing_backward_over_two_index_tensors_builds_its_linear_index(tmp_path):
+    # logp[arange(B), y]'s backward (a hand-written NLL, CLIP's text pooling) accumulates over
+    # two index tensors: per index its remainder and remainder x stride (8n each, the
+    # remainder freed), the second product added into the first and freed; int32 indices
+    # are made int64 first, freed once the linear index is made; then the sort as for one
+    # (Indexing.cu's computeLinearIndex and index_put_with_sort_kernel)
+    body = """
+    logp = torch.randn(64, 1000, device="cuda", requires_grad=True)
+    y = torch.randint(0, 1000, (64,), device="cuda", dtype=DT)
+    rows = torch.arange(64, device="cuda", dtype=DT)
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    (-logp[rows, y]).sum().backward()
+    """
+    k, z = 8 * 64, 64 * 1000 * 4
+    for dt, longs in (("torch.int64", []), ("torch.int32", [("alloc", 4 * 64 * 2)] * 2)):
+        out = run_traced(body.replace("DT", dt), tmp_path)
+        ev = alloc_free(out)
+        ev = ev[ev.index(("alloc", 11111)) + 1:]
+        ev = ev[ev.index(("alloc", z)) + 1:]  # index_backward's zeros
+        a, f = "alloc", "free_"
+        longs = [(a, 8 * 64)] * len(longs)
+        want = longs + [(a, k), (a, k), (f, k), (a, k), (a, k), (f, k), (f, k)] + \
+            [(f, 8 * 64)] * len(longs) + [(a, k), (a, k), (a, k), (a, 1), (f, 1), (f, k),
+                                          (f, k), (f, k), (f, k)]
+        assert ev[:len(want)] == want, (dt, ev[:len(want) + 2])
+        assert not [w for w in out["warnings"] if "index_put_" in w], out["warnings"]

@@ -181,9 +181,9 @@ class Hidden:
                         a.isin.Scalar_Tensor: "isin", a.multinomial.default: "multinomial"}
         # ops whose CUDA kernels take memory no rule here models yet: a warning, not a refusal
         # (their scratch is transient and small beside the tensors around them); index_put's
-        # only when it accumulates (then it sorts) over several index tensors or int32 ones
-        # (one int64 index tensor is modelled: sorting.index_put_acc_tokens)
-        idx_put = ("index_put_ with accumulate=True over several or int32 index tensors: its "
+        # only when it accumulates (then it sorts) with index tensors other than int64 and
+        # int32 ones (those are modelled: sorting.index_put_acc_tokens)
+        idx_put = ("index_put_ with accumulate=True over a mask or other index tensors: its "
                    "sort buffers, five of 8 bytes an index and cub's scratch, transient")
         self.unmodelled = {a.index_put_.default: idx_put, a.index_put.default: idx_put,
                            a._index_put_impl_.default: idx_put}
@@ -373,7 +373,8 @@ class Hidden:
         if acc is not None:
             from .sorting import index_put_acc_tokens
 
-            return index_put_acc_tokens(acc[0], acc[1], n_outputs, acc[2], acc[3])
+            return index_put_acc_tokens(acc[0], acc[1], n_outputs, acc[2], acc[3],
+                                        **acc[4])
         cs = self.index_copies(func, args, kwargs)
         if not cs:
             return None
@@ -493,9 +494,9 @@ class Hidden:
                 self._full_staging_tokens(n, elem, 2) + [["f", 1], ["f", 0]])
 
     def index_put_acc(self, func, args, kwargs):
-        """(n indices, indexed size, checked, values copy bytes) of an accumulating index_put_
-        that sorting.py models
-        (one int64 index tensor on a cuda tensor), or None."""
+        """sorting.index_put_acc_tokens' arguments (n, size, checked, values_copy, and by
+        name the rest) for an accumulating index_put_ on a cuda tensor with int64 or int32
+        index tensors, or None (a bool mask: nonzero, refused elsewhere)."""
         if func is self._aten.index.Tensor:
             return None
         b = _bind(func, args, kwargs)
@@ -503,16 +504,28 @@ class Hidden:
         if not b.get("accumulate") or not hasattr(x, "device") or x.device.type != "cuda":
             return None
         ts = [(d, t) for d, t in enumerate(idx) if t is not None]
-        if len(ts) != 1 or ts[0][1].dtype != self._i64:
+        i32 = self._torch.int32
+        if not ts or any(t.dtype not in (self._i64, i32) for _, t in ts):
             return None
+        dims = [d for d, _ in ts]
+        n = math.prod(self._torch.broadcast_shapes(*[tuple(t.shape) for _, t in ts]))
+        adjacent = dims == list(range(dims[0], dims[-1] + 1))
+        # the slice: the dims after the indexed block (after moving them to the front when
+        # they are not adjacent); the linear index / slice ranges over the rest
+        after = x.shape[dims[-1] + 1:] if adjacent else \
+            [s for d, s in enumerate(x.shape) if d not in dims]
+        slice_ = math.prod(after)
+        size = (x.numel() - 1) // slice_ + 1 if slice_ and x.numel() else 1
         v = b.get("values")
         copy = 0
-        if hasattr(v, "is_contiguous") and ts[0][0] == 0 and x.dim():
-            full = ts[0][1].numel() * math.prod(x.shape[1:])
+        if hasattr(v, "is_contiguous") and x.dim():
+            full = n * x.numel() // max(1, math.prod(x.shape[d] for d in dims))
             if not v.is_contiguous() or v.numel() != full:
                 copy = full * v.element_size()
-        return (ts[0][1].numel(), int(x.shape[ts[0][0]]) if x.dim() else 1,
-                not b.get("unsafe", False), copy)
+        return (n, size, not b.get("unsafe", False), copy,
+                dict(n_index=len(ts),
+                     long_copies=[t.numel() * 8 for _, t in ts if t.dtype == i32],
+                     permuted_copy=0 if adjacent else x.numel() * x.element_size()))
 
     def index_copies(self, func, args, kwargs):
         """Bytes of each index tensor that advanced indexing copies on CUDA: with two or more

@@ -259,16 +259,58 @@ def multinomial_tokens(rows, cols, n, replacement, elem, sms):
     return b.toks
 
 
-def index_put_acc_tokens(n, size, n_outputs=1, checked=True, values_copy=0):
-    """Tokens of an accumulating index_put_ of n indices into a dim of `size` (checked:
-    its two bounds checks; autograd's index_backward passes unsafe=True). values_copy: the
-    bytes of a non-contiguous values tensor made contiguous (a gradient sliced by cat's
-    backward: hs_gnn_index_train's h[src]), after the first index buffer is freed and
-    freed before the second."""
+def index_put_acc_tokens(n, size, n_outputs=1, checked=True, values_copy=0, n_index=1,
+                         long_copies=(), permuted_copy=0):
+    """Tokens of an accumulating index_put_ (index_put_with_sort_kernel) over n (broadcast)
+    indices whose linear index, divided by the slice, ranges over `size` values (checked:
+    each index tensor's two bounds checks; autograd's index_backward passes unsafe=True).
+
+    Per index tensor, in dim order (computeLinearIndex): the checks, its remainder and the
+    remainder times the stride (8n each), the remainder freed; the first product is the
+    linear index, each later one is added into it in place and freed. Before them, each
+    int32 index tensor's int64 copy (long_copies), freed, in order, once the linear index is
+    made. Then the values made contiguous at the indexed shape (values_copy: a gradient
+    sliced by cat's backward, hs_gnn_index_train's h[src]), a contiguous copy of self when
+    the indexed dims are not adjacent (permuted_copy), the sorted and original positions
+    and arange (8n each) and cub's radix-sort scratch, all freed last to first, then the
+    values copy and the linear index. The one-int64-index case is measured (36 calls); the
+    rest follows the same source (PyTorch 2.11's Indexing.cu)."""
     b = _Tokens()
     b.toks = [["o", 0]] * n_outputs
     if n == 0:
         return b.toks
+    if cub_single_tile(n, 8):
+        scratch = 1
+    else:
+        passes = max(1, -(-max(1, (size - 1).bit_length()) // 8))
+        scratch = 2 * _a(8 * n) + 2048 * passes + 511 + 1024 * -(-n // 4608)
+    longs = [b.t(c) for c in long_copies]
+    k = 8 * n
+    linear = None
+    for _ in range(n_index):
+        if checked:
+            for _ in range(2):
+                i, j = b.t(8), b.t(1)
+                b.f(j)
+                b.f(i)
+        rem, prod = b.t(k), b.t(k)
+        b.f(rem)
+        if linear is None:
+            linear = prod
+        else:
+            b.f(prod)
+    for i in longs:
+        b.f(i)
+    vals = b.t(values_copy) if values_copy else None
+    perm = b.t(permuted_copy) if permuted_copy else None
+    rest = [b.t(k), b.t(k), b.t(k), b.t(scratch)]
+    for i in reversed(rest):
+        b.f(i)
+    for i in (perm, vals):
+        if i is not None:
+            b.f(i)
+    b.f(linear)
+    return b.toks
     if cub_single_tile(n, 8):
         scratch = 1
     else:

@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# Device run 29 (issue 30): fourteen programs written for this run before any was compared
+# Device run 29 (issue 30): eighteen programs written for this run before any was compared
 # (hy_*: ResNet-50 AMP channels_last with fused AdamW and clipping, GPT-2 with frozen blocks,
 # padded BERT classification with a GradScaler and a schedule, a hand-written decoder LM with
-# the single-tensor AdamW, a conv VAE, a diffusion U-Net with an EMA, ViT bf16 inference on
-# MultiheadAttention's fast path, Qwen2 with in-place zeroing, OPT sampling with
-# num_return_sequences, CLIP's contrastive loss, BLOOM's ALiBi, a hand-written KV-cache
-# sampling loop, reentrant checkpoint_sequential, a pinned DataLoader) recorded as the corpus
-# is (record_real.py --all: default, expandable, capacity sweep); then the convs of these
-# programs the measured table lacks (conv/convs_run29.json, conv/measure.py). The recording
-# runs first: it is what the corpus needs most, and a run cut short keeps it.
-# On the device, from the repository root:
+# the single-tensor AdamW, a conv VAE, a diffusion U-Net with an EMA, ViT bf16 inference and
+# nn.TransformerEncoder/MultiheadAttention on their inference fast paths, Qwen2 with in-place
+# zeroing, OPT sampling with num_return_sequences, CLIP's contrastive loss, BLOOM's ALiBi, a
+# hand-written KV-cache sampling loop, reentrant checkpoint_sequential, a pinned DataLoader,
+# a DPO-style loss over three index tensors, transformers' Trainer, accelerate's loop)
+# recorded as the corpus is (record_real.py --all: default, expandable, capacity sweep);
+# then the convs of these programs the measured table lacks (conv/convs_run29.json,
+# conv/measure.py). The recording runs first: it is what the corpus needs most, and a run
+# cut short keeps it.
+# Before it, here: python3 -m pip download -q --no-deps accelerate==1.16.0 -d devcarry/wheels
+# On the device, from the repository root (run's carry: ["devcarry"]):
 #   COMMIT=abc1234 OUT=$OUT bash scripts/device_run29.sh
 OUT=${OUT:-/tmp/run29}
 mkdir -p "$OUT"
 mkdir -p devcarry && echo "${COMMIT:-?}" > devcarry/COMMIT
 bash scripts/device_header.sh 29 > "$OUT/HEADER" 2>&1
+# transformers' Trainer and hy_accelerate_mlp_bf16 need accelerate, which the device may lack
+# and cannot download: its wheel travels in devcarry/wheels (carry it)
+python3 -c "import accelerate" 2>/dev/null || python3 -m pip install -q --no-deps devcarry/wheels/accelerate-*.whl >> "$OUT/HEADER" 2>&1
+python3 -c "import accelerate; print('accelerate', accelerate.__version__)" >> "$OUT/HEADER" 2>&1
 CONV_BUDGET=${CONV_BUDGET:-60}
 REC_BUDGET=${REC_BUDGET:-300}
 PROGS=$(cd scripts/trace_corpus/programs && ls hy_*.py | sed 's/\.py$//' | paste -sd, -)

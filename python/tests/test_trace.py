@@ -1269,3 +1269,17 @@ def test_an_indexing_backward_over_two_index_tensors_builds_its_linear_index(tmp
                                           (f, k), (f, k), (f, k)]
         assert ev[:len(want)] == want, (dt, ev[:len(want) + 2])
         assert not [w for w in out["warnings"] if "index_put_" in w], out["warnings"]
+
+
+def test_cudnn_benchmark_is_named_as_not_modelled(tmp_path):
+    # cudnn.benchmark's algorithm search is unmeasured: the convolutions are predicted as
+    # with benchmark=False, and the report says so (once per conv call, counted)
+    out = run_traced("""
+    torch.backends.cudnn.benchmark = True
+    conv = torch.nn.Conv2d(3, 8, 3).cuda()
+    conv(torch.randn(2, 3, 16, 16, device="cuda")).sum().backward()
+    torch.backends.cudnn.benchmark = False
+    conv(torch.randn(2, 3, 16, 16, device="cuda"))
+    """, tmp_path)
+    w = [v for k, v in out["warnings"].items() if "cudnn.benchmark" in k]
+    assert w == [2], out["warnings"]

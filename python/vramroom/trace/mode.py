@@ -64,6 +64,9 @@ def _mode_class():
     dropouts = {aten.dropout.default, aten.feature_dropout.default,
                 aten.alpha_dropout.default, aten.feature_alpha_dropout.default}
     ACC_USE_COUNT = 4
+    CUDNN_BENCHMARK = ("not modelled: torch.backends.cudnn.benchmark=True's algorithm search "
+                       "(trial workspaces, and the algorithm it settles on); the convolutions "
+                       "are predicted as with benchmark=False")
     # outputs CUDA allocates, in order: cuDNN: seed, offset, output, stats with grad
     # (args[4] compute_log_sumexp); flash: output, logsumexp, rng state; efficient: output,
     # logsumexp with grad (seed/offset on the host).
@@ -361,6 +364,11 @@ def _mode_class():
                 return out
             if func in self._vh.conv_fwd or func in self._vh.conv_bwd:
                 out = self._cudnn_layout(func, args, out)
+                if torch.backends.cudnn.benchmark and on_fake_cuda(args, kwargs):
+                    # cuDNN's algorithm search tries candidates with workspaces sized from
+                    # what the allocator has cached, and may settle on another algorithm:
+                    # unmeasured, so the prediction is benchmark=False's, and says so
+                    rec.warn(CUDNN_BENCHMARK)
             self._vals.after(func, args, kwargs, out)
             finite = finiteness.get(func)
             if finite is not None and isinstance(out, FakeTensor) and \

@@ -1283,3 +1283,31 @@ def test_cudnn_benchmark_is_named_as_not_modelled(tmp_path):
     """, tmp_path)
     w = [v for k, v in out["warnings"].items() if "cudnn.benchmark" in k]
     assert w == [2], out["warnings"]
+
+
+def test_multihead_attention_fast_path_with_a_padding_mask_takes_masked_softmax(tmp_path):
+    # a bool key padding mask: nn's canonical float mask, then in the kernel's math branch its
+    # bool copy and masked_softmax's output (at 100 keys the persistent kernel: nothing else),
+    # the copy freed, then the scores; at 1100 keys the fallback softmax(masked_fill(...))
+    # replaces the first output (SoftMax.cu's masked_softmax_cuda)
+    body = """
+    m = torch.nn.MultiheadAttention(64, 2, batch_first=True).cuda().eval()
+    x = torch.randn(2, NKEYS, 64, device="cuda")
+    pad = torch.zeros(2, NKEYS, dtype=torch.bool, device="cuda")
+    marker = torch.empty(12345, dtype=torch.uint8, device="cuda")
+    with torch.no_grad():
+        y, w = m(x, x, x, key_padding_mask=pad)
+    assert w.shape == (2, NKEYS, NKEYS)
+    """
+    a, f = "alloc", "free_"
+    for T in (100, 1100):
+        out = run_traced(body.replace("NKEYS", str(T)), tmp_path)
+        ev = alloc_free(out)
+        ev = ev[ev.index((a, 12345)) + 1:]
+        scores = 2 * 2 * T * T * 4
+        i = ev.index((a, scores))
+        soft = [(a, 2 * T), (a, scores)]
+        if T > 1024:
+            soft += [(a, scores), (a, scores), (f, scores), (f, scores)]
+        assert ev[i + 1:i + 1 + len(soft) + 2] == soft + [(f, 2 * T), (f, scores)], (T, ev[i:i + 10])
+        assert not [k for k in out["warnings"] if "masked" in k], out["warnings"]

@@ -18,7 +18,7 @@ kernel's do (every op below is one the CUDA code calls, in its order):
 - math branch, everything else: qkv_projection (one matmul for self-attention, else per-part
   matmuls and a cat); _transform_bias_rescale_qkv's packed [3, B, H, T, dh] and the projection
   freed; bmm scores [B, H, T, T]; softmax in place without a mask, else the mask made bool
-  and _masked_softmax's output (the scores freed as it replaces them); bmm into q's storage;
+  and masked_softmax's output (_masked_softmax below; the scores freed as it replaces them); bmm into q's storage;
   the scores freed unless need_weights; transform_0213's contiguous [B, T, D] copy, linear,
   the copy freed; with need_weights averaged, sum over heads (the scores freed) divided in
   place; the packed buffer freed last, as the function returns.
@@ -30,8 +30,7 @@ feed-forward as `_addmm_activation` (bias, GELU or ReLU fused) then `addmm`, the
 residual in place; each replaced tensor freed as the next one takes its name.
 
 Derived from the source, not yet from a GPU's snapshot (device run 29's
-hy_tv_vit_infer_bf16_fastpath and hy_mha_encoder_eval_fastpath record both branches); `_masked_softmax`'s own copies of
-a non-contiguous mask are not modelled and say so in the report's warnings.
+hy_tv_vit_infer_bf16_fastpath and hy_mha_encoder_eval_fastpath record both branches).
 """
 
 
@@ -75,14 +74,7 @@ def native_mha(row, rec, args, kwargs):
     if mask is None:
         aten._softmax.out(qkt, 3, False, out=qkt)
     else:
-        # masked_softmax's bool copy dies as it returns, before its result replaces the scores
-        held = [mask if mask.dtype == torch.bool else mask.to(torch.bool)]
-        rec.warn("not modelled: _masked_softmax's copy of a non-contiguous mask in "
-                 "nn.MultiheadAttention's fast path")
-        soft = torch.empty_like(qkt)
-        held.clear()
-        qkt = soft
-        del soft
+        qkt = _masked_softmax(qkt, mask)
     torch.bmm(qkt.view(B * H, T, T), v.reshape(B * H, T, dh), out=q.reshape(B * H, T, dh))
     attn_ctx = q
     if not need_weights:
@@ -96,6 +88,32 @@ def native_mha(row, rec, args, kwargs):
         qkt.div_(H)
     del q, k, v, attn_ctx, packed
     return proj, (qkt if qkt is not None else query.new_empty(0))
+
+
+def _masked_softmax(scores, mask):
+    """attention.cpp's masked_softmax over [B, H, T, T] scores: the mask made bool (nn's
+    canonical masks are floats: [B, T] for a key padding mask, the expanded [T, T] or a full
+    sum otherwise, made contiguous by the copy), then SoftMax.cu's masked_softmax_cuda: its
+    output; past 1024 keys (or 4096 bytes a row) or with a mask still not contiguous, the
+    fallback softmax(masked_fill(scores, mask, -inf)) replaces it (the first output freed,
+    then the filled scores). The bool copy dies as masked_softmax returns, then the scores
+    the result replaces."""
+    import torch
+
+    as_bool = [mask if mask.dtype == torch.bool else mask.to(torch.bool)]
+    m = as_bool[0]
+    out = torch.empty_like(scores)
+    T = scores.shape[-1]
+    if T > 1024 or T * scores.element_size() > 4096 or not m.is_contiguous():
+        if m.dim() == 2 and m.shape[0] == scores.shape[0] and m.shape[1] == T:
+            m = m.view(m.shape[0], 1, 1, T)  # a key padding mask, broadcast over heads and rows
+        filled = scores.masked_fill(m, float("-inf"))
+        soft = torch.softmax(filled, -1)
+        out = soft
+        del soft, filled
+    del m
+    as_bool.clear()
+    return out
 
 
 def _qkv_projection(aten, query, key, value, D, w):

@@ -1311,3 +1311,22 @@ def test_multihead_attention_fast_path_with_a_padding_mask_takes_masked_softmax(
             soft += [(a, scores), (a, scores), (f, scores), (f, scores)]
         assert ev[i + 1:i + 1 + len(soft) + 2] == soft + [(f, 2 * T), (f, scores)], (T, ev[i:i + 10])
         assert not [k for k in out["warnings"] if "masked" in k], out["warnings"]
+
+
+def test_cumprod_allocates_as_cumsum_does(tmp_path):
+    # a diffusion schedule's cumprod(1 - betas): impl_func_cum_ops and scan_dim, cumsum's code
+    # with another operator; a bool input is converted to int64 first, for both
+    out = run_traced("""
+    betas = torch.linspace(1e-4, 0.02, 1000, device="cuda")
+    mask = torch.ones(5000, dtype=torch.bool, device="cuda")
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    a = torch.cumsum(1 - betas, 0)
+    c = torch.cumsum(mask, 0)
+    m2 = torch.empty(22222, dtype=torch.uint8, device="cuda")
+    b = torch.cumprod(1 - betas, 0)
+    d = torch.cumprod(mask, 0)
+    m3 = torch.empty(33333, dtype=torch.uint8, device="cuda")
+    """, tmp_path)
+    ev = alloc_free(out)
+    i, j, k = ev.index(("alloc", 11111)), ev.index(("alloc", 22222)), ev.index(("alloc", 33333))
+    assert ev[i + 1:j] == ev[j + 1:k] and len(ev[i + 1:j]) > 4, (ev[i + 1:j], ev[j + 1:k])

@@ -176,8 +176,11 @@ class Hidden:
                           a._index_put_impl_.default}
         self.emb_bwd = {a.embedding_dense_backward.default, a._embedding_bag_backward.default,
                         a._embedding_bag_dense_backward.default}
+        # cumprod runs cumsum's code with another operator (impl_func_cum_ops, scan_dim: the
+        # same conversion and cub scan), so it takes cumsum's measured rule
         self.sorting = {a.sort.default: "sort", a.sort.stable: "sort", a.topk.default: "topk",
-                        a.cumsum.default: "cumsum", a.isin.Tensor_Tensor: "isin",
+                        a.cumsum.default: "cumsum", a.cumprod.default: "cumsum",
+                        a.isin.Tensor_Tensor: "isin",
                         a.isin.Scalar_Tensor: "isin", a.multinomial.default: "multinomial"}
         # ops whose CUDA kernels take memory no rule here models yet: a warning, not a refusal
         # (their scratch is transient and small beside the tensors around them); index_put's

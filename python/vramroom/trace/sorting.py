@@ -19,7 +19,8 @@ checks every sort, topk and cumsum call of ops-h100-run26.json against these rul
   counters and two cub scans' scratch, all freed. Blocks per slice follow PyTorch's
   items-per-thread rule from the GPU's SM count. A sorted topk of more than 4096 was not
   measured and is refused.
-- cumsum: the input converted to the result's dtype first when it differs (bool and
+- cumsum (cumprod too: PyTorch runs the same code with another operator): the input
+  converted to the result's dtype first when it differs (bool and
   integers accumulate in int64); a single scan over the whole tensor adds cub's scan
   scratch (8-byte tile states over tiles of 1920 for 4-byte values, 16-byte over 896 for
   8-byte ones; 2-byte values were not measured and take the 4-byte rule).

@@ -1330,3 +1330,25 @@ def test_cumprod_allocates_as_cumsum_does(tmp_path):
     ev = alloc_free(out)
     i, j, k = ev.index(("alloc", 11111)), ev.index(("alloc", 22222)), ev.index(("alloc", 33333))
     assert ev[i + 1:j] == ev[j + 1:k] and len(ev[i + 1:j]) > 4, (ev[i + 1:j], ev[j + 1:k])
+
+
+def test_amax_stages_as_max_and_a_column_reduction_as_sum(tmp_path):
+    # amax/amin run the max/min values kernels through Reduce.cuh like max() and sum(dim):
+    # the same staging buffer and semaphores when a reduction splits across blocks
+    out = run_traced("""
+    x = torch.randn(4096, 4096, device="cuda")
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    a = x.max()
+    m2 = torch.empty(22222, dtype=torch.uint8, device="cuda")
+    b = x.amax()
+    m3 = torch.empty(33333, dtype=torch.uint8, device="cuda")
+    c = x.sum(dim=0)
+    m4 = torch.empty(44444, dtype=torch.uint8, device="cuda")
+    d = x.amin(dim=0)
+    m5 = torch.empty(55555, dtype=torch.uint8, device="cuda")
+    """, tmp_path)
+    ev = alloc_free(out)
+    at = [ev.index(("alloc", m)) for m in (11111, 22222, 33333, 44444, 55555)]
+    part = [ev[at[i] + 1:at[i + 1]] for i in range(4)]
+    assert part[0] == part[1] and len(part[0]) == 5, part[:2]
+    assert part[2] == part[3] and len(part[2]) == 5, part[2:]

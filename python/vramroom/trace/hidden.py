@@ -135,9 +135,10 @@ class Hidden:
         # layer_norm_backward_cuda: X before dX, dgamma, dbeta, then dY.contiguous() at the
         # kernel call (the order seen in real snapshots, e.g. ViT's batch_first attention
         # leaves the residual stream transposed)
+        # amax/amin: the max/min values kernels max()/min() of everything run too
         self.reductions = {a.sum.dim_IntList, a.mean.dim, a.sum.default, a.mean.default,
                            a.max.default, a.min.default, a.prod.default,
-                           a.linalg_vector_norm.default}
+                           a.linalg_vector_norm.default, a.amax.default, a.amin.default}
         self.logical = {a.all.default, a.any.default}
         self.reductions |= self.logical
         # reductions through ReduceOps' make_reduction: an input of another dtype than the

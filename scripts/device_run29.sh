@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Device run 29 (issue 30): eighteen programs written for this run before any was compared
+# Device run 29 (issue 30): nineteen programs written for this run before any was compared
 # (hy_*: ResNet-50 AMP channels_last with fused AdamW and clipping, GPT-2 with frozen blocks,
 # padded BERT classification with a GradScaler and a schedule, a hand-written decoder LM with
 # the single-tensor AdamW, a conv VAE, a diffusion U-Net with an EMA, ViT bf16 inference and
 # nn.TransformerEncoder/MultiheadAttention on their inference fast paths, Qwen2 with in-place
 # zeroing, OPT sampling with num_return_sequences, CLIP's contrastive loss, BLOOM's ALiBi, a
 # hand-written KV-cache sampling loop, reentrant checkpoint_sequential, a pinned DataLoader,
-# a DPO-style loss over three index tensors, transformers' Trainer, accelerate's loop)
+# a DPO-style loss over three index tensors, transformers' Trainer, accelerate's loop,
+# ResNet-18 under cudnn.benchmark)
 # recorded as the corpus is (record_real.py --all: default, expandable, capacity sweep);
 # then the convs of these programs the measured table lacks (conv/convs_run29.json,
 # conv/measure.py). The recording runs first: it is what the corpus needs most, and a run

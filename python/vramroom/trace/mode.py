@@ -59,8 +59,9 @@ def _mode_class():
     # at::dropout and its kin return their input itself when they do nothing (eval, p = 0);
     # their Python decompositions, which fake mode runs where the composite reaches it
     # (inference_mode), clone it (ho_tv_swin_infer: a [B, H, N, N] copy per attention)
-    native_mha_op = aten._native_multi_head_attention.default
-    encoder_layer_op = aten._transformer_encoder_layer_fwd.default
+    # nn.MultiheadAttention's and nn.TransformerEncoderLayer's inference fast paths
+    fast_paths = {aten._native_multi_head_attention.default: native_mha,
+                  aten._transformer_encoder_layer_fwd.default: encoder_layer}
     dropouts = {aten.dropout.default, aten.feature_dropout.default,
                 aten.alpha_dropout.default, aten.feature_alpha_dropout.default}
     ACC_USE_COUNT = 4
@@ -218,17 +219,14 @@ def _mode_class():
             if func in to_ops:
                 with self:
                     return func.decompose(*args, **kwargs)
-            if func is native_mha_op and not self._depth and rec.active and \
+            parts = fast_paths.get(func)
+            if parts is not None and not self._depth and rec.active and \
                     on_fake_cuda(args, kwargs):
-                # its fake kernel makes the output alone; native_mha.py runs the CUDA
-                # kernel's parts, each recorded as the outermost op it is there
+                # a fused op whose fake kernel makes the output alone (or that has none):
+                # native_mha.py runs the CUDA kernel's parts, each recorded as the
+                # outermost op it is there
                 with self:
-                    return native_mha(self._vh.row, rec, args, kwargs)
-            if func is encoder_layer_op and not self._depth and rec.active and \
-                    on_fake_cuda(args, kwargs):
-                # nn.TransformerEncoderLayer's fast path: no fake kernel; its parts have
-                with self:
-                    return encoder_layer(self._vh.row, rec, args, kwargs)
+                    return parts(self._vh.row, rec, args, kwargs)
             if func in dropouts and (not args[2] or args[1] == 0 or args[0].numel() == 0):
                 return args[0]
             if func is local_scalar:

@@ -312,24 +312,3 @@ def index_put_acc_tokens(n, size, n_outputs=1, checked=True, values_copy=0, n_in
             b.f(i)
     b.f(linear)
     return b.toks
-    if cub_single_tile(n, 8):
-        scratch = 1
-    else:
-        passes = max(1, -(-max(1, (size - 1).bit_length()) // 8))
-        scratch = 2 * _a(8 * n) + 2048 * passes + 511 + 1024 * -(-n // 4608)
-    if checked:
-        for _ in range(2):
-            i, j = b.t(8), b.t(1)
-            b.f(j)
-            b.f(i)
-    k = 8 * n
-    first, second = b.t(k), b.t(k)
-    b.f(first)
-    vals = b.t(values_copy) if values_copy else None
-    rest = [b.t(k), b.t(k), b.t(k), b.t(scratch)]
-    for i in reversed(rest):
-        b.f(i)
-    if vals is not None:
-        b.f(vals)
-    b.f(second)
-    return b.toks

@@ -66,6 +66,8 @@ def run_traced(body, tmp_path, gpu="h100"):
                    "hidden": t.hidden_stats,
                    "frames": [[list(f) for f in e[4][:3]] for e in t.events]},
                   open(%r, "w"))
+        # A failure's message then says whether the program died before or after its trace
+        print("traced program: trace written", flush=True)
     """) % (gpu, textwrap.indent(textwrap.dedent(body), "    "), str(tmp_path / "snap.pickle"),
             str(tmp_path / "out.json"))
     script = tmp_path / "traced.py"

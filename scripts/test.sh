@@ -8,7 +8,7 @@
 # 2. `cargo test --workspace --release`, then the NVRTC-only tests when NVRTC was found.
 # 3. The wheel (scripts/build_wheel.sh, manylinux_2_28), installed into a fresh venv with no Rust
 #    and no torch on its path, and python/tests run against it from outside the tree; then
-#    the tracer's tests again in the torch venv, where they do not skip.
+#    the tracer's tests again in the torch venv, where they do not skip (two xdist workers).
 # 4. A count of every test that did not run, by reason: GPU tests are `#[ignore]`d with the
 #    reason and listed, never passed unrun.
 set -euo pipefail

@@ -111,24 +111,47 @@ def _drain_engine_thread():
     """Wait until autograd's CUDA device thread has let go of the last backward.
 
     The engine wakes backward()'s caller before its device thread drops the finished graph
-    task; with fake tensors that drop frees Python objects, so the thread asks for the GIL.
+    task, and that drop takes the GIL: the task's thread-local state holds the dispatch
+    modes (the recording mode, FakeTensorMode) as SafePyObjects, whose decref acquires it.
     A program that ends right after the trace can reach interpreter shutdown first; the
-    thread is then stopped inside C++ ("terminate called without an active exception",
-    PyTorch issue #38228). A tiny backward through the same thread (a fresh FakeTensorMode,
-    nothing recorded) is a barrier: the thread runs its tasks one at a time, so the earlier
-    graph is gone when this one returns, and this one's tensors are all still held here.
+    thread's GIL request then ends it inside C++ ("terminate called without an active
+    exception", exit 134, PyTorch issue #38228): three tests in 85 under two pytest-xdist
+    workers. A tiny backward through the same thread (a fresh FakeTensorMode, nothing
+    recorded) is a barrier: the thread runs its tasks one at a time, so every earlier graph
+    task is gone when this one returns. This one's own drop is awaited too: a marker mode,
+    referenced by nothing else, is on the mode stack the graph task captured, and dies only
+    when the thread has released both copies of that stack (its thread-local guard, the
+    task), the last of its decrefs; the wait sleeps, so the thread can take the GIL.
     """
+    import time
+    import weakref
+
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Marker(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
 
     try:
         with FakeTensorMode():
             x = torch.zeros(1, device="cuda", requires_grad=True)
             y = x * 2
             g = torch.ones_like(y)
+            marker = _Marker()
+            with marker:
+                grads = torch.autograd.grad(y, x, g)
             # Kept for the process: released here, the thread's own drop of this graph
             # could be the last reference again.
-            _ENGINE_BARRIER.append((x, y, g, torch.autograd.grad(y, x, g)))
+            _ENGINE_BARRIER.append((x, y, g, grads))
+        gone = weakref.ref(marker)
+        del marker
+        deadline = time.monotonic() + 5.0
+        while gone() is not None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if gone() is not None:
+            logging.getLogger(__name__).debug("autograd device thread still holds a graph task")
     except Exception as e:  # noqa: BLE001 - the trace is complete; only shutdown is at stake
         logging.getLogger(__name__).debug("autograd device thread not drained: %s", e)
 

@@ -122,6 +122,7 @@ def _drain_engine_thread():
     referenced by nothing else, is on the mode stack the graph task captured, and dies only
     when the thread has released both copies of that stack (its thread-local guard, the
     task), the last of its decrefs; the wait sleeps, so the thread can take the GIL.
+    Returns whether the thread let go within the wait.
     """
     import time
     import weakref
@@ -152,8 +153,10 @@ def _drain_engine_thread():
             time.sleep(0.001)
         if gone() is not None:
             logging.getLogger(__name__).debug("autograd device thread still holds a graph task")
+        return gone() is None
     except Exception as e:  # noqa: BLE001 - the trace is complete; only shutdown is at stake
         logging.getLogger(__name__).debug("autograd device thread not drained: %s", e)
+        return False
 
 
 class Trace:

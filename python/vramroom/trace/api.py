@@ -151,9 +151,10 @@ def _drain_engine_thread():
         deadline = time.monotonic() + 5.0
         while gone() is not None and time.monotonic() < deadline:
             time.sleep(0.001)
-        if gone() is not None:
+        let_go = gone() is None
+        if not let_go:
             logging.getLogger(__name__).debug("autograd device thread still holds a graph task")
-        return gone() is None
+        return let_go
     except Exception as e:  # noqa: BLE001 - the trace is complete; only shutdown is at stake
         logging.getLogger(__name__).debug("autograd device thread not drained: %s", e)
         return False

@@ -8,6 +8,7 @@
 # hand-written KV-cache sampling loop, reentrant checkpoint_sequential, a pinned DataLoader,
 # a DPO-style loss over three index tensors, transformers' Trainer, accelerate's loop,
 # ResNet-18 under cudnn.benchmark)
+# and, since the session after it, the reductions of ops/measure.py --set run30
 # recorded as the corpus is (record_real.py --all: default, expandable, capacity sweep);
 # then the convs of these programs the measured table lacks (conv/convs_run29.json,
 # conv/measure.py). The recording runs first: it is what the corpus needs most, and a run
@@ -25,12 +26,18 @@ python3 -c "import accelerate" 2>/dev/null || python3 -m pip install -q --no-dep
 python3 -c "import accelerate; print('accelerate', accelerate.__version__)" >> "$OUT/HEADER" 2>&1
 CONV_BUDGET=${CONV_BUDGET:-60}
 REC_BUDGET=${REC_BUDGET:-300}
+OPS_BUDGET=${OPS_BUDGET:-40}
 PROGS=$(cd scripts/trace_corpus/programs && ls hy_*.py | sed 's/\.py$//' | paste -sd, -)
 cd scripts/trace_corpus
 timeout $((REC_BUDGET + 90)) python3 record_real.py --all --out "$OUT/real29" --jobs 6 \
   --budget "$REC_BUDGET" --programs "$PROGS" > "$OUT/record.log" 2>&1
 tail -30 "$OUT/record.log"
 rm -rf "$OUT/real29/snaps"
+# the reductions whose partials are not one float, and logsumexp's temporaries (ops/measure.py
+# --set run30): small calls, 784 of them
+timeout $((OPS_BUDGET + 25)) python3 ops/measure.py "$OUT/ops-run30.json" --set run30 \
+  --budget "$OPS_BUDGET" > "$OUT/ops.log" 2>&1
+tail -2 "$OUT/ops.log"
 if [ -s conv/convs_run29.json ]; then
   timeout $((CONV_BUDGET + 30)) python3 conv/measure.py conv/convs_run29.json "$OUT/convs-run29.json" \
     --budget "$CONV_BUDGET" > "$OUT/conv.log" 2>&1

@@ -1,13 +1,17 @@
 """What real CUDA sort, topk, multinomial, cumsum and accumulating index_put_ allocate besides
 their outputs, measured on the GPU.
 
-    python measure.py OUT.json [--budget 150] [--set run26|run27|run28]
+    python measure.py OUT.json [--budget 150] [--set run26|run27|run28|run30]
 
 --set run27 measures instead isin (brute force and sorting paths), sum/prod/mean/nansum of
 inputs whose dtype is not the result's, the elementwise losses by reduction (forward, and
 backward for mean), and cuDNN attention's forward workspace by query length (device run 27).
 --set run28 measures cuDNN attention's split-KV decode workspace (a query of 1 to 4 tokens)
 by batch, query and key/value heads, key length, head dim and mask (device run 28).
+--set run30 measures the reductions whose partials are not one float: var/std and var_mean/
+std_mean (Welford), argmax/argmin and max/min over a dim (a value and an index),
+aminmax, amax/amin/max/min of 16-bit inputs, logsumexp (its composite's temporaries), by
+dtype, shape, dims and layout (device run 30).
 
 Each call is recorded between two markers, as conv/measure.py records a conv: tokens
 ["o", size] an output, ["t", size] a transient, ["f", i] the free of the i-th transient, in
@@ -107,6 +111,53 @@ def grid28():
     return g
 
 
+RED30 = ["var", "std", "var_mean", "std_mean", "argmax", "argmin", "max_dim", "min_dim",
+         "aminmax", "amax", "amin", "max", "min", "logsumexp", "norm", "sum", "mean"]
+# ops that take a tuple of dims; those that take none (full reductions only) or one dim
+TUPLE30 = {"var", "std", "var_mean", "std_mean", "amax", "amin", "logsumexp", "norm", "sum",
+           "mean"}
+NODIM30 = {"max", "min"}
+NEEDDIM30 = {"max_dim", "min_dim", "logsumexp"}
+
+
+def grid30():
+    g = []
+    cases = [((16, 256), None, False), ((16, 256), -1, False), ((2048, 4096), None, False),
+             ((2048, 4096), -1, False), ((2048, 4096), 0, False), ((8192, 1024), 0, False),
+             ((1, 1000000), -1, False), ((1, 1000000), None, False), ((4, 151936), -1, False),
+             ((8, 512, 768), [0, 1], False), ((32, 3, 224, 224), [0, 2, 3], False),
+             ((4096, 2048), None, True), ((4096, 2048), 0, True), ((4096, 2048), -1, True)]
+    for op, dt, (shape, dim, tr) in itertools.product(
+            RED30, ["float32", "bfloat16", "float16", "float64"], cases):
+        if isinstance(dim, list) and op not in TUPLE30:
+            continue
+        if dim is not None and op in NODIM30:
+            continue
+        if dim is None and op in NEEDDIM30:
+            continue
+        g.append(dict(op=op, dtype=dt, shape=list(shape), dim=dim, t=tr))
+    return g
+
+
+def run30(c, dev):
+    x = torch.rand(c["shape"], device=dev, dtype=DT[c["dtype"]])
+    if c["t"]:
+        x = x.t()
+    torch.cuda.synchronize()
+    op, dim = c["op"], c["dim"]
+    kw = {} if dim is None else {"dim": dim}
+    m = torch.empty(MARK, dtype=torch.uint8, device=dev)
+    if op in ("max_dim", "min_dim"):
+        out = getattr(torch, op[:3])(x, dim)
+    elif op == "aminmax":
+        out = torch.aminmax(x, **kw)
+    elif op == "norm":
+        out = torch.linalg.vector_norm(x, **kw)
+    else:
+        out = getattr(torch, op)(x, **kw)
+    return m, x, out
+
+
 DT["uint8"] = torch.uint8
 DT["float64"] = torch.float64
 
@@ -162,6 +213,8 @@ def run27(c, dev):
 
 
 def run(c, dev):
+    if "shape" in c:
+        return run30(c, dev)
     if c["op"] in ("isin", "sdpa", "sum", "prod", "mean", "nansum", "loss"):
         return run27(c, dev)
     dt = DT[c["dtype"]]
@@ -192,7 +245,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--budget", type=float, default=150)
-    ap.add_argument("--set", default="run26", choices=["run26", "run27", "run28"])
+    ap.add_argument("--set", default="run26", choices=["run26", "run27", "run28", "run30"])
     a = ap.parse_args()
     t0 = time.time()
     dev = torch.device("cuda")
@@ -201,7 +254,7 @@ def main():
            "sms": props.multi_processor_count, "torch": torch.__version__,
            "cuda": torch.version.cuda, "about": __doc__.split("\n\n")[0], "entries": [],
            "done": False}
-    g = {"run26": grid, "run27": grid27, "run28": grid28}[a.set]()
+    g = {"run26": grid, "run27": grid27, "run28": grid28, "run30": grid30}[a.set]()
     chunk = 40
     for start in range(0, len(g), chunk):
         if time.time() - t0 > a.budget:

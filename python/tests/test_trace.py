@@ -1358,6 +1358,77 @@ def test_cumprod_allocates_as_cumsum_does(tmp_path):
     assert ev[i + 1:j] == ev[j + 1:k] and len(ev[i + 1:j]) > 4, (ev[i + 1:j], ev[j + 1:k])
 
 
+def _windows(ev, marks):
+    at = [ev.index(("alloc", m)) for m in marks]
+    return [ev[at[i] + 1:at[i + 1]] for i in range(len(at) - 1)]
+
+
+def test_var_std_argmax_and_max_over_a_dim_stage_their_wider_partials(tmp_path):
+    # Reduce.cuh's staging holds one partial result per output, CTA and lane: a float for
+    # sum, Welford's (mean, m2, n, nf) for var/std (16 bytes; 32 for doubles), a (value,
+    # int64 index) pair for argmax and max over a dim (16 bytes); the same block shape, so
+    # the same semaphores (ReduceMomentKernel.cu, ReduceArgMaxKernel.cu, ReduceMinMaxKernel.cu)
+    out = run_traced("""
+    x = torch.randn(2048, 4096, device="cuda")
+    xd = x.double()
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    a = x.sum(0)
+    m2 = torch.empty(22222, dtype=torch.uint8, device="cuda")
+    b = x.var(0)
+    m3 = torch.empty(33333, dtype=torch.uint8, device="cuda")
+    c = xd.std(0)
+    m4 = torch.empty(44444, dtype=torch.uint8, device="cuda")
+    d = x.max(0)
+    m5 = torch.empty(55555, dtype=torch.uint8, device="cuda")
+    e = x.sum()
+    m6 = torch.empty(66666, dtype=torch.uint8, device="cuda")
+    f = x.argmax()
+    m7 = torch.empty(77777, dtype=torch.uint8, device="cuda")
+    """, tmp_path)
+    ev = alloc_free(out)
+    w = _windows(ev, (11111, 22222, 33333, 44444, 55555, 66666, 77777))
+    staged = [[s for k, s in part if k == "alloc"] for part in w]
+    # [output(s)..., buffer, semaphores]
+    assert staged[1][1:] == [staged[0][1] * 4, staged[0][2]], staged[:2]
+    assert staged[2][1:] == [staged[0][1] * 8, staged[0][2]], staged[2]
+    assert staged[3][2:] == [staged[0][1] * 4, staged[0][2]], staged[3]
+    assert staged[5][1:] == [staged[4][1] * 4, staged[4][2]], staged[4:6]
+
+
+def test_argmax_without_a_dim_reduces_a_flat_copy_of_an_input_that_is_no_flat_view(tmp_path):
+    # argmax_argmin_impl reduces self.reshape(-1): a copy, after the 8-byte output, freed
+    # when the op returns (after the staging), when the input does not flatten as a view
+    out = run_traced("""
+    x = torch.randn(4096, 2048, device="cuda")
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    a = x.argmax()
+    m2 = torch.empty(22222, dtype=torch.uint8, device="cuda")
+    b = x.t().argmax()
+    m3 = torch.empty(33333, dtype=torch.uint8, device="cuda")
+    """, tmp_path)
+    ev = alloc_free(out)
+    flat, copied = _windows(ev, (11111, 22222, 33333))
+    n = 4096 * 2048 * 4
+    assert ("alloc", n) not in flat
+    assert copied[:2] == [("alloc", 8), ("alloc", n)], copied
+    assert copied[2:5] == flat[1:4] and copied[-1] == ("free_", n), (flat, copied)
+
+
+def test_logsumexp_allocates_the_temporaries_of_its_cuda_composite(tmp_path):
+    # logsumexp_out_impl: amax (kept dims), its abs() and == inf bools, exp(x - maxes) the
+    # size of x, the result summed out of it; all but the result freed before it returns
+    out = run_traced("""
+    x = torch.randn(8, 1000, 4096, device="cuda")
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    y = x.logsumexp(-1)
+    m2 = torch.empty(22222, dtype=torch.uint8, device="cuda")
+    """, tmp_path)
+    (w,) = _windows(alloc_free(out), (11111, 22222))
+    assert w == [("alloc", 32000), ("alloc", 32000), ("alloc", 8000), ("free_", 8000),
+                 ("free_", 32000), ("alloc", 131072000), ("alloc", 32000),
+                 ("free_", 131072000), ("free_", 32000)], w
+
+
 def test_amax_stages_as_max_and_a_column_reduction_as_sum(tmp_path):
     # amax/amin run the max/min values kernels through Reduce.cuh like max() and sum(dim):
     # the same staging buffer and semaphores when a reduction splits across blocks

@@ -137,10 +137,23 @@ class Hidden:
         # leaves the residual stream transposed)
         # amax/amin: the max/min values kernels max()/min() of everything run too
         self.reductions = {a.sum.dim_IntList, a.mean.dim, a.sum.default, a.mean.default,
-                           a.max.default, a.min.default, a.prod.default,
-                           a.linalg_vector_norm.default, a.amax.default, a.amin.default}
-        self.logical = {a.all.default, a.any.default}
-        self.reductions |= self.logical
+                           a.prod.default, a.linalg_vector_norm.default}
+        # the other reductions through gpu_reduce_kernel, by the family of their partial
+        # results (reduce.partial_bytes); the rest accumulate in float ("acc")
+        self.family = {a.all.default: "logical", a.any.default: "logical"}
+        for op in (a.amax.default, a.amin.default, a.max.default, a.min.default):
+            self.family[op] = "same"
+        for op in (a.var.correction, a.std.correction, a.var_mean.correction,
+                   a.std_mean.correction):
+            self.family[op] = "welford"
+        for op in (a.argmax.default, a.argmin.default, a.max.dim, a.min.dim):
+            self.family[op] = "argpair"
+        self.family[a.aminmax.default] = "minmax"
+        self.reductions |= set(self.family)
+        # argmax/argmin without a dim reduce input.reshape(-1) and aminmax without one
+        # input.contiguous(): a copy, after the outputs, freed when the op returns, where the
+        # input does not flatten as a view (argmax_argmin_impl, aminmax_out)
+        self.flat_reductions = {a.argmax.default, a.argmin.default, a.aminmax.default}
         # reductions through ReduceOps' make_reduction: an input of another dtype than the
         # result is converted first (self.to(result dtype)), after the result, freed when
         # the kernel returns; half/bf16 into float is read as is (real snapshots: a bool
@@ -217,6 +230,7 @@ class Hidden:
                          a._safe_softmax.default: self.safe_softmax_tokens,
                          a._softmax_backward_data.default: self.softmax_backward_tokens,
                          a.roll.default: self.roll_tokens,
+                         a.logsumexp.default: self.logsumexp_tokens,
                          a.native_batch_norm.default: self.batch_norm_tokens,
                          a.native_batch_norm_backward.default: self.batch_norm_backward_tokens}
         gmm = getattr(a, "_grouped_mm", None)
@@ -242,7 +256,7 @@ class Hidden:
         if rule is not None:
             return rule(func, args, kwargs, n_outputs)
         copies = self.contiguous_copies(func, args)
-        cast = self.reduce_cast(func, args, kwargs)
+        cast = self.reduce_cast(func, args, kwargs) or self.reduce_flat_copy(func, args, kwargs)
         staged = self.reduce_staging(func, args, kwargs)
         if not copies and not staged and not cast:
             return None
@@ -257,6 +271,48 @@ class Hidden:
             toks += [["t", staged[0]], ["t", staged[1]], ["f", j + 1], ["f", j]]
         if cast:
             toks.append(["f", k])
+        return toks
+
+    def logsumexp_tokens(self, func, args, kwargs, n_outputs):
+        """logsumexp as its composite CUDA kernel runs (logsumexp_out_impl): an integer input
+        converted to float first; maxes = amax(x, dims, keepdim) and its staging;
+        maxes.abs() == inf (a copy and its bools, freed later-first at the end of that
+        statement); exp(x - maxes) the size of x; the result summed out of it (and that
+        sum's staging); then x - maxes, maxes and the converted input freed."""
+        from .reduce import layout_staging
+
+        b = _bind(func, args, kwargs)
+        x = b.get("self")
+        if n_outputs != 1 or not hasattr(x, "device") or x.device.type != "cuda" or \
+                x.numel() == 0 or x.dtype.is_complex:
+            return None
+        torch = self._torch
+        shape = list(x.shape) or [1]
+        nd = len(shape)
+        dims = sorted({d % nd for d in (b.get("dim") or [])}) or list(range(nd))
+        # an elementwise result (the conversion, x - maxes) keeps x's layout where x is
+        # dense, else it is contiguous
+        dense = list(x.stride()) if x.dim() and _dense(x) else _contiguous_strides(shape)
+        strides = list(x.stride()) or [1]
+        dtype, toks, first = x.dtype, [], 0
+        if not dtype.is_floating_point:
+            dtype, strides, first = torch.float32, dense, 1
+            toks.append(["t", x.numel() * 4])
+        elem = dtype.itemsize
+        kept = math.prod(n for i, n in enumerate(shape) if i not in dims)
+        toks.append(["t", kept * elem])
+        amax = layout_staging(shape, strides, x.storage_offset() if not first else 0, dtype,
+                              dims, self.gpu, "same")
+        summed = layout_staging(shape, dense, 0, dtype, dims, self.gpu, "acc")
+        k = first + 1
+        if amax:
+            toks += [["t", amax[0]], ["t", amax[1]], ["f", k + 1], ["f", k]]
+            k += 2
+        toks += [["t", kept * elem], ["t", kept], ["f", k + 1], ["f", k],
+                 ["t", x.numel() * elem], ["o", 0]]
+        if summed:
+            toks += [["t", summed[0]], ["t", summed[1]], ["f", k + 4], ["f", k + 3]]
+        toks += [["f", k + 2], ["f", first]] + ([["f", 0]] if first else [])
         return toks
 
     def group_norm_tokens(self, func, args, kwargs, n_outputs):
@@ -593,30 +649,47 @@ class Hidden:
             return 0
         return x.numel() * out.itemsize
 
+    def reduce_flat_copy(self, func, args, kwargs):
+        """Bytes of the flat or contiguous copy argmax/argmin/aminmax without a dim reduce,
+        or 0."""
+        if func not in self.flat_reductions or not args:
+            return 0
+        x = args[0]
+        if not hasattr(x, "device") or x.device.type != "cuda" or x.numel() == 0 or \
+                _bind(func, args, kwargs).get("dim") is not None:
+            return 0
+        flat = x.is_contiguous() if func is self._aten.aminmax.default else _flattens_as_view(x)
+        return 0 if flat else x.numel() * x.element_size()
+
     # -- reductions' global staging (reduce.py) -----------------------------------------
     def reduce_staging(self, func, args, kwargs=None):
-        """(buffer, semaphores) bytes a sum/mean/norm over dims takes while it runs, or None
+        """(buffer, semaphores) bytes a reduction over dims takes while it runs, or None
         (Adafactor's `p.norm(2)` of T5's 32128 x 512 embedding: 2112 and 4 bytes in
         hf_t5_small_train_adafactor's real snapshot)."""
         if func not in self.reductions or not args:
             return None
-        from .reduce import staging
+        from .reduce import layout_staging, staging
 
         x = args[0]
         if not hasattr(x, "device") or x.device.type != "cuda":
             return None
-        if func is self._aten.linalg_vector_norm.default:
+        family = self.family.get(func, "acc")
+        if func is self._aten.linalg_vector_norm.default or family in ("welford", "argpair",
+                                                                        "minmax"):
             dims = _bind(func, args, kwargs or {}).get("dim")
         else:
             dims = args[1] if len(args) > 1 and not isinstance(args[1], bool) else None
         if func in (self._aten.sum.default, self._aten.mean.default, self._aten.max.default,
-                    self._aten.min.default, self._aten.prod.default) or func in self.logical:
+                    self._aten.min.default, self._aten.prod.default) or family == "logical":
             dims = None
         if dims is None or (isinstance(dims, (list, tuple)) and not dims):
+            if func in self.flat_reductions and x.numel():
+                # the flat (or contiguous) input: one dense dim
+                return layout_staging([x.numel()], [1], 0, x.dtype, [0], self.gpu, family)
             dims = []  # a full reduction
         if isinstance(dims, int):
             dims = [dims]
-        return staging(x, list(dims), self.gpu, logical=func in self.logical)
+        return staging(x, list(dims), self.gpu, family)
 
     # -- inputs a CUDA kernel makes contiguous ------------------------------------------
     def contiguous_copies(self, func, args):
@@ -929,6 +1002,26 @@ def _flattens_as_view(t):
     next one's times its size."""
     dims = [(n, st) for n, st in zip(t.shape, t.stride()) if n != 1]
     return all(dims[k][1] == dims[k + 1][1] * dims[k + 1][0] for k in range(len(dims) - 1))
+
+
+def _dense(t):
+    """Whether t's elements fill its extent with no gaps or overlap (any dim order), so that
+    an elementwise result takes t's strides (TensorIterator's layout)."""
+    dims = sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1)
+    want = 1
+    for st, n in dims:
+        if st != want:
+            return False
+        want *= n
+    return True
+
+
+def _contiguous_strides(shape):
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return out[::-1]
 
 
 def _arg_names(func):

@@ -15,8 +15,16 @@ over its leading dims) and `full_reduce_staging` (everything into one value) nam
 most common cases. Checked against real H100 snapshots: M = 1024 and 4096
 rows, N = 512, 2048, 8192 (buffer 4 x N x ctas x 128 bytes, semaphores N / 32 bytes); a
 conv bias grad summed over a channels-last-strided grad (ViT's patch embedding: 19267584
-and 24 bytes); Adafactor's norms. Float accumulation only: integer and complex reductions
-are not modelled (their buffers are small: a few bytes per output).
+and 24 bytes); Adafactor's norms.
+
+The buffer holds one partial result (the kernel's `arg_t`) per output, CTA and lane, and
+`partial_bytes` sizes it by family, as each reduction's CUDA kernel declares it: sums,
+means and norms accumulate in float (double for doubles); amax/amin and max()/min() of
+everything in the input's own type; var/std and their `_mean` twins carry Welford's
+(mean, m2, int32 n, nf) in float (16 bytes; 32 for doubles); argmax/argmin and max/min
+over a dim a (value, int64 index) pair (16 bytes); aminmax a (min, max) pair of the
+input's type; all()/any() one byte. Integer and complex sums are not modelled (their
+buffers are small: a few bytes per output).
 """
 
 import math
@@ -44,29 +52,46 @@ def outer_staging(M, N, arg_size, sms, threads_per_sm):
     return iter_staging([M, N], [N, 1], [0], 0, sms, threads_per_sm, arg_size)
 
 
-def staging(x, dims, gpu, logical=False):
-    """The staging of a sum/mean/norm over `dims` (all when empty) of fake cuda tensor `x`
-    on `gpu`, or None. logical: all()/any(), which accumulate a bool (one byte) whatever
-    the input (bart's `isfinite(h).all()` over 294,912 values: 36 and 4 bytes in
-    hq_bart_beam_fp16's real run)."""
+def partial_bytes(family, dtype):
+    """Bytes of one partial result of a reduction `family` over `dtype`, or None where it is
+    not modelled: "acc" (sum, mean, norm), "logical" (all, any), "same" (amax, amin, max,
+    min), "welford" (var, std, var_mean, std_mean), "argpair" (argmax, argmin, max.dim,
+    min.dim), "minmax" (aminmax)."""
+    if dtype.is_complex:
+        return None
+    if family == "logical":
+        return 1
+    if family == "argpair":
+        return 16
+    if family == "same":
+        return dtype.itemsize
+    if family == "minmax":
+        return 2 * dtype.itemsize
+    if not dtype.is_floating_point or dtype.itemsize == 1:
+        return None
+    wide = dtype.itemsize == 8
+    if family == "welford":
+        return 32 if wide else 16
+    return 8 if wide else 4
+
+
+def staging(x, dims, gpu, family="acc"):
+    """The staging of a reduction of `family` (partial_bytes) over `dims` (all when empty) of
+    fake cuda tensor `x` on `gpu`, or None (bart's `isfinite(h).all()` over 294,912 values,
+    "logical": 36 and 4 bytes in hq_bart_beam_fp16's real run)."""
     if x.numel() == 0 or x.dim() == 0:
         return None
     nd = x.dim()
     red = sorted({d % nd for d in dims}) if dims else list(range(nd))
-    if logical:
-        return iter_staging(list(x.shape), list(x.stride()), red, x.storage_offset(),
-                            gpu.multi_processor_count, gpu.max_threads_per_sm, 1)
-    return layout_staging(x.shape, x.stride(), x.storage_offset(), x.dtype, red, gpu)
+    return layout_staging(x.shape, x.stride(), x.storage_offset(), x.dtype, red, gpu, family)
 
 
-def layout_staging(shape, strides, offset, dtype, red, gpu):
+def layout_staging(shape, strides, offset, dtype, red, gpu, family="acc"):
     """`staging` for a tensor given by its layout (a conv's bias grad over its grad_output,
-    as laid out or as cuDNN's contiguous copy would be), float accumulation only."""
-    import torch
-
-    if dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+    as laid out or as cuDNN's contiguous copy would be)."""
+    arg = partial_bytes(family, dtype)
+    if arg is None:
         return None
-    arg = 8 if dtype == torch.float64 else 4
     return iter_staging(list(shape), list(strides), list(red), offset,
                         gpu.multi_processor_count, gpu.max_threads_per_sm, arg)
 

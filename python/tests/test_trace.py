@@ -1363,6 +1363,21 @@ def _windows(ev, marks):
     return [ev[at[i] + 1:at[i + 1]] for i in range(len(at) - 1)]
 
 
+def test_every_reduction_of_device_run_30_allocates_as_the_h100_did():
+    # ops/measure.py --set run30 on an H100 (ops-h100-run30.json, 784 calls: var/std and
+    # their _mean twins, argmax/argmin, max/min over a dim and of everything, aminmax,
+    # amax/amin, logsumexp, norms, sums and means; four dtypes; 14 shapes, dims and
+    # layouts), each traced again here and compared allocation for allocation
+    here = Path(__file__).resolve().parents[2] / "scripts" / "trace_corpus" / "ops"
+    measured = here / "ops-h100-run30.json"
+    if not measured.exists():
+        pytest.skip("scripts/trace_corpus/ops is not in this tree (a source checkout has it)")
+    p = subprocess.run([sys.executable, str(here / "check_ops.py"), str(measured), "--json"],
+                       capture_output=True, text=True, env=_env(), timeout=600)
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    assert summary == {"calls": 784, "differ": 0}, p.stdout[-4000:] + p.stderr[-2000:]
+
+
 def test_var_std_argmax_and_max_over_a_dim_stage_their_wider_partials(tmp_path):
     # Reduce.cuh's staging holds one partial result per output, CTA and lane: a float for
     # sum, Welford's (mean, m2, n, nf) for var/std (16 bytes; 32 for doubles), a (value,
@@ -1427,6 +1442,29 @@ def test_logsumexp_allocates_the_temporaries_of_its_cuda_composite(tmp_path):
     assert w == [("alloc", 32000), ("alloc", 32000), ("alloc", 8000), ("free_", 8000),
                  ("free_", 32000), ("alloc", 131072000), ("alloc", 32000),
                  ("free_", 131072000), ("free_", 32000)], w
+
+
+def test_an_explicit_composite_allocates_its_parts_as_the_gpu_runs_them(tmp_path):
+    # cdist (p=2, more than 25 rows) is _euclidean_dist's C++ composite on CUDA: pow and sum
+    # of each side, ones_like, mul(-2), two cats, a matmul (cuBLAS's workspace on its
+    # first call), clamp_min_ and sqrt_ in place; isinf is abs() == inf. A fake kernel makes
+    # the output alone.
+    out = run_traced("""
+    a = torch.rand(512, 256, device="cuda")
+    b = torch.rand(1024, 256, device="cuda")
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    d = torch.cdist(a, b)
+    m2 = torch.empty(22222, dtype=torch.uint8, device="cuda")
+    i = torch.isinf(a)
+    m3 = torch.empty(33333, dtype=torch.uint8, device="cuda")
+    """, tmp_path)
+    cd, inf = _windows(alloc_free(out), (11111, 22222, 33333))
+    sizes = [s for k, s in cd if k == "alloc"]
+    assert sizes == [512 * 256 * 4, 512 * 4, 512 * 4, 1024 * 256 * 4, 1024 * 4, 1024 * 4,
+                     512 * 256 * 4, 512 * 258 * 4, 1024 * 258 * 4, 512 * 1024 * 4,
+                     CUBLAS], sizes
+    assert cd[-2:] == [("free_", 1024 * 258 * 4), ("free_", 512 * 258 * 4)], cd
+    assert inf == [("alloc", 512 * 256 * 4), ("alloc", 512 * 256), ("free_", 512 * 256 * 4)]
 
 
 def test_amax_stages_as_max_and_a_column_reduction_as_sum(tmp_path):

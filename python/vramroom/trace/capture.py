@@ -48,7 +48,9 @@ Design note — the route (PyTorch 2.11.0+cu130, measured on a machine with no G
     through the first iteration, cuDNN workspaces included.
   * Only the outermost op allocates: an op with no meta kernel that FakeTensorMode runs as
     a decomposition is one kernel on the GPU, so the decomposition's temporaries are not
-    recorded.
+    recorded. But an op whose CUDA implementation is itself a C++ composite (no CUDA
+    kernel, a CompositeExplicitAutograd one: logsumexp, cdist's _euclidean_dist, isinf) is
+    redispatched to that composite, so its parts, which are kernels on the GPU, allocate.
   * What runs in C++ above the fake kernels is PyTorch's own: autocast's casts and cast
     cache (in the compiled argument order), composite ops, checkpointing.
 - Host-side values: `.item()`, `.tolist()`, `bool(t)` on a fake tensor have no data.

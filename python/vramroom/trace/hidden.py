@@ -149,11 +149,37 @@ class Hidden:
         for op in (a.argmax.default, a.argmin.default, a.max.dim, a.min.dim):
             self.family[op] = "argpair"
         self.family[a.aminmax.default] = "minmax"
+        for op in (a.all.dim, a.all.dims, a.any.dim, a.any.dims):
+            self.family[op] = "logical"
         self.reductions |= set(self.family)
-        # argmax/argmin without a dim reduce input.reshape(-1) and aminmax without one
-        # input.contiguous(): a copy, after the outputs, freed when the op returns, where the
-        # input does not flatten as a view (argmax_argmin_impl, aminmax_out)
-        self.flat_reductions = {a.argmax.default, a.argmin.default, a.aminmax.default}
+        # out= overloads (a composite's at::sum_out: logsumexp's) stage as their functional
+        # twins
+        self.out_twin = {}
+        for out_op, twin in ((a.sum.IntList_out, a.sum.dim_IntList), (a.sum.out, a.sum.default),
+                             (a.mean.out, a.mean.dim), (a.mean.dtype_out, a.mean.default),
+                             (a.prod.out, a.prod.default), (a.amax.out, a.amax.default),
+                             (a.amin.out, a.amin.default), (a.max.dim_max, a.max.dim),
+                             (a.min.dim_min, a.min.dim), (a.max.unary_out, a.max.default),
+                             (a.min.unary_out, a.min.default),
+                             (a.linalg_vector_norm.out, a.linalg_vector_norm.default),
+                             (a.var.correction_out, a.var.correction),
+                             (a.std.correction_out, a.std.correction),
+                             (a.var_mean.correction_out, a.var_mean.correction),
+                             (a.std_mean.correction_out, a.std_mean.correction),
+                             (a.argmax.out, a.argmax.default), (a.argmin.out, a.argmin.default),
+                             (a.aminmax.out, a.aminmax.default), (a.all.all_out, a.all.default),
+                             (a.any.all_out, a.any.default), (a.all.dims_out, a.all.dims),
+                             (a.any.dims_out, a.any.dims)):
+            self.out_twin[out_op] = twin
+        self.reductions |= set(self.out_twin)
+        # argmax/argmin without a dim reduce input.reshape(-1), aminmax without one and
+        # max()/min() input.contiguous(): a copy, after the outputs, freed when the op
+        # returns, where the input does not flatten as a view or is not contiguous
+        # (argmax_argmin_impl, aminmax_out, ReduceAllOps' max/min; device run 30: a
+        # transposed [4096, 2048] input's max() copies it, its amax() does not)
+        self.flat_reductions = {a.argmax.default, a.argmin.default, a.aminmax.default,
+                                a.max.default, a.min.default}
+        self.contiguous_reductions = {a.aminmax.default, a.max.default, a.min.default}
         # reductions through ReduceOps' make_reduction: an input of another dtype than the
         # result is converted first (self.to(result dtype)), after the result, freed when
         # the kernel returns; half/bf16 into float is read as is (real snapshots: a bool
@@ -230,7 +256,6 @@ class Hidden:
                          a._safe_softmax.default: self.safe_softmax_tokens,
                          a._softmax_backward_data.default: self.softmax_backward_tokens,
                          a.roll.default: self.roll_tokens,
-                         a.logsumexp.default: self.logsumexp_tokens,
                          a.native_batch_norm.default: self.batch_norm_tokens,
                          a.native_batch_norm_backward.default: self.batch_norm_backward_tokens}
         gmm = getattr(a, "_grouped_mm", None)
@@ -244,6 +269,13 @@ class Hidden:
             self.op_rules[op] = self.adv_index_tokens
         self.stats = {"cublas_handles": 0, "cublaslt": 0, "conv_workspaces": 0,
                       "conv_unmeasured": 0, "conv_measured": 0}
+
+    def modelled(self):
+        """Every op a rule here models as one call (mode.py runs no composite of theirs)."""
+        return (set(self.op_rules) | set(self.contig) | set(self.flat_copy) | self.adv_index |
+                self.struct_losses | self.emb_bwd | set(self.sorting) | set(self.unmodelled) |
+                self.conv_fwd | self.conv_bwd | self.matmul | set(self.output_order) |
+                self.cast_reductions | self.reductions)
 
     def around_outputs(self, func, args, kwargs, n_outputs):
         """The op's hidden allocations around its n cuda outputs as event tokens (see
@@ -271,48 +303,6 @@ class Hidden:
             toks += [["t", staged[0]], ["t", staged[1]], ["f", j + 1], ["f", j]]
         if cast:
             toks.append(["f", k])
-        return toks
-
-    def logsumexp_tokens(self, func, args, kwargs, n_outputs):
-        """logsumexp as its composite CUDA kernel runs (logsumexp_out_impl): an integer input
-        converted to float first; maxes = amax(x, dims, keepdim) and its staging;
-        maxes.abs() == inf (a copy and its bools, freed later-first at the end of that
-        statement); exp(x - maxes) the size of x; the result summed out of it (and that
-        sum's staging); then x - maxes, maxes and the converted input freed."""
-        from .reduce import layout_staging
-
-        b = _bind(func, args, kwargs)
-        x = b.get("self")
-        if n_outputs != 1 or not hasattr(x, "device") or x.device.type != "cuda" or \
-                x.numel() == 0 or x.dtype.is_complex:
-            return None
-        torch = self._torch
-        shape = list(x.shape) or [1]
-        nd = len(shape)
-        dims = sorted({d % nd for d in (b.get("dim") or [])}) or list(range(nd))
-        # an elementwise result (the conversion, x - maxes) keeps x's layout where x is
-        # dense, else it is contiguous
-        dense = list(x.stride()) if x.dim() and _dense(x) else _contiguous_strides(shape)
-        strides = list(x.stride()) or [1]
-        dtype, toks, first = x.dtype, [], 0
-        if not dtype.is_floating_point:
-            dtype, strides, first = torch.float32, dense, 1
-            toks.append(["t", x.numel() * 4])
-        elem = dtype.itemsize
-        kept = math.prod(n for i, n in enumerate(shape) if i not in dims)
-        toks.append(["t", kept * elem])
-        amax = layout_staging(shape, strides, x.storage_offset() if not first else 0, dtype,
-                              dims, self.gpu, "same")
-        summed = layout_staging(shape, dense, 0, dtype, dims, self.gpu, "acc")
-        k = first + 1
-        if amax:
-            toks += [["t", amax[0]], ["t", amax[1]], ["f", k + 1], ["f", k]]
-            k += 2
-        toks += [["t", kept * elem], ["t", kept], ["f", k + 1], ["f", k],
-                 ["t", x.numel() * elem], ["o", 0]]
-        if summed:
-            toks += [["t", summed[0]], ["t", summed[1]], ["f", k + 4], ["f", k + 3]]
-        toks += [["f", k + 2], ["f", first]] + ([["f", 0]] if first else [])
         return toks
 
     def group_norm_tokens(self, func, args, kwargs, n_outputs):
@@ -650,15 +640,16 @@ class Hidden:
         return x.numel() * out.itemsize
 
     def reduce_flat_copy(self, func, args, kwargs):
-        """Bytes of the flat or contiguous copy argmax/argmin/aminmax without a dim reduce,
-        or 0."""
-        if func not in self.flat_reductions or not args:
+        """Bytes of the flat or contiguous copy argmax/argmin/aminmax without a dim and
+        max()/min() reduce, or 0."""
+        if self.out_twin.get(func, func) not in self.flat_reductions or not args:
             return 0
         x = args[0]
         if not hasattr(x, "device") or x.device.type != "cuda" or x.numel() == 0 or \
                 _bind(func, args, kwargs).get("dim") is not None:
             return 0
-        flat = x.is_contiguous() if func is self._aten.aminmax.default else _flattens_as_view(x)
+        flat = x.is_contiguous() if self.out_twin.get(func, func) in self.contiguous_reductions \
+            else _flattens_as_view(x)
         return 0 if flat else x.numel() * x.element_size()
 
     # -- reductions' global staging (reduce.py) -----------------------------------------
@@ -673,17 +664,12 @@ class Hidden:
         x = args[0]
         if not hasattr(x, "device") or x.device.type != "cuda":
             return None
-        family = self.family.get(func, "acc")
-        if func is self._aten.linalg_vector_norm.default or family in ("welford", "argpair",
-                                                                        "minmax"):
-            dims = _bind(func, args, kwargs or {}).get("dim")
-        else:
-            dims = args[1] if len(args) > 1 and not isinstance(args[1], bool) else None
-        if func in (self._aten.sum.default, self._aten.mean.default, self._aten.max.default,
-                    self._aten.min.default, self._aten.prod.default) or family == "logical":
-            dims = None
+        base = self.out_twin.get(func, func)
+        family = self.family.get(base, "acc")
+        # None or [] (amax's default, sum's dim=None): all of them
+        dims = _bind(func, args, kwargs or {}).get("dim")
         if dims is None or (isinstance(dims, (list, tuple)) and not dims):
-            if func in self.flat_reductions and x.numel():
+            if base in self.flat_reductions and x.numel():
                 # the flat (or contiguous) input: one dense dim
                 return layout_staging([x.numel()], [1], 0, x.dtype, [0], self.gpu, family)
             dims = []  # a full reduction
@@ -1002,26 +988,6 @@ def _flattens_as_view(t):
     next one's times its size."""
     dims = [(n, st) for n, st in zip(t.shape, t.stride()) if n != 1]
     return all(dims[k][1] == dims[k + 1][1] * dims[k + 1][0] for k in range(len(dims) - 1))
-
-
-def _dense(t):
-    """Whether t's elements fill its extent with no gaps or overlap (any dim order), so that
-    an elementwise result takes t's strides (TensorIterator's layout)."""
-    dims = sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1)
-    want = 1
-    for st, n in dims:
-        if st != want:
-            return False
-        want *= n
-    return True
-
-
-def _contiguous_strides(shape):
-    out, acc = [], 1
-    for n in reversed(shape):
-        out.append(acc)
-        acc *= max(n, 1)
-    return out[::-1]
 
 
 def _arg_names(func):

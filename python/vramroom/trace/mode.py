@@ -2,9 +2,11 @@
 the order PyTorch's CUDA kernels allocate them, with the library workspaces of hidden.py
 between them. See capture.py for the design note.
 
-Two rules decide what counts as one CUDA kernel: only the outermost op allocates (a fake
+Three rules decide what counts as one CUDA kernel: only the outermost op allocates (a fake
 kernel's decomposition is one kernel on the GPU), except an op that is composite only (no CUDA
-kernel of its own: conv2d, linear under inference_mode), whose parts are the kernels. Small CPU
+kernel of its own: conv2d, linear under inference_mode), whose parts are the kernels; and an
+explicit composite with no CUDA kernel (logsumexp, cdist's _euclidean_dist, isinf) runs its C++
+composite, whose at:: calls come back here as the kernels they are on the GPU. Small CPU
 tensors made from nothing keep their real values (the host computes them for free, and model
 code branches on them), so CPU-side arithmetic is exact; cuda tensors never hold data."""
 
@@ -86,6 +88,7 @@ def _mode_class():
     from torch._prims_common import is_non_overlapping_and_dense_or_false as dense
     from torch._prims_common import make_channels_last_strides_for, make_contiguous_strides_for
 
+    from . import composite as explicit
     from .hidden import conv_plan_key, workspace_tag
     from .reduce import layout_staging
     from .refuse import ONE_HOT_WHY, not_modelled_ops, on_fake_cuda
@@ -183,6 +186,16 @@ def _mode_class():
             self._depth = 0
             self._vals = Values()
             self._fallback_cuda = False
+            self._dry = False  # an explicit composite tried with nothing recorded
+            self._in_composite = 0  # inside a composite that ran (its parts are trusted)
+            # ops modelled as one call: never redispatched to their composite
+            self._whole = hidden.modelled() | set(fast_paths) | set(sdpa_plans) | \
+                set(sdpa_bwd) | to_ops | dropouts | set(not_modelled) | set(cudnn_grid) | \
+                set(into_zeros) | {
+                    local_scalar, is_all_true, record_stream, pin_memory, is_pinned, one_hot,
+                    add_tensor, add_inplace, index_put_func, index_put_impl,
+                    aten._to_copy.default, aten.lift_fresh.default, aten.clone.default,
+                    aten.copy_.default}
             rec.unknown_reads = 0
             rec.accumulations = 0
 
@@ -293,6 +306,10 @@ def _mode_class():
                 # scatter are one [tokens, experts] block, not two)
                 func = into_zeros[func]
                 rec.accumulations += 1
+            if not self._depth and (rec.active or self._dry) and on_fake_cuda(args, kwargs) and \
+                    explicit.redispatched(func, args, kwargs, self._whole) and \
+                    (self._dry or self._in_composite or self._dry_run(func, args, kwargs)):
+                return self._run_composite(func, args, kwargs)
             # Only the outermost op allocates: what a fake kernel runs inside (a
             # decomposition for an op with no meta kernel) is one CUDA kernel on the GPU.
             # A CompositeImplicitAutograd op (conv2d, linear, ...) is no kernel: it reaches
@@ -463,6 +480,52 @@ def _mode_class():
                                             x.dtype, x.element_size())
                     rec.hidden_temp(ws, frames=fr, meta=workspace_tag(conv_plan_key(
                         "forward", x, w, stride, padding, dilation, groups), 0))
+            return out
+
+        def _dry_run(self, func, args, kwargs):
+            """Whether func's composite runs on these fake arguments, tried with nothing
+            recorded (a composite can need what a fake tensor lacks: `repeat` of a 0-dim
+            tensor reads its data). A refusal inside it is the trace's refusal. An op that
+            mutates its arguments is not tried twice: it runs its fake kernel, unless a
+            composite tried before it calls it (logsumexp's logsumexp.out)."""
+            if func._schema.is_mutable:
+                return False
+            rec = self._vr
+            was, rec.active, self._dry = rec.active, False, True
+            try:
+                with self:
+                    explicit.run(func, args, kwargs)
+                return True
+            except UnsupportedOp:
+                raise
+            except Exception:  # noqa: BLE001 - the fake kernel runs instead
+                return False
+            finally:
+                rec.active, self._dry = was, False
+
+        def _run_composite(self, func, args, kwargs):
+            """An explicit composite (composite.py) run as its C++ composite, parts recorded."""
+            rec = self._vr
+            self._in_composite += 1
+            try:
+                with self:
+                    out = explicit.run(func, args, kwargs)
+            finally:
+                self._in_composite -= 1
+            if not rec.active:
+                return out  # a dry run's
+            self._vals.after(func, args, kwargs, out)
+            finite = finiteness.get(func)
+            if finite is not None and isinstance(out, FakeTensor) and \
+                    self._vals.known(out) is None:
+                self._vals.presume(out, finite)  # isinf's abs() == inf, as below
+                rec.warn(FINITE_PRESUMED)
+            fr = None
+            for t in leaves(out, []):
+                if t.device.type == "cuda" and t.untyped_storage()._cdata not in rec.live:
+                    if fr is None:
+                        fr = rec._frames()
+                    rec.see_storage(t.untyped_storage(), fr)
             return out
 
         def _accumulates(self, args, kwargs):

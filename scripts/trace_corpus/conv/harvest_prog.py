@@ -3,6 +3,10 @@ CUDA (vramroom.trace, H100) and every conv whose shape conv_events_sm90.json doe
 written in convs.json's format, for measure.py.
 
     PYTHONPATH=python python harvest_prog.py OUT.json PROGRAM.py [PROGRAM.py ...]
+        [--channels-last]
+
+--channels-last: instead, the 2-d convs that run channels_last whose channels_last events the
+table lacks (it falls back to the NCHW ones), for measure.py --channels-last.
 """
 import json
 import os
@@ -12,7 +16,8 @@ import sys
 import vramroom
 from vramroom.trace import hidden
 
-out, progs = sys.argv[1], sys.argv[2:]
+cl_only = "--channels-last" in sys.argv
+out, progs = sys.argv[1], [p for p in sys.argv[2:] if p != "--channels-last"]
 seen, order = {}, []
 orig = hidden.Hidden.conv_tokens
 
@@ -20,7 +25,18 @@ orig = hidden.Hidden.conv_tokens
 def logged(self, pas, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     toks = orig(self, pas, x, w, bias, stride, padding, dilation, transposed, output_padding,
                 groups)
-    if toks is None and x.dim() >= 3:
+    if cl_only:
+        import torch
+
+        cl = x.dim() == 4 and not x.is_contiguous() and \
+            x.is_contiguous(memory_format=torch.channels_last)
+        key = (pas, tuple(x.shape[1:]), tuple(w.shape), bool(bias), tuple(stride),
+               tuple(padding), tuple(dilation), bool(transposed), tuple(output_padding),
+               int(groups), str(x.dtype).split(".")[-1], "channels_last")
+        missing = cl and key not in self.conv_ev
+    else:
+        missing = toks is None and x.dim() >= 3
+    if missing:
         c = dict(input=list(x.shape[1:]), weight=list(w.shape), bias=bool(bias),
                  stride=list(stride), padding=list(padding), dilation=list(dilation),
                  transposed=bool(transposed), output_padding=list(output_padding),

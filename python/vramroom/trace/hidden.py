@@ -263,6 +263,8 @@ class Hidden:
         if self.grouped_mm is not None:
             self.op_rules[self.grouped_mm] = self.grouped_mm_tokens
             self.matmul.add(self.grouped_mm)  # its fallback loops cuBLAS mm_out
+        for op in (a._to_copy.default, a.copy_.default):
+            self.op_rules[op] = self.host_copy_tokens
         for op in self.struct_losses:
             self.op_rules[op] = self.loss_tokens
         for op in self.adv_index:
@@ -304,6 +306,68 @@ class Hidden:
         if cast:
             toks.append(["f", k])
         return toks
+
+    def host_copy_tokens(self, func, args, kwargs, n_outputs):
+        """_to_copy and copy_ between the host and the GPU, as copy_kernel_cuda runs them: a
+        copy that is not one contiguous run of the same dtype on both sides
+        (copy_requires_temporaries) goes through contiguous temporaries, converted on the
+        host when blocking and on the GPU when not; the GPU's side of them is allocated
+        after the output and freed before the op returns (device run 29: ResNet-50's
+        `.to(device, memory_format=torch.channels_last)` copies each 4-d weight to a
+        contiguous GPU block first, then into the channels_last parameter)."""
+        torch = self._torch
+        b = _bind(func, args, kwargs)
+        if func is self._aten.copy_.default:
+            dst, src = b.get("self"), b.get("src")
+            if not isinstance(src, torch.Tensor) or not isinstance(dst, torch.Tensor):
+                return None
+            dst_dtype, dst_dev, non_blocking = dst.dtype, dst.device, bool(b.get("non_blocking"))
+            dst_contig = dst.is_contiguous()
+            same_layout = tuple(src.shape) == tuple(dst.shape) and src.stride() == dst.stride()
+        else:
+            src = b.get("self")
+            if not isinstance(src, torch.Tensor):
+                return None
+            dst_dtype = b.get("dtype") or src.dtype
+            dst_dev = torch.device(b["device"]) if b.get("device") is not None else src.device
+            non_blocking = bool(b.get("non_blocking"))
+            fmt = b.get("memory_format")
+            if fmt is None or fmt == torch.preserve_format:
+                # the output keeps src's strides (dense src) or src's dim order
+                dst_contig, same_layout = src.is_contiguous(), True
+            else:
+                dst_contig = fmt == torch.contiguous_format or src.dim() != 4
+                same_layout = src.is_contiguous(memory_format=fmt)
+        if (src.device.type == "cuda") == (dst_dev.type == "cuda"):
+            return None  # same side: no temporaries (or no GPU at all)
+        n = src.numel() if func is not self._aten.copy_.default else dst.numel()
+        same = src.dtype == dst_dtype
+        from torch._prims_common import is_non_overlapping_and_dense_or_false as dense_of
+
+        dense = same_layout and dense_of(src)
+        if n <= 1 or (same and dense):
+            return None  # one contiguous run: cudaMemcpyAsync
+        temps = []  # the GPU's temporaries, in order; the first freed last
+        if dst_dev.type == "cuda":
+            if not non_blocking and not dst_contig:
+                temps.append(n * dst_dtype.itemsize)  # dst_contig, converted on the host
+            elif non_blocking and not (dst_contig and same):
+                temps.append(n * src.element_size())  # dst_contig in src's dtype
+        else:
+            src_contig = same_layout and src.is_contiguous()
+            if non_blocking and not same:
+                # src.to(dtype) on the GPU (src's layout), then contiguous() unless it is
+                temps.append(n * dst_dtype.itemsize)
+                if not src_contig:
+                    temps.append(n * dst_dtype.itemsize)
+                    toks = [["t", temps[0]], ["t", temps[1]], ["f", 0], ["f", 1]]
+                    return [["o", 0]] * n_outputs + toks
+            elif not src_contig:
+                temps.append(n * src.element_size())
+        if not temps:
+            return None
+        toks = [["t", t] for t in temps] + [["f", i] for i in reversed(range(len(temps)))]
+        return [["o", 0]] * n_outputs + toks
 
     def group_norm_tokens(self, func, args, kwargs, n_outputs):
         """native_group_norm, affine over HxW > 1: per-(sample, channel) scale and shift, N x C
@@ -588,23 +652,32 @@ class Hidden:
             return None  # the sort path (warned)
         x, idx = b.get("self"), b.get("indices") or []
         ts = [t for t in idx if t is not None]
-        if len(ts) < 2 or not hasattr(x, "device") or x.device.type != "cuda" or \
+        if not ts or not hasattr(x, "device") or x.device.type != "cuda" or \
                 any(t.dtype in (self._torch.bool, self._torch.uint8) for t in ts):
             return None
         shape = list(self._torch.broadcast_shapes(*[tuple(t.shape) for t in ts]))
+        n = math.prod(shape)
+        if not n:
+            return None
+        dense = _contiguous_strides(shape)
 
         def expanded(t):
             pad = len(shape) - t.dim()
             st = [0] * pad
-            for d, (n, s_) in enumerate(zip(t.shape, t.stride())):
-                st.append(0 if n == 1 and shape[pad + d] != 1 else s_)
+            for d, (m, s_) in enumerate(zip(t.shape, t.stride())):
+                st.append(0 if m == 1 and shape[pad + d] != 1 else s_)
             return st
 
-        strides = [expanded(t) for t in ts]
-        if all(st == strides[0] for st in strides):
-            return None
-        n = math.prod(shape)
-        return [n * t.element_size() for t in ts] if n else None
+        # make_info converts int32 index tensors to int64 at the broadcast shape first
+        # (dense: hy_gpt2_seq_logprob_index3's int32 labels beside two int64 aranges, real
+        # H100 run: three 8-byte copies of B x T)
+        conv = [t.dtype == self._torch.int32 for t in ts]
+        strides = [dense if c else expanded(t) for t, c in zip(ts, conv)]
+        out = [n * 8 for c in conv if c]
+        if len(ts) >= 2 and not all(st == strides[0] for st in strides):
+            # AdvancedIndex: each index not contiguous at the broadcast shape is copied
+            out += [n * ts[i].element_size() for i, st in enumerate(strides) if st != dense]
+        return out or None
 
     def foreach_norm_partials(self, args, kwargs):
         """Bytes of _foreach_norm's per-chunk partial norms: the fast path (one device and
@@ -988,6 +1061,14 @@ def _flattens_as_view(t):
     next one's times its size."""
     dims = [(n, st) for n, st in zip(t.shape, t.stride()) if n != 1]
     return all(dims[k][1] == dims[k + 1][1] * dims[k + 1][0] for k in range(len(dims) - 1))
+
+
+def _contiguous_strides(shape):
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return out[::-1]
 
 
 def _arg_names(func):

@@ -482,7 +482,8 @@ class Hidden:
 
     def adv_index_tokens(self, func, args, kwargs, n_outputs):
         """index / index_put_: an accumulating one's sort (sorting.index_put_acc_tokens), or
-        the index copies (index_copies) before the outputs, freed later-first."""
+        the index conversions and copies (index_copies) before the outputs, freed after them:
+        the conversions first, then the copies later-first."""
         acc = self.index_put_acc(func, args, kwargs)
         if acc is not None:
             from .sorting import index_put_acc_tokens
@@ -492,8 +493,11 @@ class Hidden:
         cs = self.index_copies(func, args, kwargs)
         if not cs:
             return None
-        return ([["t", c] for c in cs] + [["o", 0]] * n_outputs +
-                [["f", i] for i in reversed(range(len(cs)))])
+        conv, copies = cs
+        # the int64 conversions go first, then the copies later-first (device run 31)
+        return ([["t", c] for c in conv + copies] + [["o", 0]] * n_outputs +
+                [["f", i] for i in range(len(conv))] +
+                [["f", len(conv) + i] for i in reversed(range(len(copies)))])
 
     def foreach_norm_tokens(self, func, args, kwargs, n_outputs):
         buf = self.foreach_norm_partials(args, kwargs)
@@ -642,7 +646,8 @@ class Hidden:
                      permuted_copy=0 if adjacent else x.numel() * x.element_size()))
 
     def index_copies(self, func, args, kwargs):
-        """Bytes of each index tensor that advanced indexing copies on CUDA: with two or more
+        """([bytes of each int32 index converted to int64], [bytes of each index copied]) of
+        advanced indexing on CUDA, or None. Copies: with two or more
         index tensors whose broadcast strides differ, each is made contiguous at the
         broadcast shape (AdvancedIndex), before the output and freed after it, later-first
         (transformers' padding mask_function, padding_mask[batch_idx, kv_idx], in BERT's
@@ -673,11 +678,12 @@ class Hidden:
         # H100 run: three 8-byte copies of B x T)
         conv = [t.dtype == self._torch.int32 for t in ts]
         strides = [dense if c else expanded(t) for t, c in zip(ts, conv)]
-        out = [n * 8 for c in conv if c]
+        copies = []
         if len(ts) >= 2 and not all(st == strides[0] for st in strides):
             # AdvancedIndex: each index not contiguous at the broadcast shape is copied
-            out += [n * ts[i].element_size() for i, st in enumerate(strides) if st != dense]
-        return out or None
+            copies = [n * ts[i].element_size() for i, st in enumerate(strides) if st != dense]
+        conv = [n * 8 for c in conv if c]
+        return (conv, copies) if conv or copies else None
 
     def foreach_norm_partials(self, args, kwargs):
         """Bytes of _foreach_norm's per-chunk partial norms: the fast path (one device and

@@ -389,12 +389,7 @@ def _mode_class():
                 # its parts recorded themselves; outputs the fake kernel made without
                 # dispatching parts (a meta implementation) are recorded here
                 self._vals.after(func, args, kwargs, out)
-                fr = None
-                for t in leaves(out, []):
-                    if t.device.type == "cuda" and t.untyped_storage()._cdata not in rec.live:
-                        if fr is None:
-                            fr = rec._frames()
-                        rec.see_storage(t.untyped_storage(), fr)
+                self._see_new_outputs(out)
                 return out
             if func in self._vh.conv_fwd or func in self._vh.conv_bwd:
                 out = self._cudnn_layout(func, args, out)
@@ -540,13 +535,17 @@ def _mode_class():
                     self._vals.known(out) is None:
                 self._vals.presume(out, finite)  # isinf's abs() == inf, as below
                 rec.warn(FINITE_PRESUMED)
-            fr = None
+            self._see_new_outputs(out)
+            return out
+
+        def _see_new_outputs(self, out):
+            """Records the cuda outputs whose storages no part recorded (a composite's)."""
+            rec, fr = self._vr, None
             for t in leaves(out, []):
                 if t.device.type == "cuda" and t.untyped_storage()._cdata not in rec.live:
                     if fr is None:
                         fr = rec._frames()
                     rec.see_storage(t.untyped_storage(), fr)
-            return out
 
         def _accumulates(self, args, kwargs):
             if len(args) != 2 or kwargs.get("alpha", 1) != 1 or torch.is_grad_enabled():

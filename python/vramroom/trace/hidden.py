@@ -336,7 +336,11 @@ class Hidden:
                 # the output keeps src's strides (dense src) or src's dim order
                 dst_contig, same_layout = src.is_contiguous(), True
             else:
-                dst_contig = fmt == torch.contiguous_format or src.dim() != 4
+                # the output in that format; contiguous too where only size-1 dims differ
+                # (a depthwise [C, 1, k, k] weight in channels_last)
+                dst_contig = fmt == torch.contiguous_format or not _strides_differ(
+                    src.shape, _channels_last_strides(src.shape) if src.dim() == 4 else
+                    _contiguous_strides(list(src.shape)), _contiguous_strides(list(src.shape)))
                 same_layout = src.is_contiguous(memory_format=fmt)
         if (src.device.type == "cuda") == (dst_dev.type == "cuda"):
             return None  # same side: no temporaries (or no GPU at all)
@@ -1075,6 +1079,16 @@ def _contiguous_strides(shape):
         out.append(acc)
         acc *= max(n, 1)
     return out[::-1]
+
+
+def _channels_last_strides(shape):
+    n, c, h, w = shape
+    return [h * w * c, 1, w * c, c]
+
+
+def _strides_differ(shape, a, b):
+    """Whether two stridings of `shape` differ in a dim longer than one."""
+    return any(n != 1 and x != y for n, x, y in zip(shape, a, b))
 
 
 def _arg_names(func):

@@ -126,7 +126,9 @@ def main():
                     go = torch.randn_like(y)
                     del y
                     masks = [("backward", [True, True, c["bias"]])]
-                    if c["input"][0] <= 4:  # a stem: its input needs no grad
+                    if c["input"][0] <= 4 or c.get("weight_only"):
+                        # a stem, or a first layer on data ("weight_only": its input needs
+                        # no grad)
                         masks.append(("backward_weight_only", [False, True, c["bias"]]))
                     else:  # frozen weights (fine-tuning a head on a fixed backbone)
                         masks.append(("backward_input_only", [True, False, False]))

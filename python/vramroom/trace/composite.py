@@ -15,7 +15,10 @@ decision is made by running the composite once on meta copies of the arguments, 
 dispatch mode that sees every part (`probe`): an op is redispatched only where that run
 succeeds and leaves a temporary, a tensor made by a part that is neither an output nor an
 input. The answer is cached per op and argument signature (dtypes and ranks: isinf of an
-integer tensor is zeros_like, of a float one abs() == inf).
+integer tensor is zeros_like, of a float one abs() == inf). mode.py then tries the composite
+once on the fake arguments with nothing recorded (`_dry_run`: `repeat` of a 0-dim tensor
+needs its data) before the run that records; an op that mutates its arguments is tried only
+inside a composite that passed (logsumexp's logsumexp.out).
 """
 
 import torch

@@ -16,6 +16,7 @@ runs it for real tensors: its C++ adds the mask out of place for tensor subclass
 place into the scores (T5's position bias: one 32 MiB block per layer in hx_t5_train_bf16's
 real snapshot). `_safe_softmax`'s own temporaries are hidden.py's.
 
+A mask the memory-efficient kernel cannot read in place is padded first (`_preprocess_mask`).
 Not modelled: the head-dim padding copy PyTorch makes when D is not a multiple of 8, and
 nested/jagged inputs (refused by the fake kernels).
 """
@@ -122,12 +123,29 @@ def make_sdpa(orig, rec, row, is_fake):
             out = aten._scaled_dot_product_flash_attention(
                 query, key, value, dropout_p, is_causal, False, scale=scale)
             return out[0]
+        if attn_mask is not None:
+            attn_mask = _preprocess_mask(attn_mask, query, key)
         out = aten._scaled_dot_product_efficient_attention(
             query, key, value, attn_mask, need_grad, dropout_p, is_causal, scale=scale)
         return out[0]
 
     scaled_dot_product_attention.__doc__ = orig.__doc__
     return scaled_dot_product_attention
+
+
+def _preprocess_mask(mask, query, key):
+    """preprocess_mask (PyTorch 2.11's attention.cpp) before the memory-efficient kernel: a
+    mask with a stride other than the last not a multiple of 8 elements (or a last stride
+    not 1) is padded to the next multiple of 8 in its last dim by at::pad, a new block that
+    autograd saves with the kernel's inputs, and sliced back; then it is expanded to
+    [B, H, T, S] (device run 37: nn.Transformer's [B x H, 63, 63] decoder mask, one 63 x 64
+    float copy per self-attention, kept for the backward)."""
+    import torch
+
+    if not (all(st % 8 == 0 for st in mask.stride()[:-1]) and mask.stride(-1) == 1):
+        n = mask.size(-1)
+        mask = torch.nn.functional.pad(mask, (0, 8 - n % 8))[..., :n]
+    return mask.expand(query.size(0), query.size(1), query.size(2), key.size(2))
 
 
 def _float_mask(mask, dtype):

@@ -886,9 +886,14 @@ class Hidden:
                int(groups), str(x.dtype).replace("torch.", ""))
         # cuDNN picks other algorithms, with other workspaces, for channels_last (NHWC)
         # tensors: their own measurements where the table has them, else the NCHW ones
+        # (an NHWC input with an NCHW weight, as ConvNeXt's downsampling convs get it, has
+        # its own: cuDNN copies the weight to NHWC first; device run 38)
         pts = None
-        if any(t.dim() == 4 and not t.is_contiguous()
-               and t.is_contiguous(memory_format=self._channels_last) for t in (x, w)):
+        cl = [t.dim() == 4 and not t.is_contiguous()
+              and t.is_contiguous(memory_format=self._channels_last) for t in (x, w)]
+        if cl[0] and not cl[1]:
+            pts = self.conv_ev.get(key + ("channels_last_input",))
+        if not pts and any(cl):
             pts = self.conv_ev.get(key + ("channels_last",))
         if not pts:
             pts = self.conv_ev.get(key + ("nchw",))

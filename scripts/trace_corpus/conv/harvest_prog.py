@@ -3,10 +3,12 @@ CUDA (vramroom.trace, H100) and every conv whose shape conv_events_sm90.json doe
 written in convs.json's format, for measure.py.
 
     PYTHONPATH=python python harvest_prog.py OUT.json PROGRAM.py [PROGRAM.py ...]
-        [--channels-last]
+        [--channels-last | --channels-last-input]
 
 --channels-last: instead, the 2-d convs that run channels_last whose channels_last events the
-table lacks (it falls back to the NCHW ones), for measure.py --channels-last.
+table lacks (it falls back to the NCHW ones), for measure.py --channels-last;
+--channels-last-input: those with an NHWC input and an NCHW weight (measure.py
+--channels-last-input).
 """
 import json
 import os
@@ -17,7 +19,8 @@ import vramroom
 from vramroom.trace import hidden
 
 cl_only = "--channels-last" in sys.argv
-out, progs = sys.argv[1], [p for p in sys.argv[2:] if p != "--channels-last"]
+cl_input = "--channels-last-input" in sys.argv
+out, progs = sys.argv[1], [p for p in sys.argv[2:] if not p.startswith("--channels-last")]
 seen, order = {}, []
 orig = hidden.Hidden.conv_tokens
 
@@ -25,14 +28,18 @@ orig = hidden.Hidden.conv_tokens
 def logged(self, pas, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     toks = orig(self, pas, x, w, bias, stride, padding, dilation, transposed, output_padding,
                 groups)
-    if cl_only:
+    if cl_only or cl_input:
         import torch
 
-        cl = x.dim() == 4 and not x.is_contiguous() and \
-            x.is_contiguous(memory_format=torch.channels_last)
+        def is_cl(t):
+            return t.dim() == 4 and not t.is_contiguous() and \
+                t.is_contiguous(memory_format=torch.channels_last)
+
+        cl = is_cl(x) and (not is_cl(w) if cl_input else True)
         key = (pas, tuple(x.shape[1:]), tuple(w.shape), bool(bias), tuple(stride),
                tuple(padding), tuple(dilation), bool(transposed), tuple(output_padding),
-               int(groups), str(x.dtype).split(".")[-1], "channels_last")
+               int(groups), str(x.dtype).split(".")[-1],
+               "channels_last_input" if cl_input else "channels_last")
         missing = cl and key not in self.conv_ev
     else:
         missing = toks is None and x.dim() >= 3

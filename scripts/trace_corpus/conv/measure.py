@@ -69,6 +69,10 @@ def main():
     ap.add_argument("--batches", default="1,2,4,8,16,32,64")
     ap.add_argument("--skip", type=int, default=0, help="start at this config (a second call)")
     ap.add_argument("--max-bytes", type=float, default=3e9, help="skip a call whose input is bigger")
+    ap.add_argument("--channels-last-input", action="store_true",
+                    help="the input in channels_last, the weight contiguous (ConvNeXt's "
+                         "downsampling after its channels-last LayerNorm); entries say "
+                         "\"layout\": \"channels_last_input\"")
     ap.add_argument("--channels-last", action="store_true",
                     help="input and weight in channels_last (model.to(memory_format=...)), 2-d "
                          "convs only; entries say \"layout\": \"channels_last\"")
@@ -86,8 +90,9 @@ def main():
            "cuda": torch.version.cuda, "batches": batches,
            "about": __doc__.split("\n\n")[0], "entries": [], "done": False}
     dtypes = [getattr(torch, d) for d in a.dtypes.split(",")]
-    cl = torch.channels_last if a.channels_last else torch.contiguous_format
-    if a.channels_last:
+    cl = torch.channels_last if a.channels_last or a.channels_last_input else \
+        torch.contiguous_format
+    if a.channels_last or a.channels_last_input:
         convs = [c for c in convs if len(c["input"]) == 3 and not c["transposed"]]
     if a.models:
         want = set(a.models.split(","))
@@ -108,7 +113,8 @@ def main():
         torch.cuda.memory._record_memory_history(max_entries=200000, context="alloc",
                                                  stacks="python", clear_history=True)
         for dt in dtypes:
-            w = torch.randn(c["weight"], device=dev, dtype=dt).to(memory_format=cl)
+            w = torch.randn(c["weight"], device=dev, dtype=dt).to(
+                memory_format=torch.contiguous_format if a.channels_last_input else cl)
             b = torch.randn(c["weight"][1 if c["transposed"] else 0] * (c["groups"] if c["transposed"] else 1), device=dev, dtype=dt) if c["bias"] else None
             for n in batches:
                 shape = [n] + c["input"]
@@ -157,8 +163,8 @@ def main():
             e = {k: c[k] for k in ("input", "weight", "bias", "stride", "padding", "dilation",
                                    "transposed", "output_padding", "groups")}
             e.update({"dtype": dt, "pass": pas, "by_batch": d})
-            if a.channels_last:
-                e["layout"] = "channels_last"
+            if a.channels_last or a.channels_last_input:
+                e["layout"] = "channels_last_input" if a.channels_last_input else "channels_last"
             doc["entries"].append(e)
         doc["configs_done"] = ci + 1
         doc["elapsed_s"] = round(time.time() - t0, 1)

@@ -1533,6 +1533,26 @@ def test_int32_index_tensors_are_converted_to_int64_at_the_broadcast_shape(tmp_p
     assert [s for k, s in w if k == "alloc"] == [n * 8, n * 8, n * 8, n * 4], w
 
 
+def test_the_memory_efficient_kernel_pads_a_mask_it_cannot_read_in_place(tmp_path):
+    # preprocess_mask: a mask with strides that are not multiples of 8 elements is padded to
+    # the next multiple of 8 in its last dim by at::pad before the memory-efficient kernel
+    # (device run 37: nn.Transformer's [B x H, 63, 63] decoder mask); an aligned one is not
+    out = run_traced("""
+    q = torch.randn(4, 8, 63, 32, device="cuda", requires_grad=True)
+    odd = torch.zeros(4, 8, 63, 63, device="cuda")
+    even = torch.zeros(4, 8, 63, 64, device="cuda")
+    kv = torch.randn(4, 8, 64, 32, device="cuda", requires_grad=True)
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    a = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=odd)
+    m2 = torch.empty(22222, dtype=torch.uint8, device="cuda")
+    b = torch.nn.functional.scaled_dot_product_attention(q, kv, kv, attn_mask=even)
+    m3 = torch.empty(33333, dtype=torch.uint8, device="cuda")
+    """, tmp_path)
+    padded, aligned = _windows(alloc_free(out), (11111, 22222, 33333))
+    assert ("alloc", 4 * 8 * 63 * 64 * 4) == padded[0], padded
+    assert ("alloc", 4 * 8 * 63 * 64 * 4) not in aligned, aligned
+
+
 def test_amax_stages_as_max_and_a_column_reduction_as_sum(tmp_path):
     # amax/amin run the max/min values kernels through Reduce.cuh like max() and sum(dim):
     # the same staging buffer and semaphores when a reduction splits across blocks

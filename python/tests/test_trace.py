@@ -1364,9 +1364,8 @@ def test_cumprod_allocates_as_cumsum_does(tmp_path):
     d = torch.cumprod(mask, 0)
     m3 = torch.empty(33333, dtype=torch.uint8, device="cuda")
     """, tmp_path)
-    ev = alloc_free(out)
-    i, j, k = ev.index(("alloc", 11111)), ev.index(("alloc", 22222)), ev.index(("alloc", 33333))
-    assert ev[i + 1:j] == ev[j + 1:k] and len(ev[i + 1:j]) > 4, (ev[i + 1:j], ev[j + 1:k])
+    cumsum, cumprod = _windows(alloc_free(out), (11111, 22222, 33333))
+    assert cumsum == cumprod and len(cumsum) > 4, (cumsum, cumprod)
 
 
 def _windows(ev, marks):
@@ -1568,8 +1567,6 @@ def test_amax_stages_as_max_and_a_column_reduction_as_sum(tmp_path):
     d = x.amin(dim=0)
     m5 = torch.empty(55555, dtype=torch.uint8, device="cuda")
     """, tmp_path)
-    ev = alloc_free(out)
-    at = [ev.index(("alloc", m)) for m in (11111, 22222, 33333, 44444, 55555)]
-    part = [ev[at[i] + 1:at[i + 1]] for i in range(4)]
+    part = _windows(alloc_free(out), (11111, 22222, 33333, 44444, 55555))
     assert part[0] == part[1] and len(part[0]) == 5, part[:2]
     assert part[2] == part[3] and len(part[2]) == 5, part[2:]

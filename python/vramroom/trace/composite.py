@@ -49,20 +49,15 @@ def _static(func, whole):
     return c
 
 
-def _tensors(x, acc):
-    if isinstance(x, torch.Tensor):
-        acc.append(x)
-    elif isinstance(x, (list, tuple)):
-        for v in x:
-            _tensors(v, acc)
-    elif isinstance(x, dict):
-        for v in x.values():
-            _tensors(v, acc)
-    return acc
+def _tensors(x):
+    """The tensors in a nest of arguments or results."""
+    import torch.utils._pytree as pytree
+
+    return [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
 
 
 def _signature(args, kwargs):
-    return tuple((str(t.dtype), t.dim(), t.device.type) for t in _tensors((args, kwargs), []))
+    return tuple((str(t.dtype), t.dim(), t.device.type) for t in _tensors((args, kwargs)))
 
 
 def probe(func, args, kwargs, whole):
@@ -81,7 +76,7 @@ def probe(func, args, kwargs, whole):
                     out = run(f, a, kw or {})
             else:
                 out = f(*a, **(kw or {}))
-            made.extend(_tensors(out, []))
+            made.extend(_tensors(out))
             return out
 
     def meta(x):
@@ -100,7 +95,7 @@ def probe(func, args, kwargs, whole):
                 out = run(func, margs, mkw)
     except Exception:  # noqa: BLE001 - a composite that needs values or a real device
         return False
-    keep = {t.untyped_storage()._cdata for t in _tensors((margs, mkw, out), [])}
+    keep = {t.untyped_storage()._cdata for t in _tensors((margs, mkw, out))}
     return any(t.untyped_storage()._cdata not in keep and t.untyped_storage().nbytes()
                for t in made)
 

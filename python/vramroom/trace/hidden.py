@@ -315,6 +315,8 @@ class Hidden:
         after the output and freed before the op returns (device run 29: ResNet-50's
         `.to(device, memory_format=torch.channels_last)` copies each 4-d weight to a
         contiguous GPU block first, then into the channels_last parameter)."""
+        from torch._prims_common import make_channels_last_strides_for, make_contiguous_strides_for
+
         torch = self._torch
         b = _bind(func, args, kwargs)
         if func is self._aten.copy_.default:
@@ -338,9 +340,10 @@ class Hidden:
             else:
                 # the output in that format; contiguous too where only size-1 dims differ
                 # (a depthwise [C, 1, k, k] weight in channels_last)
-                dst_contig = fmt == torch.contiguous_format or not _strides_differ(
-                    src.shape, _channels_last_strides(src.shape) if src.dim() == 4 else
-                    _contiguous_strides(list(src.shape)), _contiguous_strides(list(src.shape)))
+                contig = make_contiguous_strides_for(src.shape)
+                in_fmt = make_channels_last_strides_for(src.shape) if src.dim() == 4 else contig
+                dst_contig = fmt == torch.contiguous_format or \
+                    not _strides_differ(src.shape, in_fmt, contig)
                 same_layout = src.is_contiguous(memory_format=fmt)
         if (src.device.type == "cuda") == (dst_dev.type == "cuda"):
             return None  # same side: no temporaries (or no GPU at all)
@@ -668,7 +671,9 @@ class Hidden:
         n = math.prod(shape)
         if not n:
             return None
-        dense = _contiguous_strides(shape)
+        from torch._prims_common import make_contiguous_strides_for
+
+        dense = list(make_contiguous_strides_for(shape))
 
         def expanded(t):
             pad = len(shape) - t.dim()
@@ -725,14 +730,14 @@ class Hidden:
     def reduce_flat_copy(self, func, args, kwargs):
         """Bytes of the flat or contiguous copy argmax/argmin/aminmax without a dim and
         max()/min() reduce, or 0."""
-        if self.out_twin.get(func, func) not in self.flat_reductions or not args:
+        base = self.out_twin.get(func, func)
+        if base not in self.flat_reductions or not args:
             return 0
         x = args[0]
         if not hasattr(x, "device") or x.device.type != "cuda" or x.numel() == 0 or \
                 _bind(func, args, kwargs).get("dim") is not None:
             return 0
-        flat = x.is_contiguous() if self.out_twin.get(func, func) in self.contiguous_reductions \
-            else _flattens_as_view(x)
+        flat = x.is_contiguous() if base in self.contiguous_reductions else _flattens_as_view(x)
         return 0 if flat else x.numel() * x.element_size()
 
     # -- reductions' global staging (reduce.py) -----------------------------------------
@@ -1076,19 +1081,6 @@ def _flattens_as_view(t):
     next one's times its size."""
     dims = [(n, st) for n, st in zip(t.shape, t.stride()) if n != 1]
     return all(dims[k][1] == dims[k + 1][1] * dims[k + 1][0] for k in range(len(dims) - 1))
-
-
-def _contiguous_strides(shape):
-    out, acc = [], 1
-    for n in reversed(shape):
-        out.append(acc)
-        acc *= max(n, 1)
-    return out[::-1]
-
-
-def _channels_last_strides(shape):
-    n, c, h, w = shape
-    return [h * w * c, 1, w * c, c]
 
 
 def _strides_differ(shape, a, b):

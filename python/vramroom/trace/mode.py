@@ -10,6 +10,7 @@ composite, whose at:: calls come back here as the kernels they are on the GPU. S
 tensors made from nothing keep their real values (the host computes them for free, and model
 code branches on them), so CPU-side arithmetic is exact; cuda tensors never hold data."""
 
+import sys
 import threading
 
 # Small CPU tensors (elements) whose values the trace keeps and propagates (see dispatch).
@@ -187,8 +188,6 @@ def _mode_class():
     def _python_caller():
         """Whether the op being dispatched was called by Python code (the innermost frame
         outside the dispatch machinery), other than the call that started the engine."""
-        import sys
-
         f = sys._getframe(1)
         while f is not None:
             fn = f.f_code.co_filename
@@ -213,8 +212,7 @@ def _mode_class():
                 set(into_zeros) | {
                     local_scalar, is_all_true, record_stream, pin_memory, is_pinned, one_hot,
                     add_tensor, add_inplace, index_put_func, index_put_impl,
-                    aten._to_copy.default, aten.lift_fresh.default, aten.clone.default,
-                    aten.copy_.default}
+                    aten.lift_fresh.default, aten.clone.default}
             rec.unknown_reads = 0
             rec.accumulations = 0
 

@@ -3,6 +3,8 @@
 # the table lacks (conv/convs_run39.json) and ConvNeXt-Tiny's NHWC-input convs
 # (conv/convs_run38_cli.json, planned as run 38) measured. From the repository root:
 #   COMMIT=abc1234 OUT=$OUT bash scripts/device_run39.sh
+# It wrote nine files and the device tool brings back eight: the recording's snaps.tar.xz stayed
+# behind, so the recording ran again alone (device_record_run.sh 39 hu, five files).
 set -u
 OUT=${OUT:-/tmp/run39}
 OUT=$OUT bash scripts/device_conv_run.sh 39 conv/convs_run39.json

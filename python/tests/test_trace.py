@@ -1570,3 +1570,64 @@ def test_amax_stages_as_max_and_a_column_reduction_as_sum(tmp_path):
     part = _windows(alloc_free(out), (11111, 22222, 33333, 44444, 55555))
     assert part[0] == part[1] and len(part[0]) == 5, part[:2]
     assert part[2] == part[3] and len(part[2]) == 5, part[2:]
+
+
+def test_conv_copies_and_layouts_follow_device_run_39(tmp_path):
+    # Allocation sequences of device run 39's real H100 snapshots, traced again:
+    # - a WGAN-GP's gradient penalty: the conv's grad is an expanded scalar; the input pass
+    #   makes grad_input, then copies the grad (256 bytes), freed at once
+    #   (cudnn_convolution_backward_input);
+    # - ShuffleNetV2's 1x1 conv on a chunk of channels: _convolution copies the input first
+    #   (475136), freed after the workspace; the backward copies it again before both passes
+    #   and frees it after them (convolution_backward's input.contiguous());
+    # - the depthwise kernel makes grad_weight (8352) before grad_input;
+    # - layer norm's backward gives a contiguous grad_input behind a permute (swin_t);
+    # - an accumulating index over 169 rows sorts in one byte-pass: 3583 bytes of scratch
+    out = run_traced("""
+    crit = torch.nn.Conv2d(256, 1, 4).cuda().requires_grad_(False)
+    h = torch.randn(64, 256, 4, 4, device="cuda", requires_grad=True)
+    pw = torch.nn.Conv2d(232, 232, 1, bias=False).cuda()
+    dw = torch.nn.Conv2d(232, 232, 3, padding=1, groups=232, bias=False).cuda()
+    x = torch.randn(32, 464, 4, 4, device="cuda", requires_grad=True)
+    ln = torch.nn.LayerNorm(768).cuda()
+    u = torch.randn(8, 768, 7, 7, device="cuda", requires_grad=True)
+    table = torch.zeros(169, 24, device="cuda", requires_grad=True)
+    idx = torch.randint(0, 169, (2401,), device="cuda")
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    (g,) = torch.autograd.grad(crit(h).sum(), h)
+    m2 = torch.empty(22222, dtype=torch.uint8, device="cuda")
+    a, b = x.chunk(2, dim=1)
+    y = pw(b)
+    m3 = torch.empty(33333, dtype=torch.uint8, device="cuda")
+    y.backward(torch.ones_like(y))
+    m4 = torch.empty(44444, dtype=torch.uint8, device="cuda")
+    z = dw(x[:, :232].contiguous())
+    m5 = torch.empty(55555, dtype=torch.uint8, device="cuda")
+    z.backward(torch.ones_like(z))
+    m6 = torch.empty(66666, dtype=torch.uint8, device="cuda")
+    ln(u.permute(0, 2, 3, 1)).float().sum().backward()
+    m7 = torch.empty(77777, dtype=torch.uint8, device="cuda")
+    table[idx].sum().backward()
+    m8 = torch.empty(88888, dtype=torch.uint8, device="cuda")
+    gi = torch.ops.aten.native_layer_norm_backward(
+        torch.ones(8, 768, 7, 7, device="cuda").permute(0, 2, 3, 1),
+        torch.randn(8, 7, 7, 768, device="cuda"), [768], torch.zeros(8, 7, 7, 1, device="cuda"),
+        torch.ones(8, 7, 7, 1, device="cuda"), ln.weight, ln.bias, [True, False, False])[0]
+    assert gi.is_contiguous(), gi.stride()
+    """, tmp_path)
+    ev = alloc_free(out)
+    pen, fwd, bwd, _, dwb, _, index = _windows(
+        ev, (11111, 22222, 33333, 44444, 55555, 66666, 77777, 88888))
+    i = pen.index(("alloc", 1048576))
+    assert pen[i + 1:i + 3] == [("alloc", 256), ("free_", 256)], pen
+    assert fwd[:2] == [("alloc", 475136), ("alloc", 475136)] and \
+        fwd[-1] == ("free_", 475136), fwd
+    # the real snapshot's: the input's copy, grad_input, its workspace, grad_weight, its
+    # workspace, the copy freed
+    i = bwd.index(("alloc", 215296)) - 4
+    assert bwd[i:i + 8] == [("alloc", 475136), ("alloc", 475136), ("alloc", 950288),
+                            ("free_", 950288), ("alloc", 215296), ("alloc", 6889472),
+                            ("free_", 6889472), ("free_", 475136)], bwd
+    # (after the ones_like grad)
+    assert [s for a, s in dwb if a == "alloc"][1:3] == [8352, 475136], dwb
+    assert ("alloc", 3583) in index and ("alloc", 42495) not in index, index

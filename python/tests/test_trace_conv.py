@@ -29,6 +29,113 @@ def test_past_the_largest_batch_the_largest_scales():
     assert tokens_at(PTS, 16) == [["o", 1600], ["t", 2000], ["t", 14], ["f", 1], ["f", 0]]
 
 
+# A full cuDNN backward of a dense grad: grad_input, its workspace, grad_weight, its
+# workspace, the bias's grad.
+FULL = [["o", 1000], ["t", 50], ["f", 0], ["o", 64], ["t", 70], ["f", 1], ["o", 8]]
+
+
+def test_a_full_backward_splits_into_its_input_and_weight_halves():
+    from vramroom.trace.hidden import split_backward
+
+    first, second = split_backward(FULL, 1000)
+    assert first == [["o", 1000], ["t", 50], ["f", 0]]
+    # the weight half's frees count its own transients
+    assert second == [["o", 64], ["t", 70], ["f", 0], ["o", 8]]
+    # not where grad_input is not first (the depthwise kernel makes grad_weight first)
+    assert split_backward([["o", 64], ["o", 1000]], 1000) is None
+
+
+def test_every_measured_half_backward_is_its_full_backwards_split():
+    # the H100 table: wherever a conv's one-gradient backward was measured beside its full
+    # backward, and the full one splits, the half equals the split
+    import json
+    import math
+    import os
+
+    from vramroom.trace import hidden
+    from vramroom.trace.hidden import split_backward
+
+    path = os.path.join(os.path.dirname(hidden.__file__), "conv_events_sm90.json")
+    entries = json.load(open(path))["entries"]
+    size = {"float32": 4, "bfloat16": 2, "float16": 2}
+    by = {}
+    for e in entries:
+        k = json.dumps([e[f] for f in ("input", "weight", "bias", "stride", "padding",
+                                        "dilation", "transposed", "groups", "dtype")] +
+                       [e.get("layout")])
+        by.setdefault(k, {})[e["pass"]] = (e["input"], e["dtype"], e["by_batch"])
+    checked = 0
+    for passes in by.values():
+        if "backward" not in passes:
+            continue
+        inp, dt, full = passes["backward"]
+        for half, side in (("backward_input_only", 0), ("backward_weight_only", 1)):
+            for n, toks in passes.get(half, (None, None, {}))[2].items():
+                if n not in full:
+                    continue
+                halves = split_backward(full[n], int(n) * math.prod(inp) * size[dt])
+                if halves is not None:
+                    assert halves[side] == toks, (inp, dt, n, half)
+                    checked += 1
+    assert checked > 60000
+
+
+def test_grad_output_copies_go_where_cudnn_makes_them():
+    from vramroom.trace.hidden import with_grad_copies
+
+    # no top copy: the input pass copies after grad_input, the weight pass before
+    # grad_weight, each freed when its pass ends; the bias's grad after both
+    assert with_grad_copies(FULL, "backward", 1000, 0, 5, 5, True) == [
+        ["o", 1000], ["t", 5], ["t", 50], ["f", 1], ["f", 0],
+        ["t", 5], ["o", 64], ["t", 70], ["f", 3], ["f", 2], ["o", 8]]
+    # grad_output.to(the input's format): made first, freed before the bias's grad
+    assert with_grad_copies(FULL, "backward", 1000, 9, 0, 0, True) == [
+        ["t", 9], ["o", 1000], ["t", 50], ["f", 1], ["o", 64], ["t", 70], ["f", 2],
+        ["f", 0], ["o", 8]]
+    # an input-only pass (a WGAN-GP's gradient penalty through a frozen critic)
+    assert with_grad_copies([["o", 1000]], "backward_input_only", 1000, 0, 256, 0, False) == [
+        ["o", 1000], ["t", 256], ["f", 0]]
+
+
+def test_an_input_copy_wraps_the_backward_and_frees_before_the_bias_or_at_the_end():
+    from vramroom.trace.hidden import wrap_copy
+
+    toks = [["o", 10], ["t", 3], ["f", 0], ["o", 2]]
+    assert wrap_copy(toks, 7, False, True) == [["t", 7], ["o", 10], ["t", 3], ["f", 1],
+                                               ["f", 0], ["o", 2]]
+    assert wrap_copy(toks, 7, True, True) == [["t", 7], ["o", 10], ["t", 3], ["f", 1],
+                                              ["o", 2], ["f", 0]]
+
+
+def test_outputs_made_out_of_the_ops_order_are_matched_by_size():
+    from vramroom.trace.hidden import outputs_by_size
+
+    # the depthwise backward makes grad_weight (8352) before grad_input (475136)
+    assert outputs_by_size([["o", 8352], ["o", 475136]], [475136, 8352]) == [
+        ["oi", 1], ["oi", 0]]
+    same = [["o", 4], ["t", 9], ["f", 0], ["o", 8]]
+    assert outputs_by_size(same, [4, 8]) is same
+    # placeholders (size 0) and sizes that do not match stay as they are
+    assert outputs_by_size([["o", 0], ["o", 0]], [4, 8]) == [["o", 0], ["o", 0]]
+
+
+def test_a_config_measured_again_at_larger_batches_adds_points(tmp_path, monkeypatch):
+    import json
+
+    from vramroom.trace import hidden
+
+    base = dict(pass_="forward", input=[3, 8, 8], weight=[4, 3, 3, 3], bias=False,
+                stride=[1, 1], padding=[1, 1], dilation=[1, 1], transposed=False,
+                output_padding=[0, 0], groups=1, dtype="float32")
+    base["pass"] = base.pop("pass_")
+    a = dict(base, by_batch={"1": [["o", 1024]], "64": [["o", 65536]]})
+    b = dict(base, by_batch={"128": [["o", 131072], ["t", 5], ["f", 0]]})
+    (tmp_path / "t.json").write_text(json.dumps({"entries": [a, b]}))
+    monkeypatch.setattr(hidden, "_HERE", str(tmp_path))
+    (pts,) = hidden._conv_events("t.json").values()
+    assert [n for n, _ in pts] == [1, 64, 128]
+
+
 # Reduce.cuh's global staging: the buffers and semaphores real H100 snapshots show after a
 # bias gradient's sum over M rows into N outputs (adam_capturable: M=1024; BERT: M=4096).
 def test_reduction_staging_matches_the_h100_snapshots():

@@ -77,7 +77,10 @@ def _conv_events(name):
                tuple(e["stride"]), tuple(e["padding"]), tuple(e["dilation"]),
                bool(e["transposed"]), tuple(e["output_padding"]), int(e["groups"]), e["dtype"],
                e.get("layout", "nchw"))
-        t[key] = sorted((int(n), toks) for n, toks in e["by_batch"].items())
+        # a config measured again at other batches (harvest_prog.py --beyond) adds points
+        pts = dict(t.get(key, ()))
+        pts.update((int(n), toks) for n, toks in e["by_batch"].items())
+        t[key] = sorted(pts.items())
     return t
 
 
@@ -103,6 +106,88 @@ def tokens_at(points, n):
     else:
         n0, t0 = below[-1] if below else above[0]
     return [[k, v if k == "f" else int(round(v * n / n0))] for k, v in t0]
+
+
+def split_backward(toks, grad_input_bytes):
+    """A full conv backward's events as (input half, weight half), or None where they do not
+    split safely: plain events only, the input's gradient (grad_input_bytes) made first. The
+    weight half's frees are renumbered to its own transients."""
+    if any(k not in ("o", "t", "f") for k, _ in toks) or not toks or \
+            toks[0] != ["o", grad_input_bytes]:
+        return None
+    outs = [j for j, (k, _) in enumerate(toks) if k == "o"]
+    if len(outs) < 2:
+        return None
+    first, second = toks[:outs[1]], toks[outs[1]:]
+    temps = sum(1 for k, _ in first if k == "t")
+    return first, [[k, v - temps if k == "f" else v] for k, v in second]
+
+
+def with_grad_copies(toks, pas, grad_input_bytes, top, copy_in, copy_w, has_bias):
+    """cudnn_convolution_backward's events (ConvShared.cpp) for a grad_output that is not
+    dense, from the measured ones of a dense grad (toks), or None where they do not split:
+    `top` bytes for grad_output.to(input's suggested format), made first and freed before
+    the bias's grad (a copy only where the two suggested formats differ); else the input
+    pass copies it after making grad_input (copy_in), and the weight pass before making
+    grad_weight (copy_w), each freed when its pass ends. Frees count the transients of the
+    whole list, as replay_tokens reads them."""
+    if pas == "backward":
+        halves = split_backward(toks, grad_input_bytes)
+        if halves is None:
+            return None
+        first, second = halves
+    elif pas == "backward_input_only":
+        first, second = toks, []
+    else:
+        first, second = [], toks
+    tail = []
+    if has_bias and second and second[-1][0] == "o":
+        second, tail = second[:-1], second[-1:]
+
+    def shift(seg, by):
+        return [[k, v + by] if k == "f" else [k, v] for k, v in seg]
+
+    if first and copy_in:
+        first = first[:1] + [["t", copy_in]] + shift(first[1:], 1) + [["f", 0]]
+    if second and copy_w:
+        second = [["t", copy_w]] + shift(second, 1) + [["f", 0]]
+    body = first + shift(second, sum(1 for k, _ in first if k == "t"))
+    if top:
+        body = [["t", top]] + shift(body, 1) + [["f", 0]]
+    return body + tail
+
+
+def outputs_by_size(toks, sizes):
+    """Measured events name outputs by their size in the order the kernel made them; where
+    that is not the op's order (PyTorch's depthwise conv backward makes grad_weight before
+    grad_input: hu_tv_shufflenet_train_sgd, device run 39), each "o" becomes ["oi", i], the
+    op's output of that size. Unchanged where the sizes already follow the op's order or
+    do not match one to one."""
+    o_sizes = [v for k, v in toks if k == "o"]
+    if len(o_sizes) != len(sizes) or o_sizes == sizes or sorted(o_sizes) != sorted(sizes) \
+            or any(k in ("s", "oi") for k, _ in toks):
+        return toks
+    free = list(range(len(sizes)))
+    out = []
+    for k, v in toks:
+        if k == "o":
+            i = next(i for i in free if sizes[i] == v)
+            free.remove(i)
+            out.append(["oi", i])
+        else:
+            out.append([k, v])
+    return out
+
+
+def wrap_copy(toks, nbytes, outer, has_bias):
+    """toks inside a copy of nbytes made first: freed at the end (outer), else before the
+    bias's grad (the last "o" where there is a bias) and what follows it."""
+    body = [["t", nbytes]] + [[k, v + 1] if k == "f" else [k, v] for k, v in toks]
+    at = len(body)
+    if not outer and has_bias:
+        outs = [j for j, (k, _) in enumerate(body) if k == "o"]
+        at = outs[-1] if outs else at
+    return body[:at] + [["f", 0]] + body[at:]
 
 
 class Hidden:
@@ -893,19 +978,37 @@ class Hidden:
         # tensors: their own measurements where the table has them, else the NCHW ones
         # (an NHWC input with an NCHW weight, as ConvNeXt's downsampling convs get it, has
         # its own: cuDNN copies the weight to NHWC first; device run 38)
-        pts = None
         cl = [t.dim() == 4 and not t.is_contiguous()
               and t.is_contiguous(memory_format=self._channels_last) for t in (x, w)]
+        pts = self._conv_points(key, cl)
+        if pts:
+            self.stats["conv_measured"] += 1
+            return tokens_at(pts, x.shape[0])
+        if pas not in ("backward_input_only", "backward_weight_only"):
+            return None
+        # A backward that wants one gradient runs that half of the full backward's kernels,
+        # same workspaces: where the full one's events split safely (the input's gradient
+        # made first, its size known), one half stands in (all 58,590 input-only and 2,115
+        # weight-only measurements of the H100 table equal their split; device run 39:
+        # Whisper's first Conv1d on the features)
+        full = self._conv_points(("backward",) + key[1:], cl)
+        if not full:
+            return None
+        halves = split_backward(tokens_at(full, x.shape[0]), x.numel() * x.element_size())
+        if halves is None:
+            return None
+        self.stats["conv_measured"] += 1
+        return halves[0] if pas == "backward_input_only" else halves[1]
+
+    def _conv_points(self, key, cl):
+        """The measured points of a conv key in the layout cl ([input, weight] channels_last)
+        calls for: its own layout's where the table has them, else the NCHW ones."""
+        pts = None
         if cl[0] and not cl[1]:
             pts = self.conv_ev.get(key + ("channels_last_input",))
         if not pts and any(cl):
             pts = self.conv_ev.get(key + ("channels_last",))
-        if not pts:
-            pts = self.conv_ev.get(key + ("nchw",))
-        if not pts:
-            return None
-        self.stats["conv_measured"] += 1
-        return tokens_at(pts, x.shape[0])
+        return pts or self.conv_ev.get(key + ("nchw",))
 
     def embedding_tokens(self, func, args):
         """An embedding backward's allocations as event tokens (embedding_tokens):
@@ -1016,6 +1119,7 @@ class Hidden:
         rec = self.rec
         if sum(1 for k, _ in toks if k in ("o", "s", "oi")) != len(outs):
             return False
+        toks = outputs_by_size(toks, [o.untyped_storage().nbytes() for o in outs])
         st = rec.current_stream_ident()
         it, temps = iter(outs), []
         for j, (k, v) in enumerate(toks):

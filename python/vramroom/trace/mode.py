@@ -90,14 +90,16 @@ def _mode_class():
     }
     from torch._prims_common import is_non_overlapping_and_dense_or_false as dense
     from torch._prims_common import make_channels_last_strides_for, make_contiguous_strides_for
+    from torch._prims_common import suggest_memory_format
 
     from . import composite as explicit
-    from .hidden import conv_plan_key, workspace_tag
+    from .hidden import conv_plan_key, with_grad_copies, workspace_tag, wrap_copy
     from .reduce import layout_staging
     from .refuse import ONE_HOT_WHY, not_modelled_ops, on_fake_cuda
 
     not_modelled = not_modelled_ops()  # refused by name (refuse.py)
     grouped_mm = getattr(aten, "_grouped_mm", None)
+    ln_backward = aten.native_layer_norm_backward.default
     grouped_mm = grouped_mm.default if grouped_mm is not None else None
 
     def hid_fast_grouped_mm(hid, args, kwargs):
@@ -195,6 +197,56 @@ def _mode_class():
                 return not any(fn.endswith(e) for e in engine_entry)
             f = f.f_back
         return False
+
+    def _grad_copies(go, x, w, mask, nbytes):
+        """The grad_output copies cudnn_convolution_backward makes (ConvShared.cpp), as
+        (top, input pass, weight pass) bytes: grad_output.to(input's suggested format)
+        copies only where the two suggested formats differ; each pass then takes it
+        .contiguous() in cuDNN's format for its pair of tensors (channels_last where
+        either suggests it). Device run 39: a WGAN-GP's expanded scalar grad (the input
+        pass copies after making grad_input); DenseNet's grads sliced by cat's backward."""
+        def cl_of(t):
+            return torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+
+        xf = suggest_memory_format(x)
+        top = nbytes if suggest_memory_format(go) != xf else 0
+        gf = xf if top else suggest_memory_format(go)
+
+        def cudnn_fmt(fa, fb):
+            cl = fa != torch.contiguous_format or fb != torch.contiguous_format
+            return cl_of(go) if cl and go.dim() in (4, 5) else torch.contiguous_format
+
+        def strides_in(fmt):
+            return make_contiguous_strides_for(go.shape) if fmt == torch.contiguous_format \
+                else make_channels_last_strides_for(go.shape)
+
+        def needs_copy(fmt):
+            if not top:
+                return not go.is_contiguous(memory_format=fmt)
+            return fmt != xf and any(n != 1 and a != b for n, a, b in
+                                     zip(go.shape, strides_in(xf), strides_in(fmt)))
+
+        copy_in = nbytes if mask[0] and needs_copy(cudnn_fmt(gf, suggest_memory_format(w))) \
+            else 0
+        copy_w = nbytes if mask[1] and needs_copy(cudnn_fmt(xf, gf)) else 0
+        return top, copy_in, copy_w
+
+    def _input_copy(hid, x, w, transposed, groups):
+        """Bytes of the input copy _convolution makes before a CUDA conv (Convolution.cpp):
+        input.contiguous(backend format) for cuDNN, input.contiguous() for the depthwise
+        kernels; 0 where the input already is. Device run 39: a WGAN-GP's double backward
+        convolves ggI.transpose(0, 1)."""
+        if not isinstance(x, FakeTensor) or x.device.type != "cuda" or not x.numel():
+            return 0
+        if hid.uses_cudnn(x, transposed, w, groups) or (
+                transposed and torch.backends.cudnn.enabled and x.dim() in (3, 4, 5)):
+            cl = suggest_memory_format(x) != torch.contiguous_format or \
+                suggest_memory_format(w) != torch.contiguous_format
+            fmt = (torch.channels_last if x.dim() == 4 else torch.channels_last_3d) \
+                if cl and x.dim() in (4, 5) else torch.contiguous_format
+        else:
+            fmt = torch.contiguous_format
+        return 0 if x.is_contiguous(memory_format=fmt) else x.numel() * x.element_size()
 
     class RecordingFakeMode(FakeTensorMode):
         def __init__(self, rec, hidden):
@@ -389,6 +441,18 @@ def _mode_class():
                 self._vals.after(func, args, kwargs, out)
                 self._see_new_outputs(out)
                 return out
+            if func is ln_backward and isinstance(out[0], FakeTensor) and \
+                    out[0].device.type == "cuda" and not out[0].is_contiguous():
+                # layer_norm_backward_cuda makes dX empty_like(X.contiguous()): contiguous,
+                # where the fake kernel follows the grad's layout (swin_t's final norm
+                # behind a permute: hu_tv_swin_t_train_bf16's real backward has no copy
+                # before the next matmul)
+                self._depth += 1  # made here, recorded as the op's output below
+                try:
+                    out = (torch.empty_like(out[0], memory_format=torch.contiguous_format),
+                           ) + tuple(out[1:])
+                finally:
+                    self._depth -= 1
             if func in self._vh.conv_fwd or func in self._vh.conv_bwd:
                 out = self._cudnn_layout(func, args, out)
                 if torch.backends.cudnn.benchmark and on_fake_cuda(args, kwargs):
@@ -429,14 +493,22 @@ def _mode_class():
             if func in hid.conv_bwd:
                 self._conv_backward(args, out)
                 return out
+            xcopy = None  # a conv's input copy, freed after its workspace
             if func in hid.conv_fwd and isinstance(out, FakeTensor) and out.device.type == "cuda":
                 # convolution(input, weight, bias, stride, padding, dilation, transposed,
                 #             output_padding, groups)
                 x, w = args[0], args[1]
                 toks = hid.conv_tokens("forward", x, w, args[2] is not None, *args[3:9])
                 key = conv_plan_key("forward", x, w, args[3], args[4], args[5], args[8])
+                xcopy = _input_copy(hid, x, w, args[6], args[8])
+                if toks is not None and xcopy:
+                    toks = [["t", xcopy]] + [[k, v + 1] if k == "f" else [k, v]
+                                             for k, v in toks] + [["f", 0]]
                 if toks is not None and hid.replay_tokens(toks, [out], rec._frames(), key):
                     return out
+                if xcopy:
+                    xcopy = (rec.alloc(xcopy, frames=rec._frames()), xcopy,
+                             rec.current_stream_ident())
             ts = leaves(out, [])
             if func in hid.output_order and len(ts) == len(hid.output_order[func]):
                 ts = [ts[i] for i in hid.output_order[func]]
@@ -493,6 +565,8 @@ def _mode_class():
                                             x.dtype, x.element_size())
                     rec.hidden_temp(ws, frames=fr, meta=workspace_tag(conv_plan_key(
                         "forward", x, w, stride, padding, dilation, groups), 0))
+            if xcopy:
+                rec.free(*xcopy)
             return out
 
         def _dry_run(self, func, args, kwargs):
@@ -625,57 +699,83 @@ def _mode_class():
                                    transposed, args[8], groups)
             outs = [t for t in (gi, gw, gb) if t is not None and t.device.type == "cuda"]
             cud = x.device.type == "cuda" and hid.uses_cudnn(x, transposed, w, groups)
-            # cuDNN takes grad_output contiguous in the conv's memory format: a grad sliced
-            # by cat's backward is copied before the grads, freed before the bias's
-            # (ho_unet_decoder_sgd's ConvTranspose2d in its real snapshot)
-            cud_any = cud or (transposed and x.device.type == "cuda" and
-                              torch.backends.cudnn.enabled and x.dim() in (3, 4, 5))
-            fmt = torch.channels_last if cud_any and go.dim() == 4 and any(
-                t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
-                for t in (x, w)) else torch.contiguous_format
-            copy = go.numel() * go.element_size() if cud_any and go.numel() and \
-                not go.is_contiguous(memory_format=fmt) else 0
+            nbytes = go.numel() * go.element_size()
+            top = copy_in = copy_w = 0
+            if cud and nbytes:
+                top, copy_in, copy_w = _grad_copies(go, x, w, mask, nbytes)
+            elif transposed and nbytes and x.device.type == "cuda" and \
+                    torch.backends.cudnn.enabled and x.dim() in (3, 4, 5):
+                # cudnn_convolution_transpose_backward makes grad_output contiguous in the
+                # input's format first, freed before the bias's grad (ho_unet_decoder_sgd's
+                # ConvTranspose2d: a grad sliced by cat's backward, in its real snapshot)
+                fmt = torch.channels_last if go.dim() == 4 and any(
+                    t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
+                    for t in (x, w)) else torch.contiguous_format
+                top = 0 if go.is_contiguous(memory_format=fmt) else nbytes
+            # the input's copy (Convolution.cpp's convolution_backward): a Conv1d's input
+            # .contiguous() before its view to 2-d, kept to the end (after the bias's grad);
+            # for cuDNN, input.contiguous(backend format) where the weight's grad is wanted,
+            # made before the backend's copies and freed after them (ShuffleNetV2's convs on
+            # a chunk of channels: device run 39)
+            xcopy, outer = 0, False
+            if x.device.type == "cuda" and x.numel() and x.dim() == 3:
+                xcopy, outer = (0 if x.is_contiguous() else x.numel() * x.element_size()), True
+            elif mask[1] and (cud or transposed):
+                xcopy = _input_copy(hid, x, w, transposed, groups)
             # the bias grad is grad_output summed over all dims but the channels', as laid
             # out (not the copy): Reduce.cuh's staging after it, where it splits. The
             # measured events (a contiguous grad) hold the contiguous layout's.
             keep1 = [d for d in range(go.dim()) if d != 1]
             bias_st = layout_staging(go.shape, go.stride(), go.storage_offset(), go.dtype,
                                      keep1, hid.gpu) if gb is not None and go.dim() > 1 else None
-            if toks is not None and copy:
-                body = [[k, v + 1] if k == "f" else [k, v] for k, v in toks]
-                if gb is not None and body and body[-1][0] == "o":
-                    toks = [["t", copy]] + body[:-1] + [["f", 0], body[-1]]
+            if toks is not None and (top or copy_in or copy_w):
+                copied = with_grad_copies(toks, pas, x.numel() * x.element_size(), top,
+                                          copy_in, copy_w, gb is not None)
+                if copied is None:  # the halves do not split: one copy around them all
+                    copied = with_grad_copies(toks, "backward_weight_only", 0,
+                                              top or nbytes, 0, 0, gb is not None)
+                toks = copied
+                fmt = suggest_memory_format(x) if cud else torch.contiguous_format
+                dense = make_channels_last_strides_for(go.shape) \
+                    if fmt is torch.channels_last else make_contiguous_strides_for(go.shape)
+                if gb is not None and toks and toks[-1][0] == "o" and bias_st and \
+                        not layout_staging(go.shape, dense, 0, go.dtype, keep1, hid.gpu):
                     n_t = sum(1 for k, _ in toks if k == "t")
-                    dense = make_channels_last_strides_for(go.shape) \
-                        if fmt is torch.channels_last else make_contiguous_strides_for(go.shape)
-                    if bias_st and not layout_staging(go.shape, dense, 0, go.dtype, keep1,
-                                                      hid.gpu):
-                        toks += [["t", bias_st[0]], ["t", bias_st[1]], ["f", n_t + 1],
-                                 ["f", n_t]]
-                else:
-                    toks = [["t", copy]] + body + [["f", 0]]
+                    toks = toks + [["t", bias_st[0]], ["t", bias_st[1]], ["f", n_t + 1],
+                                   ["f", n_t]]
+            if toks is not None and xcopy:
+                toks = wrap_copy(toks, xcopy, outer, gb is not None)
             key = conv_plan_key(pas, x, w, stride, padding, dilation, groups)
             if toks is not None and hid.replay_tokens(toks, outs, fr, key):
                 return
             st = rec.current_stream_ident()
-            tmp = rec.alloc(copy, stream=st, frames=fr) if copy else None
+            xtmp = rec.alloc(xcopy, stream=st, frames=fr) if xcopy else None
+            tmp = rec.alloc(top, stream=st, frames=fr) if top else None
             shape = lambda t: list(t.shape)
             if gi is not None:
                 rec.see_storage(gi.untyped_storage(), fr)
+                c = rec.alloc(copy_in, stream=st, frames=fr) if copy_in else None
                 if cud:
                     rec.hidden_temp(hid.conv_workspace(
                         "backward_input", shape(x), shape(w), shape(go), list(stride),
                         list(padding), list(dilation), groups, x.dtype, x.element_size()), fr,
                         workspace_tag(key, "input"))
+                if c is not None:
+                    rec.free(c, copy_in, st)
             if gw is not None:
+                c = rec.alloc(copy_w, stream=st, frames=fr) if copy_w else None
                 rec.see_storage(gw.untyped_storage(), fr)
                 if cud:
                     rec.hidden_temp(hid.conv_workspace(
                         "backward_weight", shape(x), shape(w), shape(go), list(stride),
                         list(padding), list(dilation), groups, x.dtype, x.element_size()), fr,
                         workspace_tag(key, "weight"))
+                if c is not None:
+                    rec.free(c, copy_w, st)
             if tmp is not None:
-                rec.free(tmp, copy, st)
+                rec.free(tmp, top, st)
+            if xtmp is not None and not outer:
+                rec.free(xtmp, xcopy, st)
             if gb is not None:
                 rec.see_storage(gb.untyped_storage(), fr)
                 if bias_st:
@@ -683,6 +783,8 @@ def _mode_class():
                     sem = rec.alloc(bias_st[1], stream=st, frames=fr)
                     rec.free(sem, bias_st[1], st)
                     rec.free(buf, bias_st[0], st)
+            if xtmp is not None and outer:
+                rec.free(xtmp, xcopy, st)
 
     _FakeMode = RecordingFakeMode
     return _FakeMode

@@ -39,6 +39,8 @@ checks every sort, topk and cumsum call of ops-h100-run26.json against these rul
   alternate buffers, 2 KiB of bins per byte of the indexed size's bits, 511, 1 KiB per tile
   of 4608; one byte when cub sorts them in a single tile), freed last to first (all 36 calls of device run 26,
   V 1000 and 50000: two byte-passes; more bits are taken to need more passes, unmeasured).
+  An indexed size of 256 or fewer rows sorts in one byte-pass, with no alternate buffers
+  (device run 39: swin_t's position-bias table of 169 rows).
 isin (elements, test elements) takes PyTorch's brute-force kernel while the test set is
 small (fewer than 10 x numel(elements)^0.145): `out.copy_(elements.unsqueeze(-1).eq(test)
 .any(-1))`, so the cross product's bools and the any's result come after the output and
@@ -283,8 +285,12 @@ def index_put_acc_tokens(n, size, n_outputs=1, checked=True, values_copy=0, n_in
     if cub_single_tile(n, 8):
         scratch = 1
     else:
+        # one byte-pass sorts from the keys straight into the output: no alternate
+        # buffers (swin_t's relative-position-bias backward over a 169-row table: 3583
+        # bytes for 2401 indices, device run 39)
         passes = max(1, -(-max(1, (size - 1).bit_length()) // 8))
-        scratch = 2 * _a(8 * n) + 2048 * passes + 511 + 1024 * -(-n // 4608)
+        alt = 2 * _a(8 * n) if passes > 1 else 0
+        scratch = alt + 2048 * passes + 511 + 1024 * -(-n // 4608)
     longs = [b.t(c) for c in long_copies]
     k = 8 * n
     linear = None

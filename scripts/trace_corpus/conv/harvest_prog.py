@@ -3,12 +3,15 @@ CUDA (vramroom.trace, H100) and every conv whose shape conv_events_sm90.json doe
 written in convs.json's format, for measure.py.
 
     PYTHONPATH=python python harvest_prog.py OUT.json PROGRAM.py [PROGRAM.py ...]
-        [--channels-last | --channels-last-input]
+        [--channels-last | --channels-last-input | --beyond]
 
 --channels-last: instead, the 2-d convs that run channels_last whose channels_last events the
 table lacks (it falls back to the NCHW ones), for measure.py --channels-last;
 --channels-last-input: those with an NHWC input and an NCHW weight (measure.py
---channels-last-input).
+--channels-last-input);
+--beyond: instead, the convs the table holds only at batches smaller than the program's (their
+events extrapolated), each with "batches": the ones the program runs, which measure.py
+measures for that config in place of --batches.
 """
 import json
 import os
@@ -20,7 +23,8 @@ from vramroom.trace import hidden
 
 cl_only = "--channels-last" in sys.argv
 cl_input = "--channels-last-input" in sys.argv
-out, progs = sys.argv[1], [p for p in sys.argv[2:] if not p.startswith("--channels-last")]
+beyond = "--beyond" in sys.argv
+out, progs = sys.argv[1], [p for p in sys.argv[2:] if not p.startswith("--")]
 seen, order = {}, []
 orig = hidden.Hidden.conv_tokens
 
@@ -41,6 +45,22 @@ def logged(self, pas, x, w, bias, stride, padding, dilation, transposed, output_
                int(groups), str(x.dtype).split(".")[-1],
                "channels_last_input" if cl_input else "channels_last")
         missing = cl and key not in self.conv_ev
+    elif beyond:
+        # measured, but only at smaller batches: extrapolated (a double backward's
+        # transposed conv, whose batch is the channels)
+        missing = False
+        if x.dim() >= 3:
+            import torch
+
+            cl = [t.dim() == 4 and not t.is_contiguous()
+                  and t.is_contiguous(memory_format=torch.channels_last) for t in (x, w)]
+            key = (pas, tuple(x.shape[1:]), tuple(w.shape), bool(bias), tuple(stride),
+                   tuple(padding), tuple(dilation), bool(transposed), tuple(output_padding),
+                   int(groups), str(x.dtype).split(".")[-1])
+            pts = self._conv_points(key, cl)
+            if not pts and pas in ("backward_input_only", "backward_weight_only"):
+                pts = self._conv_points(("backward",) + key[1:], cl)
+            missing = bool(pts) and x.shape[0] > pts[-1][0]
     else:
         missing = toks is None and x.dim() >= 3
     if missing:
@@ -57,6 +77,8 @@ def logged(self, pas, x, w, bias, stride, padding, dilation, transposed, output_
         name = os.path.basename(prog)
         if name not in seen[k]["models"]:
             seen[k]["models"].append(name)
+        if beyond and int(x.shape[0]) not in seen[k].setdefault("batches", []):
+            seen[k]["batches"] = sorted(seen[k]["batches"] + [int(x.shape[0])])
     return toks
 
 

@@ -116,7 +116,7 @@ def main():
             w = torch.randn(c["weight"], device=dev, dtype=dt).to(
                 memory_format=torch.contiguous_format if a.channels_last_input else cl)
             b = torch.randn(c["weight"][1 if c["transposed"] else 0] * (c["groups"] if c["transposed"] else 1), device=dev, dtype=dt) if c["bias"] else None
-            for n in batches:
+            for n in c.get("batches") or batches:  # harvest_prog.py --beyond's own
                 shape = [n] + c["input"]
                 if torch.Size(shape).numel() * torch.finfo(dt).bits // 8 > a.max_bytes:
                     continue

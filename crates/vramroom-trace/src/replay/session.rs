@@ -125,6 +125,7 @@ impl<'a> Session<'a> {
                     .filter(|e| e.action == TraceAction::SegmentAlloc)
                     .map(|e| (e.size, e.addr)),
             )
+            .filter(|_| !opts.ignore_recorded_addresses)
             .collect();
         // A trace with no recorded segment (the fake-CUDA tracer's) leaves placement to the
         // driver model, whose address order decides best-fit ties as the GPU's would.
@@ -132,7 +133,9 @@ impl<'a> Session<'a> {
             dev.use_driver_addresses();
         }
         dev.set_malloc_hints(hints);
-        dev.set_reserve_hints(init.reserve_hints.clone());
+        if !opts.ignore_recorded_addresses {
+            dev.set_reserve_hints(init.reserve_hints.clone());
+        }
         dev.hold_stream(plan::NEVER);
         let alloc = CachingAllocator::new(dev, opts.config.clone());
         if let Some(limit) = fraction {

@@ -452,6 +452,54 @@ mod tests {
         assert_eq!(roomy.peak_allocated_bytes, 60 * MIB + 4 * MIB + 50 * MIB);
     }
 
+    /// The segment addresses of a replay (its own snapshot).
+    fn segment_addresses(s: &Snapshot, ignore_recorded_addresses: bool) -> Vec<u64> {
+        let opts = ReplayOptions {
+            record_history: true,
+            ignore_recorded_addresses,
+            ..ReplayOptions::default()
+        };
+        let r = replay(s, &opts).expect("replays");
+        let mut a: Vec<u64> = r
+            .snapshot
+            .expect("recorded")
+            .segments
+            .iter()
+            .map(|g| g.address)
+            .collect();
+        a.sort_unstable();
+        a
+    }
+
+    #[test]
+    fn ignoring_recorded_addresses_replays_as_the_trace_without_them() {
+        use TraceAction::{Alloc, SegmentAlloc};
+        // Two 12 MiB segments (a large request's own) recorded far apart, the later one
+        // below; the trace without them (the tracer's) is the same allocations.
+        let (lo, hi) = (0x2000_0000_0000u64, 0x2100_0000_0000u64);
+        let allocs = vec![
+            entry(Alloc, hi, 12 * MIB, ""),
+            entry(Alloc, lo, 12 * MIB, ""),
+        ];
+        let recorded = Snapshot {
+            device_traces: vec![vec![
+                entry(SegmentAlloc, hi, 12 * MIB, ""),
+                allocs[0].clone(),
+                entry(SegmentAlloc, lo, 12 * MIB, ""),
+                allocs[1].clone(),
+            ]],
+            ..Snapshot::default()
+        };
+        let traced = Snapshot {
+            device_traces: vec![allocs],
+            ..Snapshot::default()
+        };
+        assert_eq!(segment_addresses(&recorded, false), vec![lo, hi]);
+        let modelled = segment_addresses(&recorded, true);
+        assert_eq!(modelled, segment_addresses(&traced, false));
+        assert_ne!(modelled, vec![lo, hi]);
+    }
+
     #[test]
     fn an_untagged_allocation_that_does_not_fit_is_the_programs_oom() {
         let r = at(100 * MIB, &traced("", ""));

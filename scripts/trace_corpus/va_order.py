@@ -9,8 +9,11 @@ trace, each model's addresses are compared with the recorded ones; the share of 
 order a model gets right is printed for large (> 2 MiB) and small (2 MiB) segments. Models:
   grow  - addresses that grow with time (SimDevice's placement without the driver model);
   down  - each segment below the previous one;
-  chunk - driver_va.rs: the lowest free gap in a 32 MiB-rounded chunk held, else a new chunk
-          below all others; freed segments leave gaps.
+  chunk - driver_va.rs: a 416 MiB zone below the top is held from the start; each segment
+          takes the lowest free gap in the zone or a chunk held, else a new chunk, its size
+          rounded up to 32 MiB, below all others; freed segments leave gaps;
+  chunk_nozone - the same without the zone (driver_va.rs's earlier model: the first chunk
+          is the top one).
 """
 import glob
 import os
@@ -19,6 +22,7 @@ import sys
 
 MIB2 = 2 << 20
 CHUNK = 32 << 20
+ZONE = 416 << 20
 
 
 def seq_of(trace):
@@ -52,8 +56,9 @@ def down(seq):
     return out
 
 
-def chunk(seq):
-    chunks, live, out = {}, {}, {}
+def chunk(seq, zone=ZONE):
+    top = 1 << 46
+    chunks, live, out = ({top - zone: top} if zone else {}), {}, {}
     for k, (kind, s) in enumerate(seq):
         if kind == "F":
             live.pop(out[s], None)
@@ -73,14 +78,18 @@ def chunk(seq):
                 break
         if got is None:
             size = -(-step // CHUNK) * CHUNK
-            got = min(chunks, default=1 << 46) - size
+            got = min(chunks, default=top) - size
             chunks[got] = got + size
         live[got] = got + step
         out[k] = got
     return out
 
 
-MODELS = {"grow": grow, "down": down, "chunk": chunk}
+def chunk_nozone(seq):
+    return chunk(seq, zone=0)
+
+
+MODELS = {"grow": grow, "down": down, "chunk": chunk, "chunk_nozone": chunk_nozone}
 
 
 def main():
@@ -89,11 +98,13 @@ def main():
         for f in glob.glob(os.path.join(d, "**", "*.pickle"), recursive=True):
             files.setdefault(os.path.basename(f), f)  # one copy of each snapshot
     tot = {(m, cls): [0, 0] for m in MODELS for cls in ("large", "small")}
+    counted = 0
     for name in sorted(files):
         with open(files[name], "rb") as fh:
             snap = pickle.load(fh)
         for trace in snap.get("device_traces", []):
             seq, real = seq_of(trace)
+            counted += bool(real)
             allocs = [k for k, (kind, _) in enumerate(seq) if kind == "A"]
             outs = {m: fn(seq) for m, fn in MODELS.items()}
             for ii, i in enumerate(allocs):
@@ -105,7 +116,8 @@ def main():
                         t = tot[(m, cls)]
                         t[0] += (out[i] < out[j]) == (real[i] < real[j])
                         t[1] += 1
-    print("%d snapshots" % len(files))
+    print("%d snapshots (%d with cudaMalloc'd segments: the rest are expandable)" % (
+        len(files), counted))
     for cls in ("large", "small"):
         print("%s segments: " % cls + ", ".join(
             "%s %.1f%% (%d/%d)" % (m, 100.0 * tot[(m, cls)][0] / max(1, tot[(m, cls)][1]),

@@ -512,6 +512,7 @@ fn run_once(
         device: plan_device(plan),
         stop_at_oom: false,
         record_history: false,
+        ..ReplayOptions::default()
     };
     let mut s = Session::new(snapshot, plan, &ro)?;
     s.run_to(w.base_end)?;

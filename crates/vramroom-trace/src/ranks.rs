@@ -96,6 +96,7 @@ pub fn rank_table(
                 device,
                 stop_at_oom: true,
                 record_history: false,
+                ..ReplayOptions::default()
             };
             let r = replay_plan(snap, &plan, &ro).map_err(named)?;
             let min_capacity_bytes = if opts.min_capacity {

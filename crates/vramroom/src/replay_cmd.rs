@@ -55,6 +55,11 @@ pub struct ReplayArgs {
     /// findings, each with the file:line of the user's code (`findings` in --json).
     #[arg(long, value_name = "FILE")]
     evidence: Option<PathBuf>,
+    /// Place every cudaMalloc with the driver model, as for a traced snapshot, ignoring the
+    /// recorded addresses: measures the model on real snapshots
+    /// (scripts/trace_corpus/va_replay.py). Hidden: an experiment, not a user's question.
+    #[arg(long, hide = true)]
+    ignore_recorded_addresses: bool,
 }
 
 pub use vramroom_trace::recommend::{recommended, CANDIDATE_CONFS};
@@ -234,6 +239,7 @@ pub fn replay(a: ReplayArgs) -> Result<ExitCode, UserError> {
             capacity,
             stop_at_oom: true,
             record_history: want_snapshot && i == 0,
+            ignore_recorded_addresses: a.ignore_recorded_addresses,
             ..ReplayOptions::default()
         };
         let mut r = run_replay(&snap, &opts)?;

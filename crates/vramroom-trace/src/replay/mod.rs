@@ -60,6 +60,10 @@ pub struct ReplayOptions {
     pub stop_at_oom: bool,
     /// Record Vramroom's own history and return its snapshot (for memory_viz).
     pub record_history: bool,
+    /// Place every `cudaMalloc` with the driver model (`driver_va`), as for a traced
+    /// snapshot, even where the snapshot recorded the GPU's addresses: a recorded snapshot
+    /// replayed so stands in for the trace of the same program, which measures the model.
+    pub ignore_recorded_addresses: bool,
 }
 
 impl Default for ReplayOptions {
@@ -70,6 +74,7 @@ impl Default for ReplayOptions {
             device: 0,
             stop_at_oom: true,
             record_history: false,
+            ignore_recorded_addresses: false,
         }
     }
 }

@@ -125,6 +125,7 @@ impl<'a> Session<'a> {
                     .filter(|e| e.action == TraceAction::SegmentAlloc)
                     .map(|e| (e.size, e.addr)),
             )
+            .filter(|_| !opts.ignore_recorded_addresses)
             .collect();
         // A trace with no recorded segment (the fake-CUDA tracer's) leaves placement to the
         // driver model, whose address order decides best-fit ties as the GPU's would.
@@ -132,7 +133,9 @@ impl<'a> Session<'a> {
             dev.use_driver_addresses();
         }
         dev.set_malloc_hints(hints);
-        dev.set_reserve_hints(init.reserve_hints.clone());
+        if !opts.ignore_recorded_addresses {
+            dev.set_reserve_hints(init.reserve_hints.clone());
+        }
         dev.hold_stream(plan::NEVER);
         let alloc = CachingAllocator::new(dev, opts.config.clone());
         if let Some(limit) = fraction {
@@ -447,6 +450,54 @@ mod tests {
         let roomy = at(1 << 34, &traced(&tag, &other));
         assert_eq!(roomy.workspace_fallbacks, 0);
         assert_eq!(roomy.peak_allocated_bytes, 60 * MIB + 4 * MIB + 50 * MIB);
+    }
+
+    /// The segment addresses of a replay (its own snapshot).
+    fn segment_addresses(s: &Snapshot, ignore_recorded_addresses: bool) -> Vec<u64> {
+        let opts = ReplayOptions {
+            record_history: true,
+            ignore_recorded_addresses,
+            ..ReplayOptions::default()
+        };
+        let r = replay(s, &opts).expect("replays");
+        let mut a: Vec<u64> = r
+            .snapshot
+            .expect("recorded")
+            .segments
+            .iter()
+            .map(|g| g.address)
+            .collect();
+        a.sort_unstable();
+        a
+    }
+
+    #[test]
+    fn ignoring_recorded_addresses_replays_as_the_trace_without_them() {
+        use TraceAction::{Alloc, SegmentAlloc};
+        // Two 12 MiB segments (a large request's own) recorded far apart, the later one
+        // below; the trace without them (the tracer's) is the same allocations.
+        let (lo, hi) = (0x2000_0000_0000u64, 0x2100_0000_0000u64);
+        let allocs = vec![
+            entry(Alloc, hi, 12 * MIB, ""),
+            entry(Alloc, lo, 12 * MIB, ""),
+        ];
+        let recorded = Snapshot {
+            device_traces: vec![vec![
+                entry(SegmentAlloc, hi, 12 * MIB, ""),
+                allocs[0].clone(),
+                entry(SegmentAlloc, lo, 12 * MIB, ""),
+                allocs[1].clone(),
+            ]],
+            ..Snapshot::default()
+        };
+        let traced = Snapshot {
+            device_traces: vec![allocs],
+            ..Snapshot::default()
+        };
+        assert_eq!(segment_addresses(&recorded, false), vec![lo, hi]);
+        let modelled = segment_addresses(&recorded, true);
+        assert_eq!(modelled, segment_addresses(&traced, false));
+        assert_ne!(modelled, vec![lo, hi]);
     }
 
     #[test]

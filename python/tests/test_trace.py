@@ -1614,10 +1614,28 @@ def test_conv_copies_and_layouts_follow_device_run_39(tmp_path):
         torch.randn(8, 7, 7, 768, device="cuda"), [768], torch.zeros(8, 7, 7, 1, device="cuda"),
         torch.ones(8, 7, 7, 1, device="cuda"), ln.weight, ln.bias, [True, False, False])[0]
     assert gi.is_contiguous(), gi.stride()
+    c1 = torch.nn.Conv1d(256, 256, 3, stride=2, padding=1).cuda()
+    s = torch.randn(8, 256, 3000, device="cuda", requires_grad=True)
+    r = torch.randn(8, 1500, 256, device="cuda")
+    dw7 = torch.nn.Conv2d(96, 96, 7, padding=3, groups=96).cuda().bfloat16()
+    nhwc = torch.randn(16, 40, 40, 96, device="cuda", dtype=torch.bfloat16).permute(0, 3, 1, 2)
+    m9 = torch.empty(99999, dtype=torch.uint8, device="cuda")
+    (torch.nn.functional.gelu(c1(s)).permute(0, 2, 1) * r).sum().backward()
+    m10 = torch.empty(10101, dtype=torch.uint8, device="cuda")
+    y7 = dw7(nhwc)
+    m11 = torch.empty(11011, dtype=torch.uint8, device="cuda")
     """, tmp_path)
     ev = alloc_free(out)
-    pen, fwd, bwd, _, dwb, _, index = _windows(
-        ev, (11111, 22222, 33333, 44444, 55555, 66666, 77777, 88888))
+    pen, fwd, bwd, _, dwb, _, index, _, whisper, convnext = _windows(
+        ev, (11111, 22222, 33333, 44444, 55555, 66666, 77777, 88888, 99999, 10101, 11011))
+    # Whisper's second conv, its grad permuted back from [batch, time, channels] (device run
+    # 39's real snapshot): gelu's grad, its copy by .to() (channels_last suggested against
+    # the input's contiguous), then grad_input
+    a = [v for k, v in whisper if k == "alloc"]
+    i = a.index(24576000)
+    assert a[i - 2:i + 1] == [12288000, 12288000, 24576000], a
+    # ConvNeXt's bf16 depthwise conv on NHWC data runs on cuDNN, with no input copy
+    assert [v for k, v in convnext if k == "alloc"].count(16 * 96 * 40 * 40 * 2) == 1, convnext
     i = pen.index(("alloc", 1048576))
     assert pen[i + 1:i + 3] == [("alloc", 256), ("free_", 256)], pen
     assert fwd[:2] == [("alloc", 475136), ("alloc", 475136)] and \

@@ -1155,8 +1155,13 @@ class Hidden:
         if w is not None and groups > 1 and x.dim() == 4 and groups == x.shape[1] \
                 and w.shape[0] % x.shape[1] == 0 and x.dtype != torch.float16:
             # depthwise: PyTorch's own CUDA kernel (conv_depthwise2d), no cuDNN workspace;
-            # cuDNN only for fp16 (ConvParams::use_cudnn_depthwise)
-            return False
+            # cuDNN for fp16, and always where either tensor suggests channels_last
+            # (ConvParams::use_cudnn_depthwise: ConvNeXt's bf16 depthwise convs on NHWC
+            # data, hv_tv_convnext_train_bf16's real snapshot has no input copy)
+            from torch._prims_common import suggest_memory_format
+
+            return suggest_memory_format(x) != torch.contiguous_format or \
+                suggest_memory_format(w) != torch.contiguous_format
         return True
 
 

@@ -91,6 +91,8 @@ def _mode_class():
     from torch._prims_common import is_non_overlapping_and_dense_or_false as dense
     from torch._prims_common import make_channels_last_strides_for, make_contiguous_strides_for
     from torch._prims_common import suggest_memory_format
+    from torch._prims_common import (
+        are_strides_like_channels_last_or_false as are_like_channels_last)
 
     from . import composite as explicit
     from .hidden import conv_plan_key, with_grad_copies, workspace_tag, wrap_copy
@@ -203,32 +205,45 @@ def _mode_class():
         (top, input pass, weight pass) bytes: grad_output.to(input's suggested format)
         copies only where the two suggested formats differ; each pass then takes it
         .contiguous() in cuDNN's format for its pair of tensors (channels_last where
-        either suggests it). Device run 39: a WGAN-GP's expanded scalar grad (the input
-        pass copies after making grad_input); DenseNet's grads sliced by cat's backward."""
-        def cl_of(t):
-            return torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+        either suggests it). A Conv1d is seen as convolution_backward sees it: the input
+        made contiguous, all three unsqueezed to 2-d (a grad permuted back from
+        [batch, time, channels] then suggests channels_last: Whisper's second conv).
+        Device run 39: a WGAN-GP's expanded scalar grad (the input pass copies after
+        making grad_input); DenseNet's grads sliced by cat's backward."""
+        def view4d(t, contiguous=False):
+            shape = list(t.shape)
+            st = list(make_contiguous_strides_for(shape) if contiguous else t.stride())
+            if len(shape) != 3:
+                return shape, st
+            return shape[:2] + [1] + shape[2:], st[:2] + [st[2] * shape[2]] + st[2:]
 
-        xf = suggest_memory_format(x)
-        top = nbytes if suggest_memory_format(go) != xf else 0
-        gf = xf if top else suggest_memory_format(go)
+        g, xv, wv = view4d(go), view4d(x, x.dim() == 3), view4d(w)
+
+        def suggest(shape, st):
+            if len(shape) in (4, 5) and are_like_channels_last(shape, st):
+                return torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+            return torch.contiguous_format
+
+        def strides_in(shape, fmt):
+            return make_contiguous_strides_for(shape) if fmt == torch.contiguous_format \
+                else make_channels_last_strides_for(shape)
+
+        def dense_in(shape, st, fmt):
+            return all(n == 1 or a == b for n, a, b in zip(shape, st, strides_in(shape, fmt)))
+
+        xf = suggest(*xv)
+        top = nbytes if suggest(*g) != xf else 0
+        gf = xf if top else suggest(*g)
+        g2 = (g[0], strides_in(g[0], xf)) if top else g
 
         def cudnn_fmt(fa, fb):
             cl = fa != torch.contiguous_format or fb != torch.contiguous_format
-            return cl_of(go) if cl and go.dim() in (4, 5) else torch.contiguous_format
+            if not cl or len(g[0]) not in (4, 5):
+                return torch.contiguous_format
+            return torch.channels_last if len(g[0]) == 4 else torch.channels_last_3d
 
-        def strides_in(fmt):
-            return make_contiguous_strides_for(go.shape) if fmt == torch.contiguous_format \
-                else make_channels_last_strides_for(go.shape)
-
-        def needs_copy(fmt):
-            if not top:
-                return not go.is_contiguous(memory_format=fmt)
-            return fmt != xf and any(n != 1 and a != b for n, a, b in
-                                     zip(go.shape, strides_in(xf), strides_in(fmt)))
-
-        copy_in = nbytes if mask[0] and needs_copy(cudnn_fmt(gf, suggest_memory_format(w))) \
-            else 0
-        copy_w = nbytes if mask[1] and needs_copy(cudnn_fmt(xf, gf)) else 0
+        copy_in = nbytes if mask[0] and not dense_in(*g2, cudnn_fmt(gf, suggest(*wv))) else 0
+        copy_w = nbytes if mask[1] and not dense_in(*g2, cudnn_fmt(xf, gf)) else 0
         return top, copy_in, copy_w
 
     def _input_copy(hid, x, w, transposed, groups):

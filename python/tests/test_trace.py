@@ -1649,3 +1649,14 @@ def test_conv_copies_and_layouts_follow_device_run_39(tmp_path):
     # (after the ones_like grad)
     assert [s for a, s in dwb if a == "alloc"][1:3] == [8352, 475136], dwb
     assert ("alloc", 3583) in index and ("alloc", 42495) not in index, index
+
+
+def test_a_random_host_value_that_decides_control_flow_is_reported(tmp_path):
+    # Wav2Vec2's LayerDrop (device run 40): `torch.rand([]) < p` on the host is the trace's own
+    # draw, so the layers it skips need not be the GPU run's; the trace says so
+    out = run_traced("""
+    x = torch.randn(4, 8, device="cuda")
+    if torch.rand([]) < 0.5:
+        x = x * 2
+    """, tmp_path)
+    assert any("random host value" in w for w in out["warnings"]), out["warnings"]

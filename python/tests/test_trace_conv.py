@@ -266,3 +266,17 @@ def test_sort_refuses_what_was_not_measured():
     assert toks is None and "sorted topk" in why
     # unsorted, the same topk is modelled
     assert sorting.topk_tokens([1, 100000], 1, 5000, False, 4, 132)[0] is not None
+
+
+def test_randperm_allocates_its_sort_as_the_h100_did():
+    # device run 40: a PPO update's randperm(2048) on CUDA, int64: the output, 8 bytes made
+    # and freed, arange (16384), the int32 keys and their sorted copy (8192 each), one byte
+    # of cub's single-tile scratch, freed last to first
+    from vramroom.trace.sorting import randperm_tokens
+
+    toks, measured = randperm_tokens(2048, 8)
+    assert measured
+    assert toks == [["o", 0], ["t", 8], ["f", 0], ["t", 16384], ["t", 8192], ["t", 8192],
+                    ["t", 1], ["f", 4], ["f", 3], ["f", 2], ["f", 1]]
+    # past cub's single tile the scratch was not measured: said so
+    assert not randperm_tokens(100000, 8)[1]

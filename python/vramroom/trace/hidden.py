@@ -342,7 +342,8 @@ class Hidden:
                          a._softmax_backward_data.default: self.softmax_backward_tokens,
                          a.roll.default: self.roll_tokens,
                          a.native_batch_norm.default: self.batch_norm_tokens,
-                         a.native_batch_norm_backward.default: self.batch_norm_backward_tokens}
+                         a.native_batch_norm_backward.default: self.batch_norm_backward_tokens,
+                         a.randperm.default: self.randperm_tokens}
         gmm = getattr(a, "_grouped_mm", None)
         self.grouped_mm = gmm.default if gmm is not None else None
         if self.grouped_mm is not None:
@@ -460,6 +461,22 @@ class Hidden:
             return None
         toks = [["t", t] for t in temps] + [["f", i] for i in reversed(range(len(temps)))]
         return [["o", 0]] * n_outputs + toks
+
+    def randperm_tokens(self, func, args, kwargs, n_outputs):
+        """randperm(n) on CUDA: sorting.randperm_tokens (a warning past cub's single tile,
+        whose scratch was not measured)."""
+        import torch
+
+        from .sorting import randperm_tokens
+
+        if n_outputs != 1:
+            return None
+        dtype = kwargs.get("dtype") or torch.int64
+        toks, measured = randperm_tokens(int(args[0]), dtype.itemsize)
+        if not measured:
+            self.rec.warn("not modelled: randperm's sort scratch past cub's single tile "
+                          "(not measured), taken as a full radix sort's")
+        return toks
 
     def group_norm_tokens(self, func, args, kwargs, n_outputs):
         """native_group_norm, affine over HxW > 1: per-(sample, channel) scale and shift, N x C
@@ -1152,10 +1169,11 @@ class Hidden:
 
         if not (torch.backends.cudnn.enabled and x.dim() in (3, 4, 5) and not transposed):
             return False
-        if w is not None and groups > 1 and x.dim() == 4 and groups == x.shape[1] \
+        if w is not None and groups > 1 and x.dim() in (3, 4) and groups == x.shape[1] \
                 and w.shape[0] % x.shape[1] == 0 and x.dtype != torch.float16:
-            # depthwise: PyTorch's own CUDA kernel (conv_depthwise2d), no cuDNN workspace;
-            # cuDNN for fp16, and always where either tensor suggests channels_last
+            # depthwise (a Conv1d too, seen as 2-d: Mamba's): PyTorch's own CUDA kernel
+            # (conv_depthwise2d), no cuDNN workspace; cuDNN for fp16, and always where
+            # either tensor suggests channels_last
             # (ConvParams::use_cudnn_depthwise: ConvNeXt's bf16 depthwise convs on NHWC
             # data, hv_tv_convnext_train_bf16's real snapshot has no input copy)
             from torch._prims_common import suggest_memory_format

@@ -102,6 +102,8 @@ def _mode_class():
     not_modelled = not_modelled_ops()  # refused by name (refuse.py)
     grouped_mm = getattr(aten, "_grouped_mm", None)
     ln_backward = aten.native_layer_norm_backward.default
+    HOST_RANDOM = {"aten::rand", "aten::randn", "aten::randint", "aten::randperm",
+                   "aten::bernoulli", "aten::normal", "aten::uniform", "aten::multinomial"}
     grouped_mm = grouped_mm.default if grouped_mm is not None else None
 
     def hid_fast_grouped_mm(hid, args, kwargs):
@@ -447,6 +449,13 @@ def _mode_class():
 
                 with unset_fake_temporarily():
                     real = func(*args, **kwargs)
+                if func._schema.name in HOST_RANDOM:
+                    # the trace's own draw, not the GPU run's: a program that branches on
+                    # it (LayerDrop's torch.rand([]) < p in Wav2Vec2's encoder, device run
+                    # 40) may run other layers here than there
+                    rec.warn("a random host value (%s) decided by the trace's own draw: "
+                             "control flow on it (LayerDrop, random augmentation) may differ "
+                             "from the GPU run's" % func._schema.name)
                 if isinstance(real, torch.Tensor) and real.device.type == "cpu":
                     return self.fake_tensor_converter.from_real_tensor(self, real, make_constant=True)
                 return out
@@ -716,8 +725,14 @@ def _mode_class():
             cud = x.device.type == "cuda" and hid.uses_cudnn(x, transposed, w, groups)
             nbytes = go.numel() * go.element_size()
             top = copy_in = copy_w = 0
+            # PyTorch's depthwise kernel (conv_depthwise2d_backward) takes grad_output
+            # .expect_contiguous() first and makes grad_weight before grad_input
+            dw_native = x.device.type == "cuda" and not cud and not transposed and \
+                x.dim() in (3, 4) and groups > 1 and groups == x.shape[1]
             if cud and nbytes:
                 top, copy_in, copy_w = _grad_copies(go, x, w, mask, nbytes)
+            elif dw_native and nbytes:
+                top = 0 if go.is_contiguous() else nbytes
             elif transposed and nbytes and x.device.type == "cuda" and \
                     torch.backends.cudnn.enabled and x.dim() in (3, 4, 5):
                 # cudnn_convolution_transpose_backward makes grad_output contiguous in the
@@ -767,7 +782,7 @@ def _mode_class():
             xtmp = rec.alloc(xcopy, stream=st, frames=fr) if xcopy else None
             tmp = rec.alloc(top, stream=st, frames=fr) if top else None
             shape = lambda t: list(t.shape)
-            if gi is not None:
+            def input_grad():
                 rec.see_storage(gi.untyped_storage(), fr)
                 c = rec.alloc(copy_in, stream=st, frames=fr) if copy_in else None
                 if cud:
@@ -777,7 +792,8 @@ def _mode_class():
                         workspace_tag(key, "input"))
                 if c is not None:
                     rec.free(c, copy_in, st)
-            if gw is not None:
+
+            def weight_grad():
                 c = rec.alloc(copy_w, stream=st, frames=fr) if copy_w else None
                 rec.see_storage(gw.untyped_storage(), fr)
                 if cud:
@@ -787,6 +803,11 @@ def _mode_class():
                         workspace_tag(key, "weight"))
                 if c is not None:
                     rec.free(c, copy_w, st)
+
+            for part, t in ((weight_grad, gw), (input_grad, gi)) if dw_native else \
+                    ((input_grad, gi), (weight_grad, gw)):
+                if t is not None:
+                    part()
             if tmp is not None:
                 rec.free(tmp, top, st)
             if xtmp is not None and not outer:

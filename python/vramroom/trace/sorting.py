@@ -206,6 +206,27 @@ class _Tokens:
         self.toks.append(["f", i])
 
 
+def randperm_tokens(n, elem):
+    """Tokens of aten.randperm(n) on CUDA (Randperm.cu), its output of `elem`-byte integers:
+    8 bytes made and freed, then arange(n) in the output's type, the random keys (int32
+    below 2^24 elements) and their sorted copy, and cub's radix-sort scratch, freed last to
+    first (device run 40: a PPO update's randperm(2048), one byte of scratch in cub's single
+    tile). Returns (tokens, whether the scratch was measured): past one tile it is taken to
+    be cub_sort_pairs', unmeasured."""
+    b = _Tokens()
+    if n <= 0:
+        return b.toks, True
+    key = 4 if n < (1 << 24) else 8
+    one = b.t(8)
+    b.f(one)
+    single = cub_single_tile(n, key, elem)
+    rng, keys, out = b.t(n * elem), b.t(n * key), b.t(n * key)
+    scratch = b.t(1 if single else cub_sort_pairs(n, key, elem))
+    for i in (scratch, out, keys, rng):
+        b.f(i)
+    return b.toks, single
+
+
 def multinomial_tokens(rows, cols, n, replacement, elem, sms):
     """Tokens of aten.multinomial over `rows` distributions of `cols` (a 1-d input: one row),
     or None where its topk is not modelled."""

@@ -1660,3 +1660,26 @@ def test_a_random_host_value_that_decides_control_flow_is_reported(tmp_path):
         x = x * 2
     """, tmp_path)
     assert any("random host value" in w for w in out["warnings"]), out["warnings"]
+
+
+def test_a_decomposition_run_for_real_scatters_out_of_place(tmp_path):
+    # torch.func's per-sample gradients run nll_loss_backward's Python decomposition op by
+    # op on the GPU too: zeros_like, then an out-of-place scatter (a second block), then the
+    # zeros freed (device run 40: ht_func_per_sample_grads' real snapshot)
+    out = run_traced("""
+    from torch.func import grad, vmap
+    w = torch.randn(10, 20, device="cuda")
+    x = torch.randn(64, 20, device="cuda")
+    y = torch.randint(0, 10, (64,), device="cuda")
+
+    def loss(w, x, y):
+        return torch.nn.functional.cross_entropy((x @ w.t()).unsqueeze(0), y.unsqueeze(0))
+
+    m1 = torch.empty(11111, dtype=torch.uint8, device="cuda")
+    g = vmap(grad(loss), in_dims=(None, 0, 0))(w, x, y)
+    m2 = torch.empty(22222, dtype=torch.uint8, device="cuda")
+    """, tmp_path)
+    (ev,) = _windows(alloc_free(out), (11111, 22222))
+    k = 64 * 10 * 4
+    assert any(ev[i:i + 3] == [("alloc", k), ("alloc", k), ("free_", k)]
+               for i in range(len(ev))), ev

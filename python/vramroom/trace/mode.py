@@ -202,6 +202,16 @@ def _mode_class():
             f = f.f_back
         return False
 
+    def _in_decomposition():
+        """Whether a Python decomposition (torch/_decomp) is on the stack: at the outermost
+        op, one that runs on the device too, op by op."""
+        f = sys._getframe(1)
+        while f is not None:
+            if "/torch/_decomp/" in f.f_code.co_filename:
+                return True
+            f = f.f_back
+        return False
+
     def _grad_copies(go, x, w, mask, nbytes):
         """The grad_output copies cudnn_convolution_backward makes (ConvShared.cpp), as
         (top, input pass, weight pass) bytes: grad_output.to(input's suggested format)
@@ -387,9 +397,13 @@ def _mode_class():
             if func in into_zeros and not self._depth and self._vr.active and \
                     threading.get_ident() != rec.main_ident and args and \
                     isinstance(args[0], FakeTensor) and args[0].device.type == "cuda" and \
-                    self._vals.known(args[0]) == 0 and dense(args[0]):
+                    self._vals.known(args[0]) == 0 and dense(args[0]) and \
+                    not _in_decomposition():
                 # (hq_mixtral_moe_fp32_bf16's real router backward: topk's zeros and its
-                # scatter are one [tokens, experts] block, not two)
+                # scatter are one [tokens, experts] block, not two). A Python decomposition
+                # run for real (torch.func's batching rules: nll_loss_backward's
+                # `torch.scatter(zeros_like(self), ...)`) scatters out of place, as on the GPU
+                # (ht_func_per_sample_grads, device run 40).
                 func = into_zeros[func]
                 rec.accumulations += 1
             if not self._depth and (rec.active or self._dry) and on_fake_cuda(args, kwargs) and \

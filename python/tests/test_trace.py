@@ -1660,6 +1660,12 @@ def test_a_random_host_value_that_decides_control_flow_is_reported(tmp_path):
         x = x * 2
     """, tmp_path)
     assert any("random host value" in w for w in out["warnings"]), out["warnings"]
+    # drawing alone (a shuffle, data) is no branch: no warning
+    quiet = run_traced("""
+    idx = torch.randperm(4).tolist()
+    x = torch.randn(4, 8)[idx[:2]].cuda()
+    """, tmp_path)
+    assert not quiet["warnings"], quiet["warnings"]
 
 
 def test_a_decomposition_run_for_real_scatters_out_of_place(tmp_path):

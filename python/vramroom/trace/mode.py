@@ -12,6 +12,7 @@ code branches on them), so CPU-side arithmetic is exact; cuda tensors never hold
 
 import sys
 import threading
+import weakref
 
 # Small CPU tensors (elements) whose values the trace keeps and propagates (see dispatch).
 CPU_CONSTANT_LIMIT = 1 << 16
@@ -282,6 +283,8 @@ def _mode_class():
             self._vh = hidden
             self._depth = 0
             self._vals = Values()
+            # host tensors holding (or computed from) the trace's own random draws, by id
+            self._drawn = weakref.WeakValueDictionary()
             self._fallback_cuda = False
             self._dry = False  # an explicit composite tried with nothing recorded
             self._in_composite = 0  # inside a composite that ran (its parts are trusted)
@@ -340,6 +343,13 @@ def _mode_class():
                 return args[0]
             if func is local_scalar:
                 t = args[0]
+                if t.dtype == torch.bool and self._drawn.get(id(t)) is t:
+                    # the trace's own draw, not the GPU run's, decides a branch (LayerDrop's
+                    # torch.rand([]) < p in Wav2Vec2's encoder, device run 40): it may run
+                    # other layers here than there
+                    rec.warn("control flow on a random host value (the trace's own draw, "
+                             "not the GPU run's: LayerDrop, random augmentation) may differ "
+                             "from the GPU run's")
                 v = self._vals.get(t)
                 if v is not _UNKNOWN:
                     return v
@@ -463,16 +473,14 @@ def _mode_class():
 
                 with unset_fake_temporarily():
                     real = func(*args, **kwargs)
-                if func._schema.name in HOST_RANDOM:
-                    # the trace's own draw, not the GPU run's: a program that branches on
-                    # it (LayerDrop's torch.rand([]) < p in Wav2Vec2's encoder, device run
-                    # 40) may run other layers here than there
-                    rec.warn("a random host value (%s) decided by the trace's own draw: "
-                             "control flow on it (LayerDrop, random augmentation) may differ "
-                             "from the GPU run's" % func._schema.name)
                 if isinstance(real, torch.Tensor) and real.device.type == "cpu":
-                    return self.fake_tensor_converter.from_real_tensor(self, real, make_constant=True)
+                    out = self.fake_tensor_converter.from_real_tensor(self, real, make_constant=True)
+                    if func._schema.name in HOST_RANDOM:
+                        self._drawn[id(out)] = out
                 return out
+            if self._drawn and isinstance(out, FakeTensor) and out.device.type == "cpu" and \
+                    any(self._drawn.get(id(a)) is a for a in _flat(args, kwargs)):
+                self._drawn[id(out)] = out  # computed from a draw (`rand([]) < p`)
             if composite:
                 # its parts recorded themselves; outputs the fake kernel made without
                 # dispatching parts (a meta implementation) are recorded here

@@ -108,6 +108,12 @@ def tokens_at(points, n):
     return [[k, v if k == "f" else int(round(v * n / n0))] for k, v in t0]
 
 
+def shift_frees(toks, by):
+    """toks with each free's transient index moved by `by` (placed after, or taken out of,
+    a list whose transients come first)."""
+    return [[k, v + by] if k == "f" else [k, v] for k, v in toks]
+
+
 def split_backward(toks, grad_input_bytes):
     """A full conv backward's events as (input half, weight half), or None where they do not
     split safely: plain events only, the input's gradient (grad_input_bytes) made first. The
@@ -120,7 +126,7 @@ def split_backward(toks, grad_input_bytes):
         return None
     first, second = toks[:outs[1]], toks[outs[1]:]
     temps = sum(1 for k, _ in first if k == "t")
-    return first, [[k, v - temps if k == "f" else v] for k, v in second]
+    return first, shift_frees(second, -temps)
 
 
 def with_grad_copies(toks, pas, grad_input_bytes, top, copy_in, copy_w, has_bias):
@@ -144,16 +150,13 @@ def with_grad_copies(toks, pas, grad_input_bytes, top, copy_in, copy_w, has_bias
     if has_bias and second and second[-1][0] == "o":
         second, tail = second[:-1], second[-1:]
 
-    def shift(seg, by):
-        return [[k, v + by] if k == "f" else [k, v] for k, v in seg]
-
     if first and copy_in:
-        first = first[:1] + [["t", copy_in]] + shift(first[1:], 1) + [["f", 0]]
+        first = first[:1] + [["t", copy_in]] + shift_frees(first[1:], 1) + [["f", 0]]
     if second and copy_w:
-        second = [["t", copy_w]] + shift(second, 1) + [["f", 0]]
-    body = first + shift(second, sum(1 for k, _ in first if k == "t"))
+        second = [["t", copy_w]] + shift_frees(second, 1) + [["f", 0]]
+    body = first + shift_frees(second, sum(1 for k, _ in first if k == "t"))
     if top:
-        body = [["t", top]] + shift(body, 1) + [["f", 0]]
+        body = [["t", top]] + shift_frees(body, 1) + [["f", 0]]
     return body + tail
 
 
@@ -182,7 +185,7 @@ def outputs_by_size(toks, sizes):
 def wrap_copy(toks, nbytes, outer, has_bias):
     """toks inside a copy of nbytes made first: freed at the end (outer), else before the
     bias's grad (the last "o" where there is a bias) and what follows it."""
-    body = [["t", nbytes]] + [[k, v + 1] if k == "f" else [k, v] for k, v in toks]
+    body = [["t", nbytes]] + shift_frees(toks, 1)
     at = len(body)
     if not outer and has_bias:
         outs = [j for j, (k, _) in enumerate(body) if k == "o"]
@@ -429,7 +432,7 @@ class Hidden:
                 contig = make_contiguous_strides_for(src.shape)
                 in_fmt = make_channels_last_strides_for(src.shape) if src.dim() == 4 else contig
                 dst_contig = fmt == torch.contiguous_format or \
-                    not _strides_differ(src.shape, in_fmt, contig)
+                    not strides_differ(src.shape, in_fmt, contig)
                 same_layout = src.is_contiguous(memory_format=fmt)
         if (src.device.type == "cuda") == (dst_dev.type == "cuda"):
             return None  # same side: no temporaries (or no GPU at all)
@@ -1060,7 +1063,7 @@ class Hidden:
         if copies:
             k = len(copies)
             toks = [["t", c] for c in copies] + \
-                [[t, v + k] if t == "f" else [t, v] for t, v in (toks or [["o", 0]])] + \
+                shift_frees(toks or [["o", 0]], k) + \
                 [["f", i] for i in reversed(range(k))]
         return toks
 
@@ -1210,7 +1213,7 @@ def _flattens_as_view(t):
     return all(dims[k][1] == dims[k + 1][1] * dims[k + 1][0] for k in range(len(dims) - 1))
 
 
-def _strides_differ(shape, a, b):
+def strides_differ(shape, a, b):
     """Whether two stridings of `shape` differ in a dim longer than one."""
     return any(n != 1 and x != y for n, x, y in zip(shape, a, b))
 

@@ -96,7 +96,8 @@ def _mode_class():
         are_strides_like_channels_last_or_false as are_like_channels_last)
 
     from . import composite as explicit
-    from .hidden import conv_plan_key, with_grad_copies, workspace_tag, wrap_copy
+    from .hidden import conv_plan_key, strides_differ, with_grad_copies, workspace_tag, \
+        wrap_copy
     from .reduce import layout_staging
     from .refuse import ONE_HOT_WHY, not_modelled_ops, on_fake_cuda
 
@@ -213,6 +214,14 @@ def _mode_class():
             f = f.f_back
         return False
 
+    def cudnn_format(fa, fb, ndim):
+        """cudnn_conv_suggest_memory_format: channels_last (3d for 5-d tensors) where either
+        of the two suggested formats is, else contiguous."""
+        if (fa == torch.contiguous_format and fb == torch.contiguous_format) or \
+                ndim not in (4, 5):
+            return torch.contiguous_format
+        return torch.channels_last if ndim == 4 else torch.channels_last_3d
+
     def _grad_copies(go, x, w, mask, nbytes):
         """The grad_output copies cudnn_convolution_backward makes (ConvShared.cpp), as
         (top, input pass, weight pass) bytes: grad_output.to(input's suggested format)
@@ -242,21 +251,17 @@ def _mode_class():
                 else make_channels_last_strides_for(shape)
 
         def dense_in(shape, st, fmt):
-            return all(n == 1 or a == b for n, a, b in zip(shape, st, strides_in(shape, fmt)))
+            return not strides_differ(shape, st, strides_in(shape, fmt))
 
         xf = suggest(*xv)
         top = nbytes if suggest(*g) != xf else 0
         gf = xf if top else suggest(*g)
         g2 = (g[0], strides_in(g[0], xf)) if top else g
 
-        def cudnn_fmt(fa, fb):
-            cl = fa != torch.contiguous_format or fb != torch.contiguous_format
-            if not cl or len(g[0]) not in (4, 5):
-                return torch.contiguous_format
-            return torch.channels_last if len(g[0]) == 4 else torch.channels_last_3d
-
-        copy_in = nbytes if mask[0] and not dense_in(*g2, cudnn_fmt(gf, suggest(*wv))) else 0
-        copy_w = nbytes if mask[1] and not dense_in(*g2, cudnn_fmt(xf, gf)) else 0
+        nd = len(g[0])
+        copy_in = nbytes if mask[0] and not dense_in(*g2, cudnn_format(gf, suggest(*wv), nd)) \
+            else 0
+        copy_w = nbytes if mask[1] and not dense_in(*g2, cudnn_format(xf, gf, nd)) else 0
         return top, copy_in, copy_w
 
     def _input_copy(hid, x, w, transposed, groups):
@@ -268,10 +273,7 @@ def _mode_class():
             return 0
         if hid.uses_cudnn(x, transposed, w, groups) or (
                 transposed and torch.backends.cudnn.enabled and x.dim() in (3, 4, 5)):
-            cl = suggest_memory_format(x) != torch.contiguous_format or \
-                suggest_memory_format(w) != torch.contiguous_format
-            fmt = (torch.channels_last if x.dim() == 4 else torch.channels_last_3d) \
-                if cl and x.dim() in (4, 5) else torch.contiguous_format
+            fmt = cudnn_format(suggest_memory_format(x), suggest_memory_format(w), x.dim())
         else:
             fmt = torch.contiguous_format
         return 0 if x.is_contiguous(memory_format=fmt) else x.numel() * x.element_size()
@@ -548,8 +550,7 @@ def _mode_class():
                 key = conv_plan_key("forward", x, w, args[3], args[4], args[5], args[8])
                 xcopy = _input_copy(hid, x, w, args[6], args[8])
                 if toks is not None and xcopy:
-                    toks = [["t", xcopy]] + [[k, v + 1] if k == "f" else [k, v]
-                                             for k, v in toks] + [["f", 0]]
+                    toks = wrap_copy(toks, xcopy, True, False)
                 if toks is not None and hid.replay_tokens(toks, [out], rec._frames(), key):
                     return out
                 if xcopy:

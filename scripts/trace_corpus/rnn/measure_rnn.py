@@ -1,6 +1,6 @@
 """What nn.LSTM, nn.GRU and nn.RNN allocate on a real GPU, op by op, for the fake-CUDA tracer.
 
-    python measure_rnn.py OUT.json [--budget 150]
+    python measure_rnn.py OUT.json [--budget 150] [--configs CONFIGS.json]
 
 For each config (mode, dtype, input_size, hidden_size, num_layers, bidirectional, proj_size,
 batch, seq, batch_first, dropout, bias, packed, autocast) the module is built on the host and
@@ -247,6 +247,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--budget", type=float, default=150)
+    ap.add_argument("--configs", help="a JSON list of configs to measure instead of the grid "
+                                      "(harvest_prog.py's); no CTC then")
     a = ap.parse_args()
     t0 = time.time()
     dev = torch.device("cuda")
@@ -255,7 +257,7 @@ def main():
            "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
            "cuda": torch.version.cuda, "about": __doc__.split("\n\n")[0],
            "tf32_cudnn": torch.backends.cudnn.allow_tf32, "entries": [], "done": False}
-    cfgs = grid()
+    cfgs = json.load(open(a.configs)) if a.configs else grid()
 
     def flush():
         with open(a.out, "w") as f:
@@ -278,7 +280,7 @@ def main():
     else:
         doc["done"] = True
     doc["ctc"] = []
-    for c in ctc_grid():
+    for c in ([] if a.configs else ctc_grid()):
         try:
             doc["ctc"].append({"config": c, "ops": run_ctc(c, dev)})
         except Exception as e:  # noqa: BLE001

@@ -245,13 +245,15 @@ class Trace:
         self._set(tud.DataLoader, "__init__", _make_loader_init(tud.DataLoader.__init__,
                                                                 rec.warn))
         from .lazy import LazySupport
-        from .refuse import RnnRefusal, one_hot_checked  # refused by name
+        from .refuse import one_hot_checked  # refused by name
+        from .rnn import PackVF, RnnVF  # nn.LSTM, nn.GRU, nn.RNN on cuDNN (rnn.py)
 
         import torch.nn.functional as nnf
 
         self._set(nnf, "one_hot", one_hot_checked(nnf.one_hot))
 
-        RnnRefusal.install()
+        RnnVF.install(rec)
+        PackVF.install()
         LazySupport.install()
         return self
 
@@ -268,9 +270,10 @@ class Trace:
             self._ev.uninstall()
             self._libs.uninstall()
             from .lazy import LazySupport
-            from .refuse import RnnRefusal
+            from .rnn import PackVF, RnnVF
 
-            RnnRefusal.uninstall()
+            RnnVF.uninstall()
+            PackVF.uninstall()
             LazySupport.uninstall()
             # Frees that Python's cycle collector would find: not the program's peak, but
             # keep the events of this region whole before closing it.

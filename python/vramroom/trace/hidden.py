@@ -279,7 +279,10 @@ class Hidden:
         # _embedding_bag's CUDA kernel: bag_size, offset2bag, then output (ho_recsys_embbag_amp)
         self.output_order = {a.native_dropout.default: (1, 0),
                              a._embedding_bag.default: (2, 1, 0, 3),
-                             a._embedding_bag_forward_only.default: (2, 1, 0, 3)}
+                             a._embedding_bag_forward_only.default: (2, 1, 0, 3),
+                             # RNN.cu's fused cells make their workspace first
+                             a._thnn_fused_lstm_cell.default: (2, 0, 1),
+                             a._thnn_fused_gru_cell.default: (1, 0)}
         # softmax/log_softmax: the structured output first, then input.contiguous() (a
         # cross-entropy over sim.T in hf_bert_custom_loss's real snapshot)
         self.contig = {a.native_layer_norm.default: ([0], []),

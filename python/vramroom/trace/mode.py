@@ -37,6 +37,7 @@ def _mode_class():
     from .values import FINITE_PRESUMED, UNKNOWN as _UNKNOWN, Values
     from .hidden import sdpa_backward_scratch
     from .native_mha import encoder_layer, native_mha
+    from . import rnn
 
     aten = torch.ops.aten
     local_scalar = aten._local_scalar_dense.default
@@ -65,7 +66,10 @@ def _mode_class():
     # (inference_mode), clone it (ho_tv_swin_infer: a [B, H, N, N] copy per attention)
     # nn.MultiheadAttention's and nn.TransformerEncoderLayer's inference fast paths
     fast_paths = {aten._native_multi_head_attention.default: native_mha,
-                  aten._transformer_encoder_layer_fwd.default: encoder_layer}
+                  aten._transformer_encoder_layer_fwd.default: encoder_layer,
+                  aten._cudnn_rnn_flatten_weight.default: rnn.flatten_weight,
+                  aten._cudnn_rnn.default: rnn.cudnn_rnn,
+                  aten._cudnn_rnn_backward.default: rnn.cudnn_rnn_backward}
     dropouts = {aten.dropout.default, aten.feature_dropout.default,
                 aten.alpha_dropout.default, aten.feature_alpha_dropout.default}
     ACC_USE_COUNT = 4
@@ -114,15 +118,25 @@ def _mode_class():
             return True  # not the trace's: fake mode's own kernel
         return hid.grouped_mm_fast(args, kwargs)
 
-    # cuDNN's spatial transformer (grid_sample, bilinear, zeros, align_corners=True, 4-d,
-    # C <= 1024): no meta kernel; its outputs are made empty and resized, so contiguous
-    # (cudnn/GridSampler.cpp); the grid's contiguous copy is hidden.py's
-    cudnn_grid = {}
-    if hasattr(aten, "cudnn_grid_sampler"):
-        cudnn_grid[aten.cudnn_grid_sampler.default] = lambda x, g: x.new_empty(
+    # CUDA kernels with no meta kernel whose outputs are plain empties. cuDNN's spatial
+    # transformer (grid_sample, bilinear, zeros, align_corners=True, 4-d, C <= 1024): its
+    # outputs are made empty and resized, so contiguous (cudnn/GridSampler.cpp); the grid's
+    # contiguous copy is hidden.py's
+    no_meta = {}
+    if hasattr(aten, "no_meta_sampler"):
+        no_meta[aten.no_meta_sampler.default] = lambda x, g: x.new_empty(
             (x.size(0), x.size(1), g.size(1), g.size(2)))
-        cudnn_grid[aten.cudnn_grid_sampler_backward.default] = lambda x, g, go: (
+        no_meta[aten.no_meta_sampler_backward.default] = lambda x, g, go: (
             x.new_empty(x.shape), g.new_empty(g.shape))
+    # PyTorch's fused GRU cell (RNN.cu; nn.GRU in bfloat16, nn.GRUCell): no meta kernel; its
+    # outputs are plain empties, the bias grads sums of the gates' grads
+    no_meta[aten._thnn_fused_gru_cell.default] = lambda ig, hg, hx, ib=None, hb=None: (
+        hx.new_empty(hx.shape), hx.new_empty((hx.size(0), hx.size(1) * 5)))
+    no_meta[aten._thnn_fused_gru_cell_backward.default] = lambda ghy, ws, has_bias: (
+        ws.new_empty((ws.size(0), ws.size(1) // 5 * 3)),
+        ws.new_empty((ws.size(0), ws.size(1) // 5 * 3)), ghy.new_empty(ghy.shape)) + (
+        (ws.new_empty(ws.size(1) // 5 * 3), ws.new_empty(ws.size(1) // 5 * 3)) if has_bias
+        else (None, None))
     one_hot = aten.one_hot.default
     finiteness = {aten.isfinite.default: True, aten.isnan.default: False,
                   aten.isinf.default: False, aten.isposinf.default: False,
@@ -292,7 +306,7 @@ def _mode_class():
             self._in_composite = 0  # inside a composite that ran (its parts are trusted)
             # ops modelled as one call: never redispatched to their composite
             self._whole = hidden.modelled() | set(fast_paths) | set(sdpa_plans) | \
-                set(sdpa_bwd) | to_ops | dropouts | set(not_modelled) | set(cudnn_grid) | \
+                set(sdpa_bwd) | to_ops | dropouts | set(not_modelled) | set(no_meta) | \
                 set(into_zeros) | {
                     local_scalar, is_all_true, record_stream, pin_memory, is_pinned, one_hot,
                     add_tensor, add_inplace, index_put_func, index_put_impl,
@@ -436,8 +450,8 @@ def _mode_class():
             try:
                 if func is grouped_mm and not hid_fast_grouped_mm(self._vh, args, kwargs):
                     out = _grouped_mm_out(*args, **kwargs)
-                elif func in cudnn_grid and self._fallback_cuda:
-                    out = cudnn_grid[func](*args)
+                elif func in no_meta and self._fallback_cuda:
+                    out = no_meta[func](*args)
                 else:
                     out = super().dispatch(func, types, args, kwargs)
             except fake_errors as e:

@@ -1,0 +1,660 @@
+"""cuDNN RNNs (nn.LSTM, nn.GRU, nn.RNN on CUDA) as PyTorch 2.11 runs them, op by op.
+
+Design note. On the GPU these modules reach cuDNN through C++ composites (`at::lstm` &
+co., aten/src/ATen/native/cudnn/RNN.cpp) that ask cuDNN for a handle before any op reaches
+the fake mode, and whose fake kernels allocate no workspace or reserve space. So three
+pieces stand in for them while a trace runs, each doing what the C++ does, in its order,
+with the fake mode recording every tensor it makes:
+
+- `RnnVF` replaces torch.nn.modules.rnn's `_VF`: lstm/gru/rnn_tanh/rnn_relu (padded and
+  packed) on a fake CUDA input that cuDNN takes (float32, float16, float64) run
+  `_cudnn_impl`: the process-wide dropout state on first use with dropout in training
+  (an 8-byte seed drawn on the device, then cuDNN's RNG states, kept for good; made again
+  after a manual_seed), then `aten._cudnn_rnn`. Under CUDA autocast they run
+  `_cudnn_rnn_cast_reflatten` first: the weights copied into a new flat float16 buffer,
+  then the input and states cast. bfloat16 runs on cuDNN too (at::cudnn_is_acceptable takes
+  it) but RNNBase.flatten_parameters does not flatten it (torch.backends.cudnn's
+  is_acceptable does not), so each call copies the weights into a new buffer (device run
+  41's hp_lstm_proj_bf16_native). Other dtypes, or cuDNN off, go to PyTorch's own composite
+  (its fused cells, which fake mode runs).
+- `flatten_parameters` (RNNBase's, which compares data pointers that fake tensors do not
+  have) compares storages instead, then calls `_cudnn_rnn_flatten_weight`.
+- The recording mode runs these aten ops here (mode.py's fast paths):
+  `_cudnn_rnn_flatten_weight` (a zeroed flat buffer, each weight copied in and re-pointed
+  at it, its old storage freed), `_cudnn_rnn` and `_cudnn_rnn_backward`, whose workspace and
+  reserve sizes (cudnnGetRNNTempSpaceSizes) come from device run 41's measurements: the
+  reserve space by a formula (reserve_bytes), the workspace from the measured shapes
+  (rnn_events_sm90.json; `workspace`): a shape not measured is refused, since cuDNN's
+  heuristics size it and estimates from other shapes were off by up to 2x.
+
+The weight gradients are tensors over one zeroed flat buffer, as cuDNN writes them, and
+autograd keeps them as the parameters' .grad: one block for all of them, not one each."""
+
+import threading
+
+import torch
+
+from .capture import UnsupportedOp
+
+CUDNN_MODE = {"rnn_relu": 0, "rnn_tanh": 1, "lstm": 2, "gru": 3}
+GATES = {0: 1, 1: 1, 2: 4, 3: 3}
+_CUDNN_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_state = threading.local()
+
+
+def _cfg(b, x):
+    """The RNN's dimensions from a bound `_cudnn_rnn`-style call."""
+    mode = int(b["mode"])
+    bs = list(b.get("batch_sizes") or [])
+    if bs:
+        seq, batch = len(bs), int(bs[0])
+    elif b["batch_first"]:
+        batch, seq = int(x.shape[0]), int(x.shape[1])
+    else:
+        seq, batch = int(x.shape[0]), int(x.shape[1])
+    rows = int(x.shape[0]) if bs else seq * batch
+    drop = bool(b["train"]) and float(b["dropout"]) > 0
+    return dict(drop=drop, mode=mode, gates=GATES[mode], I=int(x.shape[-1]), H=int(b["hidden_size"]),
+                P=int(b["proj_size"]), L=int(b["num_layers"]), D=2 if b["bidirectional"] else 1,
+                N=batch, T=seq, rows=rows, packed=bool(bs), dtype=x.dtype)
+
+
+def num_weights(c):
+    """Elements of cuDNN's flat weight space: per layer and direction the input and hidden
+    matrices of every gate, two biases a gate (cuDNN's double bias, there even for a module
+    without bias) and the projection."""
+    g, H, P, D = c["gates"], c["H"], c["P"], c["D"]
+    out = P or H
+    n = 0
+    for layer in range(c["L"]):
+        i = c["I"] if layer == 0 else out * D
+        n += D * (g * H * (i + out) + 2 * g * H + (P * H if P else 0))
+    return n
+
+
+def layout(c, has_biases):
+    """(offset, numel) in the flat buffer of each module parameter, in the module's order
+    (w_ih, w_hh, [b_ih, b_hh], [w_hr] per layer and direction): cuDNN keeps a layer's
+    matrices first, then its biases, then the projection."""
+    g, H, P, D = c["gates"], c["H"], c["P"], c["D"]
+    out = P or H
+    res, off = [], 0
+    for layer in range(c["L"]):
+        i = c["I"] if layer == 0 else out * D
+        for _ in range(D):
+            w_ih, w_hh = (off, g * H * i), (off + g * H * i, g * H * out)
+            off += g * H * (i + out)
+            b_ih, b_hh = (off, g * H), (off + g * H, g * H)
+            off += 2 * g * H
+            w_hr = None
+            if P:
+                w_hr = (off, P * H)
+                off += P * H
+            res += [w_ih, w_hh] + ([b_ih, b_hh] if has_biases else []) + \
+                ([w_hr] if w_hr else [])
+    return res
+
+
+_TABLES = {}
+_MODE_NAME = {0: "RNN_RELU", 1: "RNN_TANH", 2: "LSTM", 3: "GRU"}
+
+
+def _table(row):
+    name = row.get("rnn_events_table")
+    if not name:
+        return None
+    if name not in _TABLES:
+        import json
+        import os
+
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)) as f:
+            d = json.load(f)
+        shapes = {}
+        for k, pts in d["shapes"].items():
+            m, dt, I, H, L, D, P, pk, drop = k.split("|")
+            shapes[(m, dt, int(I), int(H), int(L), int(D), int(P), int(pk), int(drop))] = pts
+        _TABLES[name] = (d, shapes)
+    return _TABLES[name]
+
+
+def _up(x, a):
+    return -(-x // a) * a
+
+
+def reserve_bytes(c, dropout):
+    """cuDNN's training reserve space (cudnnGetRNNTempSpaceSizes), from device run 41's 714
+    shapes (712 exact, two bidirectional ones with dropout tens of bytes off): 256 bytes, then
+    per layer the gates' activations (LSTM 5, GRU 6, RNN 1 x hidden a row and direction) and
+    with a projection (hidden + proj) more, per layer but the last its output (hidden x
+    directions) and with dropout its mask (a bit per element of the next layer's input),
+    each part aligned to 16 bytes, the sum to 32."""
+    e = c["dtype"].itemsize
+    k = {0: 1, 1: 1, 2: 5, 3: 6}[c["mode"]]
+    H, P, D, L, rows = c["H"], c["P"], c["D"], c["L"], c["rows"]
+    out = P or H
+    parts = []
+    for layer in range(L):
+        parts.append(k * H * rows * e * D)
+        if P:
+            parts.append((H + P) * rows * e * D)
+        if layer < L - 1:
+            parts.append(rows * D * H * e)
+            if dropout > 0:
+                parts.append(_up(-(-rows * D * D * out // 8), 32))
+    return 256 + _up(sum(_up(p, 16) for p in parts), 32)
+
+
+def workspace(c, kind, rec, row):
+    """cuDNN's workspace for a training forward ("train"), an inference one ("eval") or the
+    backward ("backward"): the measured shape's own (exact at a measured batch and length;
+    between them on its line in rows and batch, as cuDNN sizes it: device run 41's sweeps
+    fit it to the byte); a shape not measured is refused."""
+    tab = _table(row)
+    if tab is None:
+        raise UnsupportedOp(torch.ops.aten._cudnn_rnn.default,
+                            "cuDNN's RNN workspace was not measured on this GPU's "
+                            "architecture")
+    col = {"train": 3, "eval": 4, "backward": 5}[kind]
+    dt = str(c["dtype"]).replace("torch.", "")
+    key = (_MODE_NAME[c["mode"]], dt, c["I"], c["H"], c["L"], c["D"], c["P"], int(c["packed"]),
+           int(c["drop"]))
+    pts = tab[1].get(key)
+    if not pts and kind == "eval":  # an inference forward sets no dropout: either shape's
+        pts = tab[1].get(key[:-1] + (1 - key[-1],))
+    stats = rec.hidden.stats
+    if pts:
+        for p in pts:
+            if (p[0], p[1], p[2]) == (c["N"], c["T"], c["rows"]):
+                stats["rnn_measured"] = stats.get("rnn_measured", 0) + 1
+                return p[col]
+        fit = _line(pts, col)
+        if fit is not None:
+            stats["rnn_measured"] = stats.get("rnn_measured", 0) + 1
+            a, b, n = fit
+            return int(a + b * c["rows"] + n * c["N"] + 32 * -(-c["N"] // 4))
+    raise UnsupportedOp(torch.ops.aten._cudnn_rnn.default, unmeasured_why(c, key))
+
+
+def unmeasured_why(c, key):
+    return ("cuDNN's RNN workspace for %s %s(input %d, hidden %d, %d layers%s%s%s) at batch %d x "
+            "%d steps%s was not measured on this GPU's architecture; cuDNN's heuristics size it "
+            "(estimates from the nearest measured shapes were off by up to 2x on device run "
+            "41's random shapes), so it is not guessed: measure the shape with "
+            "scripts/trace_corpus/rnn/measure_rnn.py --configs" % (
+                key[1], key[0], c["I"], c["H"], c["L"], ", bidirectional" if c["D"] == 2 else "",
+                ", proj_size %d" % c["P"] if c["P"] else "", ", packed" if c["packed"] else "",
+                c["N"], c["T"], " with dropout" if c["drop"] else ""))
+
+
+def _line(pts, col):
+    """(a, b, n): workspace = a + b x rows + n x batch + 32 x ceil(batch / 4), through a
+    shape's measured points, where three or more fix it and all lie on it (else None)."""
+    if len({(p[2], p[0]) for p in pts}) < 3:
+        return None
+    from fractions import Fraction as Fr
+
+    ys = [(Fr(p[2]), Fr(p[0]), Fr(p[col] - 32 * -(-p[0] // 4))) for p in pts]
+    # least squares by normal equations, exactly (three unknowns)
+    s = [[sum(r * q for r, q in zip(u, v)) for v in ((1,) * len(ys), [y[0] for y in ys],
+                                                      [y[1] for y in ys])]
+         for u in ((1,) * len(ys), [y[0] for y in ys], [y[1] for y in ys])]
+    t = [sum(u_i * y[2] for u_i, y in zip(u, ys))
+         for u in ((1,) * len(ys), [y[0] for y in ys], [y[1] for y in ys])]
+    m = [row[:] + [t_i] for row, t_i in zip(s, t)]
+    for i in range(3):
+        piv = next((r for r in range(i, 3) if m[r][i] != 0), None)
+        if piv is None:
+            return None
+        m[i], m[piv] = m[piv], m[i]
+        for r in range(3):
+            if r != i and m[r][i] != 0:
+                f = m[r][i] / m[i][i]
+                m[r] = [x - f * y for x, y in zip(m[r], m[i])]
+    a, b, n = (m[i][3] / m[i][i] for i in range(3))
+    if any(abs(a + b * y[0] + n * y[1] - y[2]) > 64 for y in ys):
+        return None
+    return a, b, n
+
+
+def _aliases(buf, shapes_offsets):
+    """Tensors over buf's storage, as RNN.cpp's get_parameters makes them (set_, not views:
+    autograd sees no base). Made by set_ from a view (set_ from a storage keeps that
+    storage alive for good under fake mode)."""
+    out = []
+    for shape, off in shapes_offsets:
+        n = 1
+        for d in shape:
+            n *= int(d)
+        t = buf.new_empty(0)
+        t.set_(buf.narrow(0, off, n).view(shape))
+        out.append(t)
+    return out
+
+
+def _stride0(has_biases, proj):
+    return (4 if has_biases else 2) + (1 if proj else 0)
+
+
+# -- the aten ops, run inside the recording mode (mode.py's fast paths) -----------------
+def flatten_weight(row, rec, args, kwargs):
+    """aten._cudnn_rnn_flatten_weight: a zeroed flat buffer; each weight copied into its
+    place, then re-pointed at it (its own storage freed as it lets go)."""
+    from .hidden import _bind
+
+    b = _bind(torch.ops.aten._cudnn_rnn_flatten_weight.default, args, kwargs)
+    ws = list(b["weight_arr"])
+    proj = int(b["proj_size"])
+    c = dict(mode=int(b["mode"]), gates=GATES[int(b["mode"])], I=int(b["input_size"]),
+             H=int(b["hidden_size"]), P=proj, L=int(b["num_layers"]),
+             D=2 if b["bidirectional"] else 1)
+    has_biases = int(b["weight_stride0"]) == _stride0(True, proj)
+    with torch.no_grad():
+        buf = torch.zeros(num_weights(c), dtype=ws[0].dtype, device=ws[0].device)
+        lay = layout(c, has_biases)
+        params = _aliases(buf, [(w.shape, off) for w, (off, _) in zip(ws, lay)])
+        for w, p in zip(ws, params):
+            p.copy_(w)
+        for w, p in zip(ws, params):
+            w.set_(p)
+    return buf
+
+
+def cudnn_rnn(row, rec, args, kwargs):
+    """aten._cudnn_rnn (RNN.cpp): the input's contiguous copy (sequence-major), output, h_n,
+    c_n, a flat weight buffer when the weights are not one, then workspace and reserve
+    space; the workspace and the copy freed as it returns."""
+    from .hidden import _bind
+
+    b = _bind(torch.ops.aten._cudnn_rnn.default, args, kwargs)
+    inp, hx, cx = b["input"], b["hx"], b.get("cx")
+    c = _cfg(b, inp)
+    packed = bool(c["packed"])
+    with torch.no_grad():
+        x = inp.transpose(0, 1) if b["batch_first"] and not packed else inp
+        x = x.contiguous()
+        out_sz = (_out_size(c)) * c["D"]
+        shape = [inp.shape[0], out_sz] if packed else [c["T"], c["N"], out_sz]
+        output = inp.new_empty(shape)
+        hy = hx.new_empty([c["L"] * c["D"], c["N"], _out_size(c)])
+        cy = cx.new_empty([c["L"] * c["D"], c["N"], c["H"]]) if cx is not None else \
+            hx.new_empty(0)
+        wbuf = b.get("weight_buf")
+        if wbuf is None:
+            rec.warn("RNN module weights are not part of single contiguous chunk of memory: "
+                     "cuDNN's RNN copies them into a new buffer at every call "
+                     "(call flatten_parameters())")
+            wbuf = inp.new_empty(num_weights(c))
+            wbuf.zero_()
+            lay = layout(c, int(b["weight_stride0"]) == _stride0(True, c["P"]))
+            for w, p in zip(b["weight"], _aliases(wbuf, [(w.shape, o) for w, (o, _) in
+                                                       zip(b["weight"], lay)])):
+                p.copy_(w)
+        train = bool(b["train"])
+        ws = torch.empty(workspace(c, "train" if train else "eval", rec, row),
+                         dtype=torch.uint8, device=inp.device)
+        reserve = torch.empty(reserve_bytes(c, float(b["dropout"])) if train else 0,
+                              dtype=torch.uint8, device=inp.device)
+        del ws, x
+        if b["batch_first"] and not packed:
+            output = output.transpose(0, 1)
+    return output, hy, cy, reserve, wbuf
+
+
+def _out_size(c):
+    return c["P"] or c["H"]
+
+
+def cudnn_rnn_backward(row, rec, args, kwargs):
+    """aten._cudnn_rnn_backward (RNN.cpp): zeros for the gradients autograd did not give;
+    _cudnn_rnn_backward_input (contiguous copies of the input and output gradient, dx, dhx,
+    dcx, a workspace), then _cudnn_rnn_backward_weight (the input's copy again, the zeroed
+    flat dw, a workspace). The weight gradients are tensors over dw."""
+    from .hidden import _bind
+
+    b = _bind(torch.ops.aten._cudnn_rnn_backward.default, args, kwargs)
+    inp, hx, cx, output = b["input"], b["hx"], b.get("cx"), b["output"]
+    c = _cfg(b, inp)
+    packed = bool(c["packed"])
+    bf = b["batch_first"] and not packed
+    mask = list(b["output_mask"])
+    weight = list(b["weight"])
+    with torch.no_grad():
+        go, ghy, gcy = b.get("grad_output"), b.get("grad_hy"), b.get("grad_cy")
+        if go is None and ghy is None and gcy is None:
+            return None, None, None, [None] * len(weight)
+        if go is None:
+            go = torch.zeros_like(output, memory_format=torch.contiguous_format)
+        if ghy is None:
+            ghy = torch.zeros_like(hx, memory_format=torch.contiguous_format)
+        if cx is not None and gcy is None:
+            gcy = torch.zeros_like(cx, memory_format=torch.contiguous_format)
+        ws_n = workspace(c, "backward", rec, row)
+        dx, dhx, dcx = _backward_input(inp, go, ghy, gcy, hx, cx, bf, ws_n)
+        dw = [None] * len(weight)
+        if mask[3]:
+            flat = _backward_weight(inp, bf, b["weight_buf"], ws_n)
+            lay = layout(c, int(b["weight_stride0"]) == _stride0(True, c["P"]))
+            dw = _aliases(flat, [(w.shape, o) for w, (o, _) in zip(weight, lay)])
+            del flat
+        del go, ghy, gcy
+    return dx, dhx, dcx, dw
+
+
+def _backward_weight(inp, bf, wbuf, ws_n):
+    x = (inp.transpose(0, 1) if bf else inp).contiguous()
+    flat = torch.zeros(wbuf.shape, dtype=wbuf.dtype, device=wbuf.device)
+    ws = torch.empty(ws_n, dtype=torch.uint8, device=inp.device)
+    del ws, x
+    return flat
+
+
+def _backward_input(inp, go, ghy, gcy, hx, cx, bf, ws_n):
+    x = (inp.transpose(0, 1) if bf else inp).contiguous()
+    dy = (go.transpose(0, 1) if bf else go).contiguous()
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+    dhy = ghy.contiguous()
+    dcy = gcy.contiguous() if gcy is not None else None
+    dhx = torch.empty(hx.shape, dtype=hx.dtype, device=hx.device)
+    dcx = torch.empty(cx.shape, dtype=cx.dtype, device=cx.device) if cx is not None else None
+    ws = torch.empty(ws_n, dtype=torch.uint8, device=inp.device)
+    del ws, dcy, dhy, dy, x
+    if bf:
+        dx = dx.transpose(0, 1)
+    return dx, dhx, dcx
+
+
+# -- the module side: _VF and flatten_parameters ---------------------------------------
+def _on_fake_cuda(t):
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor) and t.device.type == "cuda"
+
+
+def _same_storage(ws):
+    key = {w.untyped_storage()._cdata for w in ws}
+    return len(key) == 1
+
+
+def _weight_buf(params, c, has_biases):
+    """RNN.cpp's try_get_weight_buf: the parameters' own flat storage where they all lie in
+    it at cuDNN's offsets, else None (then _cudnn_rnn copies them at every call)."""
+    if not _same_storage(params):
+        return None
+    st = params[0].untyped_storage()
+    n = num_weights(c)
+    if st.nbytes() < n * params[0].element_size():
+        return None
+    for p, (off, _) in zip(params, layout(c, has_biases)):
+        if p.storage_offset() != off or not p.is_contiguous():
+            return None
+    with torch.no_grad():
+        buf = params[0].new_empty(0)
+        buf.set_(params[0].detach().as_strided((n,), (1,), 0))
+    return buf
+
+
+class RnnVF:
+    """Stands in for torch.nn.modules.rnn's `_VF` during a trace (see the module's note)."""
+
+    def __init__(self, vf, rec):
+        self._vf = vf
+        self._rec = rec
+        self._dropout_state = None
+        self._reseeded = False
+
+    def __getattr__(self, name):
+        fn = getattr(self._vf, name)
+        if name not in CUDNN_MODE:
+            return fn
+
+        def rnn(*args):
+            x = args[0]
+            if not _on_fake_cuda(x):
+                return fn(*args)
+            if not (torch.backends.cudnn.enabled and x.dtype in _CUDNN_DTYPES and
+                    x.numel() > 0):
+                return fn(*args)  # PyTorch's own cells (bfloat16): composites fake mode runs
+            return self._cudnn(name, args)
+
+        return rnn
+
+    def reseed(self):
+        """torch.manual_seed: the CUDA generator asks for new RNN dropout states."""
+        self._reseeded = True
+
+    def _dropout(self, p, train, x):
+        if not (train and p > 0):
+            return self._dropout_state
+        if self._dropout_state is None or self._reseeded:
+            self._reseeded = False
+            seed = torch.empty((), dtype=torch.long, device=x.device)
+            seed.random_()
+            del seed
+            tab = _table(self._rec.hidden.row)
+            if tab is None or not tab[0].get("dropout_state_bytes"):
+                raise UnsupportedOp(torch.ops.aten._cudnn_init_dropout_state.default,
+                                    "cuDNN's dropout state was not measured on this GPU's "
+                                    "architecture")
+            n = tab[0]["dropout_state_bytes"]
+            self._dropout_state = torch.empty(n, dtype=torch.uint8, device=x.device)
+        return self._dropout_state
+
+    def _cudnn(self, name, args):
+        packed = isinstance(args[1], torch.Tensor) and args[1].device.type == "cpu"
+        if packed:
+            x, batch_sizes, hidden, params = args[0], args[1], args[2], list(args[3])
+            has_biases, layers, p, train, bidir = args[4:9]
+            batch_first = False
+            bs = [int(v) for v in batch_sizes.tolist()]
+        else:
+            x, hidden, params = args[0], args[1], list(args[2])
+            has_biases, layers, p, train, bidir, batch_first = args[3:9]
+            bs = []
+        mode = CUDNN_MODE[name]
+        if mode == 2:
+            hx, cx = hidden[0], hidden[1]
+        else:
+            hx, cx = hidden, None
+        H, proj = int(hx.shape[2]), 0
+        if cx is not None and cx.shape[2] != hx.shape[2]:
+            H, proj = int(cx.shape[2]), int(hx.shape[2])
+        c = dict(mode=mode, gates=GATES[mode], I=int(x.shape[-1]), H=H, P=proj, L=int(layers),
+                 D=2 if bidir else 1)
+        buf = _weight_buf(params, c, has_biases)
+        state = self._dropout(p, train, x)
+        stride0 = _stride0(has_biases, proj)
+        amp = torch.is_autocast_enabled("cuda")
+        with torch.autocast("cuda", enabled=False):
+            if amp:
+                params, buf, x, hx, cx = self._cast_reflatten(params, buf, x, hx, cx, c,
+                                                              has_biases)
+            out = torch.ops.aten._cudnn_rnn(x, params, stride0, buf, hx, cx, mode, H, proj,
+                                            int(layers), bool(batch_first), float(p),
+                                            bool(train), bool(bidir), bs, state)
+        if mode == 2:
+            return out[0], out[1], out[2]
+        return out[0], out[1]
+
+    def _cast_reflatten(self, params, buf, x, hx, cx, c, has_biases):
+        """autocast's _cudnn_rnn_cast_reflatten (AutocastRNN.cpp): float32 weights copied
+        into a new flat float16 buffer (autograd sees the copies), then the input, h_0 and
+        c_0 cast (cached_cast: only float32 CUDA tensors change)."""
+        half = torch.float16
+        ref = buf if buf is not None else params[0]
+        if ref.is_floating_point() and ref.dtype not in (half,) and ref.dtype in \
+                (torch.float32, torch.float64):
+            nbuf = torch.zeros(num_weights(c), dtype=half, device=x.device)
+            lay = layout(c, has_biases)
+            nparams = _aliases(nbuf, [(w.shape, o) for w, (o, _) in zip(params, lay)])
+            for w, q in zip(params, nparams):
+                q.copy_(w)
+            params, buf = nparams, nbuf
+
+        def cast(t):
+            return t.to(half) if t is not None and t.dtype == torch.float32 else t
+        # the call's arguments, evaluated right to left as GCC does: c_0, h_0, input
+        cx = cast(cx)
+        hx = cast(hx)
+        x = cast(x)
+        return params, buf, x, hx, cx
+
+    @classmethod
+    def install(cls, rec):
+        import torch.nn.modules.rnn as rnn
+
+        if not isinstance(rnn._VF, cls):
+            rnn._VF = cls(rnn._VF, rec)
+        _state.saved = (rnn.RNNBase.flatten_parameters, torch.manual_seed)
+        rnn.RNNBase.flatten_parameters = flatten_parameters
+        vf = rnn._VF
+
+        def manual_seed(seed, _orig=torch.manual_seed):
+            vf.reseed()
+            return _orig(seed)
+
+        torch.manual_seed = manual_seed
+        return vf
+
+    @classmethod
+    def uninstall(cls):
+        import torch.nn.modules.rnn as rnn
+
+        if isinstance(rnn._VF, cls):
+            rnn._VF = rnn._VF._vf
+        saved = getattr(_state, "saved", None)
+        if saved:
+            rnn.RNNBase.flatten_parameters, torch.manual_seed = saved
+            _state.saved = None
+
+
+def flatten_parameters(self):
+    """RNNBase.flatten_parameters with storages compared instead of data pointers (fake
+    tensors have none); the rest as PyTorch 2.11 has it."""
+    if len(self._flat_weights) != len(self._flat_weights_names):
+        return
+    for w in self._flat_weights:
+        if not isinstance(w, torch.Tensor):
+            return
+    first = self._flat_weights[0]
+    if not _on_fake_cuda(first):
+        return _state.saved[0](self)
+    dtype = first.dtype
+    for fw in self._flat_weights:
+        if fw.dtype != dtype or not fw.is_cuda or not torch.backends.cudnn.is_acceptable(fw):
+            return
+    if len({w.untyped_storage()._cdata for w in self._flat_weights}) != \
+            len(self._flat_weights):
+        return
+    import torch.backends.cudnn.rnn as cudnn_rnn
+
+    with torch.no_grad():
+        if torch._use_cudnn_rnn_flatten_weight():
+            n = 4 if self.bias else 2
+            if self.proj_size > 0:
+                n += 1
+            torch._cudnn_rnn_flatten_weight(
+                self._flat_weights, n, self.input_size, cudnn_rnn.get_cudnn_mode(self.mode),
+                self.hidden_size, self.proj_size, self.num_layers, self.batch_first,
+                bool(self.bidirectional))
+
+
+
+# -- packed sequences: torch.nn.utils.rnn's _VF ----------------------------------------
+class _PackPadded(torch.autograd.Function):
+    """PackedSequence.cpp's _pack_padded_sequence and its backward, on the lengths' values
+    (host data the trace has): each run of equal lengths a contiguous copy of its slice,
+    then their cat; the backward a zeroed input-shaped gradient filled step by step."""
+
+    @staticmethod
+    def forward(ctx, x, lengths, batch_first):
+        inp = x.transpose(0, 1) if batch_first else x
+        B = inp.shape[1]
+        steps, sizes, prev = [], [], 0
+        for i in range(B):
+            n = lengths[B - 1 - i]
+            if n > prev:
+                cur = B - i
+                steps.append(inp[prev:n, :cur].contiguous().view((-1,) + tuple(inp.shape[2:])))
+                sizes += [cur] * (n - prev)
+                prev = n
+        data = torch.cat(steps)
+        del steps
+        ctx.sizes, ctx.shape, ctx.batch_first = sizes, tuple(x.shape), batch_first
+        return data
+
+    @staticmethod
+    def backward(ctx, grad):
+        shape = list(ctx.shape)
+        if ctx.batch_first:
+            shape[0], shape[1] = shape[1], shape[0]
+        gi = grad.new_zeros(shape)
+        off = 0
+        for i, n in enumerate(ctx.sizes):
+            gi[i][:n].copy_(grad[off:off + n])
+            off += n
+        if ctx.batch_first:
+            gi = gi.transpose(0, 1)
+        return gi, None, None
+
+
+class PackVF:
+    """Stands in for torch.nn.utils.rnn's `_VF` during a trace: pack_padded_sequence and
+    pad_packed_sequence on fake CUDA data, whose output shapes the lengths decide (host
+    values the trace has, where the fake kernels refuse a data-dependent shape)."""
+
+    def __init__(self, vf):
+        self._vf = vf
+
+    def __getattr__(self, name):
+        return getattr(self._vf, name)
+
+    def _pack_padded_sequence(self, x, lengths, batch_first):
+        if not _on_fake_cuda(x):
+            return self._vf._pack_padded_sequence(x, lengths, batch_first)
+        ls = [int(v) for v in lengths.tolist()]
+        data = _PackPadded.apply(x, ls, batch_first)
+        sizes, prev, B = [], 0, len(ls)
+        for i in range(B):
+            if ls[B - 1 - i] > prev:
+                sizes += [B - i] * (ls[B - 1 - i] - prev)
+                prev = ls[B - 1 - i]
+        return data, torch.tensor(sizes, dtype=torch.int64)
+
+    def _pad_packed_sequence(self, data, batch_sizes, batch_first, padding_value,
+                             total_length):
+        if not _on_fake_cuda(data):
+            return self._vf._pad_packed_sequence(data, batch_sizes, batch_first,
+                                                 padding_value, total_length)
+        bs = [int(v) for v in batch_sizes.tolist()]
+        T = max(len(bs), total_length) if total_length > 0 else len(bs)
+        out = torch.full((T, bs[0]) + tuple(data.shape[1:]), padding_value,
+                         dtype=data.dtype, device=data.device)
+        lengths = [0] * bs[0]
+        off, prev_b, prev_i = 0, bs[0], 0
+        for i in range(len(bs) + 1):
+            b = bs[i] if i < len(bs) else 0
+            if b != prev_b:
+                n = prev_b * (i - prev_i)
+                out[prev_i:i, :prev_b].copy_(
+                    data[off:off + n].view((i - prev_i, prev_b) + tuple(data.shape[1:])))
+                off += n
+                for j in range(b, prev_b):
+                    lengths[j] = i
+                prev_b, prev_i = b, i
+        if batch_first:
+            out = out.transpose(0, 1)
+        return out, torch.tensor(lengths, dtype=torch.int64)
+
+    @classmethod
+    def install(cls):
+        import torch.nn.utils.rnn as utils
+
+        if not isinstance(utils._VF, cls):
+            utils._VF = cls(utils._VF)
+
+    @classmethod
+    def uninstall(cls):
+        import torch.nn.utils.rnn as utils
+
+        if isinstance(utils._VF, cls):
+            utils._VF = utils._VF._vf

@@ -123,10 +123,10 @@ def _mode_class():
     # outputs are made empty and resized, so contiguous (cudnn/GridSampler.cpp); the grid's
     # contiguous copy is hidden.py's
     no_meta = {}
-    if hasattr(aten, "no_meta_sampler"):
-        no_meta[aten.no_meta_sampler.default] = lambda x, g: x.new_empty(
+    if hasattr(aten, "cudnn_grid_sampler"):
+        no_meta[aten.cudnn_grid_sampler.default] = lambda x, g: x.new_empty(
             (x.size(0), x.size(1), g.size(1), g.size(2)))
-        no_meta[aten.no_meta_sampler_backward.default] = lambda x, g, go: (
+        no_meta[aten.cudnn_grid_sampler_backward.default] = lambda x, g, go: (
             x.new_empty(x.shape), g.new_empty(g.shape))
     # PyTorch's fused GRU cell (RNN.cu; nn.GRU in bfloat16, nn.GRUCell): no meta kernel; its
     # outputs are plain empties, the bias grads sums of the gates' grads

@@ -96,3 +96,35 @@ def test_a_swept_shape_is_exact_between_its_measured_points():
     # 8782080 + 11008 rows + 4096 batch + 32 ceil(batch / 4): 6 x 40 was not measured
     c3 = dict(c, N=6, T=40, rows=240)
     assert rnn.workspace(c3, "train", Rec, row) == 8782080 + 11008 * 240 + 4096 * 6 + 64
+
+
+def test_measured_rnn_steps_allocate_in_the_gpus_order(tmp_path):
+    # One measured config per feature (no bias, dropout, packed, autocast, bfloat16,
+    # projection, two bidirectional layers, GRU, ReLU RNN), run again on fake CUDA by
+    # rnn/check_traced.py (all 725 take about 25 minutes on two cores; see its report)
+    import subprocess
+    import sys
+
+    ents = _entries()
+    want = [lambda c: not c["bias"], lambda c: c["dp"] > 0, lambda c: c["packed"],
+            lambda c: c["amp"], lambda c: c["dtype"] == "bfloat16", lambda c: c["P"] > 0,
+            lambda c: c["bi"] and c["L"] == 2, lambda c: c["mode"] == "GRU",
+            lambda c: c["mode"] == "RNN_RELU"]
+    doc = json.loads(RUN.read_text())
+    every = [e for e in doc["entries"] if "error" not in e]
+    pick = [next(e for e in every if f(e["config"])) for f in want]
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(dict(doc, entries=pick)))
+    import os
+
+    import vramroom
+
+    script = RUN.parents[1] / "check_traced.py"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(vramroom.__file__).resolve().parents[1])] +
+                                        [v for v in [env.get("PYTHONPATH")] if v])
+    p = subprocess.run([sys.executable, str(script), str(run)], capture_output=True, text=True,
+                       timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "identical in **%d**" % len(pick) in p.stdout, p.stdout
+    assert len(ents) >= 700

@@ -28,7 +28,8 @@ with the fake mode recording every tensor it makes:
   heuristics size it and estimates from other shapes were off by up to 2x.
 
 The weight gradients are tensors over one zeroed flat buffer, as cuDNN writes them, and
-autograd keeps them as the parameters' .grad: one block for all of them, not one each."""
+autograd keeps them as the parameters' .grad: one block for all of them, not one each
+(a module without biases gets its own tensor per weight, copied out of that buffer)."""
 
 import threading
 
@@ -158,16 +159,16 @@ def workspace(c, kind, rec, row):
     dt = str(c["dtype"]).replace("torch.", "")
     key = (_MODE_NAME[c["mode"]], dt, c["I"], c["H"], c["L"], c["D"], c["P"], int(c["packed"]),
            int(c["drop"]))
-    pts = tab[1].get(key)
-    if not pts and kind == "eval":  # an inference forward sets no dropout: either shape's
-        pts = tab[1].get(key[:-1] + (1 - key[-1],))
+    # an inference forward sets no dropout: a shape measured with dropout has its eval too
+    cands = [key] + ([key[:-1] + (1 - key[-1],)] if kind == "eval" else [])
     stats = rec.hidden.stats
-    if pts:
-        for p in pts:
+    for k in cands:
+        for p in tab[1].get(k, ()):
             if (p[0], p[1], p[2]) == (c["N"], c["T"], c["rows"]):
                 stats["rnn_measured"] = stats.get("rnn_measured", 0) + 1
                 return p[col]
-        fit = _line(pts, col)
+    for k in cands:
+        fit = _line(tab[1].get(k, ()), col)
         if fit is not None:
             stats["rnn_measured"] = stats.get("rnn_measured", 0) + 1
             a, b, n = fit
@@ -308,7 +309,7 @@ def cudnn_rnn_backward(row, rec, args, kwargs):
     """aten._cudnn_rnn_backward (RNN.cpp): zeros for the gradients autograd did not give;
     _cudnn_rnn_backward_input (contiguous copies of the input and output gradient, dx, dhx,
     dcx, a workspace), then _cudnn_rnn_backward_weight (the input's copy again, the zeroed
-    flat dw, a workspace). The weight gradients are tensors over dw."""
+    flat dw, a workspace). The weight gradients are tensors over dw (with biases; see _backward_weight)."""
     from .hidden import _bind
 
     b = _bind(torch.ops.aten._cudnn_rnn_backward.default, args, kwargs)
@@ -332,20 +333,27 @@ def cudnn_rnn_backward(row, rec, args, kwargs):
         dx, dhx, dcx = _backward_input(inp, go, ghy, gcy, hx, cx, bf, ws_n)
         dw = [None] * len(weight)
         if mask[3]:
-            flat = _backward_weight(inp, bf, b["weight_buf"], ws_n)
-            lay = layout(c, int(b["weight_stride0"]) == _stride0(True, c["P"]))
-            dw = _aliases(flat, [(w.shape, o) for w, (o, _) in zip(weight, lay)])
-            del flat
+            dw = _backward_weight(inp, bf, b["weight_buf"], ws_n, weight, c,
+                                  int(b["weight_stride0"]) == _stride0(True, c["P"]))
         del go, ghy, gcy
     return dx, dhx, dcx, dw
 
 
-def _backward_weight(inp, bf, wbuf, ws_n):
+def _backward_weight(inp, bf, wbuf, ws_n, weight, c, has_biases):
+    """_cudnn_rnn_backward_weight: the gradients are tensors over the flat dw where the
+    module's weights line up with cuDNN's parameters (with biases); without biases they do
+    not, and each weight's gradient is a new tensor, copied out before the workspace, dw
+    and the input's copy are freed (device run 41's bias=False shapes)."""
     x = (inp.transpose(0, 1) if bf else inp).contiguous()
     flat = torch.zeros(wbuf.shape, dtype=wbuf.dtype, device=wbuf.device)
     ws = torch.empty(ws_n, dtype=torch.uint8, device=inp.device)
-    del ws, x
-    return flat
+    if has_biases:
+        del ws, x
+        lay = layout(c, True)
+        return _aliases(flat, [(w.shape, o) for w, (o, _) in zip(weight, lay)])
+    grads = [torch.empty(w.shape, dtype=w.dtype, device=w.device) for w in weight]
+    del ws, flat, x
+    return grads
 
 
 def _backward_input(inp, go, ghy, gcy, hx, cx, bf, ws_n):

@@ -36,6 +36,7 @@ import threading
 import torch
 
 from .capture import UnsupportedOp
+from .refuse import on_fake_cuda
 
 CUDNN_MODE = {"rnn_relu": 0, "rnn_tanh": 1, "lstm": 2, "gru": 3}
 GATES = {0: 1, 1: 1, 2: 4, 3: 3}
@@ -55,9 +56,11 @@ def _cfg(b, x):
         seq, batch = int(x.shape[0]), int(x.shape[1])
     rows = int(x.shape[0]) if bs else seq * batch
     drop = bool(b["train"]) and float(b["dropout"]) > 0
-    return dict(drop=drop, mode=mode, gates=GATES[mode], I=int(x.shape[-1]), H=int(b["hidden_size"]),
-                P=int(b["proj_size"]), L=int(b["num_layers"]), D=2 if b["bidirectional"] else 1,
-                N=batch, T=seq, rows=rows, packed=bool(bs), dtype=x.dtype)
+    P = int(b["proj_size"])
+    return dict(drop=drop, mode=mode, gates=GATES[mode], I=int(x.shape[-1]),
+                H=int(b["hidden_size"]), P=P, L=int(b["num_layers"]),
+                D=2 if b["bidirectional"] else 1, N=batch, T=seq, rows=rows, packed=bool(bs),
+                dtype=x.dtype, biases=int(b["weight_stride0"]) == _stride0(True, P))
 
 
 def num_weights(c):
@@ -187,21 +190,29 @@ def unmeasured_why(c, key):
                 c["N"], c["T"], " with dropout" if c["drop"] else ""))
 
 
+_FITS = {}
+
+
 def _line(pts, col):
     """(a, b, n): workspace = a + b x rows + n x batch + 32 x ceil(batch / 4), through a
-    shape's measured points, where three or more fix it and all lie on it (else None)."""
+    shape's measured points, where three or more fix it and all lie on it (else None).
+    Solved once per shape and column (a training loop asks at every step)."""
+    key = (id(pts), col)
+    if key not in _FITS:
+        _FITS[key] = _solve_line(pts, col)
+    return _FITS[key]
+
+
+def _solve_line(pts, col):
     if len({(p[2], p[0]) for p in pts}) < 3:
         return None
     from fractions import Fraction as Fr
 
     ys = [(Fr(p[2]), Fr(p[0]), Fr(p[col] - 32 * -(-p[0] // 4))) for p in pts]
-    # least squares by normal equations, exactly (three unknowns)
-    s = [[sum(r * q for r, q in zip(u, v)) for v in ((1,) * len(ys), [y[0] for y in ys],
-                                                      [y[1] for y in ys])]
-         for u in ((1,) * len(ys), [y[0] for y in ys], [y[1] for y in ys])]
-    t = [sum(u_i * y[2] for u_i, y in zip(u, ys))
-         for u in ((1,) * len(ys), [y[0] for y in ys], [y[1] for y in ys])]
-    m = [row[:] + [t_i] for row, t_i in zip(s, t)]
+    # least squares by the normal equations, exactly (three unknowns)
+    cols = [[Fr(1)] * len(ys), [y[0] for y in ys], [y[1] for y in ys]]
+    m = [[sum(a * b for a, b in zip(u, v)) for v in cols] +
+         [sum(a * y[2] for a, y in zip(u, ys))] for u in cols]
     for i in range(3):
         piv = next((r for r in range(i, 3) if m[r][i] != 0), None)
         if piv is None:
@@ -232,6 +243,11 @@ def _aliases(buf, shapes_offsets):
     return out
 
 
+def _param_aliases(buf, weights, c, has_biases):
+    """Tensors over buf at the places cuDNN keeps the module's weights (layout)."""
+    return _aliases(buf, [(w.shape, off) for w, (off, _) in zip(weights, layout(c, has_biases))])
+
+
 def _stride0(has_biases, proj):
     return (4 if has_biases else 2) + (1 if proj else 0)
 
@@ -251,8 +267,7 @@ def flatten_weight(row, rec, args, kwargs):
     has_biases = int(b["weight_stride0"]) == _stride0(True, proj)
     with torch.no_grad():
         buf = torch.zeros(num_weights(c), dtype=ws[0].dtype, device=ws[0].device)
-        lay = layout(c, has_biases)
-        params = _aliases(buf, [(w.shape, off) for w, (off, _) in zip(ws, lay)])
+        params = _param_aliases(buf, ws, c, has_biases)
         for w, p in zip(ws, params):
             p.copy_(w)
         for w, p in zip(ws, params):
@@ -269,11 +284,11 @@ def cudnn_rnn(row, rec, args, kwargs):
     b = _bind(torch.ops.aten._cudnn_rnn.default, args, kwargs)
     inp, hx, cx = b["input"], b["hx"], b.get("cx")
     c = _cfg(b, inp)
-    packed = bool(c["packed"])
+    packed = c["packed"]
     with torch.no_grad():
         x = inp.transpose(0, 1) if b["batch_first"] and not packed else inp
         x = x.contiguous()
-        out_sz = (_out_size(c)) * c["D"]
+        out_sz = _out_size(c) * c["D"]
         shape = [inp.shape[0], out_sz] if packed else [c["T"], c["N"], out_sz]
         output = inp.new_empty(shape)
         hy = hx.new_empty([c["L"] * c["D"], c["N"], _out_size(c)])
@@ -286,9 +301,7 @@ def cudnn_rnn(row, rec, args, kwargs):
                      "(call flatten_parameters())")
             wbuf = inp.new_empty(num_weights(c))
             wbuf.zero_()
-            lay = layout(c, int(b["weight_stride0"]) == _stride0(True, c["P"]))
-            for w, p in zip(b["weight"], _aliases(wbuf, [(w.shape, o) for w, (o, _) in
-                                                       zip(b["weight"], lay)])):
+            for w, p in zip(b["weight"], _param_aliases(wbuf, b["weight"], c, c["biases"])):
                 p.copy_(w)
         train = bool(b["train"])
         ws = torch.empty(workspace(c, "train" if train else "eval", rec, row),
@@ -315,8 +328,7 @@ def cudnn_rnn_backward(row, rec, args, kwargs):
     b = _bind(torch.ops.aten._cudnn_rnn_backward.default, args, kwargs)
     inp, hx, cx, output = b["input"], b["hx"], b.get("cx"), b["output"]
     c = _cfg(b, inp)
-    packed = bool(c["packed"])
-    bf = b["batch_first"] and not packed
+    bf = b["batch_first"] and not c["packed"]
     mask = list(b["output_mask"])
     weight = list(b["weight"])
     with torch.no_grad():
@@ -333,13 +345,12 @@ def cudnn_rnn_backward(row, rec, args, kwargs):
         dx, dhx, dcx = _backward_input(inp, go, ghy, gcy, hx, cx, bf, ws_n)
         dw = [None] * len(weight)
         if mask[3]:
-            dw = _backward_weight(inp, bf, b["weight_buf"], ws_n, weight, c,
-                                  int(b["weight_stride0"]) == _stride0(True, c["P"]))
+            dw = _backward_weight(inp, bf, b["weight_buf"], ws_n, weight, c)
         del go, ghy, gcy
     return dx, dhx, dcx, dw
 
 
-def _backward_weight(inp, bf, wbuf, ws_n, weight, c, has_biases):
+def _backward_weight(inp, bf, wbuf, ws_n, weight, c):
     """_cudnn_rnn_backward_weight: the gradients are tensors over the flat dw where the
     module's weights line up with cuDNN's parameters (with biases); without biases they do
     not, and each weight's gradient is a new tensor, copied out before the workspace, dw
@@ -347,10 +358,9 @@ def _backward_weight(inp, bf, wbuf, ws_n, weight, c, has_biases):
     x = (inp.transpose(0, 1) if bf else inp).contiguous()
     flat = torch.zeros(wbuf.shape, dtype=wbuf.dtype, device=wbuf.device)
     ws = torch.empty(ws_n, dtype=torch.uint8, device=inp.device)
-    if has_biases:
+    if c["biases"]:
         del ws, x
-        lay = layout(c, True)
-        return _aliases(flat, [(w.shape, o) for w, (o, _) in zip(weight, lay)])
+        return _param_aliases(flat, weight, c, True)
     grads = [torch.empty(w.shape, dtype=w.dtype, device=w.device) for w in weight]
     del ws, flat, x
     return grads
@@ -372,21 +382,10 @@ def _backward_input(inp, go, ghy, gcy, hx, cx, bf, ws_n):
 
 
 # -- the module side: _VF and flatten_parameters ---------------------------------------
-def _on_fake_cuda(t):
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return isinstance(t, FakeTensor) and t.device.type == "cuda"
-
-
-def _same_storage(ws):
-    key = {w.untyped_storage()._cdata for w in ws}
-    return len(key) == 1
-
-
 def _weight_buf(params, c, has_biases):
     """RNN.cpp's try_get_weight_buf: the parameters' own flat storage where they all lie in
     it at cuDNN's offsets, else None (then _cudnn_rnn copies them at every call)."""
-    if not _same_storage(params):
+    if len({p.untyped_storage()._cdata for p in params}) != 1:
         return None
     st = params[0].untyped_storage()
     n = num_weights(c)
@@ -417,11 +416,11 @@ class RnnVF:
 
         def rnn(*args):
             x = args[0]
-            if not _on_fake_cuda(x):
+            if not on_fake_cuda((x,), {}):
                 return fn(*args)
             if not (torch.backends.cudnn.enabled and x.dtype in _CUDNN_DTYPES and
                     x.numel() > 0):
-                return fn(*args)  # PyTorch's own cells (bfloat16): composites fake mode runs
+                return fn(*args)  # PyTorch's own cells: composites fake mode runs
             return self._cudnn(name, args)
 
         return rnn
@@ -492,8 +491,7 @@ class RnnVF:
         if ref.is_floating_point() and ref.dtype not in (half,) and ref.dtype in \
                 (torch.float32, torch.float64):
             nbuf = torch.zeros(num_weights(c), dtype=half, device=x.device)
-            lay = layout(c, has_biases)
-            nparams = _aliases(nbuf, [(w.shape, o) for w, (o, _) in zip(params, lay)])
+            nparams = _param_aliases(nbuf, params, c, has_biases)
             for w, q in zip(params, nparams):
                 q.copy_(w)
             params, buf = nparams, nbuf
@@ -544,7 +542,7 @@ def flatten_parameters(self):
         if not isinstance(w, torch.Tensor):
             return
     first = self._flat_weights[0]
-    if not _on_fake_cuda(first):
+    if not on_fake_cuda((first,), {}):
         return _state.saved[0](self)
     dtype = first.dtype
     for fw in self._flat_weights:
@@ -568,6 +566,22 @@ def flatten_parameters(self):
 
 
 # -- packed sequences: torch.nn.utils.rnn's _VF ----------------------------------------
+def _runs(lengths):
+    """PackedSequence.cpp's walk over lengths sorted longest first: (start step, end step,
+    batch) for each run of steps that the same number of sequences reach."""
+    out, prev, B = [], 0, len(lengths)
+    for i in range(B):
+        n = lengths[B - 1 - i]
+        if n > prev:
+            out.append((prev, n, B - i))
+            prev = n
+    return out
+
+
+def _batch_sizes(lengths):
+    return [cur for prev, n, cur in _runs(lengths) for _ in range(n - prev)]
+
+
 class _PackPadded(torch.autograd.Function):
     """PackedSequence.cpp's _pack_padded_sequence and its backward, on the lengths' values
     (host data the trace has): each run of equal lengths a contiguous copy of its slice,
@@ -576,18 +590,12 @@ class _PackPadded(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, lengths, batch_first):
         inp = x.transpose(0, 1) if batch_first else x
-        B = inp.shape[1]
-        steps, sizes, prev = [], [], 0
-        for i in range(B):
-            n = lengths[B - 1 - i]
-            if n > prev:
-                cur = B - i
-                steps.append(inp[prev:n, :cur].contiguous().view((-1,) + tuple(inp.shape[2:])))
-                sizes += [cur] * (n - prev)
-                prev = n
+        steps = [inp[prev:n, :cur].contiguous().view((-1,) + tuple(inp.shape[2:]))
+                 for prev, n, cur in _runs(lengths)]
         data = torch.cat(steps)
         del steps
-        ctx.sizes, ctx.shape, ctx.batch_first = sizes, tuple(x.shape), batch_first
+        ctx.sizes = _batch_sizes(lengths)
+        ctx.shape, ctx.batch_first = tuple(x.shape), batch_first
         return data
 
     @staticmethod
@@ -617,20 +625,15 @@ class PackVF:
         return getattr(self._vf, name)
 
     def _pack_padded_sequence(self, x, lengths, batch_first):
-        if not _on_fake_cuda(x):
+        if not on_fake_cuda((x,), {}):
             return self._vf._pack_padded_sequence(x, lengths, batch_first)
         ls = [int(v) for v in lengths.tolist()]
         data = _PackPadded.apply(x, ls, batch_first)
-        sizes, prev, B = [], 0, len(ls)
-        for i in range(B):
-            if ls[B - 1 - i] > prev:
-                sizes += [B - i] * (ls[B - 1 - i] - prev)
-                prev = ls[B - 1 - i]
-        return data, torch.tensor(sizes, dtype=torch.int64)
+        return data, torch.tensor(_batch_sizes(ls), dtype=torch.int64)
 
     def _pad_packed_sequence(self, data, batch_sizes, batch_first, padding_value,
                              total_length):
-        if not _on_fake_cuda(data):
+        if not on_fake_cuda((data,), {}):
             return self._vf._pad_packed_sequence(data, batch_sizes, batch_first,
                                                  padding_value, total_length)
         bs = [int(v) for v in batch_sizes.tolist()]

@@ -17,7 +17,8 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MARK = 12345
+sys.path.insert(0, HERE)
+from measure_rnn import MARK, make_module, out_loss  # noqa: E402
 
 
 def measured(ph):
@@ -32,32 +33,14 @@ def traced_steps(c, lengths):
 
     import vramroom
 
-    cls = {"LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU}.get(c["mode"], torch.nn.RNN)
-    kw = dict(num_layers=c["L"], bias=c["bias"], batch_first=c["bf"], dropout=c["dp"],
-              bidirectional=c["bi"])
-    if cls is torch.nn.RNN:
-        kw["nonlinearity"] = "relu" if c["mode"] == "RNN_RELU" else "tanh"
-    if c["P"]:
-        kw["proj_size"] = c["P"]
     dt = getattr(torch, c["dtype"])
     with vramroom.trace(gpu="h100") as t:
-        torch.manual_seed(0)
-        m = cls(c["I"], c["H"], **kw).to(dt)
+        m = make_module(c)
         N, T = c["N"], c["T"]
         ln = torch.tensor(lengths) if lengths else None
 
         def mark():
             torch.empty(MARK, dtype=torch.uint8, device="cuda")
-
-        def out_loss(x):
-            with torch.autocast("cuda", dtype=torch.float16, enabled=c["amp"]):
-                y, h = m(x)
-            y = y.data if ln is not None else y
-            loss = y.float().square().sum()
-            if c["use_h"]:
-                hh = h[0] if isinstance(h, tuple) else h
-                loss = loss + hh.float().sum()
-            return loss
 
         mark()
         m.to("cuda")
@@ -68,16 +51,16 @@ def traced_steps(c, lengths):
         mark()
         m.train()
         for _ in range(2):
-            out_loss(x).backward()
+            out_loss(m, x, c, ln is not None).backward()
         mark()
         m.zero_grad(set_to_none=True)
         mark()
         with torch.no_grad():
-            out_loss(x)
+            out_loss(m, x, c, ln is not None)
         mark()
         m.eval()
         with torch.no_grad():
-            out_loss(x)
+            out_loss(m, x, c, ln is not None)
         mark()
     ev = [(a, s) for a, _, s, _, _ in t.events if a == "alloc"]
     steps, cur = [], None

@@ -114,7 +114,9 @@ class Marks(TorchDispatchMode):
             del m
 
 
-def run_config(c, dev):
+def make_module(c):
+    """The config's module on the host, in its dtype, after torch.manual_seed(0) (which
+    also asks cuDNN for new dropout states at the next RNN call)."""
     cls = {"LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU}.get(c["mode"], torch.nn.RNN)
     kw = dict(num_layers=c["L"], bias=c["bias"], batch_first=c["bf"], dropout=c["dp"],
               bidirectional=c["bi"])
@@ -122,9 +124,26 @@ def run_config(c, dev):
         kw["nonlinearity"] = "relu" if c["mode"] == "RNN_RELU" else "tanh"
     if c["P"]:
         kw["proj_size"] = c["P"]
-    dt = getattr(torch, c["dtype"])
     torch.manual_seed(0)
-    m = cls(c["I"], c["H"], **kw).to(dt)
+    return cls(c["I"], c["H"], **kw).to(getattr(torch, c["dtype"]))
+
+
+def out_loss(m, x, c, packed):
+    """The forward (under fp16 autocast for "amp") and the loss each step backpropagates:
+    out.float().square().sum(), plus h_n's sum for "use_h"."""
+    with torch.autocast("cuda", dtype=torch.float16, enabled=c["amp"]):
+        y, h = m(x)
+    y = y.data if packed else y
+    loss = y.float().square().sum()
+    if c["use_h"]:
+        hh = h[0] if isinstance(h, tuple) else h
+        loss = loss + hh.float().sum()
+    return loss
+
+
+def run_config(c, dev):
+    m = make_module(c)
+    dt = getattr(torch, c["dtype"])
     N, T = c["N"], c["T"]
     lengths = None
     if c["packed"]:
@@ -138,16 +157,6 @@ def run_config(c, dev):
         if lengths is not None:
             x = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=c["bf"])
         return x
-
-    def out_loss(x):
-        with torch.autocast("cuda", dtype=torch.float16, enabled=c["amp"]):
-            y, h = m(x)
-        y = y.data if lengths is not None else y
-        loss = y.float().square().sum()
-        if c["use_h"]:
-            hh = h[0] if isinstance(h, tuple) else h
-            loss = loss + hh.float().sum()
-        return loss
 
     phases = {}
     mk = Marks()
@@ -173,7 +182,7 @@ def run_config(c, dev):
     def train():
         m.train()
         for _ in range(2):
-            out_loss(x).backward()
+            out_loss(m, x, c, lengths is not None).backward()
 
     phase("train", train)
     m.zero_grad(set_to_none=True)
@@ -181,14 +190,14 @@ def run_config(c, dev):
     def nograd_train():
         m.train()
         with torch.no_grad():
-            out_loss(x)
+            out_loss(m, x, c, lengths is not None)
 
     phase("nograd_train", nograd_train)
 
     def ev():
         m.eval()
         with torch.no_grad():
-            out_loss(x)
+            out_loss(m, x, c, lengths is not None)
 
     phase("eval", ev)
     sizes = {"params": [list(p.shape) for p in m.parameters()],

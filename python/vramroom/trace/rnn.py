@@ -483,13 +483,17 @@ class RnnVF:
         return out[0], out[1]
 
     def _cast_reflatten(self, params, buf, x, hx, cx, c, has_biases):
-        """autocast's _cudnn_rnn_cast_reflatten (AutocastRNN.cpp): float32 weights copied
-        into a new flat float16 buffer (autograd sees the copies), then the input, h_0 and
-        c_0 cast (cached_cast: only float32 CUDA tensors change)."""
+        """autocast's _cudnn_rnn_cast_reflatten (AutocastRNN.cpp): weights autocast may cast
+        (floating, not double: is_eligible) and not float16 already are copied into a new
+        flat float16 buffer (autograd sees the copies), then the input, h_0 and c_0 cast
+        by the same test (cached_cast)."""
         half = torch.float16
-        ref = buf if buf is not None else params[0]
-        if ref.is_floating_point() and ref.dtype not in (half,) and ref.dtype in \
-                (torch.float32, torch.float64):
+
+        def eligible(t):  # autocast's is_eligible, and not already float16
+            return t is not None and t.is_floating_point() and \
+                t.dtype not in (torch.float64, half)
+
+        if eligible(buf if buf is not None else params[0]):
             nbuf = torch.zeros(num_weights(c), dtype=half, device=x.device)
             nparams = _param_aliases(nbuf, params, c, has_biases)
             for w, q in zip(params, nparams):
@@ -497,7 +501,7 @@ class RnnVF:
             params, buf = nparams, nbuf
 
         def cast(t):
-            return t.to(half) if t is not None and t.dtype == torch.float32 else t
+            return t.to(half) if eligible(t) else t
         # the call's arguments, evaluated right to left as GCC does: c_0, h_0, input
         cx = cast(cx)
         hx = cast(hx)

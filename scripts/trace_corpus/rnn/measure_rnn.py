@@ -114,6 +114,23 @@ class Marks(TorchDispatchMode):
             del m
 
 
+def windowed(fn):
+    """Runs fn with every aten op bracketed by markers and the allocator's history on:
+    [[op name, tokens], ...] for the ops that allocated, or {"mismatch": [windows, ops]}."""
+    mk = Marks()
+    torch.cuda.memory._record_memory_history(max_entries=400000, context="alloc",
+                                             stacks="python", clear_history=True)
+    with mk:
+        fn()
+    torch.cuda.synchronize()
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(None)
+    wins = window(snap["device_traces"][0])
+    if len(wins) != len(mk.names):
+        return {"mismatch": [len(wins), len(mk.names)]}
+    return [[n, t] for n, t in zip(mk.names, wins) if t]
+
+
 def make_module(c):
     """The config's module on the host, in its dtype, after torch.manual_seed(0) (which
     also asks cuDNN for new dropout states at the next RNN call)."""
@@ -159,22 +176,9 @@ def run_config(c, dev):
         return x
 
     phases = {}
-    mk = Marks()
 
     def phase(name, fn):
-        torch.cuda.memory._record_memory_history(max_entries=400000, context="alloc",
-                                                 stacks="python", clear_history=True)
-        mk.names = []
-        with mk:
-            fn()
-        torch.cuda.synchronize()
-        snap = torch.cuda.memory._snapshot()
-        torch.cuda.memory._record_memory_history(None)
-        wins = window(snap["device_traces"][0])
-        if len(wins) != len(mk.names):
-            phases[name] = {"mismatch": [len(wins), len(mk.names)]}
-        else:
-            phases[name] = [[n, t] for n, t in zip(mk.names, wins) if t]
+        phases[name] = windowed(fn)
 
     phase("to_cuda", lambda: m.to(dev))
     x = inp()
@@ -236,20 +240,11 @@ def run_ctc(c, dev):
         tg = torch.randint(1, max(2, C), (B, S), generator=g).to(dev)
         if c["kind"] == "native_int32":
             tg = tg.int()
-    mk = Marks()
-    torch.cuda.memory._record_memory_history(max_entries=400000, context="alloc",
-                                             stacks="python", clear_history=True)
-    with mk:
+    def step():
         lp = x.log_softmax(2)
-        loss = torch.nn.functional.ctc_loss(lp, tg, il, tl, **kw)
-        loss.backward()
-    torch.cuda.synchronize()
-    snap = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(None)
-    wins = window(snap["device_traces"][0])
-    if len(wins) != len(mk.names):
-        return {"mismatch": [len(wins), len(mk.names)]}
-    return [[n, t] for n, t in zip(mk.names, wins) if t]
+        torch.nn.functional.ctc_loss(lp, tg, il, tl, **kw).backward()
+
+    return windowed(step)
 
 
 def main():

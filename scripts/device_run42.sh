@@ -10,11 +10,11 @@ OUT=${OUT:-/tmp/run42}
 mkdir -p "$OUT"
 bash scripts/device_header.sh 42 > "$OUT/HEADER" 2>&1
 echo "commit ${COMMIT:-?}" >> "$OUT/HEADER"
-G=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -o "H[0-9]*" | tr A-Z a-z)
+G=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -o "H[0-9][0-9]*" | head -1 | tr A-Z a-z)
 G=${G:-gpu}
 cd scripts/trace_corpus
 PYTHONUNBUFFERED=1 timeout 330 python3 rnn/query_ws.py "$OUT/cudnn-rnn-ws-$G-run42.json.xz" \
-  --budget 200 --validate rnn/runs/rnn-h100-run41.json > "$OUT/query.log" 2>&1
+  --budget 150 --validate rnn/runs/rnn-h100-run41.json > "$OUT/query.log" 2>&1
 cat "$OUT/query.log" | head -30
 PYTHONUNBUFFERED=1 timeout 150 python3 rnn/measure_rnn.py "$OUT/rnn-$G-run42.json" --budget 110 \
   --configs rnn/configs_run42.json > "$OUT/run.log" 2>&1

@@ -187,8 +187,7 @@ def validate(cu, paths, sms, major):
             meas = [first_freed(fwd[0]), first_freed(ev[0]), first_freed(bwd[0])]
             # the reserve: _cudnn_rnn's outputs are output, hy, cy, reserve (the last "o")
             res = [v for k, v in fwd[0] if k == "o"][-1]
-            pred = [r512(got[2]), r512(got[4]), r512(got[5])]
-            ok = pred == meas and r512(got[3]) == res
+            ok = [got[2], got[4], got[5], got[3]] == meas + [res]
             rows.append(ok)
             if not ok:
                 bad.append({"config": c, "measured": meas + [res], "cudnn": got})
@@ -278,11 +277,15 @@ def main():
           flush=True)
     t = time.time()
     doc["random"] = []
-    randoms(cu, sms, major, a.budget * 0.4, doc["random"])
+    randoms(cu, sms, major, a.budget * 0.3, doc["random"])
     print("random: %d rows (%.1f s)" % (len(doc["random"]), time.time() - t), flush=True)
-    with lzma.open(a.out, "wt") as f:
-        json.dump(doc, f, separators=(",", ":"))
-    print("wrote", a.out, os.path.getsize(a.out), "bytes", flush=True)
+    # two files, each under the device tool's 16 MiB a file
+    rand = doc.pop("random")
+    for path, d in ((a.out, doc), (a.out.replace(".json.xz", "-random.json.xz"),
+                                   {"random": rand})):
+        with lzma.open(path, "wt") as f:
+            json.dump(d, f, separators=(",", ":"))
+        print("wrote", path, os.path.getsize(path), "bytes", flush=True)
 
 
 if __name__ == "__main__":

@@ -169,6 +169,10 @@ def workspace(c, kind, rec, row):
             if (p[0], p[1], p[2]) == (c["N"], c["T"], c["rows"]):
                 stats["rnn_measured"] = stats.get("rnn_measured", 0) + 1
                 return p[col]
+    seg = _segments(row, c, kind)
+    if seg is not None:
+        stats["rnn_measured"] = stats.get("rnn_measured", 0) + 1
+        return seg
     for k in cands:
         fit = _line(tab[1].get(k, ()), col)
         if fit is not None:
@@ -178,11 +182,43 @@ def workspace(c, kind, rec, row):
     raise UnsupportedOp(torch.ops.aten._cudnn_rnn.default, unmeasured_why(c, key))
 
 
+def _segments(row, c, kind):
+    """The workspace from the architecture's segments table (rnn_segments_sm90.json, device
+    run 43: cuDNN asked for common shapes at every length up to its tmax): on a segment,
+    A(T0) + dA (T - T0) + (B(T0) + dB (T - T0)) x batch + 32 x ceil(batch / 4); None for a
+    shape it lacks (a projection, a packed input, a longer input, a phase its checks
+    dropped). RNN_RELU's workspaces are RNN_TANH's; an inference forward has no dropout."""
+    name = row.get("rnn_segments_table")
+    if not name or c["P"] or c["packed"]:
+        return None
+    if name not in _TABLES:
+        import json
+        import os
+
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)) as f:
+            _TABLES[name] = json.load(f)
+    doc = _TABLES[name]
+    N, T = c["N"], c["T"]
+    if T > doc["tmax"]:
+        return None
+    mode = {0: "RNN_TANH", 1: "RNN_TANH", 2: "LSTM", 3: "GRU"}[c["mode"]]
+    dt = str(c["dtype"]).replace("torch.", "")
+    drops = (0, 1) if kind == "eval" else (int(c["drop"]),)
+    for d in drops:
+        segs = doc["shapes"].get("|".join(str(v) for v in (mode, dt, c["I"], c["H"], c["L"],
+                                                            c["D"], d)), {}).get(kind)
+        for T0, T1, A0, dA, B0, dB in segs or ():
+            if T0 <= T <= T1:
+                return A0 + dA * (T - T0) + (B0 + dB * (T - T0)) * N + 32 * -(-N // 4)
+    return None
+
+
 def unmeasured_why(c, key):
     return ("cuDNN's RNN workspace for %s %s(input %d, hidden %d, %d layers%s%s%s) at batch %d x "
             "%d steps%s was not measured on this GPU's architecture; cuDNN's heuristics size it "
             "(estimates from the nearest measured shapes were off by up to 2x on device run "
-            "41's random shapes), so it is not guessed: measure the shape with "
+            "41's random shapes), so it is not guessed: on a GPU, ask cuDNN for the shape with "
+            "scripts/trace_corpus/rnn/segments.py, or measure it with "
             "scripts/trace_corpus/rnn/measure_rnn.py --configs" % (
                 key[1], key[0], c["I"], c["H"], c["L"], ", bidirectional" if c["D"] == 2 else "",
                 ", proj_size %d" % c["P"] if c["P"] else "", ", packed" if c["packed"] else "",

@@ -160,10 +160,6 @@ def first_freed(toks):
     return 0
 
 
-def r512(n):
-    return (n + 511) // 512 * 512 if n > 0 else n
-
-
 def validate(cu, paths, sms, major):
     """Every measured config of measure_rnn.py's runs: cuDNN's answer here against what the
     caching allocator was asked for there (train forward, eval forward, backward)."""

@@ -2,7 +2,11 @@
 asked of cuDNN itself (query_ws.py's descriptors, which matched all 725 configs device run 41
 measured), for the tracer's table.
 
-    python segments.py OUT.json [--budget SECONDS] [--tmax 512]
+    python segments.py OUT.json [--budget SECONDS] [--tmax 512] [--shapes KEY ...]
+
+KEY is mode|dtype|input_size|hidden_size|num_layers|directions|dropout, e.g.
+LSTM|float32|300|256|2|2|1 (a two-layer bidirectional LSTM with dropout); without --shapes, the
+common shapes below. The tracer reads OUT's "shapes" merged into its rnn_segments_sm90.json.
 
 For a shape (mode, dtype, input, hidden, layers, directions, dropout; no projection, padded
 input) cuDNN's workspace at batch N and length T is, in device run 42's sweeps,
@@ -94,6 +98,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--budget", type=float, default=240)
     ap.add_argument("--tmax", type=int, default=512)
+    ap.add_argument("--shapes", nargs="*", default=None)
     a = ap.parse_args()
     cu = Cudnn()
     p = torch.cuda.get_device_properties(0)
@@ -103,7 +108,8 @@ def main():
            "torch": torch.__version__, "cudnn": cu.version, "tmax": a.tmax,
            "about": __doc__.split("\n\n")[0], "shapes": {}, "dropped": {}}
     t0 = time.time()
-    todo = shapes()
+    todo = shapes() if a.shapes is None else [
+        (k[0], k[1]) + tuple(int(v) for v in k[2:]) for k in (x.split("|") for x in a.shapes)]
     done = 0
     for s in todo:
         if time.time() - t0 > a.budget:

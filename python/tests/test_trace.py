@@ -255,6 +255,26 @@ def test_an_rnn_shape_cudnn_was_not_measured_for_is_refused_by_name():
             torch.nn.GRU(8, 16).cuda()(torch.randn(4, 2, 8, device="cuda"))
     assert "GRU(input 8, hidden 16, 1 layers) at batch 2 x 4 steps" in str(e.value)
     assert "not measured" in str(e.value) and "measure_rnn.py" in str(e.value)
+    assert "segments.py" in str(e.value)
+
+
+def test_an_rnn_shape_only_cudnns_segments_cover_traces_with_cudnns_sizes(tmp_path):
+    # GRU(256, 128) was never measured op by op (rnn_events_sm90.json lacks it); device run
+    # 43's segments cover it. At batch 16 x 50 steps device run 42 asked cuDNN itself
+    # (query_ws.py, exact on all 725 of run 41's measurements): a training workspace of
+    # 18,448,768 bytes (the backward's too), a reserve of 2,457,856, an inference one of
+    # 16,384,384
+    out = run_traced("""
+    m = torch.nn.GRU(256, 128, batch_first=True).cuda()
+    x = torch.randn(16, 50, 256, device="cuda")
+    m(x)[0].sum().backward()
+    m.eval()
+    with torch.no_grad():
+        m(x)
+    """, tmp_path)
+    sizes = [s for a, s in alloc_free(out) if a == "alloc"]
+    assert sizes.count(18448768) == 3, sizes  # the forward's, and backward data's and weights'
+    assert 2457856 in sizes and sizes.count(16384384) == 1
 
 
 def test_packed_sequences_and_bf16_cells_trace(tmp_path):

@@ -150,3 +150,34 @@ def test_measured_rnn_steps_allocate_in_the_gpus_order(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     assert "identical in **%d**" % len(pick) in p.stdout, p.stdout
     assert len(ents) >= 700
+
+
+def test_the_segments_table_matches_cudnns_own_answers():
+    # device run 43's segments (cuDNN asked at batches 1 and 2, every length up to 512) against
+    # device run 42's independent answers for every swept shape the table covers: each
+    # lookup it answers is exact (a float16 batch that switches cuDNN to its persistent
+    # kernel is not answered)
+    import lzma
+
+    from vramroom.trace import rnn
+    from vramroom.trace.gpus import get_gpu
+    from vramroom.trace.hidden import load_table
+
+    path = RUN.parent / "cudnn-rnn-ws-h100-run42.json.xz"
+    if not path.exists():
+        pytest.skip("device run 42's cuDNN answers are not in this checkout")
+    row, gpu = load_table()["archs"]["sm90"], get_gpu("h100")
+    with lzma.open(path, "rt") as f:
+        rows = json.load(f)["sweeps"]
+    n, off = 0, []
+    for r in rows:
+        mode, dt, I, H, L, D, P, N, T, packed, drop, nrows = r[:12]
+        c = dict(mode=GATES[mode], dtype=getattr(torch, dt), I=I, H=H, L=L, D=D, P=P, N=N, T=T,
+                 rows=nrows, packed=bool(packed), drop=bool(drop))
+        for kind, col in (("train", 14), ("eval", 16), ("backward", 17)):
+            got = rnn._segments(row, dict(c, drop=False) if kind == "eval" else c, kind, gpu)
+            if got is not None:
+                n += 1
+                if got != r[col]:
+                    off.append((r[:12], kind, r[col], got))
+    assert n > 20000 and not off, (n, off[:3])

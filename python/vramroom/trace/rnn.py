@@ -169,7 +169,7 @@ def workspace(c, kind, rec, row):
             if (p[0], p[1], p[2]) == (c["N"], c["T"], c["rows"]):
                 stats["rnn_measured"] = stats.get("rnn_measured", 0) + 1
                 return p[col]
-    seg = _segments(row, c, kind)
+    seg = _segments(row, c, kind, getattr(rec.hidden, "gpu", None))
     if seg is not None:
         stats["rnn_measured"] = stats.get("rnn_measured", 0) + 1
         return seg
@@ -182,14 +182,34 @@ def workspace(c, kind, rec, row):
     raise UnsupportedOp(torch.ops.aten._cudnn_rnn.default, unmeasured_why(c, key))
 
 
-def _segments(row, c, kind):
+def persistent(c, gpu):
+    """Whether RNN.cpp's get_algo picks CUDNN_RNN_ALGO_PERSIST_STATIC (float16, one
+    unidirectional layer, hidden and input multiples of 128, hidden <= 1024, and a batch its
+    device heuristics take: on sm80+ with 98+ SMs, LSTM and plain RNNs at batches that are
+    multiples of 8 up to 128, plain RNNs not at 96+ with hidden 896+; GRU never). The only
+    choice of algorithm that turns on the batch; the rest turn on hidden size alone."""
+    if c["dtype"] != torch.float16 or c["P"] or c["packed"] or c["mode"] == 3:
+        return False
+    if not (c["L"] == 1 and c["D"] == 1 and c["H"] <= 1024 and c["H"] % 128 == 0 and
+            c["I"] % 128 == 0) or gpu is None:
+        return False
+    if gpu.major < 8 or gpu.multi_processor_count < 98 or (gpu.major, gpu.minor) == (8, 6):
+        return False
+    N = c["N"]
+    ok = N % 8 == 0 and N <= 128
+    return ok and (c["mode"] == 2 or N < 96 or c["H"] < 896)
+
+
+def _segments(row, c, kind, gpu):
     """The workspace from the architecture's segments table (rnn_segments_sm90.json, device
     run 43: cuDNN asked for common shapes at every length up to its tmax): on a segment,
     A(T0) + dA (T - T0) + (B(T0) + dB (T - T0)) x batch + 32 x ceil(batch / 4); None for a
     shape it lacks (a projection, a packed input, a longer input, a phase its checks
-    dropped). RNN_RELU's workspaces are RNN_TANH's; an inference forward has no dropout."""
+    dropped). RNN_RELU's workspaces are RNN_TANH's; an inference forward has no dropout.
+    The segments come from batches 1 and 2, so a batch that switches cuDNN to its persistent
+    kernel (`persistent`: float16 LSTMs at batches 8, 16, ...) is not on them: None."""
     name = row.get("rnn_segments_table")
-    if not name or c["P"] or c["packed"]:
+    if not name or c["P"] or c["packed"] or persistent(c, gpu):
         return None
     if name not in _TABLES:
         import json

@@ -22,10 +22,13 @@ with the fake mode recording every tensor it makes:
 - The recording mode runs these aten ops here (mode.py's fast paths):
   `_cudnn_rnn_flatten_weight` (a zeroed flat buffer, each weight copied in and re-pointed
   at it, its old storage freed), `_cudnn_rnn` and `_cudnn_rnn_backward`, whose workspace and
-  reserve sizes (cudnnGetRNNTempSpaceSizes) come from device run 41's measurements: the
-  reserve space by a formula (reserve_bytes), the workspace from the measured shapes
-  (rnn_events_sm90.json; `workspace`): a shape not measured is refused, since cuDNN's
-  heuristics size it and estimates from other shapes were off by up to 2x.
+  reserve sizes are cudnnGetRNNTempSpaceSizes's. The reserve space is a formula
+  (reserve_bytes) that all 662,176 shapes device run 42 asked cuDNN for follow. The
+  workspace has none found: cuDNN's heuristics size it, by algorithm, hidden size and
+  length. So it comes from cuDNN's answers (`workspace`): the shapes measured op by op
+  (rnn_events_sm90.json), then cuDNN asked for common shapes at every batch and length
+  (rnn_segments_sm90.json, device run 43), then the line through a measured shape's
+  points; a shape none has is refused (estimates from other shapes were off by up to 2x).
 
 The weight gradients are tensors over one zeroed flat buffer, as cuDNN writes them, and
 autograd keeps them as the parameters' .grad: one block for all of them, not one each
@@ -149,9 +152,9 @@ def reserve_bytes(c, dropout):
 
 def workspace(c, kind, rec, row):
     """cuDNN's workspace for a training forward ("train"), an inference one ("eval") or the
-    backward ("backward"): the measured shape's own (exact at a measured batch and length;
-    between them on its line in rows and batch, as cuDNN sizes it: device run 41's sweeps
-    fit it to the byte); a shape not measured is refused."""
+    backward ("backward"): the measured shape's own at a measured batch and length, else
+    the segments table's (cuDNN's answers for common shapes), else the measured shape's line
+    in rows and batch (device run 41's sweeps fit it to the byte); else refused."""
     tab = _table(row)
     if tab is None:
         raise UnsupportedOp(torch.ops.aten._cudnn_rnn.default,

@@ -277,6 +277,55 @@ def test_an_rnn_shape_only_cudnns_segments_cover_traces_with_cudnns_sizes(tmp_pa
     assert 2457856 in sizes and sizes.count(16384384) == 1
 
 
+def test_ctc_loss_runs_pytorchs_own_kernels_step_by_step(tmp_path):
+    # F.ctc_loss on padded int64 targets (PyTorch's own kernels, LossCTC.cu), batch 4,
+    # 20 steps, 6 classes, targets of 3 to 5: the forward makes the target lengths, the input
+    # lengths and the batch offsets (int64 [4]), log_alpha [4, 20, 2 x 5 + 1] and the loss;
+    # the three go as input lengths, target lengths, offsets (device run 41's hp_crnn_ctc
+    # snapshot's addresses). The backward: the three again, log_beta, the gradient [20, 4,
+    # 6], then log_beta and the three
+    out = run_traced("""
+    lp = torch.randn(20, 4, 6, device="cuda", requires_grad=True)
+    tg = torch.randint(1, 6, (4, 5), device="cuda")
+    il = torch.full((4,), 20, dtype=torch.long)
+    tl = torch.tensor([5, 3, 4, 5])
+    loss = torch.nn.functional.ctc_loss(lp.log_softmax(2), tg, il, tl)
+    loss.backward()
+    """, tmp_path)
+    af = alloc_free(out)
+    alpha = 4 * 20 * 11 * 4
+    i = af.index(("alloc", alpha))
+    assert af[i - 3:i + 5] == [("alloc", 32)] * 3 + [("alloc", alpha), ("alloc", 16)] + \
+        [("free_", 32)] * 3, af[i - 3:i + 5]
+    j = af.index(("alloc", alpha), i + 1)
+    grad = 20 * 4 * 6 * 4
+    assert af[j - 3:j + 6] == [("alloc", 32)] * 3 + [("alloc", alpha), ("alloc", grad),
+                                                     ("free_", alpha)] + [("free_", 32)] * 3
+    assert not out["warnings"] or all("CTC" not in w for w in out["warnings"])
+
+
+def test_ctc_loss_on_cudnns_path_or_unknown_lengths_is_refused_by_name():
+    import torch
+
+    import vramroom
+    from vramroom.trace.capture import UnsupportedOp
+
+    lp = dict(device="cuda")
+    with pytest.raises(UnsupportedOp) as e:  # int32 concatenated targets on the host: cuDNN
+        with vramroom.trace(gpu="h100"):
+            torch.nn.functional.ctc_loss(torch.randn(20, 2, 6, **lp).log_softmax(2),
+                                         torch.tensor([1, 2, 3, 1, 2], dtype=torch.int32),
+                                         [20, 20], [3, 2])
+    assert "cuDNN's CTC loss" in str(e.value)
+    assert torch.ctc_loss.__module__ != "vramroom.trace.ctc"  # put back
+    with pytest.raises(UnsupportedOp) as e:  # concatenated targets, lengths drawn on the GPU
+        with vramroom.trace(gpu="h100"):
+            tl = torch.randint(1, 4, (2,), **lp)
+            torch.nn.functional.ctc_loss(torch.randn(20, 2, 6, **lp).log_softmax(2),
+                                         torch.randint(1, 6, (5,), **lp), [20, 20], tl)
+    assert "concatenated" in str(e.value)
+
+
 def test_packed_sequences_and_bf16_cells_trace(tmp_path):
     # pack_padded_sequence on the lengths' host values: the packed data is sum(lengths)
     # rows (the lengths measure_rnn.py drew for its packed LSTM at batch 4); GRUCell runs

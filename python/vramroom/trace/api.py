@@ -254,6 +254,9 @@ class Trace:
 
         RnnVF.install(rec)
         PackVF.install()
+        from . import ctc  # torch.ctc_loss's plain-tensor path (ctc.py)
+
+        ctc.install(self._mode._vals, rec.warn)
         LazySupport.install()
         return self
 
@@ -274,6 +277,9 @@ class Trace:
 
             RnnVF.uninstall()
             PackVF.uninstall()
+            from . import ctc
+
+            ctc.uninstall()
             LazySupport.uninstall()
             # Frees that Python's cycle collector would find: not the program's peak, but
             # keep the events of this region whole before closing it.

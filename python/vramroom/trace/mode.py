@@ -37,7 +37,7 @@ def _mode_class():
     from .values import FINITE_PRESUMED, UNKNOWN as _UNKNOWN, Values
     from .hidden import sdpa_backward_scratch
     from .native_mha import encoder_layer, native_mha
-    from . import rnn
+    from . import ctc, rnn
 
     aten = torch.ops.aten
     local_scalar = aten._local_scalar_dense.default
@@ -69,7 +69,9 @@ def _mode_class():
                   aten._transformer_encoder_layer_fwd.default: encoder_layer,
                   aten._cudnn_rnn_flatten_weight.default: rnn.flatten_weight,
                   aten._cudnn_rnn.default: rnn.cudnn_rnn,
-                  aten._cudnn_rnn_backward.default: rnn.cudnn_rnn_backward}
+                  aten._cudnn_rnn_backward.default: rnn.cudnn_rnn_backward,
+                  aten._ctc_loss.default: ctc.forward,
+                  aten._ctc_loss_backward.default: ctc.backward}
     dropouts = {aten.dropout.default, aten.feature_dropout.default,
                 aten.alpha_dropout.default, aten.feature_alpha_dropout.default}
     ACC_USE_COUNT = 4

@@ -304,6 +304,27 @@ def test_ctc_loss_runs_pytorchs_own_kernels_step_by_step(tmp_path):
     assert not out["warnings"] or all("CTC" not in w for w in out["warnings"])
 
 
+def test_max_pool_backward_copies_a_permuted_gradient(tmp_path):
+    # CUDA's max_pool2d backward takes grad_output contiguous (in the input's memory format)
+    # after grad_input, freed as it returns: a gradient coming back through a permute, as in
+    # device run 41's CRNN (2 MiB there), is copied (as is sum()'s expanded one); a dense
+    # one is not
+    out = run_traced("""
+    x = torch.randn(2, 8, 4, 16, device="cuda", requires_grad=True)
+    y = torch.nn.functional.max_pool2d(x, (4, 1))            # [2, 8, 1, 16]
+    y.squeeze(2).permute(2, 0, 1).contiguous().sum().backward()
+    z = torch.nn.functional.max_pool2d(x, (4, 1))
+    w = torch.randn(2, 8, 1, 16, device="cuda")
+    (z * w).sum().backward()  # z's gradient is w times the sum's: dense
+    """, tmp_path)
+    af = alloc_free(out)
+    gin, gout = 2 * 8 * 4 * 16 * 4, 2 * 8 * 16 * 4  # grad_input; grad_output (and y)
+    copied = [("alloc", gin), ("alloc", gout), ("free_", gout)]
+    at = [i for i in range(len(af) - 2) if af[i:i + 3] == copied]
+    assert len(at) == 1, af  # the first backward only
+    assert af.count(("alloc", gin)) == 3, af  # x and the two grad_inputs
+
+
 def test_ctc_loss_on_cudnns_path_or_unknown_lengths_is_refused_by_name():
     import torch
 

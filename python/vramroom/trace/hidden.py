@@ -349,7 +349,9 @@ class Hidden:
                          a.roll.default: self.roll_tokens,
                          a.native_batch_norm.default: self.batch_norm_tokens,
                          a.native_batch_norm_backward.default: self.batch_norm_backward_tokens,
-                         a.randperm.default: self.randperm_tokens}
+                         a.randperm.default: self.randperm_tokens,
+                         a.max_pool2d_with_indices.default: self.max_pool_tokens,
+                         a.max_pool2d_with_indices_backward.default: self.max_pool_tokens}
         gmm = getattr(a, "_grouped_mm", None)
         self.grouped_mm = gmm.default if gmm is not None else None
         if self.grouped_mm is not None:
@@ -642,6 +644,31 @@ class Hidden:
             return None
         n = math.prod(self._torch.broadcast_shapes(tuple(g.shape), tuple(y.shape)))
         return [["o", 0], ["t", n * self._torch.result_type(g, y).itemsize], ["f", 0]]
+
+    def max_pool_tokens(self, func, args, kwargs, n_outputs):
+        """max_pool2d on CUDA (DilatedMaxPool2d.cu) takes its tensors contiguous in the
+        input's suggested memory format after its outputs: the forward the input; the
+        backward the input, grad_output, then the indices; freed as it returns, last made
+        first (device run 41's hp_crnn_ctc: the gradient coming back through a permute into
+        a (4, 1) pool is copied, 2 MiB)."""
+        torch = self._torch
+        b = _bind(func, args, kwargs)
+        x = b.get("self")
+        if x is None or x.device.type != "cuda" or x.dim() not in (3, 4):
+            return None
+        backward = func is self._aten.max_pool2d_with_indices_backward.default
+        if backward and b.get("grad_output") is not None and b["grad_output"].numel() == 0:
+            return None
+        from torch._prims_common import suggest_memory_format
+
+        fmt = suggest_memory_format(x) if x.dim() == 4 else torch.contiguous_format
+        ts = [x, b.get("grad_output"), b.get("indices")] if backward else [x]
+        sizes = [t.numel() * t.element_size() for t in ts
+                 if t is not None and t.numel() and not t.is_contiguous(memory_format=fmt)]
+        if not sizes:
+            return None
+        return [["o", 0]] * n_outputs + [["t", n] for n in sizes] + \
+            [["f", i] for i in reversed(range(len(sizes)))]
 
     def roll_tokens(self, func, args, kwargs, n_outputs):
         """torch.roll as roll_cuda runs it: a non-contiguous input copied first (freed once

@@ -10,8 +10,7 @@ OUT=${OUT:-/tmp/run42}
 mkdir -p "$OUT"
 bash scripts/device_header.sh 42 > "$OUT/HEADER" 2>&1
 echo "commit ${COMMIT:-?}" >> "$OUT/HEADER"
-G=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -o "H[0-9][0-9]*" | head -1 | tr A-Z a-z)
-G=${G:-gpu}
+G=$(bash scripts/device_gpu_tag.sh)
 cd scripts/trace_corpus
 PYTHONUNBUFFERED=1 timeout 330 python3 rnn/query_ws.py "$OUT/cudnn-rnn-ws-$G-run42.json.xz" \
   --budget 150 --validate rnn/runs/rnn-h100-run41.json > "$OUT/query.log" 2>&1

@@ -7,8 +7,7 @@ OUT=${OUT:-/tmp/run43}
 mkdir -p "$OUT"
 bash scripts/device_header.sh 43 > "$OUT/HEADER" 2>&1
 echo "commit ${COMMIT:-?}" >> "$OUT/HEADER"
-G=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -o "H[0-9][0-9]*" | head -1 | tr A-Z a-z)
-G=${G:-gpu}
+G=$(bash scripts/device_gpu_tag.sh)
 cd scripts/trace_corpus
 PYTHONUNBUFFERED=1 timeout 300 python3 rnn/segments.py "$OUT/rnn-segments-$G-run43.json" \
   --budget 200 > "$OUT/segments.log" 2>&1

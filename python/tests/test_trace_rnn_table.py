@@ -48,28 +48,35 @@ def test_the_reserve_formula_matches_the_measured_training_forwards():
     assert not off and ok >= 714, off[:3]
 
 
-def test_the_reserve_formula_matches_cudnns_own_answers():
-    # device run 42: cudnnGetRNNTempSpaceSizes over ctypes (rnn/query_ws.py, which matched all
-    # of run 41's measurements), one dimension swept at a time over 310,224 shapes: modes,
-    # dtypes, hidden 1..1100, input 1..1100, batch and length 1..520, layers and directions,
-    # dropout
+def _cudnn_sweeps():
+    """Device run 42's swept rows (cuDNN's own answers, rnn/query_ws.py), each with the
+    tracer's config for it."""
     import lzma
-
-    from vramroom.trace.rnn import reserve_bytes
 
     path = RUN.parent / "cudnn-rnn-ws-h100-run42.json.xz"
     if not path.exists():
         pytest.skip("device run 42's cuDNN answers are not in this checkout")
     with lzma.open(path, "rt") as f:
         rows = json.load(f)["sweeps"]
-    off = []
     for r in rows:
         mode, dt, I, H, L, D, P, N, T, packed, drop, nrows = r[:12]
-        c = dict(mode=GATES[mode], dtype=getattr(torch, dt), I=I, H=H, L=L, D=D, P=P, N=N, T=T,
-                 rows=nrows)
-        if reserve_bytes(c, 0.2 if drop else 0) != r[15]:
+        yield r, dict(mode=GATES[mode], dtype=getattr(torch, dt), I=I, H=H, L=L, D=D, P=P, N=N,
+                      T=T, rows=nrows, packed=bool(packed), drop=bool(drop))
+
+
+def test_the_reserve_formula_matches_cudnns_own_answers():
+    # device run 42: cudnnGetRNNTempSpaceSizes over ctypes (rnn/query_ws.py, which matched all
+    # of run 41's measurements), one dimension swept at a time over 310,224 shapes: modes,
+    # dtypes, hidden 1..1100, input 1..1100, batch and length 1..520, layers and directions,
+    # dropout
+    from vramroom.trace.rnn import reserve_bytes
+
+    n, off = 0, []
+    for r, c in _cudnn_sweeps():
+        n += 1
+        if reserve_bytes(c, 0.2 if c["drop"] else 0) != r[15]:
             off.append(r)
-    assert len(rows) > 300000 and not off, off[:3]
+    assert n > 300000 and not off, off[:3]
 
 
 def test_every_measured_workspace_is_looked_up_exactly():
@@ -157,23 +164,13 @@ def test_the_segments_table_matches_cudnns_own_answers():
     # device run 42's independent answers for every swept shape the table covers: each
     # lookup it answers is exact (a float16 batch that switches cuDNN to its persistent
     # kernel is not answered)
-    import lzma
-
     from vramroom.trace import rnn
     from vramroom.trace.gpus import get_gpu
     from vramroom.trace.hidden import load_table
 
-    path = RUN.parent / "cudnn-rnn-ws-h100-run42.json.xz"
-    if not path.exists():
-        pytest.skip("device run 42's cuDNN answers are not in this checkout")
     row, gpu = load_table()["archs"]["sm90"], get_gpu("h100")
-    with lzma.open(path, "rt") as f:
-        rows = json.load(f)["sweeps"]
     n, off = 0, []
-    for r in rows:
-        mode, dt, I, H, L, D, P, N, T, packed, drop, nrows = r[:12]
-        c = dict(mode=GATES[mode], dtype=getattr(torch, dt), I=I, H=H, L=L, D=D, P=P, N=N, T=T,
-                 rows=nrows, packed=bool(packed), drop=bool(drop))
+    for r, c in _cudnn_sweeps():
         for kind, col in (("train", 14), ("eval", 16), ("backward", 17)):
             got = rnn._segments(row, dict(c, drop=False) if kind == "eval" else c, kind, gpu)
             if got is not None:

@@ -30,6 +30,7 @@ hp_crnn_ctc: the sizes and the order (its snapshot's addresses give the free ord
 import torch
 
 from .capture import UnsupportedOp
+from .refuse import on_fake_cuda
 
 PRESUMED = ("CTC target lengths of fake data presumed to reach the targets' padded width "
             "(log_alpha is sized by the longest)")
@@ -68,8 +69,6 @@ def make(vals, warn):
 
     def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction=1,
                  zero_infinity=False):
-        from .refuse import on_fake_cuda
-
         if not on_fake_cuda((log_probs,), {}):
             return _orig(log_probs, targets, input_lengths, target_lengths, blank, reduction,
                          zero_infinity)

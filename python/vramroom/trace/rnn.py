@@ -106,16 +106,21 @@ _TABLES = {}
 _MODE_NAME = {0: "RNN_RELU", 1: "RNN_TANH", 2: "LSTM", 3: "GRU"}
 
 
+def _json(name):
+    """A table shipped beside this file, read once."""
+    import json
+    import os
+
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)) as f:
+        return json.load(f)
+
+
 def _table(row):
     name = row.get("rnn_events_table")
     if not name:
         return None
     if name not in _TABLES:
-        import json
-        import os
-
-        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)) as f:
-            d = json.load(f)
+        d = _json(name)
         shapes = {}
         for k, pts in d["shapes"].items():
             m, dt, I, H, L, D, P, pk, drop = k.split("|")
@@ -215,11 +220,7 @@ def _segments(row, c, kind, gpu):
     if not name or c["P"] or c["packed"] or persistent(c, gpu):
         return None
     if name not in _TABLES:
-        import json
-        import os
-
-        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)) as f:
-            _TABLES[name] = json.load(f)
+        _TABLES[name] = _json(name)
     doc = _TABLES[name]
     N, T = c["N"], c["T"]
     if T > doc["tmax"]:
@@ -380,7 +381,8 @@ def cudnn_rnn_backward(row, rec, args, kwargs):
     """aten._cudnn_rnn_backward (RNN.cpp): zeros for the gradients autograd did not give;
     _cudnn_rnn_backward_input (contiguous copies of the input and output gradient, dx, dhx,
     dcx, a workspace), then _cudnn_rnn_backward_weight (the input's copy again, the zeroed
-    flat dw, a workspace). The weight gradients are tensors over dw (with biases; see _backward_weight)."""
+    flat dw, a workspace). The weight gradients are tensors over dw (with biases; see
+    _backward_weight)."""
     from .hidden import _bind
 
     b = _bind(torch.ops.aten._cudnn_rnn_backward.default, args, kwargs)

@@ -32,6 +32,9 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from build_table import first_freed  # noqa: E402
+
 MODES = {"RNN_RELU": 0, "RNN_TANH": 1, "LSTM": 2, "GRU": 3}
 DT = {"float32": 0, "float16": 2, "bfloat16": 9}
 STANDARD, PERSIST_STATIC, SMALL_H = 0, 1, 3
@@ -150,14 +153,6 @@ def query(cu, c, sms, major):
     ws_t, rs = tr if isinstance(tr, tuple) else (tr, tr)
     ws_b = bw[0] if isinstance(bw, tuple) else bw
     return [af, ab, ws_t, rs, ev, ws_b]
-
-
-def first_freed(toks):
-    ts = [i for i, (k, _) in enumerate(toks) if k == "t"]
-    for k, v in toks:
-        if k == "f":
-            return toks[ts[v]][1]
-    return 0
 
 
 def validate(cu, paths, sms, major):

@@ -8,7 +8,8 @@ What each op adds (PyTorch 2.11's CUDA path):
 - matmuls (mm, addmm, bmm, baddbmm, addmv, ...): the first one on a (thread, stream) pair
   allocates that cuBLAS handle's workspace, kept for the process; autograd's device thread
   has its own handle, so the first backward matmul pays again. The first matmul that goes
-  through cuBLASLt (addmm with a 1-d bias: F.linear with bias) adds the cuBLASLt workspace.
+  through cuBLASLt (addmm with a 1-d bias and no size-1 matrix dimension: F.linear with
+  bias, `_addmm_takes_lt`) adds the cuBLASLt workspace.
   Both come right after the op's output.
 - convolution: forward allocates the output, then the algorithm's workspace, freed before
   returning; backward: grad_input, its workspace (freed), grad_weight, its workspace
@@ -33,6 +34,34 @@ from .snapshot import WORKSPACE_TAG
 from .sorting import cub_single_tile
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _addmm_takes_lt(activation, args, kwargs):
+    """Whether addmm_out_cuda_impl takes cuBLASLt (isInputCompliesAddmmCudaLt, PyTorch 2.11
+    with CUDA >= 12.1): beta 1; a contiguous bias that squeezes to 1-d over the output's
+    columns (or, for _addmm_activation, any 2-d bias that broadcasts); a float type; and no
+    size-1 dimension in either matrix, which cublasLtMatmulAlgoGetHeuristic rejects. So a
+    Linear with one output feature, or over one row, never takes the Lt workspace (hg_rnn3's
+    head, Linear(128, 1), in device run 44)."""
+    import torch
+    bias = args[0] if args else None
+    m1 = args[1] if len(args) > 1 else kwargs.get("mat1")
+    m2 = args[2] if len(args) > 2 else kwargs.get("mat2")
+    if bias is None or m1 is None or m2 is None or m1.dim() != 2 or m2.dim() != 2:
+        return False
+    beta = kwargs.get("beta", args[3] if len(args) > 3 else 1)
+    out = kwargs.get("out")
+    if beta != 1 or (out is not None and (out.dim() != 2 or not out.is_contiguous())):
+        return False
+    if m1.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        return False
+    if min(m1.shape) <= 1 or min(m2.shape) <= 1:
+        return False
+    if bias.is_contiguous() and bias.dim() >= 1 and bias.squeeze().dim() == 1 and \
+            bias.shape[-1] == m2.shape[1]:
+        return True
+    return activation and bias.dim() == 2 and all(
+        b in (1, n) for b, n in zip(bias.shape, (m1.shape[0], m2.shape[1])))
 
 
 def load_table():
@@ -219,6 +248,7 @@ class Hidden:
             for o in op.overloads():
                 self.matmul.add(getattr(op, o))
         self.lt_ops = {a.addmm.default, a.addmm.out, a._addmm_activation.default}
+        self.addmm_activation = a._addmm_activation.default
         # layer_norm_cuda: X = input.expect_contiguous() before Y, mean, rstd;
         # layer_norm_backward_cuda: X before dX, dgamma, dbeta, then dY.contiguous() at the
         # kernel call (the order seen in real snapshots, e.g. ViT's batch_first attention
@@ -943,8 +973,7 @@ class Hidden:
             # cuBLASLt's workspace, like cuBLAS's, is per (thread, stream): autograd's device
             # thread takes its own when a checkpointed forward is recomputed there
             # (ckpt_transformer_blocks' real snapshot: a second 1 MiB in the first backward)
-            bias = args[0] if args else None
-            if bias is not None and (bias.dim() == 1 or (bias.dim() == 2 and bias.stride(0) == 0)):
+            if _addmm_takes_lt(func is self.addmm_activation, args, kwargs):
                 self.lt_keys.add(key)
                 rec.hidden_alloc(self.row["cublaslt_workspace"], frames=fr or rec._frames())
                 self.stats["cublaslt"] += 1

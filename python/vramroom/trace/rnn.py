@@ -535,12 +535,17 @@ class RnnVF:
             if amp:
                 params, buf, x, hx, cx = self._cast_reflatten(params, buf, x, hx, cx, c,
                                                               has_biases)
-            out = torch.ops.aten._cudnn_rnn(x, params, stride0, buf, hx, cx, mode, H, proj,
-                                            int(layers), bool(batch_first), float(p),
-                                            bool(train), bool(bidir), bs, state)
-        if mode == 2:
-            return out[0], out[1], out[2]
-        return out[0], out[1]
+            out = list(torch.ops.aten._cudnn_rnn(x, params, stride0, buf, hx, cx, mode, H,
+                                                 proj, int(layers), bool(batch_first),
+                                                 float(p), bool(train), bool(bidir), bs,
+                                                 state))
+        ret = tuple(out[:3]) if mode == 2 else tuple(out[:2])
+        # RNN.cpp's _cudnn_impl returns some of _cudnn_rnn's std::tuple and lets the rest go
+        # first to last: under no_grad the reserve is freed before the weights' copy
+        # (hg_lstm_bf16_tagger's real snapshot). A Python tuple would let go last to first.
+        while out:
+            del out[0]
+        return ret
 
     def _cast_reflatten(self, params, buf, x, hx, cx, c, has_biases):
         """autocast's _cudnn_rnn_cast_reflatten (AutocastRNN.cpp): weights autocast may cast

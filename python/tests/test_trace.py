@@ -121,6 +121,25 @@ def test_mlp_train_step_allocates_what_cuda_would(tmp_path):
     assert any("traced.py" in f[0] for fr in out["frames"] for f in fr)
 
 
+def test_addmm_takes_cublaslt_only_where_pytorch_allows_it(tmp_path):
+    # isInputCompliesAddmmCudaLt: no size-1 dimension in either matrix. A head with one
+    # output feature (device run 44's hg_rnn3_forecast) and a one-row batch go to plain
+    # cuBLAS, so neither takes the 1 MiB Lt workspace; the first [2, 8] x [8, 16] with a bias
+    # does.
+    out = run_traced("""
+    x1 = torch.randn(2, 8, device="cuda")
+    head = torch.nn.Linear(8, 1).cuda()
+    y = head(x1)
+    row = torch.nn.Linear(8, 16).cuda()
+    z = row(torch.randn(1, 8, device="cuda"))
+    w = row(x1)
+    """, tmp_path)
+    sizes = [s for s, _ in allocs(out["events"])]
+    assert sizes.count(CUBLAS) == 1 and sizes.count(LT) == 1, sizes
+    # the Lt workspace comes right after the last call's output
+    assert sizes[-2:] == [2 * 16 * 4, LT], sizes
+
+
 def test_forward_only_holds_less_than_training(tmp_path):
     fwd = run_traced(MLP + """
     with torch.no_grad():
@@ -242,6 +261,24 @@ def test_an_lstm_flattens_its_weights_into_one_block_and_its_grads_share_one(tmp
     assert fwd == [("alloc", 204800), ("alloc", 409600), ("alloc", 16384), ("alloc", 16384),
                    ("alloc", 26632576), ("alloc", 4505856), ("free_", 26632576),
                    ("free_", 204800)], fwd
+
+
+def test_an_unflattened_lstm_under_no_grad_frees_its_reserve_before_its_weights_copy(tmp_path):
+    # bfloat16 weights are not flattened, so each call copies them into a new buffer; in
+    # training mode under no_grad, _cudnn_rnn's reserve and that copy are dropped as
+    # RNN.cpp's std::tuple goes, first to last (device run 44's hg_lstm_bf16_tagger)
+    out = run_traced("""
+    m = torch.nn.LSTM(256, 1024).cuda().to(torch.bfloat16)
+    with torch.no_grad():
+        y, _ = m(torch.randn(200, 64, 256, device="cuda", dtype=torch.bfloat16))
+    """, tmp_path)
+    af = alloc_free(out)
+    wbuf = 2 * (4 * 1024 * (256 + 1024) + 2 * 4 * 1024)
+    i = max(k for k, e in enumerate(af) if e == ("alloc", wbuf))
+    made = [s for a, s in af[i + 1:] if a == "alloc"]
+    ws, reserve = made[0], made[1]
+    frees = [s for a, s in af[i + 1:] if a == "free_"]
+    assert frees[:3] == [ws, reserve, wbuf], (made, frees)
 
 
 def test_an_rnn_shape_cudnn_was_not_measured_for_is_refused_by_name():

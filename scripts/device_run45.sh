@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Device run 45 in one call: the hk_* programs' 27 convs the table lacks
-# (conv/convs_run45.json, harvest_prog.py), then the nine hk_* programs recorded with
+# (conv/convs_run45.json, harvest_prog.py), cuFFT's transforms call by call
+# (fft/measure_fft.py), then the nine hk_* programs recorded with
 # record_real.py --all, after their blind predictions were committed (results/hk-predicted.md).
 # From the repository root:   COMMIT=abc1234 OUT=$OUT bash scripts/device_run45.sh
 set -u
@@ -11,7 +12,9 @@ echo "commit ${COMMIT:-?}" >> "$OUT/HEADER"
 cd scripts/trace_corpus
 timeout 200 python3 conv/measure.py conv/convs_run45.json "$OUT/convs-h100-run45.json" \
   --budget 170 > "$OUT/run.log" 2>&1
-tail -3 "$OUT/run.log"
+timeout 150 python3 fft/measure_fft.py "$OUT/fft-h100-run45.json" --budget 110 \
+  >> "$OUT/run.log" 2>&1
+tail -4 "$OUT/run.log"
 PROGS=$(cd programs && ls hk_*.py | sed 's/\.py$//' | paste -sd, -)
 timeout 280 python3 record_real.py --all --out "$OUT/real45" --jobs 8 --budget 170 \
   --programs "$PROGS" > "$OUT/record.log" 2>&1

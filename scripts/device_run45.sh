@@ -10,13 +10,13 @@ mkdir -p "$OUT"
 bash scripts/device_header.sh 45 > "$OUT/HEADER" 2>&1
 echo "commit ${COMMIT:-?}" >> "$OUT/HEADER"
 cd scripts/trace_corpus
-timeout 200 python3 conv/measure.py conv/convs_run45.json "$OUT/convs-h100-run45.json" \
-  --budget 170 > "$OUT/run.log" 2>&1
-timeout 150 python3 fft/measure_fft.py "$OUT/fft-h100-run45.json" --budget 110 \
+timeout 160 python3 conv/measure.py conv/convs_run45.json "$OUT/convs-h100-run45.json" \
+  --budget 130 > "$OUT/run.log" 2>&1
+timeout 120 python3 fft/measure_fft.py "$OUT/fft-h100-run45.json" --budget 90 \
   >> "$OUT/run.log" 2>&1
 tail -4 "$OUT/run.log"
 PROGS=$(cd programs && ls hk_*.py | sed 's/\.py$//' | paste -sd, -)
-timeout 280 python3 record_real.py --all --out "$OUT/real45" --jobs 8 --budget 170 \
+timeout 260 python3 record_real.py --all --out "$OUT/real45" --jobs 8 --budget 150 \
   --programs "$PROGS" > "$OUT/record.log" 2>&1
 tail -14 "$OUT/record.log"
 rm -rf "$OUT/real45/snaps" "$OUT/real45/logs"

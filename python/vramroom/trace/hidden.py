@@ -30,6 +30,7 @@ import math
 import os
 import threading
 
+from .convnn import Neighbours
 from .snapshot import WORKSPACE_TAG
 from .sorting import cub_single_tile
 
@@ -235,6 +236,7 @@ class Hidden:
         self.row = load_table()["archs"][gpu.arch]
         self.conv = _conv_table(self.row.get("conv_workspace_table"))
         self.conv_ev = _conv_events(self.row.get("conv_events_table"))
+        self._conv_nn = None  # convnn.Neighbours over conv_ev, made at the first need
         self.handles = set()
         self.lt_keys = set()
         a = torch.ops.aten
@@ -1009,9 +1011,10 @@ class Hidden:
 
     # -- cuDNN convolution --------------------------------------------------------------
     def conv_workspace(self, pas, x_shape, w_shape, out_shape, stride, padding, dilation,
-                       groups, dtype, itemsize):
-        if len(x_shape) != 4:  # conv1d/3d: the ratio estimate on the flattened sizes
-            pass
+                       groups, dtype, itemsize, transposed=False):
+        """The workspace of a conv the events table does not hold: the meta twin's fp32
+        table's points; else the nearest measured shape's (convnn.py); else a fixed ratio
+        of the larger tensor (conv1d/3d too, on the flattened sizes)."""
         n = x_shape[0]
         key = (pas, tuple(x_shape[1:]), tuple(w_shape), tuple(stride), tuple(padding),
                tuple(dilation), groups)
@@ -1031,6 +1034,15 @@ class Hidden:
                 return int(round(b0 * n / n0))
             return above[0][1]
         self.stats["conv_unmeasured"] += 1
+        if self.conv_ev:
+            if self._conv_nn is None:
+                self._conv_nn = Neighbours(self.conv_ev)
+            ws = self._conv_nn.workspace(pas, list(x_shape[1:]), list(w_shape),
+                                         list(out_shape[1:]), list(stride), list(dilation),
+                                         transposed, groups, str(dtype).replace("torch.", ""),
+                                         n)
+            if ws is not None:
+                return ws
         prod = lambda s: int(__import__("math").prod(s))
         inb, outb, wb = prod(x_shape) * itemsize, prod(out_shape) * itemsize, prod(w_shape) * itemsize
         big = max(inb, outb)

@@ -625,7 +625,7 @@ def _mode_class():
                 if x.device.type == "cuda" and hid.uses_cudnn(x, transposed, w, groups):
                     ws = hid.conv_workspace("forward", list(x.shape), list(w.shape),
                                             list(out.shape), stride, padding, dilation, groups,
-                                            x.dtype, x.element_size())
+                                            x.dtype, x.element_size(), transposed)
                     rec.hidden_temp(ws, frames=fr, meta=workspace_tag(conv_plan_key(
                         "forward", x, w, stride, padding, dilation, groups), 0))
             if xcopy:
@@ -827,8 +827,8 @@ def _mode_class():
                 if cud:
                     rec.hidden_temp(hid.conv_workspace(
                         "backward_input", shape(x), shape(w), shape(go), list(stride),
-                        list(padding), list(dilation), groups, x.dtype, x.element_size()), fr,
-                        workspace_tag(key, "input"))
+                        list(padding), list(dilation), groups, x.dtype, x.element_size(),
+                        transposed), fr, workspace_tag(key, "input"))
                 if c is not None:
                     rec.free(c, copy_in, st)
 
@@ -838,8 +838,8 @@ def _mode_class():
                 if cud:
                     rec.hidden_temp(hid.conv_workspace(
                         "backward_weight", shape(x), shape(w), shape(go), list(stride),
-                        list(padding), list(dilation), groups, x.dtype, x.element_size()), fr,
-                        workspace_tag(key, "weight"))
+                        list(padding), list(dilation), groups, x.dtype, x.element_size(),
+                        transposed), fr, workspace_tag(key, "weight"))
                 if c is not None:
                     rec.free(c, copy_w, st)
 

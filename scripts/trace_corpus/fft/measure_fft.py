@@ -143,9 +143,6 @@ def run(c):
         c["out_shape"], c["out_strides"] = list(y.shape), list(y.stride())
     del y, x, keep
     return True
-    c["in_shape"], c["in_strides"] = list(x.shape), list(x.stride())
-    c["out_shape"], c["out_strides"] = list(y.shape), list(y.stride())
-    del y, x, keep
 
 
 def main():

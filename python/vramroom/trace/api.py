@@ -214,6 +214,13 @@ class Trace:
         self._set(F, "binary_cross_entropy_with_logits", _make_bce_with_logits(
             F.binary_cross_entropy_with_logits, lambda t: isinstance(t, FakeTensor)))
         self._set(torch, "compile", _refuse_compile)
+        # TorchScript functions (transformers' DeBERTa scripts its relative-position buckets)
+        # run op by op: the GPU fusers would compile a kernel, which needs the CUDA driver.
+        # The GPU runs a function's first call op by op too, then may fuse its elementwise
+        # ops; their transient intermediates are then counted where the GPU makes none.
+        self._jit = (torch._C._jit_texpr_fuser_enabled(), torch._C._jit_can_fuse_on_gpu())
+        torch._C._jit_set_texpr_fuser_enabled(False)
+        torch._C._jit_override_can_fuse_on_gpu(False)
         self._set(FakeTensor, "__deepcopy__", _make_fake_deepcopy(FakeTensor.__deepcopy__))
         # fake mode's constant propagation, for the small CPU tensors mode.py keeps real
         import torch._subclasses.fake_tensor as fake_tensor_module
@@ -267,6 +274,8 @@ class Trace:
     def __exit__(self, et, ev, tb):
         import time
 
+        import torch
+
         try:
             self._mode.__exit__(et, ev, tb)
         finally:
@@ -288,6 +297,8 @@ class Trace:
                 setattr(obj, name, old)
             self._saved.clear()
             self._api.restore()
+            torch._C._jit_set_texpr_fuser_enabled(self._jit[0])
+            torch._C._jit_override_can_fuse_on_gpu(self._jit[1])
             if self._rec.engine_thread_used:
                 _drain_engine_thread()
             self.elapsed_s = time.perf_counter() - self._t0

@@ -372,7 +372,12 @@ class Hidden:
         self.conv_bwd = {a.convolution_backward.default}
         # ops whose hidden allocations one method of their own gives, as around_outputs'
         # tokens (func, args, kwargs, n_outputs) -> tokens or None
-        self.op_rules = {a.native_group_norm.default: self.group_norm_tokens,
+        self.fft_ops = {a._fft_r2c.default: "r2c", a._fft_c2r.default: "c2r",
+                        a._fft_c2c.default: "c2c"}
+        self.op_rules = {a._fft_r2c.default: self.fft_tokens,
+                         a._fft_c2r.default: self.fft_tokens,
+                         a._fft_c2c.default: self.fft_tokens,
+                         a.native_group_norm.default: self.group_norm_tokens,
                          a.native_group_norm_backward.default: self.group_norm_backward_tokens,
                          a.binary_cross_entropy_with_logits.default: self.bce_logits_tokens,
                          a._foreach_norm.Scalar: self.foreach_norm_tokens,
@@ -701,6 +706,35 @@ class Hidden:
             return None
         return [["o", 0]] * n_outputs + [["t", n] for n in sizes] + \
             [["f", i] for i in reversed(range(len(sizes)))]
+
+    def fft_tokens(self, func, args, kwargs, n_outputs):
+        """cuFFT's path (fft.py): input copies, clones and the plans' work areas around the
+        output; a plan whose work area this architecture's table lacks is refused."""
+        from . import fft
+        from .capture import UnsupportedOp
+
+        x = args[0]
+        if n_outputs != 1 or x.device.type != "cuda" or x.numel() == 0:
+            return None
+        name = self.row.get("fft_table")
+        pts_of = fft.table(name) if name else {}
+
+        def lookup(kind, value, signal, batch, layout):
+            dt = str(value).replace("torch.", "")
+            pts = pts_of.get((kind, dt, tuple(signal), layout))
+            if pts is None:
+                raise UnsupportedOp(func, (
+                    "cuFFT's work area for its %s plan over %s-point %s signals%s at batch %d "
+                    "was not measured for this GPU's architecture (scripts/trace_corpus/fft/"
+                    "measure_fft.py measures it on a GPU)") % (
+                        kind.upper(), "x".join(map(str, signal)), dt,
+                        "" if layout == "simple" else " (%s layout)" % layout, batch))
+            return fft.work_area(pts, batch)
+        b = _bind(func, args, kwargs)
+        third = {"r2c": "onesided", "c2r": "last_dim_size", "c2c": "forward"}
+        kind = self.fft_ops[func]
+        return fft.tokens(kind, x, (list(b["dim"]), b["normalization"], b[third[kind]]),
+                          lookup)
 
     def roll_tokens(self, func, args, kwargs, n_outputs):
         """torch.roll as roll_cuda runs it: a non-contiguous input copied first (freed once

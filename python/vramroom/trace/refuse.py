@@ -5,7 +5,6 @@ that no table here models, so a trace would give a wrong number, which is worse 
   `_VF.lstm` & co. called directly are C++ composites that ask cuDNN for a handle before any
   op reaches the fake mode; the generic ops are refused in the mode, for code that calls them
   directly (rnn.py's `_VF` stands in for the modules' calls).
-- cuFFT (torch.fft on CUDA): its plan's work area comes from the caching allocator.
 - F.one_hot without num_classes: its output's width is the data's max() + 1, read back to
   the host inside the composite (before any op reaches the fake mode's refusal of
   data-dependent shapes), so `one_hot_checked` stands in for F.one_hot during a trace.
@@ -17,7 +16,6 @@ from .capture import UnsupportedOp
 
 RNN_WHY = ("cuDNN's RNN reached other than through nn.LSTM, nn.GRU or nn.RNN (whose calls the "
            "tracer runs) is not modelled")
-FFT_WHY = "cuFFT's plan work area, which it takes from the caching allocator, is not modelled"
 _RNN_FUNCS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 
 
@@ -27,7 +25,6 @@ def not_modelled_ops():
     out = {}
     for names, why in (
         (["%s.%s" % (f, k) for f in _RNN_FUNCS for k in ("input", "data")], RNN_WHY),
-        (("_fft_r2c.default", "_fft_c2r.default", "_fft_c2c.default"), FFT_WHY),
     ):
         for n in names:
             op = aten

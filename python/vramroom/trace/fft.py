@@ -49,7 +49,9 @@ def table(name):
 
 
 def work_area(points, batch):
-    """The work area at batch from the measured (batch, bytes) points."""
+    """The work area at batch from the measured (batch, bytes) points, sorted: exact at a
+    measured batch, on the line between two, scaled past the largest, the smallest's below
+    it (hidden.conv_workspace reads the meta twin's conv points the same way)."""
     below = [p for p in points if p[0] <= batch]
     above = [p for p in points if p[0] >= batch]
     if below and below[-1][0] == batch:

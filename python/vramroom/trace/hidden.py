@@ -1056,17 +1056,9 @@ class Hidden:
 
         pts = self.conv.get(key) if dtype == torch.float32 else None
         if pts:
-            below = [p for p in pts if p[0] <= n]
-            above = [p for p in pts if p[0] >= n]
-            if below and below[-1][0] == n:
-                return below[-1][1]
-            if below and above:
-                (n0, b0), (n1, b1) = below[-1], above[0]
-                return int(round(b0 + (n - n0) / (n1 - n0) * (b1 - b0)))
-            if below:
-                n0, b0 = below[-1]
-                return int(round(b0 * n / n0))
-            return above[0][1]
+            from .fft import work_area  # the same reading of measured (batch, bytes) points
+
+            return work_area(pts, n)
         self.stats["conv_unmeasured"] += 1
         if self.conv_ev:
             if self._conv_nn is None:

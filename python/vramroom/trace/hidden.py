@@ -65,6 +65,14 @@ def _addmm_takes_lt(activation, args, kwargs):
         b in (1, n) for b, n in zip(bias.shape, (m1.shape[0], m2.shape[1])))
 
 
+CONV_ESTIMATED = ("a cuDNN convolution of a shape not measured for this GPU's architecture: its "
+                  "workspace estimated from the nearest measured shape (convnn.py); "
+                  "scripts/trace_corpus/conv/harvest_prog.py lists a program's, conv/measure.py "
+                  "measures them on a GPU")
+FFT_INTERPOLATED = ("a cuFFT plan at a batch between two measured ones: its work area on the "
+                    "line between them (fft.py)")
+
+
 def load_table():
     with open(os.path.join(_HERE, "cuda_hidden.json")) as f:
         return json.load(f)
@@ -729,6 +737,9 @@ class Hidden:
                     "measure_fft.py measures it on a GPU)") % (
                         kind.upper(), "x".join(map(str, signal)), dt,
                         "" if layout == "simple" else " (%s layout)" % layout, batch))
+            if pts[0][0] < batch < pts[-1][0] and all(b != batch for b, _ in pts) and \
+                    fft.work_area(pts, batch):
+                self.rec.warn(FFT_INTERPOLATED)
             return fft.work_area(pts, batch)
         b = _bind(func, args, kwargs)
         third = {"r2c": "onesided", "c2r": "last_dim_size", "c2c": "forward"}
@@ -1060,6 +1071,8 @@ class Hidden:
 
             return work_area(pts, n)
         self.stats["conv_unmeasured"] += 1
+        if self.rec is not None:
+            self.rec.warn(CONV_ESTIMATED)
         if self.conv_ev:
             if self._conv_nn is None:
                 self._conv_nn = Neighbours(self.conv_ev)

@@ -251,6 +251,26 @@ def test_ffts_allocate_what_cufft_does(tmp_path):
     assert af[k + 1:k + 3] == [("alloc", 131072), ("free_", 131072)], af[k:k + 3]
 
 
+def test_istfts_own_window_check_is_presumed_passed_and_other_equals_refused(tmp_path):
+    # istft asks is_scalar_tensor_true(window envelope too small), an equal() of two 0-dim
+    # bools: a fake flag has no value, so the check is presumed passed, with a warning;
+    # torch.equal of data stays refused
+    out = run_traced("""
+    w = torch.hann_window(512, device="cuda")
+    s = torch.stft(torch.randn(2, 16384, device="cuda"), 512, 128, window=w,
+                   return_complex=True)
+    y = torch.istft(s, 512, 128, window=w)
+    assert y.shape == (2, 16384)
+    a = torch.randn(3, device="cuda")
+    try:
+        torch.equal(a, a + 1)
+        raise SystemExit("torch.equal of fake data answered")
+    except Exception as e:
+        assert "aten.equal" in str(e), e
+    """, tmp_path)
+    assert any("istft" in w for w in out["warnings"]), out["warnings"]
+
+
 def test_an_lstm_flattens_its_weights_into_one_block_and_its_grads_share_one(tmp_path):
     # LSTM(8, 16, 2 layers): per layer 4 gates x 16 x (input + 16) weights and two biases
     # a gate; .cuda() makes each parameter, then cuDNN's flat buffer (zeros), and the

@@ -16,6 +16,8 @@ import weakref
 
 # Small CPU tensors (elements) whose values the trace keeps and propagates (see dispatch).
 CPU_CONSTANT_LIMIT = 1 << 16
+SCALAR_CHECK_PRESUMED = ("an ATen check of a computed condition on the GPU (is_scalar_tensor_true: "
+                         "istft's window envelope) presumed passed")
 
 _FakeMode = None
 
@@ -42,6 +44,7 @@ def _mode_class():
     aten = torch.ops.aten
     local_scalar = aten._local_scalar_dense.default
     is_all_true = aten._is_all_true.default
+    equal = aten.equal.default
     record_stream = aten.record_stream.default
     add_tensor = aten.add.Tensor
     pin_memory = aten._pin_memory.default
@@ -434,6 +437,14 @@ def _mode_class():
                 # (ht_func_per_sample_grads, device run 40).
                 func = into_zeros[func]
                 rec.accumulations += 1
+            if func is equal and len(args) == 2 and on_fake_cuda(args, kwargs) and all(
+                    isinstance(a, FakeTensor) and a.dim() == 0 and a.dtype == torch.bool
+                    for a in args):
+                # at::is_scalar_tensor_true(flag): ATen's own checks of a computed condition
+                # (istft's window envelope, NOLA) ask equal(flag, true); a fake flag has no
+                # value: the check is presumed passed (flag false), as the program meant
+                rec.warn(SCALAR_CHECK_PRESUMED)
+                return False
             if not self._depth and (rec.active or self._dry) and on_fake_cuda(args, kwargs) and \
                     explicit.redispatched(func, args, kwargs, self._whole) and \
                     (self._dry or self._in_composite or self._dry_run(func, args, kwargs)):

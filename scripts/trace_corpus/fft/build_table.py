@@ -1,7 +1,8 @@
 """The tracer's cuFFT work-area table (python/vramroom/trace/fft_sm90.json) from measured
 transforms (measure_fft.py), and a check of vramroom.trace.fft against every measured call.
 
-    PYTHONPATH=python python scripts/trace_corpus/fft/build_table.py RUN.json [--out TABLE]
+    PYTHONPATH=python python scripts/trace_corpus/fft/build_table.py RUN.json [RUN.json ...]
+        [--out TABLE]
 
 Each measured call is replayed through fft.tokens, once with every work area 0 and once with
 a marker size per plan: where the first matches, the plans took none; where the second does,
@@ -63,11 +64,15 @@ def explain(r):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("run")
+    ap.add_argument("runs", nargs="+", help="measure_fft.py outputs of one GPU and PyTorch")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(fft.__file__),
                                                   "fft_sm90.json"))
     a = ap.parse_args()
-    run = json.load(open(a.run))
+    docs = [json.load(open(p)) for p in a.runs]
+    for d in docs[1:]:
+        assert (d["gpu"], d["torch"], d["cuda"]) == (docs[0]["gpu"], docs[0]["torch"],
+                                                     docs[0]["cuda"]), "runs of other setups"
+    run = dict(docs[0], rows=[r for d in docs for r in d["rows"]])
     table, bad, conflicts = {}, [], []
     for r in run["rows"]:
         e = explain(r)
@@ -87,7 +92,7 @@ def main():
            "about": "cuFFT's plan work area in bytes per (transform kind, value dtype, signal "
                     "sizes, layout) and batch, as PyTorch takes it from the caching allocator; built "
                     "by scripts/trace_corpus/fft/build_table.py from %s" %
-                    os.path.basename(a.run),
+                    ", ".join(os.path.basename(p) for p in a.runs),
            "entries": entries}
     with open(a.out, "w") as f:
         json.dump(doc, f, separators=(",", ":"))

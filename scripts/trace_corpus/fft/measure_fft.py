@@ -26,11 +26,16 @@ from measure import MARK, window  # noqa: E402
 DEV = os.environ.get("FFT_DEVICE", "cuda")  # cpu: a dry run of the grid, no history
 LENS = [8, 16, 32, 60, 64, 100, 128, 200, 256, 257, 400, 500, 512, 640, 1000, 1024, 1536,
         2000, 2048, 3000, 4096, 8192, 10000, 16384, 32768, 65536, 131072, 1 << 20,
-        17, 97, 1009, 4099]
+        17, 97, 1009, 4099,
+        # device run 46: stft windows and whole clips at common audio rates
+        320, 480, 800, 1600, 16000, 22050, 44100, 48000]
 BATCHES = [1, 2, 3, 4, 7, 8, 16, 33, 64, 256, 1024, 4096]
 SIG2 = [(32, 32), (64, 64), (100, 100), (128, 128), (224, 224), (256, 256), (64, 128),
         (512, 512), (1024, 1024), (97, 64)]
 SIG3 = [(16, 16, 16), (32, 32, 32), (64, 64, 64), (20, 30, 40)]
+# device run 46: the C2C stages of transforms over more dims (fftn over 4, rfftn over dims
+# 0 and 1 first) and small 2-d signals
+SIG2 += [(8, 8), (16, 16)]
 B2 = [1, 2, 4, 8, 16, 32, 64]
 
 
@@ -93,6 +98,10 @@ def calls(dtypes):
                 # dims (0, 1, ...) skip the one-plan path
                 yield dict(op="r2c", dtype=str(dt), shape=[*sig, b], dim=[0, 1, 2],
                            onesided=True)
+                yield dict(op="c2c", dtype=str(cdt), shape=[b, *sig], dim=[1, 2, 3],
+                           forward=True)
+                yield dict(op="c2c", dtype=str(cdt), shape=[b, 2, *sig], dim=[1, 2, 3, 4],
+                           forward=True)
     del a
 
 

@@ -33,8 +33,11 @@ Design note — the route (PyTorch 2.11.0+cu130, measured on a machine with no G
     mode (the [B, T, 3D] projection, the attention, or the math branch's packed q/k/v and
     scores).
   * Optimizers default to foreach only for exact Tensor/Parameter types; FakeTensor is added.
-  * Library workspaces (cuBLAS per thread and stream, cuBLASLt, cuDNN conv and attention)
-    happen inside kernels: hidden.py adds them from cuda_hidden.json.
+  * Library workspaces (cuBLAS per thread and stream, cuBLASLt, cuDNN conv and attention,
+    cuFFT's plan work areas) happen inside kernels: hidden.py adds them from
+    cuda_hidden.json and the tables it names (fft.py for cuFFT's copies and work areas).
+  * TorchScript functions run op by op (the GPU fusers are off during a trace: they would
+    compile through the driver).
 - Storage lifetimes: every new storage of a cuda FakeTensor that an op returns is one
   allocation of `storage.nbytes()` (the replay rounds it as PyTorch's allocator does). A
   `weakref.ref` on the storage (storages keep their PyObject for their whole life) reports

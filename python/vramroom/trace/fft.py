@@ -28,6 +28,8 @@ refused by name, with the command that measures it.
 import json
 import os
 
+from .hidden import value_at
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_NDIM = 3  # cufft_max_ndim
 _TABLES = {}
@@ -48,25 +50,10 @@ def table(name):
     return _TABLES[name]
 
 
-def work_area(points, batch):
-    """The work area at batch from the measured (batch, bytes) points, sorted: exact at a
-    measured batch, on the line between two, scaled past the largest, the smallest's below
-    it (hidden.conv_workspace reads the meta twin's conv points the same way)."""
-    below = [p for p in points if p[0] <= batch]
-    above = [p for p in points if p[0] >= batch]
-    if below and below[-1][0] == batch:
-        return below[-1][1]
-    if below and above:
-        (b0, w0), (b1, w1) = below[-1], above[0]
-        return int(round(w0 + (batch - b0) / (b1 - b0) * (w1 - w0)))
-    if below:
-        b0, w0 = below[-1]
-        return int(round(w0 * batch / b0))
-    return above[0][1]
-
-
-class NotMeasured(Exception):
-    """A transform whose work area the table does not hold: (kind, dtype, signal sizes)."""
+# The work area at a batch from the measured (batch, bytes) points: exact at a measured
+# batch, on the line between two, scaled past the largest (hidden.value_at, which reads the
+# meta twin's conv points too).
+work_area = value_at
 
 
 class _Plan:
@@ -171,11 +158,11 @@ class _Plan:
             self.exec_fft(out, work, out_sizes, dims, "r2c")
             self.free(wbuf)
             return obuf
-        out = self.exec_fft(out, work, out_sizes if len(dims) == 1 else half, [last], "r2c")
+        # more than one dim here (one always takes one plan): R2C over the last into the
+        # half spectrum, then the C2C stages between two buffers
+        out = self.exec_fft(out, work, half, [last], "r2c")
         self.free(wbuf)
-        wbuf, work = (None, None)
-        if len(dims) > 1:
-            wbuf, work = self.new(out_sizes, cdt)
+        wbuf, work = self.new(out_sizes, cdt)
         rest = list(dims[:-1])
         while rest:
             obuf, wbuf = wbuf, obuf
@@ -197,12 +184,9 @@ class _Plan:
         if _one_plan(dims):
             tbuf = self.alloc(x.numel() * x.element_size())
             self.exec_fft(out, x.contiguous(), out_sizes, dims, "c2r")
-        elif len(dims) > 1:
+        else:  # several dims: C2C over all but the last first, its result the C2R's input
             tbuf, temp = self.c2c(x, dims[:-1])
             self.exec_fft(out, temp, out_sizes, [dims[-1]], "c2r")
-        else:
-            tbuf = self.alloc(x.numel() * x.element_size())
-            self.exec_fft(out, x.contiguous(), out_sizes, [dims[-1]], "c2r")
         self.free(tbuf)
         return obuf
 
@@ -241,7 +225,7 @@ def tokens(op, x, args, lookup):
     i] the free of the i-th "t") of _fft_r2c(x, dim, normalization, onesided),
     _fft_c2r(x, dim, normalization, last_dim_size) or _fft_c2c(x, dim, normalization,
     forward) on a tensor like x. lookup(kind, value dtype, signal sizes, batch, layout) gives
-    a work area or raises NotMeasured."""
+    a work area (or raises, for a plan it does not know)."""
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 

@@ -126,6 +126,22 @@ def _shape_of(toks):
     return [k if k != "f" else (k, v) for k, v in toks]
 
 
+def value_at(points, n):
+    """A measured size at n from sorted (n, bytes) points: exact at a measured n, on the
+    line between two, scaled past the largest, the smallest's below it."""
+    below = [p for p in points if p[0] <= n]
+    above = [p for p in points if p[0] >= n]
+    if below and below[-1][0] == n:
+        return below[-1][1]
+    if below and above:
+        (n0, w0), (n1, w1) = below[-1], above[0]
+        return int(round(w0 + (n - n0) / (n1 - n0) * (w1 - w0)))
+    if below:
+        n0, w0 = below[-1]
+        return int(round(w0 * n / n0))
+    return above[0][1]
+
+
 def tokens_at(points, n):
     """The events at batch n from the measured batches: exact where measured; between two
     with the same events, each size on the line through them (a cuDNN algorithm's
@@ -382,10 +398,7 @@ class Hidden:
         # tokens (func, args, kwargs, n_outputs) -> tokens or None
         self.fft_ops = {a._fft_r2c.default: "r2c", a._fft_c2r.default: "c2r",
                         a._fft_c2c.default: "c2c"}
-        self.op_rules = {a._fft_r2c.default: self.fft_tokens,
-                         a._fft_c2r.default: self.fft_tokens,
-                         a._fft_c2c.default: self.fft_tokens,
-                         a.native_group_norm.default: self.group_norm_tokens,
+        self.op_rules = {a.native_group_norm.default: self.group_norm_tokens,
                          a.native_group_norm_backward.default: self.group_norm_backward_tokens,
                          a.binary_cross_entropy_with_logits.default: self.bce_logits_tokens,
                          a._foreach_norm.Scalar: self.foreach_norm_tokens,
@@ -397,6 +410,7 @@ class Hidden:
                          a.randperm.default: self.randperm_tokens,
                          a.max_pool2d_with_indices.default: self.max_pool_tokens,
                          a.max_pool2d_with_indices_backward.default: self.max_pool_tokens}
+        self.op_rules.update((op, self.fft_tokens) for op in self.fft_ops)
         gmm = getattr(a, "_grouped_mm", None)
         self.grouped_mm = gmm.default if gmm is not None else None
         if self.grouped_mm is not None:
@@ -737,10 +751,10 @@ class Hidden:
                     "measure_fft.py measures it on a GPU)") % (
                         kind.upper(), "x".join(map(str, signal)), dt,
                         "" if layout == "simple" else " (%s layout)" % layout, batch))
-            if pts[0][0] < batch < pts[-1][0] and all(b != batch for b, _ in pts) and \
-                    fft.work_area(pts, batch):
+            ws = fft.work_area(pts, batch)
+            if ws and pts[0][0] < batch < pts[-1][0] and all(b != batch for b, _ in pts):
                 self.rec.warn(FFT_INTERPOLATED)
-            return fft.work_area(pts, batch)
+            return ws
         b = _bind(func, args, kwargs)
         third = {"r2c": "onesided", "c2r": "last_dim_size", "c2c": "forward"}
         kind = self.fft_ops[func]
@@ -1067,9 +1081,7 @@ class Hidden:
 
         pts = self.conv.get(key) if dtype == torch.float32 else None
         if pts:
-            from .fft import work_area  # the same reading of measured (batch, bytes) points
-
-            return work_area(pts, n)
+            return value_at(pts, n)
         self.stats["conv_unmeasured"] += 1
         if self.rec is not None:
             self.rec.warn(CONV_ESTIMATED)

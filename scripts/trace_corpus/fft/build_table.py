@@ -20,6 +20,10 @@ from vramroom.trace import fft
 SENT = 10 ** 15
 
 
+class NotMeasured(Exception):
+    """A plan whose work area the table does not hold."""
+
+
 def meta_input(r):
     dt = getattr(torch, r["dtype"].split(".")[-1])
     return torch.empty_strided(r["in_shape"], r["in_strides"], dtype=dt, device="meta")
@@ -104,12 +108,12 @@ def main():
         def look(kind, value, signal, batch, layout):
             pts = t.get((kind, str(value).replace("torch.", ""), tuple(signal), layout))
             if pts is None:
-                raise fft.NotMeasured((kind, value, signal))
+                raise NotMeasured((kind, value, signal, layout))
             return fft.work_area(pts, batch)
         for r in run["rows"]:
             try:
                 ok += fft.tokens(r["op"], meta_input(r), args_of(r), look) == r["tokens"]
-            except fft.NotMeasured:
+            except NotMeasured:
                 pass
     print("%d calls: %d explained by the port (%d not), %d plans in %d entries, %d conflicting"
           " sizes; with the table: %d of %d calls exact" % (

@@ -11,10 +11,11 @@ ratio of input plus output bytes between the two.
 
 Measured by leave-one-shape-out over the H100 table's NCHW forwards and backwards (4,000
 random measured points, the shape itself left out with or without its bias:
-`python -m vramroom.trace.convnn`): the forward's workspace within 5% (or both zero) at 1,446
-of 1,927 points, against 802 for the fixed ratio of the larger tensor used before; the
-backward's input-gradient workspace 1,601 of 2,073 against 865, its weight-gradient
-workspace 1,242 against 287. A shape with no neighbour of its kind keeps the fixed ratio (hidden.conv_workspace)."""
+`python -m vramroom.trace.convnn`, with device run 45's convs in the table): the forward's
+workspace within 5% (or both zero) at 1,521 of 1,968 points, against 875 for the fixed ratio
+of the larger tensor used before (fixed_workspace); the backward's input-gradient workspace
+1,617 of 2,032 against 813, its weight-gradient workspace 1,251 against 281.
+A shape with no neighbour of its kind keeps the fixed ratio (fixed_workspace)."""
 
 import math
 from collections import defaultdict
@@ -51,6 +52,29 @@ def _big(n, inp, out, itemsize):
     # input plus output bytes: the measure the engines' workspaces follow best (an ESPCN
     # conv's im2col-like engine takes their sum to 0.2% in device run 45)
     return n * (math.prod(inp) + math.prod(out)) * itemsize
+
+
+def fixed_workspace(ratio, pas, x_shape, w_shape, out_shape, stride, itemsize):
+    """The last resort for a shape with no neighbour (x_shape and out_shape with the batch):
+    a fixed ratio of the larger tensor; none for a 1x1 stride-1 conv's data passes, the
+    weight's gradient of one capped by batch x weight."""
+    inb, outb = math.prod(x_shape) * itemsize, math.prod(out_shape) * itemsize
+    big = max(inb, outb)
+    pointwise = len(w_shape) == 4 and w_shape[2] == 1 and w_shape[3] == 1 and \
+        all(s == 1 for s in stride)
+    if pas != "backward_weight":
+        return 0 if pointwise else int(round(ratio[pas] * big))
+    if pointwise:
+        return int(round(min(x_shape[0] * math.prod(w_shape) * itemsize,
+                             ratio["backward_weight_pointwise_cap"] * big)))
+    return int(round(ratio["backward_weight"] * big))
+
+
+def measured_workspace(pas, tokens):
+    """The workspace a measured conv's events show for pass pas."""
+    if pas == "forward":
+        return next((s for k, s in tokens if k == "t"), 0)
+    return backward_split(tokens)[0 if pas == "backward_input" else 1]
 
 
 def backward_split(tokens):
@@ -98,11 +122,7 @@ class Neighbours:
         m, toks = min(pts, key=lambda p: abs(math.log2(p[0]) - math.log2(max(n, 1))))
         it = _ITEMSIZE[dtype]
         scale = _big(n, inp, out, it) / _big(m, cin, cout, it)
-        if pas == "forward":
-            ws = next((s for k, s in toks if k == "t"), 0)
-        else:
-            ws = backward_split(toks)[0 if pas == "backward_input" else 1]
-        return int(round(ws * scale))
+        return int(round(measured_workspace(pas, toks) * scale))
 
 
 def _leave_one_out(table, samples=4000, seed=1):
@@ -121,14 +141,6 @@ def _leave_one_out(table, samples=4000, seed=1):
 
     ratio = load_table()["archs"]["sm90"]["conv_fallback_ratio"]
 
-    def fixed(p, inp, weight, out, n, it):
-        # hidden.conv_workspace's rule for a shape with no neighbour
-        big = n * max(math.prod(inp), math.prod(out)) * it
-        pw = len(weight) == 4 and weight[2:] == (1, 1)
-        if p == "backward_weight" and pw:
-            return min(n * math.prod(weight) * it, ratio["backward_weight_pointwise_cap"] * big)
-        return 0 if pw else ratio[p] * big
-
     res = defaultdict(lambda: [0, 0, 0])
     for key, n, toks in pts[:samples]:
         pas, inp, weight, _b, stride, padding, dilation, tr, opad, groups, dtype, _l = key
@@ -137,12 +149,11 @@ def _leave_one_out(table, samples=4000, seed=1):
         saved = nb.by_kind[kind]
         # the shape itself, with or without a bias, is not its own neighbour
         nb.by_kind[kind] = [c for c in saved if not (c[1] == inp and c[4] == weight)]
-        passes = ["forward"] if pas == "forward" else ["backward_input", "backward_weight"]
-        want = [next((s for k, s in toks if k == "t"), 0)] if pas == "forward" else \
-            list(backward_split(toks))
-        for p, a in zip(passes, want):
+        for p in ["forward"] if pas == "forward" else ["backward_input", "backward_weight"]:
+            a = measured_workspace(p, toks)
             got = nb.workspace(p, inp, weight, out, stride, dilation, tr, groups, dtype, n)
-            old = fixed(p, inp, weight, out, n, _ITEMSIZE[dtype])
+            old = fixed_workspace(ratio, p, [n] + list(inp), weight, [n] + out, stride,
+                                  _ITEMSIZE[dtype])
             if got is None:
                 got = old
             r = res[p]

@@ -30,7 +30,7 @@ import math
 import os
 import threading
 
-from .convnn import Neighbours
+from .convnn import Neighbours, fixed_workspace
 from .snapshot import WORKSPACE_TAG
 from .sorting import cub_single_tile
 
@@ -1094,18 +1094,8 @@ class Hidden:
                                          n)
             if ws is not None:
                 return ws
-        prod = lambda s: int(__import__("math").prod(s))
-        inb, outb, wb = prod(x_shape) * itemsize, prod(out_shape) * itemsize, prod(w_shape) * itemsize
-        big = max(inb, outb)
-        r = self.row["conv_fallback_ratio"]
-        pointwise = len(w_shape) == 4 and w_shape[2] == 1 and w_shape[3] == 1 and all(s == 1 for s in stride)
-        if pas == "forward":
-            return 0 if pointwise else int(round(r["forward"] * big))
-        if pas == "backward_input":
-            return 0 if pointwise else int(round(r["backward_input"] * big))
-        if pointwise:
-            return int(round(min(n * wb, r["backward_weight_pointwise_cap"] * big)))
-        return int(round(r["backward_weight"] * big))
+        return fixed_workspace(self.row["conv_fallback_ratio"], pas, x_shape, w_shape,
+                               out_shape, stride, itemsize)
 
     def conv_tokens(self, pas, x, w, bias, stride, padding, dilation, transposed, output_padding,
                     groups):

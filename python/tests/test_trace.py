@@ -494,19 +494,56 @@ def test_autograds_device_thread_lets_go_of_the_last_backward_before_the_program
     script.write_text(textwrap.dedent("""
         import time, torch
         import vramroom.trace as vt
-        from vramroom.trace import api
+        from vramroom.trace import engine
         with vt.trace(gpu="h100"):
             x = torch.randn(64, 64, device="cuda", requires_grad=True)
             (x @ x).relu().sum().backward()
-        assert len(api._ENGINE_BARRIER) == 1, api._ENGINE_BARRIER
+        assert len(engine._ENGINE_BARRIER) == 1, engine._ENGINE_BARRIER
         t0 = time.perf_counter()
-        assert api._drain_engine_thread() is True
+        assert engine.drain() is True
         print("drained in %.3f s" % (time.perf_counter() - t0))
     """))
     p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=_env(),
                        timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "drained in" in p.stdout, p.stdout
+
+
+def test_each_backward_returns_after_the_device_thread_dropped_its_graph(tmp_path):
+    # torch.func per-sample gradients: the device thread's drop of each finished graph task
+    # raced backward()'s caller for the GIL, so concurrent traces of one program gave
+    # different event orders (three of three here, and ht_func_per_sample_grads four of four
+    # beside two other traces), where the GPU frees before the caller goes on. With each
+    # backward waiting for the drop (engine.py), three concurrent traces give one sequence.
+    script = tmp_path / "p.py"
+    script.write_text(textwrap.dedent("""
+        import hashlib, torch, torch.nn as nn, torch.nn.functional as F
+        from torch.func import functional_call, grad, vmap
+        import vramroom.trace as vt
+        with vt.trace(gpu="h100") as t:
+            model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                                  nn.Linear(8 * 16 * 16, 10)).cuda()
+            params = {k: v.detach() for k, v in model.named_parameters()}
+            def loss_one(p, x, y):
+                out = functional_call(model, p, (x.unsqueeze(0),))
+                return F.cross_entropy(out, y.unsqueeze(0))
+            per_sample = vmap(grad(loss_one), in_dims=(None, 0, 0))
+            for step in range(4):
+                x = torch.randn(32, 1, 16, 16, device="cuda")
+                y = torch.randint(0, 10, (32,), device="cuda")
+                g = per_sample(params, x, y)
+                params = {k: params[k] - 0.1 * g[k].sum(0) for k in params}
+        seq = repr([(e[0], e[2]) for e in t.events]).encode()
+        print(hashlib.md5(seq).hexdigest(), len(t.events))
+    """))
+    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=_env()) for _ in range(3)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, out + err
+        outs.append(out.strip().splitlines()[-1])
+    assert len(set(outs)) == 1, outs
 
 
 def test_side_stream_and_record_stream(tmp_path):

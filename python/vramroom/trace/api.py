@@ -19,7 +19,6 @@ kept host value (copied with fake mode off). torch.compile is refused by name.
 """
 
 import json
-import logging
 import os
 import runpy
 import shutil
@@ -104,62 +103,6 @@ def run_cli(args, parse_json=True):
     return json.loads(r.stdout) if parse_json else r.stdout
 
 
-_ENGINE_BARRIER = []
-
-
-def _drain_engine_thread():
-    """Wait until autograd's CUDA device thread has let go of the last backward.
-
-    The engine wakes backward()'s caller before its device thread drops the finished graph
-    task, and that drop takes the GIL: the task's thread-local state holds the dispatch
-    modes (the recording mode, FakeTensorMode) as SafePyObjects, whose decref acquires it.
-    A program that ends right after the trace can reach interpreter shutdown first; the
-    thread's GIL request then ends it inside C++ ("terminate called without an active
-    exception", exit 134, PyTorch issue #38228): three tests in 85 under two pytest-xdist
-    workers. A tiny backward through the same thread (a fresh FakeTensorMode, nothing
-    recorded) is a barrier: the thread runs its tasks one at a time, so every earlier graph
-    task is gone when this one returns. This one's own drop is awaited too: a marker mode,
-    referenced by nothing else, is on the mode stack the graph task captured, and dies only
-    when the thread has released both copies of that stack (its thread-local guard, the
-    task), the last of its decrefs; the wait sleeps, so the thread can take the GIL.
-    Returns whether the thread let go within the wait.
-    """
-    import time
-    import weakref
-
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class _Marker(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return func(*args, **(kwargs or {}))
-
-    try:
-        with FakeTensorMode():
-            x = torch.zeros(1, device="cuda", requires_grad=True)
-            y = x * 2
-            g = torch.ones_like(y)
-            marker = _Marker()
-            with marker:
-                grads = torch.autograd.grad(y, x, g)
-            # Kept for the process: released here, the thread's own drop of this graph
-            # could be the last reference again.
-            _ENGINE_BARRIER.append((x, y, g, grads))
-        gone = weakref.ref(marker)
-        del marker
-        deadline = time.monotonic() + 5.0
-        while gone() is not None and time.monotonic() < deadline:
-            time.sleep(0.001)
-        let_go = gone() is None
-        if not let_go:
-            logging.getLogger(__name__).debug("autograd device thread still holds a graph task")
-        return let_go
-    except Exception as e:  # noqa: BLE001 - the trace is complete; only shutdown is at stake
-        logging.getLogger(__name__).debug("autograd device thread not drained: %s", e)
-        return False
-
-
 class Trace:
     """One traced region: the events, their snapshot, and the replay."""
 
@@ -214,6 +157,14 @@ class Trace:
         self._set(F, "binary_cross_entropy_with_logits", _make_bce_with_logits(
             F.binary_cross_entropy_with_logits, lambda t: isinstance(t, FakeTensor)))
         self._set(torch, "compile", _refuse_compile)
+        # Each backward returns once autograd's device thread has dropped its graph, as on
+        # the GPU (engine.py).
+        from . import engine
+        import torch.autograd.graph as autograd_graph
+
+        run_backward = engine.barrier(autograd_graph._engine_run_backward)
+        self._set(autograd_graph, "_engine_run_backward", run_backward)
+        self._set(torch.autograd, "_engine_run_backward", run_backward)
         # TorchScript functions (transformers' DeBERTa scripts its relative-position buckets)
         # run op by op: the GPU fusers would compile a kernel, which needs the CUDA driver.
         # The GPU runs a function's first call op by op too, then may fuse its elementwise
@@ -300,7 +251,9 @@ class Trace:
             torch._C._jit_set_texpr_fuser_enabled(self._jit[0])
             torch._C._jit_override_can_fuse_on_gpu(self._jit[1])
             if self._rec.engine_thread_used:
-                _drain_engine_thread()
+                from . import engine
+
+                engine.drain()
             self.elapsed_s = time.perf_counter() - self._t0
         return False
 

@@ -509,6 +509,33 @@ def test_autograds_device_thread_lets_go_of_the_last_backward_before_the_program
     assert "drained in" in p.stdout, p.stdout
 
 
+def test_data_dependent_sizes_come_from_the_values_the_trace_knows(tmp_path):
+    # nonzero, masked_select, x[mask], unique: sized by masks and values the trace follows
+    # (an arange's, a uniform fill's, randint's bounds), the data beside a mask unknown
+    out = run_traced("""
+    labels = torch.randint(0, 4, (8,), device="cuda")
+    li = (labels.long() >= 0).nonzero()          # DeBERTa-v2's loss: every label kept
+    assert tuple(li.shape) == (8, 1), li.shape
+    assert (labels < 4).nonzero().shape[0] == 8 and (labels == 7).nonzero().shape[0] == 0
+    x = torch.randn(1000, 64, device="cuda")
+    pos = torch.arange(1000, device="cuda")
+    assert tuple(x[pos % 4 == 0].shape) == (250, 64)
+    assert tuple(x[:, 0].masked_select(pos < 100).shape) == (100,)
+    assert tuple(torch.unique(pos % 10, return_counts=True)[1].shape) == (10,)
+    assert tuple(torch.ones(3000000, dtype=torch.bool, device="cuda").nonzero().shape) == \
+        (3000000, 1)
+    labels[0] = 5                                 # a write forgets the bounds
+    try:
+        (labels < 4).nonzero()
+        raise SystemExit("an unknown mask was sized")
+    except Exception as e:
+        assert "data-dependent" in str(e), e
+    """, tmp_path)
+    sizes = [s for a, s, _ in out["events"] if a == "alloc"]
+    assert 8 * 1 * 8 in [s for s in sizes], sizes          # li: 8 x 1 int64 (64 bytes)
+    assert 3000000 * 8 in sizes and 250 * 64 * 4 in sizes and 100 * 4 in sizes
+
+
 def test_each_backward_returns_after_the_device_thread_dropped_its_graph(tmp_path):
     # torch.func per-sample gradients: the device thread's drop of each finished graph task
     # raced backward()'s caller for the GIL, so concurrent traces of one program gave

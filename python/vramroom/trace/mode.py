@@ -40,8 +40,10 @@ def _mode_class():
     from .hidden import sdpa_backward_scratch
     from .native_mha import encoder_layer, native_mha
     from . import ctc, rnn
+    from .datadep import known_outputs
 
     aten = torch.ops.aten
+    empty_memory_format = aten.empty.memory_format
     local_scalar = aten._local_scalar_dense.default
     is_all_true = aten._is_all_true.default
     equal = aten.equal.default
@@ -474,12 +476,23 @@ def _mode_class():
                     # tensor-lr overloads): multi_tensor_apply updates the lists in place
                     # and allocates nothing, so it needs no fake kernel either
                     return None
-                why = {
-                    "DataDependentOutputException": "its result depends on tensor values, which a fake run does not have",
-                    "DynamicOutputShapeException": "its output shape depends on tensor values (data-dependent shape)",
-                    "UnsupportedOperatorException": "the op has no fake/meta kernel",
-                }.get(type(e).__name__, type(e).__name__)
-                raise UnsupportedOp(func, why) from None
+                out = None
+                if type(e).__name__ == "DynamicOutputShapeException":
+                    # sized by values the trace knows (datadep.py)
+                    base = super().dispatch
+                    out = known_outputs(
+                        self._vals, func, args, kwargs,
+                        lambda shape, dtype, device: base(
+                            empty_memory_format, types, (list(shape),),
+                            {"dtype": dtype, "device": device}),
+                        lambda f, a, k: base(f, types, a, k))
+                if out is None:
+                    why = {
+                        "DataDependentOutputException": "its result depends on tensor values, which a fake run does not have",
+                        "DynamicOutputShapeException": "its output shape depends on tensor values the trace does not know (data-dependent shape)",
+                        "UnsupportedOperatorException": "the op has no fake/meta kernel",
+                    }.get(type(e).__name__, type(e).__name__)
+                    raise UnsupportedOp(func, why) from None
             finally:
                 if not composite:
                     self._depth -= 1

@@ -19,20 +19,34 @@ that are not uniform are followed too: `torch.arange` and what is computed from 
 transformers' packed-sequence check reads `(diff(position_ids) != 1).cumsum(-1)[:, -1] ==
 0` from an arange; without the shadow the fake run answered "packed" and built the 4-d mask
 a GPU run skips (hf_gpt2_grad_ckpt). A shadow is kept only up to SHADOW_LIMIT elements of
-storage, so the cost is bounded; a larger or unknown input leaves the output unknown.
+storage, and the oldest are forgotten past SHADOW_COUNT shadows or SHADOW_TOTAL elements, so
+the cost is bounded; a larger or unknown input leaves the output unknown. The limit is 4M
+elements, not less, so that a graph's edge list built from aranges (800,000 edges) is known
+to the unique and bincount that size its outputs (datadep.py).
+
+Random integers keep their bounds: `torch.randint(0, 4, (B,))` holds values in [0, 3], as do
+its copies, casts and gathers, so a comparison the bounds decide (`labels >= 0`, DeBERTa's
+check of which labels to keep before a nonzero) is a known value like any other. Their own
+values stay unknown.
 """
 
 import math
 
 UNKNOWN = object()
 FINITE_PRESUMED = "a finiteness check (isfinite/isnan/isinf) of fake data presumed finite"
-SHADOW_LIMIT = 1 << 16
+SHADOW_LIMIT = 1 << 22
 SHADOW_COUNT = 512
+SHADOW_TOTAL = 1 << 25  # elements over all shadows (256 MiB of int64 at most)
 
 # deterministic by tag but their outputs hold no values (or change storages' shape)
 _NO_SHADOW = frozenset(("empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided",
                         "empty_permuted", "resize_", "resize_as_", "set_", "_local_scalar_dense",
                         "_assert_async", "record_stream"))
+
+# ops whose output holds only values of their first input (bounds carry over)
+_MOVES_VALUES = frozenset(("clone", "_to_copy", "contiguous", "gather", "index_select", "index",
+                           "repeat", "expand_copy", "lift_fresh_copy", "take",
+                           "take_along_dim"))
 
 
 def _cast(v, dtype):
@@ -62,6 +76,8 @@ class Values:
         self.host = unset_fake_temporarily
         self.v = {}
         self.shadow = {}  # storage key -> 1-d host tensor of the storage's elements
+        self._elems = 0  # elements kept in shadows (an upper bound until _trim counts)
+        self.bounds = {}  # storage key -> (lo, hi): every element in [lo, hi] (randint)
         self.rules = self._rules()
 
     def key(self, t):
@@ -169,8 +185,60 @@ class Values:
         if n > SHADOW_LIMIT:
             return None
         with self.host():
-            self.shadow[k] = self.torch.full((n,), self.v[k], dtype=x.dtype)
+            self._keep(k, self.torch.full((n,), self.v[k], dtype=x.dtype))
             return self._shadow_view(x, k)
+
+    def _host_call(self, func, args, kwargs, limit=None):
+        """`func` run for real on its inputs' values (a tuple (result,)), or None when one is
+        unknown or the call fails. A uniform input over SHADOW_LIMIT is given, up to `limit`
+        elements, as its value expanded to its shape (no storage) instead of a shadow."""
+        torch = self.torch
+        from torch.utils._pytree import tree_flatten, tree_unflatten
+
+        flat, spec = tree_flatten((args, kwargs))
+        ts = [a for a in flat if isinstance(a, torch.Tensor)]
+        if not all(self._knowable(a) or self._uniform_up_to(a, limit) for a in ts):
+            return None  # before any uniform value is made a shadow
+        if len(self.shadow) > SHADOW_COUNT or self._elems > SHADOW_TOTAL:
+            self._trim()
+        real = []
+        for a in flat:
+            if isinstance(a, torch.device):
+                a = torch.device("cpu")
+            elif isinstance(a, torch.Tensor):
+                a = self._real(a) if self._knowable(a) else self._expanded(a)
+                if a is None:
+                    return None
+            real.append(a)
+        rargs, rkwargs = tree_unflatten(real, spec)
+        try:
+            with self.host():
+                return (func(*rargs, **rkwargs),)
+        except Exception:  # noqa: BLE001 - any failure only means "unknown"
+            return None
+
+    def _uniform_up_to(self, x, limit):
+        return limit is not None and isinstance(x, self.FakeTensor) and \
+            self.key(x) in self.v and x.numel() <= limit
+
+    def _expanded(self, x):
+        with self.host():
+            return self.torch.full((), self.v[self.key(x)], dtype=x.dtype).expand(x.shape)
+
+    def host_result(self, func, args, kwargs, limit):
+        """The real result of `func` on its inputs' values, inputs of up to `limit` elements;
+        None when a value is unknown. For the ops whose output size is the data's (datadep)."""
+        r = self._host_call(func, args, kwargs, limit)
+        return None if r is None else r[0]
+
+    def host_values(self, x, limit):
+        """Fake tensor `x`'s values as a host tensor (a shadow, a constant, or its uniform
+        value expanded, up to `limit` elements), or None when they are unknown."""
+        if not isinstance(x, self.FakeTensor):
+            return None
+        if self._knowable(x):
+            return self._real(x)
+        return self._expanded(x) if self._uniform_up_to(x, limit) else None
 
     def _run_shadow(self, func, args, kwargs, outs):
         """Run `func` for real on its inputs' values and keep the values of `outs` (the
@@ -182,28 +250,10 @@ class Values:
         for o in outs:
             if o.untyped_storage().nbytes() // max(o.element_size(), 1) > SHADOW_LIMIT:
                 return False
-        from torch.utils._pytree import tree_flatten, tree_unflatten
-
-        flat, spec = tree_flatten((args, kwargs))
-        if not all(self._knowable(a) for a in flat if isinstance(a, torch.Tensor)):
-            return False  # before any uniform value is made a shadow
-        if len(self.shadow) > SHADOW_COUNT:
-            self._trim()
-        real = []
-        for a in flat:
-            if isinstance(a, torch.device):
-                a = torch.device("cpu")
-            elif isinstance(a, torch.Tensor):
-                a = self._real(a)
-                if a is None:
-                    return False
-            real.append(a)
-        rargs, rkwargs = tree_unflatten(real, spec)
-        try:
-            with self.host():
-                res = func(*rargs, **rkwargs)
-        except Exception:  # noqa: BLE001 - any failure only means "unknown"
+        r = self._host_call(func, args, kwargs)
+        if r is None:
             return False
+        res = r[0]
         rs = res if isinstance(res, (tuple, list)) else (res,)
         rs = [r for r in rs if isinstance(r, torch.Tensor)]
         if func._schema.is_mutable:
@@ -217,7 +267,7 @@ class Values:
             n = o.untyped_storage().nbytes() // max(o.element_size(), 1)
             buf = torch.zeros((n,), dtype=o.dtype)
             buf.as_strided(o.shape, o.stride(), o.storage_offset()).copy_(r)
-            self.shadow[k] = buf
+            self._keep(k, buf)
             self.v.pop(k, None)
         return True
 
@@ -231,6 +281,26 @@ class Values:
                 if x is K or y is K:
                     return K
                 return f(x, y)
+            return r
+
+        def cmp(f, equality=False):
+            known = both(f)
+
+            def r(a, kw):
+                v = known(a, kw)
+                if v is not K or len(a) < 2 or not isinstance(a[1], (int, float)) or \
+                        isinstance(a[1], bool) or not isinstance(a[0], self.FakeTensor):
+                    return v
+                # bounded values against a number: <, <=, >, >= are monotone, so decided
+                # when both ends agree; ==, != only for a number outside the bounds
+                b = self.bounds.get(self.key(a[0]))
+                if b is None:
+                    return K
+                lo, hi = b
+                y = a[1]
+                if equality:
+                    return f(lo, y) if lo == hi or y < lo or y > hi else K
+                return f(lo, y) if f(lo, y) == f(hi, y) else K
             return r
 
         def and_(a, kw):
@@ -313,9 +383,9 @@ class Values:
             "bitwise_not": bnot, "logical_not": lambda a, kw: K if g(a[0]) is K else (not g(a[0])),
             "neg": lambda a, kw: K if g(a[0]) is K else -g(a[0]),
             "abs": lambda a, kw: K if g(a[0]) is K else abs(g(a[0])),
-            "eq": both(lambda x, y: x == y), "ne": both(lambda x, y: x != y),
-            "lt": both(lambda x, y: x < y), "le": both(lambda x, y: x <= y),
-            "gt": both(lambda x, y: x > y), "ge": both(lambda x, y: x >= y),
+            "eq": cmp(lambda x, y: x == y, True), "ne": cmp(lambda x, y: x != y, True),
+            "lt": cmp(lambda x, y: x < y), "le": cmp(lambda x, y: x <= y),
+            "gt": cmp(lambda x, y: x > y), "ge": cmp(lambda x, y: x >= y),
             "add": add, "add_": add, "sub": sub, "sub_": sub, "rsub": lambda a, kw: sub((a[1], a[0]) + tuple(a[2:]), kw),
             "div": div, "div_": div,
             "maximum": both(max), "minimum": both(min),
@@ -338,6 +408,8 @@ class Values:
             targets = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, FT)]
             if not targets:
                 targets = [a for a in args if isinstance(a, FT)][:1]
+            for t in targets:
+                self.bounds.pop(self.key(t), None)
             pending = []
             for t in targets:
                 k = self.key(t)
@@ -387,6 +459,14 @@ class Values:
         fresh = [o for o in outs if self.key(o) is not None and self.key(o) not in in_keys]
         if not fresh:
             return  # views: they share their base's value
+        b = self._bounds_of(func, name, args)
+        for o in fresh:
+            if b is not None and o.dtype != self.torch.bool and not (
+                    o.dtype.is_floating_point and max(abs(b[0]), abs(b[1])) > 2048):
+                # (a cast to a float that rounds them could step outside)
+                self.bounds[self.key(o)] = b
+            else:
+                self.bounds.pop(self.key(o), None)
         v = rule(args, kwargs) if rule is not None else UNKNOWN
         if v is not UNKNOWN and not (isinstance(v, float) and math.isnan(v)):
             for o in fresh:
@@ -400,16 +480,36 @@ class Values:
         if len(fresh) == len(outs) and all(getattr(o, "constant", None) is None for o in outs):
             self._run_shadow(func, args, kwargs, list(outs))
 
+    def _bounds_of(self, func, name, args):
+        """Bounds of an op's output values: randint's range, or its input's for an op that
+        only moves values (a copy, a cast, a gather)."""
+        if name in ("randint", "randint_like"):
+            ov = func._overloadname
+            if name == "randint":
+                lo, hi = (args[0], args[1]) if ov.startswith("low") else (0, args[0])
+            else:
+                lo, hi = (args[1], args[2]) if ov.startswith("low") else (0, args[1])
+            ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi))
+            return (lo, hi - 1) if ok and hi > lo else None
+        if name in _MOVES_VALUES and args and isinstance(args[0], self.FakeTensor):
+            return self.bounds.get(self.key(args[0]))
+        return None
+
+    def _keep(self, k, buf):
+        self.shadow[k] = buf
+        self._elems += buf.numel()
+
     def _trim(self):
         """Forget the oldest half of the shadows: a long trace keeps its host memory bounded
-        (SHADOW_COUNT x SHADOW_LIMIT elements at most); what is forgotten is only unknown."""
+        (SHADOW_COUNT shadows, SHADOW_TOTAL elements); what is forgotten is only unknown."""
         for k in list(self.shadow)[:len(self.shadow) // 2]:
             del self.shadow[k]
+        self._elems = sum(t.numel() for t in self.shadow.values())
 
     def _blank(self, t, k):
         n = t.untyped_storage().nbytes() // max(t.element_size(), 1)
         if n <= SHADOW_LIMIT:
-            self.shadow[k] = self.torch.zeros((n,), dtype=t.dtype)
+            self._keep(k, self.torch.zeros((n,), dtype=t.dtype))
 
     def _forget(self, t, args):
         if t is not None:

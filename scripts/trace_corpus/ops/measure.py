@@ -1,7 +1,7 @@
 """What real CUDA sort, topk, multinomial, cumsum and accumulating index_put_ allocate besides
 their outputs, measured on the GPU.
 
-    python measure.py OUT.json [--budget 150] [--set run26|run27|run28|run30]
+    python measure.py OUT.json [--budget 150] [--set run26|run27|run28|run30|run47]
 
 --set run27 measures instead isin (brute force and sorting paths), sum/prod/mean/nansum of
 inputs whose dtype is not the result's, the elementwise losses by reduction (forward, and
@@ -12,6 +12,9 @@ by batch, query and key/value heads, key length, head dim and mask (device run 2
 std_mean (Welford), argmax/argmin and max/min over a dim (a value and an index),
 aminmax, amax/amin/max/min of 16-bit inputs, logsumexp (its composite's temporaries), by
 dtype, shape, dims and layout (device run 30).
+--set run47 measures the ops whose output size depends on the data (nonzero, masked_select,
+indexing with a bool mask, unique, repeat_interleave, bincount) on inputs whose count is
+known by construction (every q-th element true), each entry with the output's `count`.
 
 Each call is recorded between two markers, as conv/measure.py records a conv: tokens
 ["o", size] an output, ["t", size] a transient, ["f", i] the free of the i-th transient, in
@@ -158,6 +161,74 @@ def run30(c, dev):
     return m, x, out
 
 
+def grid47():
+    g = []
+    shapes = [[8], [1000], [4096], [65536], [1000000], [10000000], [64, 512], [4096, 1024],
+              [8, 256, 256], [2, 3000000]]
+    for shape, dt, q in itertools.product(shapes, ["bool", "float32", "int64"], [0, 1, 4]):
+        g.append(dict(op="nonzero", shape=shape, dtype=dt, q=q))
+    for shape, q in itertools.product([[1000], [65536], [1000000], [4096, 1024]], [1, 4]):
+        g.append(dict(op="masked_select", shape=shape, dtype="float32", q=q))
+        g.append(dict(op="boolidx", shape=shape, dtype="float32", q=q, rows=False))
+    for rows, q in itertools.product([8, 1000, 100000], [1, 4]):
+        g.append(dict(op="boolidx", shape=[rows, 768], dtype="float32", q=q, rows=True))
+    for n, inv, cnt in itertools.product([100, 10000, 1000000], [False, True], [False, True]):
+        g.append(dict(op="unique", shape=[n], dtype="int64", q=1000, inverse=inv, counts=cnt))
+    for n in [100, 10000, 1000000]:
+        g.append(dict(op="unique", shape=[n], dtype="float32", q=1000, inverse=False,
+                      counts=False))
+        g.append(dict(op="unique_consecutive", shape=[n], dtype="int64", q=1000))
+        g.append(dict(op="repeat_interleave", shape=[n], dtype="int64", q=4))
+        g.append(dict(op="bincount", shape=[n], dtype="int64", q=100))
+        g.append(dict(op="bincount", shape=[n], dtype="int64", q=100000))
+    return g
+
+
+def run47(c, dev):
+    """Inputs whose result size is known: every q-th element true (q 0: none), values
+    i mod q for unique/bincount, repeats i mod q for repeat_interleave."""
+    n = 1
+    for d in c["shape"]:
+        n *= d
+    i = torch.arange(n, device=dev)
+    q = c["q"]
+    if c["op"] in ("nonzero", "masked_select", "boolidx"):
+        if c["op"] == "boolidx" and c["rows"]:
+            mask = (torch.arange(c["shape"][0], device=dev) % q) == 0
+            x = torch.rand(c["shape"], device=dev)
+        else:
+            mask = ((i % q) == 0 if q else torch.zeros(n, dtype=torch.bool, device=dev))
+            mask = mask.view(c["shape"])
+            x = mask.to(DT[c["dtype"]]) if c["op"] == "nonzero" else torch.rand(c["shape"], device=dev)
+        del i
+        torch.cuda.synchronize()
+        m = torch.empty(MARK, dtype=torch.uint8, device=dev)
+        if c["op"] == "nonzero":
+            out = x.nonzero()
+        elif c["op"] == "masked_select":
+            out = x.masked_select(mask)
+        else:
+            out = x[mask]
+        c["count"] = int(out.shape[0])
+        return m, (x, mask), out
+    x = (i % q).to(DT[c["dtype"]])
+    del i
+    torch.cuda.synchronize()
+    m = torch.empty(MARK, dtype=torch.uint8, device=dev)
+    if c["op"] == "unique":
+        out = torch.unique(x, sorted=True, return_inverse=c["inverse"],
+                           return_counts=c["counts"])
+    elif c["op"] == "unique_consecutive":
+        out = torch.unique_consecutive(x)
+    elif c["op"] == "repeat_interleave":
+        out = torch.repeat_interleave(x)
+    else:
+        out = torch.bincount(x)
+    o = out[0] if isinstance(out, tuple) else out
+    c["count"] = int(o.shape[0])
+    return m, x, out
+
+
 DT["uint8"] = torch.uint8
 DT["float64"] = torch.float64
 
@@ -213,6 +284,8 @@ def run27(c, dev):
 
 
 def run(c, dev):
+    if "q" in c:
+        return run47(c, dev)
     if "shape" in c:
         return run30(c, dev)
     if c["op"] in ("isin", "sdpa", "sum", "prod", "mean", "nansum", "loss"):
@@ -245,7 +318,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--budget", type=float, default=150)
-    ap.add_argument("--set", default="run26", choices=["run26", "run27", "run28", "run30"])
+    ap.add_argument("--set", default="run26", choices=["run26", "run27", "run28", "run30", "run47"])
     a = ap.parse_args()
     t0 = time.time()
     dev = torch.device("cuda")
@@ -254,7 +327,7 @@ def main():
            "sms": props.multi_processor_count, "torch": torch.__version__,
            "cuda": torch.version.cuda, "about": __doc__.split("\n\n")[0], "entries": [],
            "done": False}
-    g = {"run26": grid, "run27": grid27, "run28": grid28, "run30": grid30}[a.set]()
+    g = {"run26": grid, "run27": grid27, "run28": grid28, "run30": grid30, "run47": grid47}[a.set]()
     chunk = 40
     for start in range(0, len(g), chunk):
         if time.time() - t0 > a.budget:

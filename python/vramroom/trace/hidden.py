@@ -41,9 +41,11 @@ def _addmm_takes_lt(activation, args, kwargs):
     """Whether addmm_out_cuda_impl takes cuBLASLt (isInputCompliesAddmmCudaLt, PyTorch 2.11
     with CUDA >= 12.1): beta 1; a contiguous bias that squeezes to 1-d over the output's
     columns (or, for _addmm_activation, any 2-d bias that broadcasts); a float type; and no
-    size-1 dimension in either matrix, which cublasLtMatmulAlgoGetHeuristic rejects. So a
-    Linear with one output feature, or over one row, never takes the Lt workspace (hg_rnn3's
-    head, Linear(128, 1), in device run 44)."""
+    size-1 dimension in mat2, which cublasLtMatmulAlgoGetHeuristic rejects. So a Linear with
+    one output feature never takes the Lt workspace (hg_rnn3's head, Linear(128, 1), in
+    device run 44), while one over a single row does: the 1 MiB workspace comes at the first
+    batch-1 Linear in device runs 28 and 45 (hq_mobilenet_v2_infer_fp16_batches' classifier,
+    hk_mlp_bs1_online_regression's first layer). Newer PyTorch also checks mat1's sizes."""
     import torch
     bias = args[0] if args else None
     m1 = args[1] if len(args) > 1 else kwargs.get("mat1")
@@ -56,7 +58,7 @@ def _addmm_takes_lt(activation, args, kwargs):
         return False
     if m1.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
         return False
-    if min(m1.shape) <= 1 or min(m2.shape) <= 1:
+    if min(m2.shape) <= 1:
         return False
     if bias.is_contiguous() and bias.dim() >= 1 and bias.squeeze().dim() == 1 and \
             bias.shape[-1] == m2.shape[1]:

@@ -40,10 +40,11 @@ def _mode_class():
     from .hidden import sdpa_backward_scratch
     from .native_mha import encoder_layer, native_mha
     from . import ctc, rnn
-    from .datadep import known_outputs
+    from .datadep import known_outputs, mask_index_tokens
 
     aten = torch.ops.aten
     empty_memory_format = aten.empty.memory_format
+    index_tensor = aten.index.Tensor
     local_scalar = aten._local_scalar_dense.default
     is_all_true = aten._is_all_true.default
     equal = aten.equal.default
@@ -462,6 +463,7 @@ def _mode_class():
             # decided here, not kept as the arguments: a reference to them would keep
             # their tensors alive (and defeat _accumulates' use counts)
             self._fallback_cuda = on_fake_cuda(args, kwargs)
+            sized_toks = None  # datadep.py's tokens for an op it sized
             try:
                 if func is grouped_mm and not hid_fast_grouped_mm(self._vh, args, kwargs):
                     out = _grouped_mm_out(*args, **kwargs)
@@ -476,17 +478,20 @@ def _mode_class():
                     # tensor-lr overloads): multi_tensor_apply updates the lists in place
                     # and allocates nothing, so it needs no fake kernel either
                     return None
-                out = None
+                known = None
                 if type(e).__name__ == "DynamicOutputShapeException":
                     # sized by values the trace knows (datadep.py)
                     base = super().dispatch
-                    out = known_outputs(
+                    known = known_outputs(
                         self._vals, func, args, kwargs,
                         lambda shape, dtype, device: base(
                             empty_memory_format, types, (list(shape),),
                             {"dtype": dtype, "device": device}),
-                        lambda f, a, k: base(f, types, a, k))
-                if out is None:
+                        lambda f, a, k: base(f, types, a, k),
+                        self._vh.gpu.multi_processor_count)
+                if known is not None:
+                    out, sized_toks = known
+                else:
                     why = {
                         "DataDependentOutputException": "its result depends on tensor values, which a fake run does not have",
                         "DynamicOutputShapeException": "its output shape depends on tensor values the trace does not know (data-dependent shape)",
@@ -613,7 +618,9 @@ def _mode_class():
                 go_copy = (rec.alloc(n, frames=rec._frames()), n, rec.current_stream_ident())
             # what the CUDA kernel allocates around its outputs (input copies, reduction
             # staging), in hidden.py's event tokens
-            toks = hid.embedding_tokens(func, args) if func in hid.emb_bwd else None
+            if func is index_tensor and sized_toks is None:
+                sized_toks = mask_index_tokens(self._vals, args)  # x[mask] (datadep.py)
+            toks = hid.embedding_tokens(func, args) if func in hid.emb_bwd else sized_toks
             if func in hid.sorting:
                 toks = hid.sorting_tokens(func, args, kwargs)
             elif func in hid.unmodelled:

@@ -6,8 +6,10 @@ allocation tokens with the GPU's, call by call.
 Each measured entry is run again under vramroom.trace (the GPU the file names: h100 for an
 H100) between the same markers, and conv/measure.py's `window` turns both histories into
 tokens. Prints one line per call that differs and a count; exits 1 when any differs.
-Only the reduction set (--set run30 entries, which carry a "shape") is replayed here; the
-other sets have their own checks (test_trace_conv.py)."""
+The reduction set (--set run30) and the data-dependent set (--set run47, entries with a "q")
+are replayed here; the other sets have their own checks (test_trace_conv.py). A run47 input
+over the tracer's known-value limit (values.SHADOW_LIMIT: an arange of 10M) is not known to
+it, so the op is refused: those calls are counted apart."""
 import argparse
 import importlib.util
 import json
@@ -47,7 +49,20 @@ def main():
     a = ap.parse_args()
     with open(a.measured) as f:
         doc = json.load(f)
+    from vramroom.trace.values import SHADOW_LIMIT
+
+    def numel(e):
+        n = 1
+        for d in e["shape"]:
+            n *= d
+        return n
+
     entries = [e for e in doc["entries"] if "shape" in e]
+    over = [e for e in entries if "q" in e and numel(e) > SHADOW_LIMIT]
+    entries = [e for e in entries if not ("q" in e and numel(e) > SHADOW_LIMIT)]
+    if over:
+        print("%d calls over the known-value limit (refused by the tracer), not replayed"
+              % len(over))
     gpu = "h200" if "H200" in doc.get("gpu", "") else "h100"
     got = traced_windows(entries, gpu)
     if len(got) != len(entries):

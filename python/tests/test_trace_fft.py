@@ -1,7 +1,8 @@
-"""vramroom.trace.fft against device run 45: every cuFFT transform measured on an H100
-(scripts/trace_corpus/fft/runs/fft-h100-run45.json: 4,492 calls of _fft_r2c, _fft_c2r and
-_fft_c2c over 1-d, 2-d and 3-d signals, strided, two-sided, half precision, stft frames)
-replayed through the port with the committed work-area table, allocation for allocation."""
+"""vramroom.trace.fft against device runs 45 and 46: every cuFFT transform measured on an H100
+(scripts/trace_corpus/fft/runs/fft-h100-run4{5,6}.json: 9,894 calls of _fft_r2c, _fft_c2r and
+_fft_c2c over 1-d, 2-d, 3-d and 4-d signals, strided, two-sided, half precision, stft frames,
+audio lengths) replayed through the port with the committed work-area table, allocation for
+allocation."""
 
 import json
 from pathlib import Path
@@ -10,14 +11,14 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the port computes layouts on meta tensors")
 
-RUN = Path(__file__).resolve().parents[2] / "scripts" / "trace_corpus" / "fft" / "runs" / \
-    "fft-h100-run45.json"
+RUNS = [Path(__file__).resolve().parents[2] / "scripts" / "trace_corpus" / "fft" / "runs" /
+        ("fft-h100-run%d.json" % n) for n in (45, 46)]
 
 
 def _rows():
-    if not RUN.exists():
-        pytest.skip("device run 45's measurements are not in this checkout")
-    return json.loads(RUN.read_text())["rows"]
+    if not all(r.exists() for r in RUNS):
+        pytest.skip("device runs 45 and 46's measurements are not in this checkout")
+    return [row for r in RUNS for row in json.loads(r.read_text())["rows"]]
 
 
 def _call(r):
@@ -37,7 +38,7 @@ def test_every_measured_transform_replays_exactly_with_the_table():
                              batch)
     rows = _rows()
     bad = [r for r in rows if fft.tokens(r["op"], *_call(r), look) != r["tokens"]]
-    assert not bad and len(rows) == 4492, [(r["op"], r["in_shape"], r["dim"]) for r in bad[:5]]
+    assert not bad and len(rows) == 9894, [(r["op"], r["in_shape"], r["dim"]) for r in bad[:5]]
 
 
 def test_between_measured_batches_the_work_area_is_on_the_line():

@@ -20,7 +20,7 @@ PyTorch 2.11's SpectralOps.cpp, ported over shapes and strides (meta tensors car
 
 The work area is cuFFT's own choice per plan; no formula gives it (0 for most lengths, a
 multiple of the batch for some, irregular for Bluestein's primes). It comes from a table
-measured on the GPU (fft_sm90.json, device run 45's 4,492 transforms: exact at a measured
+measured on the GPU (fft_sm90.json, device runs 45 and 46's 9,894 transforms: exact at a measured
 batch, on the line between two, scaled past the largest); a signal size the table lacks is
 refused by name, with the command that measures it.
 """

@@ -413,6 +413,9 @@ class Hidden:
                          a.max_pool2d_with_indices.default: self.max_pool_tokens,
                          a.max_pool2d_with_indices_backward.default: self.max_pool_tokens}
         self.op_rules.update((op, self.fft_tokens) for op in self.fft_ops)
+        self.complex_to_float = {a.abs.default, a.angle.default}
+        for op in (a.bmm.default, a.baddbmm.default):
+            self.op_rules[op] = self.bmm_tokens
         gmm = getattr(a, "_grouped_mm", None)
         self.grouped_mm = gmm.default if gmm is not None else None
         if self.grouped_mm is not None:
@@ -441,6 +444,13 @@ class Hidden:
         made), or a reduction's converted input (after
         the output, freed last); then Reduce.cuh's staging buffer and semaphores
         (semaphores freed first)."""
+        if func in self.complex_to_float and args and hasattr(args[0], "is_complex") and \
+                args[0].is_complex() and args[0].device.type == "cuda" and n_outputs == 1:
+            # abs/angle of a complex tensor: TensorIterator computes in the complex type into
+            # a temporary and casts it out to the float result (device run 46:
+            # hh_stft_audio_cnn's spec.abs(), a complex-sized block after the output, freed)
+            x = args[0]
+            return [["o", 0], ["t", x.numel() * x.element_size()], ["f", 0]]
         rule = self.op_rules.get(func)
         if rule is not None:
             return rule(func, args, kwargs, n_outputs)
@@ -1018,6 +1028,33 @@ class Hidden:
         return out if out[0] or out[1] else None
 
     # -- cuBLAS ---------------------------------------------------------------------------
+    def bmm_tokens(self, func, args, kwargs, n_outputs):
+        """bmm/baddbmm's operand copies (baddbmm_out_cuda_impl's
+        prepare_batch_matrix_for_cublas): a batch of matrices cuBLAS cannot read in place,
+        neither row- nor column-major with a leading stride that fits, and not contiguous, is
+        cloned contiguous; with the (contiguous) result read transposed the second operand
+        is prepared first. Made after the output, freed when the op returns, the later first
+        (device run 46: hh_fno2d_spectral_train's complex einsum weights, permuted (x, y, i, o)
+        views of an (i, o, x, y) parameter)."""
+        b1, b2 = (args[1], args[2]) if func is self._aten.baddbmm.default else \
+            (args[0], args[1])
+        if n_outputs != 1 or not hasattr(b1, "dim") or b1.dim() != 3 or b2.dim() != 3 or \
+                b1.device.type != "cuda" or not b1.numel() or not b2.numel():
+            return None
+
+        def copy(t):
+            _, r, c = t.shape
+            s = t.stride()
+            if (s[2] == 1 and s[1] >= max(1, c)) or (s[1] == 1 and s[2] >= max(1, r)) or \
+                    (t.is_contiguous() and s[1] != 0 and s[2] != 0):
+                return 0
+            return t.numel() * t.element_size()
+        sizes = [n for n in (copy(b2), copy(b1)) if n]
+        if not sizes:
+            return None
+        return [["o", 0]] + [["t", n] for n in sizes] + \
+            [["f", i] for i in reversed(range(len(sizes)))]
+
     def matmul_after(self, func, args, kwargs):
         rec = self.rec
         if any(getattr(a, "numel", None) is not None and not isinstance(a, (int, float)) and

@@ -20,7 +20,9 @@ nonzero: a 4-byte count, cub's reduce scratch (1 byte up to 4,096 elements, 21,5
 32,768; unmeasured between, taken as the larger), the output (count x dims x 8, none for
 none), cub's select scratch (1,023 bytes up to 65,536 elements, then on the line through the
 measured sizes), freed, then the count. masked_select and x[mask] run that nonzero over the
-mask (broadcast to the data) into a transient, then the output, then free it. unique sorts a
+mask (broadcast to the data; a copy first where that is not contiguous) into a transient, then
+the output, then free it; an accumulating index_put_ over a mask (x[mask]'s backward) frees it
+once the linear index is made, before its sort (sorting.index_put_acc_tokens). unique sorts a
 copy (cub's keys-only radix sort: the alternate buffer, 2 KiB of bins a key byte, 511, 1 KiB
 a tile of 5,760 int64 or 6,912 4-byte keys; pairs with the positions for return_inverse) and
 its values and counts keep storages of the input's length, however few values are unique,
@@ -65,8 +67,10 @@ def known_outputs(vals, func, args, kwargs, empty, redispatch, sms):
             return None
         shape = torch.broadcast_shapes(tuple(x.shape), tuple(mask.shape))
         n = int(m.expand(shape).count_nonzero())
+        full = mask.expand(shape)
+        copy = 0 if full.is_contiguous() else full.numel() * full.element_size()
         return (empty((n,), x.dtype, device),
-                through_nonzero(_numel(shape), n * len(shape) * 8))
+                through_nonzero(_numel(shape), n * len(shape) * 8, copy))
     if name == "index" and len(args) > 1:
         # x[mask]: each bool (or uint8) mask stands for its nonzero's columns, index tensors
         # of its count; the data indexed need not be known
@@ -79,7 +83,8 @@ def known_outputs(vals, func, args, kwargs, empty, redispatch, sms):
             if m is None:
                 return None
             n = int(m.count_nonzero())
-            masks.append((ix.numel(), n * ix.dim() * 8))
+            masks.append((ix.numel(), n * ix.dim() * 8,
+                          0 if ix.is_contiguous() else ix.numel() * ix.element_size()))
             new.extend(empty((n,), torch.int64, ix.device) for _ in range(ix.dim()))
         out = redispatch(func, (args[0], new) + tuple(args[2:]), kwargs)
         # one mask and nothing else: measured; more: the outputs alone
@@ -117,7 +122,8 @@ def mask_index_tokens(vals, args):
     m = vals.host_values(idx[0], HOST_LIMIT)
     if m is None:
         return None
-    return through_nonzero(idx[0].numel(), int(m.count_nonzero()) * idx[0].dim() * 8)
+    copy = 0 if idx[0].is_contiguous() else idx[0].numel() * idx[0].element_size()
+    return through_nonzero(idx[0].numel(), int(m.count_nonzero()) * idx[0].dim() * 8, copy)
 
 
 def _numel(shape):
@@ -152,11 +158,25 @@ def nonzero_tokens(n, any_true):
             [["t", _select_scratch(n)], ["f", 2], ["f", 0]] + ([] if any_true else [["oi", 0]]))
 
 
-def through_nonzero(n, nz_bytes):
+def nonzero_kept(n, nz_bytes, mask_copy=0):
+    """Tokens of the nonzero that indexing runs over an n-element mask, its result (nz_bytes)
+    kept as a transient: (tokens, transients made, the result's index). A mask that is not
+    contiguous (expanded, broadcast) is first copied (mask_copy bytes), freed once its count
+    is read (device run 47's masked LM: an expanded [B, T] mask, 8,192 bytes)."""
+    t = [["t", mask_copy]] if mask_copy else []
+    c = len(t)
+    t += [["t", 4], ["t", _count_scratch(n)], ["f", c + 1], ["t", nz_bytes],
+          ["t", _select_scratch(n)], ["f", c + 3], ["f", c]]
+    if mask_copy:
+        t.append(["f", 0])
+    return t, c + 4, c + 2
+
+
+def through_nonzero(n, nz_bytes, mask_copy=0):
     """masked_select / x[mask]: nonzero over the n-element mask into a transient of
     nz_bytes, the output, then the transient freed."""
-    return ([["t", 4], ["t", _count_scratch(n)], ["f", 1], ["t", nz_bytes],
-             ["t", _select_scratch(n)], ["f", 3], ["f", 0], ["o", 0], ["f", 2]])
+    t, _, nz = nonzero_kept(n, nz_bytes, mask_copy)
+    return t + [["o", 0], ["f", nz]]
 
 
 def _a(n):

@@ -255,6 +255,7 @@ class Hidden:
 
         self.rec = rec
         self.gpu = gpu
+        self.vals = None  # the mode's known values (values.py), set by mode.py
         self._i64 = torch.int64
         self._aten = torch.ops.aten
         self._torch = torch
@@ -676,8 +677,19 @@ class Hidden:
         if acc is not None:
             from .sorting import index_put_acc_tokens
 
-            return index_put_acc_tokens(acc[0], acc[1], n_outputs, acc[2], acc[3],
-                                        **acc[4])
+            kw = dict(acc[4])
+            mask = kw.pop("mask")
+            if mask is None:
+                return index_put_acc_tokens(acc[0], acc[1], n_outputs, acc[2], acc[3], **kw)
+            # a known bool mask: its nonzero first, its columns the index tensors, freed
+            # once the linear index is made (device run 47's x[mask] backward)
+            from .datadep import nonzero_kept
+
+            pre, made, nz = nonzero_kept(*mask)
+            if acc[0] == 0:
+                return pre + [["o", 0]] * n_outputs + [["f", nz]]
+            return pre + index_put_acc_tokens(acc[0], acc[1], n_outputs, acc[2], acc[3],
+                                              prefix=made, free_after_linear=(nz,), **kw)
         cs = self.index_copies(func, args, kwargs)
         if not cs:
             return None
@@ -859,7 +871,9 @@ class Hidden:
     def index_put_acc(self, func, args, kwargs):
         """sorting.index_put_acc_tokens' arguments (n, size, checked, values_copy, and by
         name the rest) for an accumulating index_put_ on a cuda tensor with int64 or int32
-        index tensors, or None (a bool mask: nonzero, refused elsewhere)."""
+        index tensors, or one bool mask whose values the trace knows (its nonzero's columns
+        are the index tensors; by name also "mask": the mask's elements, its nonzero's bytes,
+        its contiguous copy), or None."""
         if func is self._aten.index.Tensor:
             return None
         b = _bind(func, args, kwargs)
@@ -868,6 +882,20 @@ class Hidden:
             return None
         ts = [(d, t) for d, t in enumerate(idx) if t is not None]
         i32 = self._torch.int32
+        mask = None
+        if len(ts) == 1 and ts[0][1].dtype in (self._torch.bool, self._torch.uint8) and \
+                self.vals is not None:
+            from .datadep import HOST_LIMIT
+
+            d0, t = ts[0]
+            m = self.vals.host_values(t, HOST_LIMIT)
+            if m is None:
+                return None
+            count = int(m.count_nonzero())
+            mask = (t.numel(), count * t.dim() * 8,
+                    0 if t.is_contiguous() else t.numel() * t.element_size())
+            ts = [(d0 + j, self._torch.empty(count, dtype=self._i64, device="meta"))
+                  for j in range(t.dim())]
         if not ts or any(t.dtype not in (self._i64, i32) for _, t in ts):
             return None
         dims = [d for d, _ in ts]
@@ -888,7 +916,8 @@ class Hidden:
         return (n, size, not b.get("unsafe", False), copy,
                 dict(n_index=len(ts),
                      long_copies=[t.numel() * 8 for _, t in ts if t.dtype == i32],
-                     permuted_copy=0 if adjacent else x.numel() * x.element_size()))
+                     permuted_copy=0 if adjacent else x.numel() * x.element_size(),
+                     mask=mask))
 
     def index_copies(self, func, args, kwargs):
         """([bytes of each int32 index converted to int64], [bytes of each index copied]) of

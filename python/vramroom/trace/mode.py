@@ -307,6 +307,7 @@ def _mode_class():
             self._vh = hidden
             self._depth = 0
             self._vals = Values()
+            hidden.vals = self._vals  # a bool mask's count for index_put_ (datadep.py)
             # host tensors holding (or computed from) the trace's own random draws, by id
             self._drawn = weakref.WeakValueDictionary()
             self._fallback_cuda = False

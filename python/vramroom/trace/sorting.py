@@ -284,7 +284,7 @@ def multinomial_tokens(rows, cols, n, replacement, elem, sms):
 
 
 def index_put_acc_tokens(n, size, n_outputs=1, checked=True, values_copy=0, n_index=1,
-                         long_copies=(), permuted_copy=0):
+                         long_copies=(), permuted_copy=0, prefix=0, free_after_linear=()):
     """Tokens of an accumulating index_put_ (index_put_with_sort_kernel) over n (broadcast)
     indices whose linear index, divided by the slice, ranges over `size` values (checked:
     each index tensor's two bounds checks; autograd's index_backward passes unsafe=True).
@@ -298,9 +298,12 @@ def index_put_acc_tokens(n, size, n_outputs=1, checked=True, values_copy=0, n_in
     the indexed dims are not adjacent (permuted_copy), the sorted and original positions
     and arange (8n each) and cub's radix-sort scratch, all freed last to first, then the
     values copy and the linear index. The one-int64-index case is measured (36 calls); the
-    rest follows the same source (PyTorch 2.11's Indexing.cu)."""
+    rest follows the same source (PyTorch 2.11's Indexing.cu). `prefix` transients come
+    before these tokens (a bool mask's nonzero, datadep.py); those in free_after_linear are
+    freed with the int64 copies (the mask's index columns, device run 47)."""
     b = _Tokens()
     b.toks = [["o", 0]] * n_outputs
+    b.n = prefix
     if n == 0:
         return b.toks
     if cub_single_tile(n, 8):
@@ -327,7 +330,7 @@ def index_put_acc_tokens(n, size, n_outputs=1, checked=True, values_copy=0, n_in
             linear = prod
         else:
             b.f(prod)
-    for i in longs:
+    for i in list(longs) + list(free_after_linear):
         b.f(i)
     vals = b.t(values_copy) if values_copy else None
     perm = b.t(permuted_copy) if permuted_copy else None

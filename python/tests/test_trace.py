@@ -1699,6 +1699,22 @@ def test_every_reduction_of_device_run_30_allocates_as_the_h100_did():
     assert summary == {"calls": 784, "differ": 0}, p.stdout[-4000:] + p.stderr[-2000:]
 
 
+def test_data_dependent_ops_of_device_run_47_allocate_as_the_h100_did():
+    # ops/measure.py --set run47 on an H100 (ops-h100-run47.json: nonzero, masked_select,
+    # x[mask], unique, unique_consecutive, repeat_interleave and bincount on inputs of known
+    # count), traced again and compared allocation for allocation; the 20 over the tracer's
+    # known-value limit (aranges of 6M and 10M elements) are refused, as they must be
+    here = Path(__file__).resolve().parents[2] / "scripts" / "trace_corpus" / "ops"
+    measured = here / "ops-h100-run47.json"
+    if not measured.exists():
+        pytest.skip("scripts/trace_corpus/ops is not in this tree (a source checkout has it)")
+    p = subprocess.run([sys.executable, str(here / "check_ops.py"), str(measured), "--json"],
+                       capture_output=True, text=True, env=_env(), timeout=600)
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    assert summary == {"calls": 119, "differ": 0, "over_limit": 20}, \
+        p.stdout[-4000:] + p.stderr[-2000:]
+
+
 def test_composites_and_copies_of_device_run_31_allocate_as_the_h100_did():
     # ops/composites.py on an H100 (composites-h100-run31.json, 17 calls: cdist's C++
     # composite and its own kernel, isinf, an integer logsumexp, int32 indexing, host-GPU

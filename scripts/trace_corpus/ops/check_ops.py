@@ -76,7 +76,10 @@ def main():
             print("differs: %s\n  gpu    %s\n  traced %s" % (json.dumps(call), e["events"], toks))
     print("%d of %d calls as the GPU allocated them" % (len(entries) - bad, len(entries)))
     if a.json:
-        print(json.dumps({"calls": len(entries), "differ": bad}))
+        summary = {"calls": len(entries), "differ": bad}
+        if over:
+            summary["over_limit"] = len(over)
+        print(json.dumps(summary))
     return 1 if bad else 0
 
 

@@ -1684,19 +1684,24 @@ def _windows(ev, marks):
     return [ev[at[i] + 1:at[i + 1]] for i in range(len(at) - 1)]
 
 
+def _check_measured_ops(name):
+    """ops/check_ops.py over a measured ops/measure.py set: (its JSON summary, its output)."""
+    here = Path(__file__).resolve().parents[2] / "scripts" / "trace_corpus" / "ops"
+    measured = here / name
+    if not measured.exists():
+        pytest.skip("scripts/trace_corpus/ops is not in this tree (a source checkout has it)")
+    p = subprocess.run([sys.executable, str(here / "check_ops.py"), str(measured), "--json"],
+                       capture_output=True, text=True, env=_env(), timeout=600)
+    return json.loads(p.stdout.strip().splitlines()[-1]), p.stdout[-4000:] + p.stderr[-2000:]
+
+
 def test_every_reduction_of_device_run_30_allocates_as_the_h100_did():
     # ops/measure.py --set run30 on an H100 (ops-h100-run30.json, 784 calls: var/std and
     # their _mean twins, argmax/argmin, max/min over a dim and of everything, aminmax,
     # amax/amin, logsumexp, norms, sums and means; four dtypes; 14 shapes, dims and
     # layouts), each traced again here and compared allocation for allocation
-    here = Path(__file__).resolve().parents[2] / "scripts" / "trace_corpus" / "ops"
-    measured = here / "ops-h100-run30.json"
-    if not measured.exists():
-        pytest.skip("scripts/trace_corpus/ops is not in this tree (a source checkout has it)")
-    p = subprocess.run([sys.executable, str(here / "check_ops.py"), str(measured), "--json"],
-                       capture_output=True, text=True, env=_env(), timeout=600)
-    summary = json.loads(p.stdout.strip().splitlines()[-1])
-    assert summary == {"calls": 784, "differ": 0}, p.stdout[-4000:] + p.stderr[-2000:]
+    summary, log = _check_measured_ops("ops-h100-run30.json")
+    assert summary == {"calls": 784, "differ": 0}, log
 
 
 def test_data_dependent_ops_of_device_run_47_allocate_as_the_h100_did():
@@ -1704,15 +1709,8 @@ def test_data_dependent_ops_of_device_run_47_allocate_as_the_h100_did():
     # x[mask], unique, unique_consecutive, repeat_interleave and bincount on inputs of known
     # count), traced again and compared allocation for allocation; the 20 over the tracer's
     # known-value limit (aranges of 6M and 10M elements) are refused, as they must be
-    here = Path(__file__).resolve().parents[2] / "scripts" / "trace_corpus" / "ops"
-    measured = here / "ops-h100-run47.json"
-    if not measured.exists():
-        pytest.skip("scripts/trace_corpus/ops is not in this tree (a source checkout has it)")
-    p = subprocess.run([sys.executable, str(here / "check_ops.py"), str(measured), "--json"],
-                       capture_output=True, text=True, env=_env(), timeout=600)
-    summary = json.loads(p.stdout.strip().splitlines()[-1])
-    assert summary == {"calls": 119, "differ": 0, "over_limit": 20}, \
-        p.stdout[-4000:] + p.stderr[-2000:]
+    summary, log = _check_measured_ops("ops-h100-run47.json")
+    assert summary == {"calls": 119, "differ": 0, "over_limit": 20}, log
 
 
 def test_composites_and_copies_of_device_run_31_allocate_as_the_h100_did():

@@ -536,6 +536,29 @@ def test_data_dependent_sizes_come_from_the_values_the_trace_knows(tmp_path):
     assert 3000000 * 8 in sizes and 250 * 64 * 4 in sizes and 100 * 4 in sizes
 
 
+def test_known_values_are_forgotten_when_their_storage_dies():
+    # values.py keys what it knows by storage address; a stale entry answered for a new
+    # storage at a reused address (Wav2Vec2's LayerDrop draw read an old shadow's value,
+    # and traces of one program skipped different layers)
+    import gc
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from vramroom.trace.values import Values
+
+    vals = Values()
+    with FakeTensorMode():
+        t = torch.ones(4)
+        u = torch.ones(3)
+    vals.presume(t, 1)
+    vals.presume(u, 2)
+    k = vals.key(t)
+    assert vals.known(t) == 1 and k in vals.v
+    del t
+    gc.collect()
+    assert k not in vals.v and vals.known(u) == 2
+
+
 def test_each_backward_returns_after_the_device_thread_dropped_its_graph(tmp_path):
     # torch.func per-sample gradients: the device thread's drop of each finished graph task
     # raced backward()'s caller for the GIL, so concurrent traces of one program gave

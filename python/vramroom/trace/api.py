@@ -139,6 +139,7 @@ class Trace:
         # PyTorch's TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT documents; a user's own value stays.
         os.environ.setdefault("TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT", "0")
         fakecuda.patch_cuda_hooks()
+        self._seed_host_generators()
         rec = Recorder(self.gpu, None)
         rec.sdpa_choices = {}
         hid = Hidden(self.gpu, rec)
@@ -218,6 +219,22 @@ class Trace:
         LazySupport.install()
         return self
 
+    def _seed_host_generators(self):
+        """Python's and NumPy's global generators start from a fixed seed for the trace, so
+        two traces of one program agree (a program's own seeding still rules): an unseeded
+        draw that decides sizes or control flow (Wav2Vec2's SpecAugment span mask, from
+        numpy.random) would otherwise change the events trace to trace. Restored on exit."""
+        import random
+
+        self._host_rng = [(random.setstate, random.getstate())]
+        random.seed(0)
+        try:
+            import numpy
+        except ImportError:
+            return
+        self._host_rng.append((numpy.random.set_state, numpy.random.get_state()))
+        numpy.random.seed(0)
+
     def _set(self, obj, name, value):
         self._saved.append((obj, name, getattr(obj, name)))
         setattr(obj, name, value)
@@ -248,6 +265,8 @@ class Trace:
                 setattr(obj, name, old)
             self._saved.clear()
             self._api.restore()
+            for restore, state in getattr(self, "_host_rng", ()):
+                restore(state)
             torch._C._jit_set_texpr_fuser_enabled(self._jit[0])
             torch._C._jit_override_can_fuse_on_gpu(self._jit[1])
             if self._rec.engine_thread_used:

@@ -31,6 +31,7 @@ values stay unknown.
 """
 
 import math
+import weakref
 
 UNKNOWN = object()
 FINITE_PRESUMED = "a finiteness check (isfinite/isnan/isinf) of fake data presumed finite"
@@ -77,14 +78,35 @@ class Values:
         self.v = {}
         self.shadow = {}  # storage key -> 1-d host tensor of the storage's elements
         self._elems = 0  # elements kept in shadows (an upper bound until _trim counts)
+        self._watch = {}  # storage key -> weak reference whose callback forgets the key
         self.bounds = {}  # storage key -> (lo, hi): every element in [lo, hi] (randint)
         self.rules = self._rules()
 
     def key(self, t):
+        """The storage's identity (its address), watched: what is known of it is forgotten
+        when the storage dies, before the address can be reused. A stale entry answered for
+        a new storage at the same address: Wav2Vec2's LayerDrop draw, `torch.rand([])`, read
+        an old shadow's value, so traces of one program skipped different layers."""
         try:
-            return t.untyped_storage()._cdata
+            st = t.untyped_storage()
+            k = st._cdata
         except Exception:  # noqa: BLE001 - sparse/nested: never known
             return None
+        if k not in self._watch:
+            try:
+                self._watch[k] = weakref.ref(st, self._on_dead(k))
+            except TypeError:  # no weak reference to it: nothing kept about it is trusted
+                return None
+        return k
+
+    def _on_dead(self, k):
+        def forget(ref):
+            if self._watch.get(k) is ref:
+                del self._watch[k]
+                self.v.pop(k, None)
+                self.shadow.pop(k, None)
+                self.bounds.pop(k, None)
+        return forget
 
     def get(self, x):
         if isinstance(x, bool):
@@ -504,7 +526,7 @@ class Values:
         (SHADOW_COUNT shadows, SHADOW_TOTAL elements); what is forgotten is only unknown."""
         for k in list(self.shadow)[:len(self.shadow) // 2]:
             del self.shadow[k]
-        self._elems = sum(t.numel() for t in self.shadow.values())
+        self._elems = sum(t.numel() for t in list(self.shadow.values()))
 
     def _blank(self, t, k):
         n = t.untyped_storage().nbytes() // max(t.element_size(), 1)

@@ -15,7 +15,9 @@ binary_cross_entropy_with_logits' in-place backward. Where a program touches dat
 does not have, the trace answers without it and counts that in the warnings: Tensor.numpy()
 (known values or zeros), torch.save/save_pretrained (nothing written; a later torch.load of the
 path gets the tensors back), DataLoader workers (loaded in the main process), deepcopy of a
-kept host value (copied with fake mode off). torch.compile is refused by name.
+kept host value (copied with fake mode off). torch.compile is refused by name. The autograd
+engine's entry returns only once its device thread has let go of the graph (engine.py), and
+Python's and NumPy's global generators start seeded, so a trace does not vary run to run.
 """
 
 import json

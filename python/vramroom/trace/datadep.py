@@ -38,12 +38,12 @@ _HOST_RUN = frozenset(("_unique2", "unique_dim", "unique_consecutive", "unique_d
                        "_unique", "repeat_interleave", "bincount"))
 
 
-def known_outputs(vals, func, args, kwargs, empty, redispatch, sms):
+def known_outputs(vals, func, args, kwargs, empty, sms):
     """(fake outputs, hidden.py tokens around them, [] where unmeasured: the outputs alone)
-    for data-dependent `func` from the known
-    values that decide their sizes, made by `empty(shape, dtype, device)` (or the op run by
-    `redispatch(func, args, kwargs)` on index tensors of the known size); None when such a
-    value is unknown. `sms`: the GPU's SM count (reduction staging)."""
+    for data-dependent `func` from the known values that decide their sizes, made by
+    `empty(shape, dtype, device)`; None when such a value is unknown. `sms`: the GPU's SM
+    count (reduction staging). x[mask] reaches here as the nonzero inside aten.index (its
+    tokens: mask_index_tokens)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.utils._pytree import tree_flatten, tree_map
@@ -71,25 +71,6 @@ def known_outputs(vals, func, args, kwargs, empty, redispatch, sms):
         copy = 0 if full.is_contiguous() else full.numel() * full.element_size()
         return (empty((n,), x.dtype, device),
                 through_nonzero(_numel(shape), n * len(shape) * 8, copy))
-    if name == "index" and len(args) > 1:
-        # x[mask]: each bool (or uint8) mask stands for its nonzero's columns, index tensors
-        # of its count; the data indexed need not be known
-        new, masks = [], []
-        for ix in args[1]:
-            if not isinstance(ix, torch.Tensor) or ix.dtype not in (torch.bool, torch.uint8):
-                new.append(ix)
-                continue
-            m = vals.host_values(ix, HOST_LIMIT)
-            if m is None:
-                return None
-            n = int(m.count_nonzero())
-            masks.append((ix.numel(), n * ix.dim() * 8,
-                          0 if ix.is_contiguous() else ix.numel() * ix.element_size()))
-            new.extend(empty((n,), torch.int64, ix.device) for _ in range(ix.dim()))
-        out = redispatch(func, (args[0], new) + tuple(args[2:]), kwargs)
-        # one mask and nothing else: measured; more: the outputs alone
-        only = len(masks) == 1 and sum(isinstance(i, torch.Tensor) for i in args[1]) == 1
-        return out, (through_nonzero(*masks[0]) if only else [])
     if name not in _HOST_RUN:
         return None
     real = vals.host_result(func, args, kwargs, HOST_LIMIT)

@@ -488,7 +488,6 @@ def _mode_class():
                         lambda shape, dtype, device: base(
                             empty_memory_format, types, (list(shape),),
                             {"dtype": dtype, "device": device}),
-                        lambda f, a, k: base(f, types, a, k),
                         self._vh.gpu.multi_processor_count)
                 if known is not None:
                     out, sized_toks = known

@@ -31,6 +31,9 @@ checks them (a bool per repeat, all()'s staging); bincount reads min and max (ea
 full reduction's staging).
 """
 
+from .hidden import value_at
+from .sorting import _a, cub_scan, cub_single_tile, cub_sort_pairs
+
 HOST_LIMIT = 1 << 26
 
 # run for real on the host: every input decides the output's size
@@ -68,9 +71,8 @@ def known_outputs(vals, func, args, kwargs, empty, sms):
         shape = torch.broadcast_shapes(tuple(x.shape), tuple(mask.shape))
         n = int(m.expand(shape).count_nonzero())
         full = mask.expand(shape)
-        copy = 0 if full.is_contiguous() else full.numel() * full.element_size()
         return (empty((n,), x.dtype, device),
-                through_nonzero(_numel(shape), n * len(shape) * 8, copy))
+                through_nonzero(full.numel(), n * full.dim() * 8, _copy_bytes(full)))
     if name not in _HOST_RUN:
         return None
     real = vals.host_result(func, args, kwargs, HOST_LIMIT)
@@ -91,6 +93,22 @@ def known_outputs(vals, func, args, kwargs, empty, sms):
     return out, host_run_tokens(name, func, args, kwargs, real, sms) or []
 
 
+def known_mask(vals, t):
+    """(count, (elements, nonzero's bytes, contiguous copy's bytes)) of a bool mask whose
+    values the trace knows: its nonzero's sizes, as nonzero_kept takes them; None when
+    unknown."""
+    m = vals.host_values(t, HOST_LIMIT)
+    if m is None:
+        return None
+    count = int(m.count_nonzero())
+    return count, (t.numel(), count * t.dim() * 8, _copy_bytes(t))
+
+
+def _copy_bytes(t):
+    # nonzero reads a contiguous mask: an expanded or broadcast one is copied first
+    return 0 if t.is_contiguous() else t.numel() * t.element_size()
+
+
 def mask_index_tokens(vals, args):
     """Tokens of x[mask] (aten.index with one bool mask and no other index) whose mask the
     trace knows, or None: the nonzero inside it ran nested, sized, but not recorded."""
@@ -100,24 +118,8 @@ def mask_index_tokens(vals, args):
     if len(idx) != 1 or not isinstance(idx[0], torch.Tensor) or \
             idx[0].dtype not in (torch.bool, torch.uint8):
         return None
-    m = vals.host_values(idx[0], HOST_LIMIT)
-    if m is None:
-        return None
-    copy = 0 if idx[0].is_contiguous() else idx[0].numel() * idx[0].element_size()
-    return through_nonzero(idx[0].numel(), int(m.count_nonzero()) * idx[0].dim() * 8, copy)
-
-
-def _numel(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def _on_line(points, n):
-    from .hidden import value_at
-
-    return value_at(points, n)
+    known = known_mask(vals, idx[0])
+    return None if known is None else through_nonzero(*known[1])
 
 
 # cub's select scratch over n flags (nonzero's second pass, unique's run-length pass)
@@ -130,7 +132,7 @@ def _count_scratch(n):
 
 
 def _select_scratch(n):
-    return 1023 if n <= 65536 else _on_line(_SELECT, n)
+    return 1023 if n <= 65536 else value_at(_SELECT, n)
 
 
 def nonzero_tokens(n, any_true):
@@ -160,13 +162,7 @@ def through_nonzero(n, nz_bytes, mask_copy=0):
     return t + [["o", 0], ["f", nz]]
 
 
-def _a(n):
-    return (n + 255) // 256 * 256
-
-
 def _sort_keys_scratch(n, key):
-    from .sorting import cub_single_tile
-
     if cub_single_tile(n, key, key):
         return 1
     tile = {8: 5760}.get(key, 6912)
@@ -179,7 +175,6 @@ def host_run_tokens(name, func, args, kwargs, real, sms):
     import torch
 
     from .reduce import full_reduce_staging
-    from .sorting import cub_scan, cub_single_tile, cub_sort_pairs
 
     x = args[0]
     n = x.numel()
@@ -188,9 +183,9 @@ def host_run_tokens(name, func, args, kwargs, real, sms):
         inverse = bool(args[2]) if len(args) > 2 else bool(kwargs.get("return_inverse"))
         counts = bool(args[3]) if len(args) > 3 else bool(kwargs.get("return_counts"))
         if counts and n > 10000:
-            run = _on_line([(10000, 1023), (1000000, 21759)], n)
+            run = value_at([(10000, 1023), (1000000, 21759)], n)
         elif e < 8 and n > 10000:  # 4-byte keys: measured at 1M (float32)
-            run = _on_line([(10000, 1023), (1000000, 2047)], n)
+            run = value_at([(10000, 1023), (1000000, 2047)], n)
         else:
             run = _select_scratch(n)
         # outputs (values, inverse, counts), by index: those not asked for are empty
@@ -200,7 +195,7 @@ def host_run_tokens(name, func, args, kwargs, real, sms):
                 [["t", run], ["f", 3], ["f", 2], ["f", 0], ["oi", 1]]
             return t + ([] if counts else [["oi", 2]])
         pairs = 1 if cub_single_tile(n, e, 8) else cub_sort_pairs(n, e, 8)
-        scan = 1023 if n <= 10000 else _on_line([(10000, 1023), (1000000, 3583)], n)
+        scan = 1023 if n <= 10000 else value_at([(10000, 1023), (1000000, 3583)], n)
         t = [["t", n * e], ["t", n * 8], ["t", n * 8], ["t", pairs], ["f", 3], ["f", 1],
              ["oi", 0], ["t", n * 8], ["t", scan], ["f", 5], ["f", 4], ["oi", 1], ["t", 8]] + \
             ([["oi", 2]] if counts else []) + [["t", run], ["f", 7], ["f", 6], ["f", 2], ["f", 0]]

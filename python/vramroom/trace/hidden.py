@@ -885,15 +885,13 @@ class Hidden:
         mask = None
         if len(ts) == 1 and ts[0][1].dtype in (self._torch.bool, self._torch.uint8) and \
                 self.vals is not None:
-            from .datadep import HOST_LIMIT
+            from .datadep import known_mask
 
             d0, t = ts[0]
-            m = self.vals.host_values(t, HOST_LIMIT)
-            if m is None:
+            known = known_mask(self.vals, t)
+            if known is None:
                 return None
-            count = int(m.count_nonzero())
-            mask = (t.numel(), count * t.dim() * 8,
-                    0 if t.is_contiguous() else t.numel() * t.element_size())
+            count, mask = known
             ts = [(d0 + j, self._torch.empty(count, dtype=self._i64, device="meta"))
                   for j in range(t.dim())]
         if not ts or any(t.dtype not in (self._i64, i32) for _, t in ts):

@@ -430,13 +430,12 @@ class Values:
             targets = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, FT)]
             if not targets:
                 targets = [a for a in args if isinstance(a, FT)][:1]
-            for t in targets:
-                self.bounds.pop(self.key(t), None)
             pending = []
             for t in targets:
                 k = self.key(t)
                 if k is None:
                     continue
+                self.bounds.pop(k, None)
                 v = rule(args, kwargs) if rule is not None else UNKNOWN
                 st = t.untyped_storage()
                 whole = t.numel() * t.element_size() == st.nbytes()

@@ -13,6 +13,7 @@ it, so the op is refused: those calls are counted apart."""
 import argparse
 import importlib.util
 import json
+import math
 import os
 import sys
 
@@ -51,15 +52,11 @@ def main():
         doc = json.load(f)
     from vramroom.trace.values import SHADOW_LIMIT
 
-    def numel(e):
-        n = 1
-        for d in e["shape"]:
-            n *= d
-        return n
-
-    entries = [e for e in doc["entries"] if "shape" in e]
-    over = [e for e in entries if "q" in e and numel(e) > SHADOW_LIMIT]
-    entries = [e for e in entries if not ("q" in e and numel(e) > SHADOW_LIMIT)]
+    entries, over = [], []
+    for e in doc["entries"]:
+        if "shape" in e:
+            big = "q" in e and math.prod(e["shape"]) > SHADOW_LIMIT
+            (over if big else entries).append(e)
     if over:
         print("%d calls over the known-value limit (refused by the tracer), not replayed"
               % len(over))
